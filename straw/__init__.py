@@ -1,0 +1,59 @@
+"""straw: durable filesystem queues and packed tensor storage for RL jobs.
+
+The public API keeps straw-queue's vocabulary (see DESIGN.md).  File I/O goes through
+``straw.fs.Filesystem``; time through an injectable ``straw.clock.Clock``.
+"""
+
+from .errors import (
+    CorruptData,
+    Fenced,
+    IdempotencyConflict,
+    IndeterminateCommit,
+    InvalidReference,
+    LeaseExpired,
+    QuotaExceeded,
+    ResourceLimitExceeded,
+    StaleAttempt,
+    StorageUnavailable,
+    StrawError,
+    UnsafeRecovery,
+    UnsupportedSchema,
+)
+from .reader import ReadSession
+from .refs import (
+    Manifest,
+    Publication,
+    Record,
+    RecordInfo,
+    RecordRef,
+    RecordSetRef,
+    SegmentRef,
+)
+from .store import SharedFilesystemStore
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "SharedFilesystemStore",
+    "ReadSession",
+    "Record",
+    "Publication",
+    "RecordSetRef",
+    "RecordRef",
+    "SegmentRef",
+    "RecordInfo",
+    "Manifest",
+    "StrawError",
+    "CorruptData",
+    "InvalidReference",
+    "UnsupportedSchema",
+    "IdempotencyConflict",
+    "StaleAttempt",
+    "LeaseExpired",
+    "StorageUnavailable",
+    "QuotaExceeded",
+    "IndeterminateCommit",
+    "UnsafeRecovery",
+    "ResourceLimitExceeded",
+    "Fenced",
+]

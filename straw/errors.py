@@ -1,0 +1,92 @@
+"""straw's exceptions: one hierarchy under ``StrawError``.
+
+Errors are part of the interface.  Every message names the object concerned, what was
+expected, and what the caller can do about it.  Bad *arguments* raise the built-in
+``TypeError``/``ValueError`` (naming the field); everything about stored data,
+references, storage and protocol state raises a ``StrawError`` subclass.
+"""
+
+from __future__ import annotations
+
+
+class StrawError(Exception):
+    """Base class of every straw-specific error."""
+
+
+class CorruptData(StrawError):
+    """A complete frame or extent failed its checksum (D6): fail closed, never retry.
+
+    The data on disk is not what was written and acknowledged.  Restore the pool from a
+    replica or backup; straw detects but does not repair corruption."""
+
+
+class InvalidReference(StrawError):
+    """A reference that cannot be followed: it leaves the pool root, belongs to another
+    run, names something that does not exist, or has been reclaimed."""
+
+
+class UnsupportedSchema(StrawError):
+    """Stored data uses a format version (or codec) this version of straw does not know.
+    Upgrade straw, or read the pool with the version that wrote it."""
+
+
+class IdempotencyConflict(StrawError):
+    """A retry reused an idempotency id (``submission_id``/``request_id``) with different
+    content (D7).  Use a new id for new content."""
+
+
+class StaleAttempt(StrawError):
+    """A lease or attempt is no longer current (expired, re-leased, or from an older
+    coordinator epoch).  Drop the work; the task returns to the queue."""
+
+
+class LeaseExpired(StaleAttempt):
+    """The lease's deadline passed before it was renewed."""
+
+
+class StorageUnavailable(StrawError):
+    """The storage did not do what was asked (I/O error, a failed fsync, data not yet
+    visible after bounded retries).  The operation did not take effect durably, unless
+    the error says it is indeterminate; retry with the same idempotency id."""
+
+
+class QuotaExceeded(StorageUnavailable):
+    """ENOSPC or EDQUOT: free space or raise the quota, then retry with the same id."""
+
+
+class IndeterminateCommit(StrawError):
+    """A commit may or may not have become durable (for example, the reply was lost to a
+    fence or an fsync error after the write).  Look the idempotency id up before
+    retrying."""
+
+
+class UnsafeRecovery(StrawError):
+    """Recovery was asked to proceed where it cannot prove safety (for example another
+    live holder).  Make sure the previous owner is dead, then recover explicitly."""
+
+
+class ResourceLimitExceeded(StrawError):
+    """A configured limit would be exceeded (record size, pending tasks, concurrent
+    writes).  Raise the limit or apply backpressure."""
+
+
+class Fenced(StrawError):
+    """This coordinator or writer lost its exclusive ownership (a newer epoch exists).
+    Stop using this object; open a new one."""
+
+
+__all__ = [
+    "StrawError",
+    "CorruptData",
+    "InvalidReference",
+    "UnsupportedSchema",
+    "IdempotencyConflict",
+    "StaleAttempt",
+    "LeaseExpired",
+    "StorageUnavailable",
+    "QuotaExceeded",
+    "IndeterminateCommit",
+    "UnsafeRecovery",
+    "ResourceLimitExceeded",
+    "Fenced",
+]

@@ -1,0 +1,317 @@
+"""The filesystem boundary: the ``Filesystem`` interface and ``PosixFS``.
+
+This is the ONLY module of ``straw`` that calls ``os.*`` on files.  Everything else
+(packs, the store, later the catalog and the queue journal) receives a ``Filesystem``
+and goes through it, so that every engine test can run on the simulated, crashable
+filesystem of ``fault_injection.simfs`` (SimFS) or on ``FaultyFS`` (errno rules over a
+real directory).
+
+Contract that implementations must keep (SimFS simulates exactly this):
+
+* Paths are absolute ``str`` paths.  No method follows a path through ``..``; callers
+  build paths from a pool root and names they validated (see ``straw.refs``).
+* ``writev`` and ``readinto`` are *positional* (``pwritev``/``preadv``): they never move
+  a file offset, so a handle can be shared by threads and a crash model needs no cursor.
+* Durability: data written with ``writev`` is durable only after ``fsync`` or
+  ``fdatasync`` on the same file returned.  ``fdatasync`` also makes the file size
+  durable when the write extended it (POSIX: metadata needed to read the data back).
+  A new name (``open(create=True)``, ``mkdir``, ``rename``) is durable only after
+  ``fsync_dir`` on its parent directory returned.
+* After a failed ``fsync``/``fdatasync`` the dirty data may already be gone: callers must
+  never retry the sync and assume success (straw turns it into ``StorageUnavailable``
+  and abandons the pack).
+* ``lock`` is an advisory, exclusive, cross-process (and on shared filesystems
+  cross-client) lock held through an open handle; closing the handle releases it.
+"""
+
+from __future__ import annotations
+
+import abc
+import errno
+import fcntl
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+Buffer = Any  # anything exposing the buffer protocol (bytes, memoryview, numpy arrays)
+
+
+@dataclass(frozen=True)
+class FileStat:
+    """What straw needs to know about a file: size, inode and kind."""
+
+    size: int
+    inode: int
+    is_dir: bool
+    is_symlink: bool
+    mtime_ns: int = 0
+
+
+class Filesystem(abc.ABC):
+    """Every file operation straw performs.  Handles are opaque integers."""
+
+    # --- handles ---------------------------------------------------------------
+    @abc.abstractmethod
+    def open(
+        self, path: str, *, write: bool = False, create: bool = False, exclusive: bool = False
+    ) -> int:
+        """Open ``path``; ``create`` makes it if missing, ``exclusive`` fails if it exists
+        (``FileExistsError``).  Never follows a symlink in the last component when
+        ``write`` is set."""
+
+    @abc.abstractmethod
+    def close(self, fd: int) -> None: ...
+
+    @abc.abstractmethod
+    def writev(self, fd: int, buffers: Sequence[Buffer], offset: int) -> int:
+        """Write all ``buffers`` back to back at ``offset``; returns the byte count.
+        Short writes are retried internally; an error raises ``OSError``."""
+
+    @abc.abstractmethod
+    def readinto(self, fd: int, buffer: Buffer, offset: int) -> int:
+        """Fill ``buffer`` from ``offset``; returns how many bytes were read (short at EOF)."""
+
+    @abc.abstractmethod
+    def fsync(self, fd: int) -> None: ...
+
+    @abc.abstractmethod
+    def fdatasync(self, fd: int) -> None: ...
+
+    @abc.abstractmethod
+    def truncate(self, fd: int, size: int) -> None: ...
+
+    @abc.abstractmethod
+    def fstat(self, fd: int) -> FileStat: ...
+
+    def reserve(self, fd: int, offset: int, length: int) -> bool:
+        """Reserve space ahead of writes (``posix_fallocate``): the file size grows to at
+        least ``offset + length`` and the new range reads as zeros.  Returns False when
+        the filesystem cannot reserve (the caller then simply appends)."""
+        return False
+
+    # --- locks -----------------------------------------------------------------
+    @abc.abstractmethod
+    def lock(self, fd: int, *, blocking: bool = True) -> bool:
+        """Take the exclusive advisory lock of the open file; False if ``blocking`` is
+        False and another holder has it."""
+
+    @abc.abstractmethod
+    def unlock(self, fd: int) -> None: ...
+
+    # --- names -----------------------------------------------------------------
+    @abc.abstractmethod
+    def fsync_dir(self, path: str) -> None:
+        """Make the directory's entries (new names, renames, unlinks) durable."""
+
+    @abc.abstractmethod
+    def mkdir(self, path: str) -> None:
+        """Create one directory; ``FileExistsError`` if it exists."""
+
+    @abc.abstractmethod
+    def rename(self, src: str, dst: str) -> None:
+        """Atomically replace ``dst`` with ``src``."""
+
+    @abc.abstractmethod
+    def unlink(self, path: str) -> None: ...
+
+    @abc.abstractmethod
+    def stat(self, path: str) -> FileStat:
+        """Stat without following a final symlink (``lstat``)."""
+
+    @abc.abstractmethod
+    def listdir(self, path: str) -> list[str]: ...
+
+    @abc.abstractmethod
+    def realpath(self, path: str) -> str:
+        """Resolve every symlink of ``path`` (used to refuse paths leaving the pool)."""
+
+    # --- conveniences built on the primitives (not overridden by implementations) ---
+    def exists(self, path: str) -> bool:
+        try:
+            self.stat(path)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def makedirs(self, path: str) -> list[str]:
+        """Create ``path`` and missing parents; returns the directories it created,
+        outermost first, so that the caller can ``fsync_dir`` their parents."""
+        missing: list[str] = []
+        cur = path.rstrip("/") or "/"
+        while not self.exists(cur):
+            missing.append(cur)
+            parent = os.path.dirname(cur)
+            if parent == cur:
+                break
+            cur = parent
+        created = []
+        for d in reversed(missing):
+            try:
+                self.mkdir(d)
+                created.append(d)
+            except FileExistsError:
+                pass
+        return created
+
+    def makedirs_durable(self, path: str) -> None:
+        """``makedirs`` and make every new name durable (D1: a new name is fsynced
+        through its parent directory)."""
+        for d in self.makedirs(path):
+            self.fsync_dir(os.path.dirname(d))
+
+    def read_file(self, path: str) -> bytes:
+        fd = self.open(path)
+        try:
+            size = self.fstat(fd).size
+            buf = bytearray(size)
+            n = self.readinto(fd, buf, 0)
+            return bytes(buf[:n])
+        finally:
+            self.close(fd)
+
+    def write_file_durable(self, path: str, data: Buffer) -> None:
+        """Write a new small file atomically and durably: temp file, fsync, rename,
+        fsync of the directory."""
+        tmp = f"{path}.tmp.{os.getpid()}"
+        fd = self.open(tmp, write=True, create=True)
+        try:
+            self.truncate(fd, 0)
+            self.writev(fd, [data], 0)
+            self.fsync(fd)
+        finally:
+            self.close(fd)
+        self.rename(tmp, path)
+        self.fsync_dir(os.path.dirname(path))
+
+
+def _iov(buffers: Iterable[Buffer]) -> list[memoryview]:
+    out = []
+    for b in buffers:
+        mv = b if isinstance(b, memoryview) else memoryview(b)
+        if mv.ndim != 1 or mv.itemsize != 1 or not mv.c_contiguous:
+            mv = mv.cast("B") if mv.c_contiguous else memoryview(mv.tobytes())
+        if len(mv):
+            out.append(mv)
+    return out
+
+
+_IOV_MAX = 512
+
+
+class PosixFS(Filesystem):
+    """The real thing: thin wrappers over ``os`` with positional I/O."""
+
+    def open(
+        self, path: str, *, write: bool = False, create: bool = False, exclusive: bool = False
+    ) -> int:
+        flags = os.O_CLOEXEC
+        flags |= os.O_RDWR if write or create else os.O_RDONLY
+        if write or create:
+            flags |= os.O_NOFOLLOW
+        if create:
+            flags |= os.O_CREAT
+        if exclusive:
+            flags |= os.O_EXCL
+        return os.open(path, flags, 0o644)
+
+    def close(self, fd: int) -> None:
+        os.close(fd)
+
+    def writev(self, fd: int, buffers: Sequence[Buffer], offset: int) -> int:
+        views = _iov(buffers)
+        total = 0
+        while views:
+            batch = views[:_IOV_MAX]
+            n = os.pwritev(fd, batch, offset + total)
+            if n <= 0:
+                raise OSError(errno.EIO, "pwritev wrote nothing")
+            total += n
+            # drop what was written; keep the remainder of a partially written buffer
+            while n and views:
+                if n >= len(views[0]):
+                    n -= len(views[0])
+                    views.pop(0)
+                else:
+                    views[0] = views[0][n:]
+                    n = 0
+        return total
+
+    def readinto(self, fd: int, buffer: Buffer, offset: int) -> int:
+        mv = memoryview(buffer).cast("B")
+        got = 0
+        while got < len(mv):
+            n = os.preadv(fd, [mv[got:]], offset + got)
+            if n == 0:
+                break
+            got += n
+        return got
+
+    def fsync(self, fd: int) -> None:
+        os.fsync(fd)
+
+    def fdatasync(self, fd: int) -> None:
+        os.fdatasync(fd)
+
+    def truncate(self, fd: int, size: int) -> None:
+        os.ftruncate(fd, size)
+
+    def fstat(self, fd: int) -> FileStat:
+        return _to_stat(os.fstat(fd))
+
+    def reserve(self, fd: int, offset: int, length: int) -> bool:
+        try:
+            os.posix_fallocate(fd, offset, length)
+        except OSError as e:
+            if e.errno in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                return False
+            raise
+        return True
+
+    def lock(self, fd: int, *, blocking: bool = True) -> bool:
+        # flock: works across processes locally and across clients on JuiceFS.
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except BlockingIOError:
+            return False
+        return True
+
+    def unlock(self, fd: int) -> None:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def fsync_dir(self, path: str) -> None:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def mkdir(self, path: str) -> None:
+        os.mkdir(path, 0o755)
+
+    def rename(self, src: str, dst: str) -> None:
+        os.replace(src, dst)
+
+    def unlink(self, path: str) -> None:
+        os.unlink(path)
+
+    def stat(self, path: str) -> FileStat:
+        return _to_stat(os.lstat(path))
+
+    def listdir(self, path: str) -> list[str]:
+        return sorted(os.listdir(path))
+
+    def realpath(self, path: str) -> str:
+        return os.path.realpath(path)
+
+
+def _to_stat(st: os.stat_result) -> FileStat:
+    import stat as _stat
+
+    return FileStat(
+        size=st.st_size,
+        inode=st.st_ino,
+        is_dir=_stat.S_ISDIR(st.st_mode),
+        is_symlink=_stat.S_ISLNK(st.st_mode),
+        mtime_ns=st.st_mtime_ns,
+    )

@@ -1,0 +1,309 @@
+"""Packs: append-only files of extents, one writer each, sealed when done.
+
+A pack is a sequence of frames (``straw.framing``)::
+
+    PACK_HEADER  (run, writer, incarnation, pack number)
+    EXTENT ...   one per publication; several extents written by one ``publish_many``
+                 share a write group and one data sync
+    SEAL         index of the pack's extents, then a 16-byte trailer
+                 (u64 offset of the SEAL frame, b"STRWSEAL") so the index is found
+                 without scanning
+
+Extent body (the publication)::
+
+    0      4   manifest length M (u32 LE)
+    4      16  xxh3-128 of the manifest
+    20     M   manifest (msgpack): submission id, batch position, logical digest,
+               dependencies, and per record: id, codec, JSON metadata, tokens, length,
+               xxh3-128 of the payload
+    20+M       payloads back to back
+
+``read`` verifies the body checksum (which the reference names); ``read_record`` verifies
+the manifest checksum and that record's own checksum, reading nothing else.
+
+Space is reserved ahead with ``posix_fallocate`` (``Filesystem.reserve``) so that a
+publication is one ``writev`` into reserved space plus one ``fdatasync``: the file size
+does not change per publication, which is what makes small publications cheap and large
+ones run near raw bandwidth.  The reserved tail reads as zeros, which the scanner treats
+as the clean end; ``seal`` trims it.
+
+Upholds D1 (a pack's name is durable through a directory fsync before any reference into
+it exists; a reference is returned only after the data sync of its write group) and the
+writer side of D6 (a new group starts only after the previous group's sync returned; after
+a failed write or sync the pack is abandoned, never written again).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import xxhash
+
+from . import framing
+from .errors import CorruptData, QuotaExceeded, StorageUnavailable, UnsupportedSchema
+from .fs import Filesystem
+
+EXTENT_PREFIX = struct.Struct("<I16s")
+TRAILER = struct.Struct("<Q8s")
+TRAILER_MAGIC = b"STRWSEAL"
+MANIFEST_VERSION = 1
+PACK_SUFFIX = ".strw"
+
+
+def storage_error(err: OSError, what: str) -> StorageUnavailable:
+    """Map an OSError to straw's storage errors (quota errors get their own class)."""
+    cls = QuotaExceeded if err.errno in (errno.ENOSPC, errno.EDQUOT) else StorageUnavailable
+    return cls(f"{what}: {os.strerror(err.errno) if err.errno else err} ({err})")
+
+
+@dataclass(frozen=True)
+class ExtentEntry:
+    """What a pack's SEAL index (and the idempotency index) knows of one extent."""
+
+    submission_id: str
+    index: int  # position in its publish_many batch
+    count: int  # size of that batch
+    offset: int
+    size: int
+    checksum: bytes
+    digest: bytes
+    records: int
+
+    def packed(self) -> list[Any]:
+        return [self.submission_id, self.index, self.count, self.offset, self.size,
+                self.checksum, self.digest, self.records]
+
+
+@dataclass
+class EncodedExtent:
+    """A publication laid out for writing: header + body buffers (payloads not copied)."""
+
+    buffers: list[Any]
+    entry: ExtentEntry
+    record_offsets: list[int]  # absolute payload offsets in the pack
+    manifest: dict[str, Any]
+
+
+def encode_extent(
+    *,
+    run_id: str,
+    submission_id: str,
+    index: int,
+    count: int,
+    digest: bytes,
+    records: Sequence[tuple[str, str, str, int | None, memoryview, bytes]],
+    dependencies: Sequence[list[Any]],
+    offset: int,
+    group_start: int,
+) -> EncodedExtent:
+    """Lay out one extent at ``offset``.  ``records`` are (id, codec, metadata JSON,
+    tokens, payload view, payload xxh3-128)."""
+    manifest = {
+        "v": MANIFEST_VERSION,
+        "run": run_id,
+        "sub": submission_id,
+        "idx": index,
+        "n": count,
+        "digest": digest,
+        "deps": list(dependencies),
+        "recs": [[rid, codec, meta, tokens, len(p), h] for rid, codec, meta, tokens, p, h in records],
+    }
+    mbytes = msgpack.packb(manifest, use_bin_type=True)
+    prefix = EXTENT_PREFIX.pack(len(mbytes), xxhash.xxh3_128_digest(mbytes))
+    body: list[Any] = [prefix, mbytes] + [r[4] for r in records if len(r[4])]
+    header = framing.encode_header(framing.KIND_EXTENT, body, group_start=group_start)
+    size = framing.HEADER_SIZE + sum(memoryview(b).nbytes for b in body)
+    pos = offset + framing.HEADER_SIZE + EXTENT_PREFIX.size + len(mbytes)
+    record_offsets = []
+    for r in records:
+        record_offsets.append(pos)
+        pos += len(r[4])
+    entry = ExtentEntry(submission_id, index, count, offset, size, header[24:40], digest,
+                        len(records))
+    return EncodedExtent([header, *body], entry, record_offsets, manifest)
+
+
+def decode_manifest(body_prefix: Any, where: str) -> tuple[dict[str, Any], int]:
+    """Parse and check the manifest at the start of an extent body (which must hold at
+    least prefix + manifest).  Returns the manifest and the offset of the payloads within
+    the body."""
+    mv = memoryview(body_prefix).cast("B")
+    if mv.nbytes < EXTENT_PREFIX.size:
+        raise CorruptData(f"{where}: extent body shorter than its prefix")
+    mlen, mhash = EXTENT_PREFIX.unpack_from(mv)
+    end = EXTENT_PREFIX.size + mlen
+    if mv.nbytes < end:
+        raise CorruptData(f"{where}: extent body shorter than its manifest ({mlen} bytes)")
+    mbytes = mv[EXTENT_PREFIX.size:end]
+    if xxhash.xxh3_128_digest(mbytes) != mhash:
+        raise CorruptData(f"{where}: manifest checksum mismatch")
+    try:
+        manifest = msgpack.unpackb(mbytes, raw=False, strict_map_key=True)
+    except Exception as e:  # msgpack raises several types for malformed input
+        raise CorruptData(f"{where}: manifest does not decode: {e}") from None
+    if not isinstance(manifest, dict) or manifest.get("v") != MANIFEST_VERSION:
+        version = manifest.get("v") if isinstance(manifest, dict) else None
+        raise UnsupportedSchema(
+            f"{where}: manifest version {version!r}; this straw reads {MANIFEST_VERSION}"
+        )
+    return manifest, end
+
+
+def manifest_size(body_prefix: Any) -> int:
+    """How many body bytes hold prefix + manifest (from the first 20 bytes)."""
+    mlen, _ = EXTENT_PREFIX.unpack_from(memoryview(body_prefix).cast("B"))
+    return int(EXTENT_PREFIX.size + mlen)
+
+
+def entry_from_manifest(manifest: dict[str, Any], offset: int, header: framing.FrameHeader
+                        ) -> ExtentEntry:
+    return ExtentEntry(manifest["sub"], manifest["idx"], manifest["n"], offset,
+                       header.frame_length, header.body_hash, manifest["digest"],
+                       len(manifest["recs"]))
+
+
+class PackWriter:
+    """The open pack of one writer incarnation."""
+
+    def __init__(self, fs: Filesystem, path: str, header_info: dict[str, Any],
+                 reserve_bytes: int) -> None:
+        self.fs = fs
+        self.path = path
+        self.reserve_bytes = reserve_bytes
+        self.entries: list[ExtentEntry] = []
+        self.broken = False
+        try:
+            self.fd = fs.open(path, write=True, create=True, exclusive=True)
+        except OSError as e:
+            raise storage_error(e, f"cannot create pack {path}") from e
+        try:
+            head = framing.encode_frame(
+                framing.KIND_PACK_HEADER, msgpack.packb(header_info, use_bin_type=True),
+                group_start=0,
+            )
+            self.reserved = 0
+            self._reserve(len(head))
+            fs.writev(self.fd, [head], 0)
+            self.data_end = len(head)
+            fs.fsync(self.fd)
+            # D1: the pack's name must be durable before any reference into it exists.
+            fs.fsync_dir(os.path.dirname(path))
+        except OSError as e:
+            self.abandon()
+            raise storage_error(e, f"cannot initialise pack {path}") from e
+
+    def _reserve(self, needed_end: int) -> None:
+        if needed_end <= self.reserved or self.reserve_bytes <= 0:
+            return
+        step = self.reserve_bytes
+        new_end = max(needed_end, self.reserved + step)
+        new_end = -(-new_end // step) * step
+        if self.fs.reserve(self.fd, self.reserved, new_end - self.reserved):
+            self.reserved = new_end
+        else:
+            self.reserve_bytes = 0  # not supported here: plain appends from now on
+
+    def append_group(self, extents: Sequence[EncodedExtent]) -> None:
+        """Write several laid-out extents (starting at ``data_end``) with one writev and
+        ONE data sync.  After an error the pack is abandoned."""
+        if self.broken:
+            raise StorageUnavailable(f"pack {self.path} was abandoned after an I/O error")
+        buffers = [b for e in extents for b in e.buffers]
+        total = sum(e.entry.size for e in extents)
+        try:
+            self._reserve(self.data_end + total)
+            self.fs.writev(self.fd, buffers, self.data_end)
+            # D1: the reference is returned only after this sync.  fdatasync suffices:
+            # inside reserved space only data changes; when appending, fdatasync also
+            # persists the new size.  Never retried after a failure (the dirty pages may
+            # already be gone): the pack is abandoned instead.
+            self.fs.fdatasync(self.fd)
+        except OSError as e:
+            self.abandon()
+            raise storage_error(e, f"publication to pack {self.path} failed") from e
+        self.data_end += total
+        self.entries.extend(e.entry for e in extents)
+
+    def seal(self) -> None:
+        """Write the SEAL index and trailer, sync, and trim the reserved tail."""
+        if self.broken:
+            return
+        body = msgpack.packb(
+            {"v": MANIFEST_VERSION, "end": self.data_end,
+             "extents": [e.packed() for e in self.entries]},
+            use_bin_type=True,
+        )
+        frame = framing.encode_frame(framing.KIND_SEAL, body, group_start=self.data_end)
+        trailer = TRAILER.pack(self.data_end, TRAILER_MAGIC)
+        end = self.data_end + len(frame) + len(trailer)
+        try:
+            self.fs.writev(self.fd, [frame, trailer], self.data_end)
+            self.fs.truncate(self.fd, end)
+            self.fs.fsync(self.fd)
+        except OSError as e:
+            self.abandon()
+            raise storage_error(e, f"sealing pack {self.path} failed") from e
+        self.fs.close(self.fd)
+        self.broken = True  # closed: no more writes
+
+    def abandon(self) -> None:
+        if not self.broken:
+            self.broken = True
+            try:
+                self.fs.close(self.fd)
+            except OSError:
+                pass
+
+
+def read_at_fn(fs: Filesystem, fd: int):  # type: ignore[no-untyped-def]
+    def read_at(offset: int, length: int) -> bytes:
+        buf = bytearray(length)
+        n = fs.readinto(fd, buf, offset)
+        return bytes(buf[:n])
+
+    return read_at
+
+
+def read_sealed_index(fs: Filesystem, fd: int, size: int) -> list[ExtentEntry] | None:
+    """The SEAL index of a sealed pack via its trailer, or None if the pack is not
+    (completely) sealed."""
+    if size < TRAILER.size + framing.HEADER_SIZE:
+        return None
+    read_at = read_at_fn(fs, fd)
+    seal_offset, magic = TRAILER.unpack(read_at(size - TRAILER.size, TRAILER.size))
+    if magic != TRAILER_MAGIC or seal_offset >= size:
+        return None
+    try:
+        header, body = framing.decode_frame(read_at(seal_offset, size - TRAILER.size
+                                                    - seal_offset))
+    except (framing.TornFrame, CorruptData):
+        return None
+    if header.kind != framing.KIND_SEAL:
+        return None
+    return _seal_entries(body)
+
+
+def _seal_entries(body: Any) -> list[ExtentEntry]:
+    seal = msgpack.unpackb(body, raw=False)
+    if seal.get("v") != MANIFEST_VERSION:
+        raise UnsupportedSchema(f"seal index version {seal.get('v')!r}")
+    return [ExtentEntry(*e) for e in seal["extents"]]
+
+
+def scan_pack(fs: Filesystem, fd: int, size: int) -> tuple[list[ExtentEntry], framing.ScanResult]:
+    """Every valid extent of a pack that may have been left open by a crash."""
+    scan = framing.scan_frames(read_at_fn(fs, fd), size)
+    entries = []
+    for f in scan.frames:
+        if f.header.kind == framing.KIND_EXTENT:
+            manifest, _ = decode_manifest(f.body, f"extent at offset {f.offset}")
+            entries.append(entry_from_manifest(manifest, f.offset, f.header))
+        elif f.header.kind == framing.KIND_SEAL:
+            return _seal_entries(f.body), scan
+    return entries, scan

@@ -1,0 +1,277 @@
+"""Checked reads of publications: ``ReadSession``.
+
+Every read authenticates what it returns (D6): ``read``/``validate`` check the whole
+extent against the checksum the reference names; ``manifest`` checks the manifest;
+``read_record`` checks the manifest and that one record.  A mismatch of bytes that are
+present is ``CorruptData`` at once, never retried.  Bytes that are *missing* (the file is
+shorter than the extent, or still reads as zeros, or the file is not visible yet) may be
+another client's visibility lag: the read reopens the file and retries a bounded number of
+times, then raises ``StorageUnavailable``.
+
+A reference is followed only after ``check_pack_path`` accepted its shape and the
+resolved path (symlinks included) stayed inside the pool root.
+
+A session caches open files and checked manifests; it is not an ownership pin.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections import OrderedDict
+from typing import Any
+
+from . import framing
+from .clock import Clock
+from .errors import CorruptData, InvalidReference, StorageUnavailable
+from .fs import Filesystem
+from .pack import EXTENT_PREFIX, decode_manifest, manifest_size
+from .refs import (
+    Manifest,
+    Record,
+    RecordInfo,
+    RecordRef,
+    RecordSetRef,
+    check_pack_path,
+)
+
+_FIRST_READ = 64 * 1024
+_FD_CACHE = 64
+_ZERO_HEADER = bytes(framing.HEADER_SIZE)
+
+
+class _Lag(Exception):
+    """Bytes not (yet) visible: retry after reopening."""
+
+
+class ReadSession:
+    """Checked reads with a cache of open packs and authenticated manifests."""
+
+    def __init__(self, fs: Filesystem, root: str, run_id: str, clock: Clock, *,
+                 visibility_retries: int = 8, visibility_backoff: float = 0.05) -> None:
+        self.fs = fs
+        self.root = root
+        self.real_root = fs.realpath(root)
+        self.run_id = run_id
+        self.clock = clock
+        self.retries = visibility_retries
+        self.backoff = visibility_backoff
+        self._fds: OrderedDict[str, int] = OrderedDict()
+        self._manifests: OrderedDict[RecordSetRef, Manifest] = OrderedDict()
+        self._lock = threading.Lock()
+        self.closed = False
+
+    # --- context manager ------------------------------------------------------------
+    def __enter__(self) -> ReadSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        with self._lock:
+            for fd in self._fds.values():
+                try:
+                    self.fs.close(fd)
+                except OSError:
+                    pass
+            self._fds.clear()
+            self._manifests.clear()
+            self.closed = True
+
+    # --- public reads -----------------------------------------------------------------
+    def read(self, ref: RecordSetRef) -> list[Record]:
+        """The publication's records in order, payloads as read-only memoryviews."""
+        manifest, body, payload_start = self._read_extent(ref)
+        out = []
+        pos = payload_start
+        for info in manifest.records:
+            out.append(Record(info.record_id, body[pos:pos + info.length].toreadonly(),
+                              info.codec, info.metadata, info.tokens))
+            pos += info.length
+        return out
+
+    def validate(self, ref: RecordSetRef) -> tuple[RecordRef, ...]:
+        """Check the whole extent; returns the checked references of its records."""
+        manifest, _, _ = self._read_extent(ref)
+        return manifest.record_refs
+
+    def manifest(self, ref: RecordSetRef) -> Manifest:
+        self._check_ref(ref)
+        cached = self._manifests.get(ref)
+        if cached is not None:
+            return cached
+        head = self._read_exact(ref.path, ref.offset, min(ref.size, _FIRST_READ), frame=True)
+        header = self._check_header(ref, head)
+        body_head = memoryview(head)[framing.HEADER_SIZE:]
+        if body_head.nbytes < EXTENT_PREFIX.size:
+            raise InvalidReference(f"{ref!r}: too small to be an extent")
+        need = manifest_size(body_head)
+        if need > header.body_length:
+            raise CorruptData(f"{ref.path} offset {ref.offset}: manifest longer than extent")
+        if need > body_head.nbytes:
+            body_head = memoryview(self._read_exact(
+                ref.path, ref.offset + framing.HEADER_SIZE, need))
+        raw, payload_start = decode_manifest(body_head, f"{ref.path} offset {ref.offset}")
+        return self._remember(ref, raw, payload_start)
+
+    def read_record(self, record_ref: RecordRef) -> Record:
+        """One record, reading and checking only the manifest and that record."""
+        info = self._record_info(record_ref)
+        data = self._read_exact(record_ref.record_set.path, record_ref.offset,
+                                record_ref.length)
+        if framing.hash_buffers([data]).hex() != record_ref.checksum:
+            raise CorruptData(
+                f"record {record_ref.record_id!r} at {record_ref.record_set.path} offset "
+                f"{record_ref.offset}: payload checksum mismatch"
+            )
+        return Record(info.record_id, memoryview(data).toreadonly(), info.codec,
+                      info.metadata, info.tokens)
+
+    def read_range(self, record_ref: RecordRef, start: int, stop: int,
+                   into: Any = None) -> memoryview:
+        """Unchecked bytes [start, stop) of a record, read into ``into`` if given.  The
+        caller verifies them against its own finer-grained checksums (tensor chunks)."""
+        self._record_info(record_ref)
+        if not 0 <= start <= stop <= record_ref.length:
+            raise ValueError(f"range [{start}, {stop}) outside record of {record_ref.length}")
+        return self._read_exact(record_ref.record_set.path, record_ref.offset + start,
+                                stop - start, into=into)
+
+    # --- internals --------------------------------------------------------------------
+    def _record_info(self, record_ref: RecordRef) -> RecordInfo:
+        if not isinstance(record_ref, RecordRef):
+            raise TypeError(f"expected a RecordRef, got {type(record_ref).__name__}")
+        manifest = self.manifest(record_ref.record_set)
+        i = record_ref.index
+        if not (0 <= i < len(manifest.record_refs)) or manifest.record_refs[i] != record_ref:
+            raise InvalidReference(
+                f"{record_ref!r} does not match record {i} of its publication's manifest"
+            )
+        return manifest.records[i]
+
+    def _check_ref(self, ref: RecordSetRef) -> None:
+        if not isinstance(ref, RecordSetRef):
+            raise TypeError(f"expected a RecordSetRef, got {type(ref).__name__}")
+        ref.check()
+        if ref.run_id != self.run_id:
+            raise InvalidReference(
+                f"{ref!r} belongs to run {ref.run_id!r}, this store is run {self.run_id!r}"
+            )
+
+    def _read_extent(self, ref: RecordSetRef) -> tuple[Manifest, memoryview, int]:
+        self._check_ref(ref)
+        buf = self._read_exact(ref.path, ref.offset, ref.size, frame=True)
+        self._check_header(ref, buf)
+        try:
+            _, body = framing.decode_frame(buf)
+        except framing.TornFrame:
+            raise InvalidReference(f"{ref!r}: size does not match the extent") from None
+        raw, payload_start = decode_manifest(body, f"{ref.path} offset {ref.offset}")
+        return self._remember(ref, raw, payload_start), body, payload_start
+
+    def _check_header(self, ref: RecordSetRef, buf: Any) -> framing.FrameHeader:
+        where = f"{ref.path} offset {ref.offset}"
+        try:
+            header = framing.decode_header(buf)
+        except CorruptData as e:
+            raise CorruptData(f"{where}: {e} (data damaged, or the reference does not point "
+                              "at an extent)") from None
+        if header.kind != framing.KIND_EXTENT or header.frame_length != ref.size:
+            raise InvalidReference(f"{ref!r} does not match the frame at {where}")
+        if header.body_hash.hex() != ref.checksum:
+            raise InvalidReference(
+                f"{ref!r}: checksum differs from the extent at {where} (stale or edited "
+                "reference)"
+            )
+        return header
+
+    def _remember(self, ref: RecordSetRef, raw: dict[str, Any], payload_start: int
+                  ) -> Manifest:
+        if raw.get("run") != ref.run_id:
+            raise InvalidReference(f"{ref!r}: the extent belongs to run {raw.get('run')!r}")
+
+        infos = []
+        rrefs = []
+        pos = ref.offset + framing.HEADER_SIZE + payload_start
+        for i, (rid, codec, meta, tokens, length, h) in enumerate(raw["recs"]):
+            infos.append(RecordInfo(rid, codec, json.loads(meta), tokens, length, h.hex()))
+            rrefs.append(RecordRef(ref, rid, i, pos, length, h.hex()))
+            pos += length
+        deps = tuple(
+            RecordSetRef(ref.run_id, p, o, s, c.hex(), d.hex(), n)
+            for p, o, s, c, d, n in raw["deps"]
+        )
+        m = Manifest(ref, raw["sub"], tuple(infos), deps, tuple(rrefs))
+        with self._lock:
+            self._manifests[ref] = m
+            if len(self._manifests) > 256:
+                self._manifests.popitem(last=False)
+        return m
+
+    def _fd(self, path: str) -> int:
+        with self._lock:
+            if self.closed:
+                raise ValueError("read session is closed")
+            fd = self._fds.get(path)
+            if fd is not None:
+                self._fds.move_to_end(path)
+                return fd
+        full = os.path.join(self.root, path)
+        real = self.fs.realpath(full)
+        if not real.startswith(self.real_root.rstrip("/") + "/"):
+            raise InvalidReference(f"reference path {path!r} resolves outside the pool root")
+        fd = self.fs.open(real)
+        with self._lock:
+            self._fds[path] = fd
+            if len(self._fds) > _FD_CACHE:
+                _, old = self._fds.popitem(last=False)
+                self.fs.close(old)
+        return fd
+
+    def _drop_fd(self, path: str) -> None:
+        with self._lock:
+            fd = self._fds.pop(path, None)
+        if fd is not None:
+            try:
+                self.fs.close(fd)
+            except OSError:
+                pass
+
+    def _read_exact(self, path: str, offset: int, size: int, into: Any = None,
+                    frame: bool = False) -> memoryview:
+        """Exactly ``size`` bytes at ``offset`` or ``StorageUnavailable`` after bounded
+        retries for visibility lag (short file, zero header, file not visible)."""
+        buf = memoryview(bytearray(size) if into is None else into).cast("B")
+        if buf.nbytes != size:
+            raise ValueError(f"buffer holds {buf.nbytes} bytes, {size} requested")
+        check_pack_path(path, self.run_id)
+        delay = self.backoff
+        last = ""
+        for attempt in range(self.retries + 1):
+            try:
+                fd = self._fd(path)
+                n = self.fs.readinto(fd, buf, offset)
+                if n < size:
+                    raise _Lag(f"the file holds {offset + n} bytes, the reference needs "
+                               f"{offset + size}")
+                # Only a frame start is known to be non-zero: a payload may be zeros.
+                if frame and buf[:framing.HEADER_SIZE] == _ZERO_HEADER:
+                    raise _Lag("the extent still reads as zeros")
+                return buf
+            except FileNotFoundError:
+                last = "the pack file is not visible"
+            except _Lag as e:
+                last = str(e)
+            except OSError as e:
+                raise StorageUnavailable(f"reading {path}: {e}") from e
+            self._drop_fd(path)
+            if attempt < self.retries:
+                self.clock.sleep(delay)
+                delay = min(delay * 2, 1.0)
+        raise StorageUnavailable(
+            f"{path} offset {offset}: {last} after {self.retries} retries; the writer's data "
+            "is not visible on this client (visibility lag) or was lost. Retry later; if it "
+            "persists, check the filesystem"
+        )

@@ -1,0 +1,357 @@
+"""``SharedFilesystemStore``: publish immutable publications into packs; read them back
+checked, from any client of the pool.
+
+Pool layout::
+
+    <root>/POOL                  format marker (UnsupportedSchema if newer)
+    <root>/runs/<run_id>/...     writers, their incarnations and packs (straw.writer)
+
+The store validates every input before any byte is written, lays publications out as
+extents (``straw.pack``), writes a ``publish_many`` batch with one ``writev`` and one data
+sync, and returns references only after that sync (D1).  Submission ids are the
+idempotency ids (D7): a retry with the same id and content returns the original
+references, different content raises ``IdempotencyConflict``; the index survives writer
+restarts (``straw.writer``).  Reads go through ``straw.reader.ReadSession`` (D6).
+
+Writing is lazy: a store that only reads takes no writer lock and creates nothing.
+Publishing is serialised per store (one write in flight); use one store per writer
+thread or process, each with its own ``writer_id``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import msgpack
+import xxhash
+
+from .clock import Clock, SystemClock
+from .errors import IdempotencyConflict, InvalidReference, StorageUnavailable, UnsupportedSchema
+from .fs import Filesystem, PosixFS
+from .pack import encode_extent, storage_error
+from .reader import ReadSession
+from .refs import (
+    NAME_RE,
+    Manifest,
+    Publication,
+    Record,
+    RecordRef,
+    RecordSetRef,
+    canonical_metadata,
+    check_name,
+    payload_view,
+)
+from .writer import Submission, WriterIncarnation
+
+BUILTIN_CODECS = ("bytes.v1", "json.v1", "tensor.v1", "sample.v1")
+POOL_FORMAT = 1
+DEFAULT_SEGMENT_TARGET = 256 * 1024 * 1024
+DEFAULT_RESERVE = 64 * 1024 * 1024
+
+_Normalized = tuple[list[tuple[str, str, str, "int | None", memoryview, bytes]], list[Any], bytes]
+
+
+class SharedFilesystemStore:
+    """A pool client: publishes as writer ``writer_id`` and reads anything of its run.
+
+    Parameters: ``root`` (pool directory, created if missing), ``run_id`` (the job),
+    ``codecs`` (codec names in addition to the built-ins ``bytes.v1``, ``json.v1``,
+    ``tensor.v1``, ``sample.v1``), ``segment_target_bytes`` (pack rotation target, not a
+    hard limit), ``writer_id`` (stable name of this writer: submission ids are scoped to
+    it and survive its restarts; concurrent writers need distinct ids), ``fs`` (the
+    ``Filesystem``, default ``PosixFS``), ``clock``, ``reserve_bytes`` (space reserved
+    ahead in packs; 0 disables), ``visibility_retries``/``visibility_backoff`` (bounded
+    retries when another client's data is not visible yet)."""
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        run_id: str,
+        *,
+        codecs: Iterable[str] = (),
+        segment_target_bytes: int = DEFAULT_SEGMENT_TARGET,
+        writer_id: str = "default",
+        fs: Filesystem | None = None,
+        clock: Clock | None = None,
+        reserve_bytes: int = DEFAULT_RESERVE,
+        visibility_retries: int = 8,
+        visibility_backoff: float = 0.05,
+    ) -> None:
+        self.run_id = check_name("run_id", run_id)
+        self.writer_id = check_name("writer_id", writer_id)
+        if isinstance(segment_target_bytes, bool) or not isinstance(segment_target_bytes, int) \
+                or segment_target_bytes <= 0:
+            raise ValueError(f"segment_target_bytes must be a positive int, got "
+                             f"{segment_target_bytes!r}")
+        if isinstance(codecs, str):
+            raise TypeError("codecs must be an iterable of codec names, not one str")
+        extra = set()
+        for c in codecs:
+            extra.add(check_name("codec name", c))
+        self.codecs = frozenset(BUILTIN_CODECS) | extra
+        self.fs = fs or PosixFS()
+        self.clock = clock or SystemClock()
+        self.root = os.path.abspath(os.fspath(root))
+        self.segment_target_bytes = segment_target_bytes
+        self.reserve_bytes = reserve_bytes
+        self._init_pool()
+        self._session = ReadSession(self.fs, self.root, self.run_id, self.clock,
+                                    visibility_retries=visibility_retries,
+                                    visibility_backoff=visibility_backoff)
+        self._visibility = (visibility_retries, visibility_backoff)
+        self._writer: WriterIncarnation | None = None
+        self._write_lock = threading.Lock()
+        self.closed = False
+
+    # --- pool ---------------------------------------------------------------------------
+    def _init_pool(self) -> None:
+        marker = os.path.join(self.root, "POOL")
+        try:
+            if not self.fs.exists(marker):
+                self.fs.makedirs_durable(self.root)
+                body = json.dumps({"format": "straw-pool", "version": POOL_FORMAT}).encode()
+                try:
+                    self.fs.write_file_durable(marker, body)
+                except FileExistsError:
+                    pass
+            info = json.loads(self.fs.read_file(marker) or b"{}")
+        except OSError as e:
+            raise storage_error(e, f"cannot open pool {self.root}") from e
+        except ValueError:
+            raise UnsupportedSchema(f"{marker} is not a straw pool marker") from None
+        if info.get("format") != "straw-pool" or not isinstance(info.get("version"), int):
+            raise UnsupportedSchema(f"{marker} is not a straw pool marker: {info!r}")
+        if info["version"] > POOL_FORMAT:
+            raise UnsupportedSchema(
+                f"pool {self.root} has format version {info['version']}; this straw reads "
+                f"up to {POOL_FORMAT}. Upgrade straw"
+            )
+
+    # --- context manager ----------------------------------------------------------------
+    def __enter__(self) -> SharedFilesystemStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Seal the open pack, release the writer, close files.  Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            with self._write_lock:
+                if self._writer is not None:
+                    self._writer.close()
+                    self._writer = None
+        finally:
+            self._session.close()
+
+    def seal(self) -> None:
+        """Seal the current pack (the next publication opens a new one)."""
+        with self._write_lock:
+            self._check_open()
+            if self._writer is not None:
+                self._writer.seal()
+
+    # --- publishing ---------------------------------------------------------------------
+    def publish(self, records: Sequence[Record], *, submission_id: str,
+                dependencies: Sequence[RecordSetRef] = ()) -> RecordSetRef:
+        """Publish one set of records durably; returns its reference (D1, D7)."""
+        for i, d in enumerate(dependencies):
+            if isinstance(d, int) and not isinstance(d, bool):
+                raise ValueError(f"dependencies[{i}] is an index; index dependencies only "
+                                 "exist inside publish_many")
+        return self.publish_many([Publication(records, tuple(dependencies))],
+                                 submission_id=submission_id)[0]
+
+    def publish_many(self, publications: Sequence[Publication], *,
+                     submission_id: str) -> list[RecordSetRef]:
+        """Several publications in one durable write, one reference each.  A dependency
+        is a ``RecordSetRef`` or the index of an earlier publication of this call."""
+        self._check_submission_id(submission_id)
+        if isinstance(publications, (str, bytes)) or not isinstance(publications, Sequence):
+            raise TypeError("publications must be a list of straw.Publication")
+        normalized = [self._normalize(p, i, len(publications)) for i, p in
+                      enumerate(publications)]
+        digests = tuple(n[2] for n in normalized)
+        with self._write_lock:
+            self._check_open()
+            writer = self._ensure_writer()
+            known = writer.index.get(submission_id)
+            if known is not None:
+                if known.digests != digests:
+                    raise IdempotencyConflict(
+                        f"submission_id {submission_id!r} was already used by writer "
+                        f"{self.writer_id!r} for different content; use a new submission_id "
+                        "for new content"
+                    )
+                return list(known.refs)
+            refs = self._write(writer, submission_id, normalized)
+            writer.index[submission_id] = Submission(digests, tuple(refs))
+            return refs
+
+    def lookup_submission(self, submission_id: str) -> list[RecordSetRef] | None:
+        """The references published under ``submission_id`` by this writer id (across its
+        restarts), or None."""
+        self._check_submission_id(submission_id)
+        with self._write_lock:
+            self._check_open()
+            known = self._ensure_writer().index.get(submission_id)
+        return list(known.refs) if known else None
+
+    def _write(self, writer: WriterIncarnation, submission_id: str,
+               normalized: list[_Normalized]) -> list[RecordSetRef]:
+        estimate = sum(sum(len(r[4]) for r in recs) + 1024 for recs, _, _ in normalized)
+        start = writer.next_offset(estimate)
+        pos = start
+        extents = []
+        placed: list[RecordSetRef] = []
+        for i, (recs, deps, digest) in enumerate(normalized):
+            dep_rows = []
+            for d in deps:
+                ref = placed[d] if isinstance(d, int) else d
+                dep_rows.append([ref.path, ref.offset, ref.size, bytes.fromhex(ref.checksum),
+                                 bytes.fromhex(ref.digest), ref.records])
+            ext = encode_extent(run_id=self.run_id, submission_id=submission_id, index=i,
+                                count=len(normalized), digest=digest, records=recs,
+                                dependencies=dep_rows, offset=pos, group_start=start)
+            extents.append(ext)
+            placed.append(RecordSetRef(self.run_id, writer.pack_rel, pos, ext.entry.size,
+                                       ext.entry.checksum.hex(), digest.hex(), len(recs)))
+            pos += ext.entry.size
+        return writer.append(extents)
+
+    def _ensure_writer(self) -> WriterIncarnation:
+        if self._writer is None:
+            self._writer = WriterIncarnation(
+                self.fs, self.root, self.run_id, self.writer_id, self.clock,
+                segment_target_bytes=self.segment_target_bytes,
+                reserve_bytes=self.reserve_bytes,
+            )
+        return self._writer
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ValueError(f"store of run {self.run_id!r} at {self.root} is closed")
+
+    @staticmethod
+    def _check_submission_id(submission_id: object) -> None:
+        if not isinstance(submission_id, str):
+            raise TypeError(f"submission_id must be a str, got {type(submission_id).__name__}")
+        if not submission_id or len(submission_id) > 1024:
+            raise ValueError("submission_id must be a non-empty str of at most 1024 characters")
+
+    def _normalize(self, pub: object, i: int, n: int) -> _Normalized:
+        """Validate one publication; returns its records, dependencies and digest."""
+        where = f"publications[{i}]"
+        if not isinstance(pub, Publication):
+            raise TypeError(f"{where} must be a straw.Publication, got {type(pub).__name__}")
+        if isinstance(pub.records, (str, bytes)) or not isinstance(pub.records, Sequence):
+            raise TypeError(f"{where}.records must be a list of straw.Record")
+        seen: set[str] = set()
+        recs = []
+        ident: list[Any] = []
+        for j, r in enumerate(pub.records):
+            rw = f"{where}.records[{j}]"
+            if not isinstance(r, Record):
+                raise TypeError(f"{rw} must be a straw.Record, got {type(r).__name__}")
+            if not isinstance(r.record_id, str):
+                raise TypeError(f"{rw}.record_id must be a str, got {type(r.record_id).__name__}")
+            if not r.record_id or len(r.record_id) > 1024:
+                raise ValueError(f"{rw}.record_id must be a non-empty str of at most 1024 chars")
+            if r.record_id in seen:
+                raise ValueError(f"{rw}.record_id {r.record_id!r} is a duplicate; record ids "
+                                 "must be unique within a publication")
+            seen.add(r.record_id)
+            if not isinstance(r.codec, str):
+                raise TypeError(f"{rw}.codec must be a str, got {type(r.codec).__name__}")
+            if r.codec not in self.codecs:
+                hint = "" if NAME_RE.match(r.codec) else " (not a valid codec name)"
+                raise ValueError(
+                    f"{rw}.codec {r.codec!r} is not registered{hint}; open the store with "
+                    f"codecs=({r.codec!r},) (built-ins: {', '.join(BUILTIN_CODECS)})"
+                )
+            if r.tokens is not None and (isinstance(r.tokens, bool) or
+                                         not isinstance(r.tokens, int) or r.tokens < 0):
+                raise ValueError(f"{rw}.tokens must be None or a non-negative int")
+            meta = canonical_metadata(r.metadata, rw)
+            view = payload_view(r.payload, rw)
+            h = xxhash.xxh3_128_digest(view)
+            recs.append((r.record_id, r.codec, meta, r.tokens, view, h))
+            ident.append([r.record_id, r.codec, meta, r.tokens, h])
+        deps: list[Any] = []
+        dep_ident: list[Any] = []
+        for k, d in enumerate(pub.dependencies):
+            dw = f"{where}.dependencies[{k}]"
+            if isinstance(d, int) and not isinstance(d, bool):
+                if not 0 <= d < i:
+                    raise ValueError(f"{dw} = {d} must index an earlier publication of this "
+                                     f"call (0..{i - 1})")
+                deps.append(d)
+                dep_ident.append(["#", d])
+            elif isinstance(d, RecordSetRef):
+                d.check()
+                if d.run_id != self.run_id:
+                    raise InvalidReference(f"{dw} belongs to run {d.run_id!r}; dependencies "
+                                           f"must be in this store's run {self.run_id!r}")
+                deps.append(d)
+                dep_ident.append([d.path, d.offset, d.checksum])
+            else:
+                raise TypeError(f"{dw} must be a RecordSetRef or an int index, got "
+                                f"{type(d).__name__}")
+        digest = xxhash.xxh3_128_digest(msgpack.packb([ident, dep_ident], use_bin_type=True))
+        return recs, deps, digest
+
+    # --- reading ------------------------------------------------------------------------
+    def read(self, ref: RecordSetRef) -> list[Record]:
+        """The publication's records, checked against the reference (D6)."""
+        return self._session.read(ref)
+
+    def read_record(self, record_ref: RecordRef) -> Record:
+        return self._session.read_record(record_ref)
+
+    def manifest(self, ref: RecordSetRef) -> Manifest:
+        return self._session.manifest(ref)
+
+    def validate(self, ref: RecordSetRef) -> tuple[RecordRef, ...]:
+        return self._session.validate(ref)
+
+    def read_session(self) -> ReadSession:
+        """A scoped reader with its own cache of open packs and checked manifests."""
+        retries, backoff = self._visibility
+        return ReadSession(self.fs, self.root, self.run_id, self.clock,
+                           visibility_retries=retries, visibility_backoff=backoff)
+
+    # --- inspection ---------------------------------------------------------------------
+    def disk_usage(self) -> dict[str, int]:
+        """Pack files and bytes of this run on disk (for demos and operators)."""
+        files = 0
+        total = 0
+        run_dir = os.path.join(self.root, "runs", self.run_id)
+        stack = [run_dir]
+        while stack:
+            d = stack.pop()
+            try:
+                names = self.fs.listdir(d)
+            except FileNotFoundError:
+                continue
+            for name in names:
+                p = os.path.join(d, name)
+                st = self.fs.stat(p)
+                if st.is_dir:
+                    stack.append(p)
+                elif name.endswith(".strw"):
+                    files += 1
+                    total += st.size
+        return {"pack_files": files, "bytes": total}
+
+    def writer_info(self) -> Mapping[str, Any] | None:
+        return self._writer.describe() if self._writer else None
+
+
+__all__ = ["SharedFilesystemStore", "BUILTIN_CODECS", "StorageUnavailable"]

@@ -1,0 +1,244 @@
+"""One writer incarnation: exclusive ownership, its own directory, its packs, and the
+idempotency index of its writer id.
+
+Layout under the pool root::
+
+    runs/<run_id>/writers/<writer_id>/LOCK            flock held while a store writes;
+                                                       its text names the holder
+    runs/<run_id>/writers/<writer_id>/i000001/pack-000001.strw ...
+    runs/<run_id>/writers/<writer_id>/i000002/...     the next incarnation (after restart)
+
+Each incarnation owns a fresh directory and never appends to a pack a crashed
+predecessor left open.  Submission ids (D7) are scoped to the writer id: at start-up the
+new incarnation rebuilds the index of its predecessors from each sealed pack's SEAL index,
+or by scanning a pack a crash left open.  A publish_many batch counts only when all its
+extents survived.  Packs left open by a killed predecessor may hold data that reached the
+page cache but was never synced: they are fsynced before their extents are trusted (D1).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .clock import Clock
+from .errors import CorruptData, StorageUnavailable, UnsafeRecovery
+from .fs import Filesystem
+from .pack import (
+    PACK_SUFFIX,
+    EncodedExtent,
+    ExtentEntry,
+    PackWriter,
+    read_sealed_index,
+    scan_pack,
+    storage_error,
+)
+from .refs import RecordSetRef
+
+_INC_RE = re.compile(r"^i([0-9]{6,})$")
+_PACK_RE = re.compile(r"^pack-([0-9]{6,})\.strw$")
+
+
+@dataclass(frozen=True)
+class Submission:
+    """What a submission id stands for: one digest and one reference per publication."""
+
+    digests: tuple[bytes, ...]
+    refs: tuple[RecordSetRef, ...]
+
+
+def ref_from_entry(run_id: str, path: str, e: ExtentEntry) -> RecordSetRef:
+    return RecordSetRef(run_id, path, e.offset, e.size, e.checksum.hex(), e.digest.hex(),
+                        e.records)
+
+
+class WriterIncarnation:
+    def __init__(self, fs: Filesystem, root: str, run_id: str, writer_id: str, clock: Clock,
+                 *, segment_target_bytes: int, reserve_bytes: int) -> None:
+        self.fs = fs
+        self.root = root
+        self.run_id = run_id
+        self.writer_id = writer_id
+        self.segment_target_bytes = segment_target_bytes
+        self.reserve_bytes = reserve_bytes
+        self.rel_dir = f"runs/{run_id}/writers/{writer_id}"
+        self.dir = os.path.join(root, self.rel_dir)
+        fs.makedirs_durable(self.dir)
+        self._lock_fd = self._take_lock(clock)
+        try:
+            incarnations = self._incarnations()
+            self.incarnation = (max(incarnations) if incarnations else 0) + 1
+            self.inc_rel = f"{self.rel_dir}/i{self.incarnation:06d}"
+            self.index: dict[str, Submission] = {}
+            self._load_index(incarnations)
+            fs.mkdir(os.path.join(root, self.inc_rel))
+            fs.fsync_dir(self.dir)  # D1: the new directory name is durable
+        except BaseException:
+            self.release()
+            raise
+        self.pack: PackWriter | None = None
+        self.pack_rel = ""
+        self.pack_no = 0
+        self.sealed_packs: list[str] = []
+
+    # --- ownership --------------------------------------------------------------------
+    def _take_lock(self, clock: Clock) -> int:
+        path = os.path.join(self.dir, "LOCK")
+        try:
+            fd = self.fs.open(path, write=True, create=True)
+        except OSError as e:
+            raise storage_error(e, f"cannot open writer lock {path}") from e
+        if not self.fs.lock(fd, blocking=False):
+            holder = "an unknown holder"
+            try:
+                n = self.fs.fstat(fd).size
+                buf = bytearray(n)
+                self.fs.readinto(fd, buf, 0)
+                info = json.loads(bytes(buf) or b"{}")
+                holder = f"host {info.get('host')} pid {info.get('pid')} since {info.get('since')}"
+            except (OSError, ValueError):
+                pass
+            self.fs.close(fd)
+            raise UnsafeRecovery(
+                f"writer {self.writer_id!r} of run {self.run_id!r} is in use by {holder}. "
+                "Give each concurrent writer its own writer_id=..., or stop that process first"
+            )
+        info = json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+                           "since": clock.now()}).encode()
+        self.fs.truncate(fd, 0)
+        self.fs.writev(fd, [info], 0)
+        return fd
+
+    def release(self) -> None:
+        if self._lock_fd is not None:
+            try:
+                self.fs.unlock(self._lock_fd)
+                self.fs.close(self._lock_fd)
+            except OSError:
+                pass
+            self._lock_fd = None
+
+    # --- the idempotency index of earlier incarnations ------------------------------
+    def _incarnations(self) -> list[int]:
+        out = []
+        for name in self.fs.listdir(self.dir):
+            m = _INC_RE.match(name)
+            if m:
+                out.append(int(m.group(1)))
+        return sorted(out)
+
+    def _load_index(self, incarnations: Sequence[int]) -> None:
+        found: dict[str, list[tuple[str, ExtentEntry]]] = {}
+        for inc in incarnations:
+            inc_rel = f"{self.rel_dir}/i{inc:06d}"
+            inc_dir = os.path.join(self.root, inc_rel)
+            unsealed = False
+            for name in self.fs.listdir(inc_dir):
+                if not _PACK_RE.match(name):
+                    continue
+                rel = f"{inc_rel}/{name}"
+                entries, was_sealed = self._pack_entries(os.path.join(self.root, rel))
+                unsealed |= not was_sealed
+                for e in entries:
+                    found.setdefault(e.submission_id, []).append((rel, e))
+            if unsealed:
+                self.fs.fsync_dir(inc_dir)
+        for sub, items in found.items():
+            by_index: dict[int, tuple[str, ExtentEntry]] = {}
+            count = items[0][1].count
+            for rel, e in items:
+                if e.count == count:
+                    by_index.setdefault(e.index, (rel, e))
+            if len(by_index) == count and sorted(by_index) == list(range(count)):
+                ordered = [by_index[i] for i in range(count)]
+                self.index[sub] = Submission(
+                    tuple(e.digest for _, e in ordered),
+                    tuple(ref_from_entry(self.run_id, rel, e) for rel, e in ordered),
+                )
+
+    def _pack_entries(self, path: str) -> tuple[list[ExtentEntry], bool]:
+        try:
+            fd = self.fs.open(path, write=True)
+        except OSError as e:
+            raise storage_error(e, f"cannot open earlier pack {path}") from e
+        try:
+            size = self.fs.fstat(fd).size
+            entries = read_sealed_index(self.fs, fd, size)
+            if entries is not None:
+                return entries, True
+            try:
+                entries, scan = scan_pack(self.fs, fd, size)
+            except CorruptData as e:
+                raise CorruptData(f"pack {path}: {e}") from None
+            if not scan.sealed:
+                # D1: a killed predecessor may have written without syncing; make what we
+                # are about to trust durable first.
+                self.fs.fsync(fd)
+            return entries, scan.sealed
+        except OSError as e:
+            raise storage_error(e, f"cannot read earlier pack {path}") from e
+        finally:
+            self.fs.close(fd)
+
+    # --- writing ----------------------------------------------------------------------
+    def next_offset(self, size: int) -> int:
+        """Where an extent group of ``size`` bytes will go; rotates first if the open pack
+        has data and the group would pass the segment target (an oversized group stays
+        contiguous in one pack)."""
+        if self.pack is not None and self.pack.entries and \
+                self.pack.data_end + size > self.segment_target_bytes:
+            self.seal()
+        if self.pack is None or self.pack.broken:
+            self._open_pack()
+        assert self.pack is not None
+        return self.pack.data_end
+
+    def _open_pack(self) -> None:
+        self.pack_no += 1
+        self.pack_rel = f"{self.inc_rel}/pack-{self.pack_no:06d}{PACK_SUFFIX}"
+        self.pack = PackWriter(
+            self.fs, os.path.join(self.root, self.pack_rel),
+            {"v": 1, "run": self.run_id, "writer": self.writer_id, "inc": self.incarnation,
+             "pack": self.pack_no},
+            self.reserve_bytes,
+        )
+
+    def append(self, extents: Sequence[EncodedExtent]) -> list[RecordSetRef]:
+        assert self.pack is not None
+        self.pack.append_group(extents)
+        return [ref_from_entry(self.run_id, self.pack_rel, e.entry) for e in extents]
+
+    def seal(self) -> None:
+        if self.pack is not None and not self.pack.broken:
+            if self.pack.entries:
+                self.pack.seal()
+                self.sealed_packs.append(self.pack_rel)
+            else:
+                self._drop_empty_pack()
+        self.pack = None
+
+    def _drop_empty_pack(self) -> None:
+        assert self.pack is not None
+        self.pack.abandon()
+        try:
+            self.fs.unlink(self.pack.path)
+        except OSError as e:
+            raise storage_error(e, f"cannot remove empty pack {self.pack.path}") from e
+
+    def close(self) -> None:
+        try:
+            self.seal()
+        finally:
+            self.release()
+
+    def describe(self) -> dict[str, Any]:
+        return {"writer_id": self.writer_id, "incarnation": self.incarnation,
+                "pack": self.pack_rel if self.pack else None}
+
+
+__all__ = ["WriterIncarnation", "Submission", "StorageUnavailable"]
