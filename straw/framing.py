@@ -5,7 +5,7 @@ Byte layout of one frame (all integers little-endian)::
     offset  size  field
     0       4     magic  b"STRW"
     4       2     format version (FORMAT_VERSION = 1)
-    6       2     kind   (PACK_HEADER=1, EXTENT=2, SEAL=3; later kinds for catalog/journal)
+    6       2     kind   (PACK_HEADER=1, EXTENT=2, SEAL=3, LOG=4; later: catalog/journal)
     8       8     body length in bytes
     16      8     group start: file offset of the first frame of the durable write group
                   this frame belongs to (frames written together and covered by ONE sync
@@ -52,7 +52,8 @@ _HASHED = 40  # bytes of the header covered by the header checksum
 KIND_PACK_HEADER = 1
 KIND_EXTENT = 2
 KIND_SEAL = 3
-KNOWN_KINDS = frozenset({KIND_PACK_HEADER, KIND_EXTENT, KIND_SEAL})
+KIND_LOG = 4  # one entry of a small append-only log (acknowledgement logs)
+KNOWN_KINDS = frozenset({KIND_PACK_HEADER, KIND_EXTENT, KIND_SEAL, KIND_LOG})
 
 
 class TornFrame(Exception):
@@ -136,6 +137,17 @@ def decode_frame(buf: Any) -> tuple[FrameHeader, memoryview]:
 # --- scanning a file of frames --------------------------------------------------------
 
 ReadAt = Callable[[int, int], bytes]  # (offset, length) -> bytes (short at end of file)
+
+
+def read_at_fn(fs: Any, fd: int) -> ReadAt:
+    """A ``ReadAt`` over an open handle of a ``straw.fs.Filesystem``."""
+
+    def read_at(offset: int, length: int) -> bytes:
+        buf = bytearray(length)
+        n = fs.readinto(fd, buf, offset)
+        return bytes(buf[:n])
+
+    return read_at
 
 
 @dataclass

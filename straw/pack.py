@@ -261,21 +261,12 @@ class PackWriter:
                 pass
 
 
-def read_at_fn(fs: Filesystem, fd: int):  # type: ignore[no-untyped-def]
-    def read_at(offset: int, length: int) -> bytes:
-        buf = bytearray(length)
-        n = fs.readinto(fd, buf, offset)
-        return bytes(buf[:n])
-
-    return read_at
-
-
 def read_sealed_index(fs: Filesystem, fd: int, size: int) -> list[ExtentEntry] | None:
     """The SEAL index of a sealed pack via its trailer, or None if the pack is not
     (completely) sealed."""
     if size < TRAILER.size + framing.HEADER_SIZE:
         return None
-    read_at = read_at_fn(fs, fd)
+    read_at = framing.read_at_fn(fs, fd)
     seal_offset, magic = TRAILER.unpack(read_at(size - TRAILER.size, TRAILER.size))
     if magic != TRAILER_MAGIC or seal_offset >= size:
         return None
@@ -298,7 +289,7 @@ def _seal_entries(body: Any) -> list[ExtentEntry]:
 
 def scan_pack(fs: Filesystem, fd: int, size: int) -> tuple[list[ExtentEntry], framing.ScanResult]:
     """Every valid extent of a pack that may have been left open by a crash."""
-    scan = framing.scan_frames(read_at_fn(fs, fd), size)
+    scan = framing.scan_frames(framing.read_at_fn(fs, fd), size)
     entries = []
     for f in scan.frames:
         if f.header.kind == framing.KIND_EXTENT:
