@@ -13,3 +13,14 @@ test *ARGS: lint
 lint:
     {{python}} -m ruff check straw spec model fault_injection bench tests
     {{python}} -m mypy straw spec
+# Benchmarks (never timed tests): the store against this machine's own limits, and
+# against straw-queue 0.1.6 in its own virtualenv (.venv-peer, created on first use).
+# Extra arguments pass through, e.g. `just bench --rounds 25 --json bench.json`.
+
+# store vs raw write+fsync, append+fsync latency and memcpy, interleaved (~15-30 s)
+bench *ARGS:
+    {{python}} -m bench.bench {{ARGS}}
+
+# the same store workloads against straw-queue 0.1.6, alternating the two (~30-60 s)
+bench-peer *ARGS:
+    {{python}} -m bench.peer {{ARGS}}

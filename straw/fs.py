@@ -173,7 +173,7 @@ class Filesystem(abc.ABC):
     def write_file_durable(self, path: str, data: Buffer) -> None:
         """Write a new small file atomically and durably: temp file, fsync, rename,
         fsync of the directory."""
-        tmp = f"{path}.tmp.{os.getpid()}"
+        tmp = f"{path}.tmp.{os.getpid()}.{os.urandom(4).hex()}"
         fd = self.open(tmp, write=True, create=True)
         try:
             self.truncate(fd, 0)

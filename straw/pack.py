@@ -112,7 +112,8 @@ def encode_extent(
         "n": count,
         "digest": digest,
         "deps": list(dependencies),
-        "recs": [[rid, codec, meta, tokens, len(p), h] for rid, codec, meta, tokens, p, h in records],
+        "recs": [[rid, codec, meta, tokens, len(p), h]
+                 for rid, codec, meta, tokens, p, h in records],
     }
     mbytes = msgpack.packb(manifest, use_bin_type=True)
     prefix = EXTENT_PREFIX.pack(len(mbytes), xxhash.xxh3_128_digest(mbytes))

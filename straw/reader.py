@@ -22,6 +22,9 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
+import numpy as np
+import xxhash
+
 from . import framing
 from .clock import Clock
 from .errors import CorruptData, InvalidReference, StorageUnavailable
@@ -37,8 +40,15 @@ from .refs import (
 )
 
 _FIRST_READ = 64 * 1024
+_CHUNK = 1 << 19  # read-and-hash granularity of whole-extent reads
 _FD_CACHE = 64
 _ZERO_HEADER = bytes(framing.HEADER_SIZE)
+
+
+def _alloc(size: int) -> memoryview:
+    """An uninitialised byte buffer: a read fills it, so zero-filling would be wasted."""
+    arr: Any = np.empty(size, dtype=np.uint8)
+    return memoryview(arr).cast("B")
 
 
 class _Lag(Exception):
@@ -161,13 +171,34 @@ class ReadSession:
             )
 
     def _read_extent(self, ref: RecordSetRef) -> tuple[Manifest, memoryview, int]:
+        """Read and check a whole extent.  The body is read in chunks into one
+        uninitialised buffer and hashed chunk by chunk while it is still in the CPU cache
+        (one pass over memory instead of two)."""
         self._check_ref(ref)
-        buf = self._read_exact(ref.path, ref.offset, ref.size, frame=True)
-        self._check_header(ref, buf)
-        try:
-            _, body = framing.decode_frame(buf)
-        except framing.TornFrame:
-            raise InvalidReference(f"{ref!r}: size does not match the extent") from None
+        if ref.size < framing.HEADER_SIZE:
+            raise InvalidReference(f"{ref!r}: too small to be an extent")
+        buf = _alloc(ref.size)
+        first = min(ref.size, _CHUNK)
+        self._read_exact(ref.path, ref.offset, first, into=buf[:first], frame=True)
+        header = self._check_header(ref, buf)
+        hasher = xxhash.xxh3_128()
+        hasher.update(buf[framing.HEADER_SIZE:first])
+        pos = first
+        fd = self._fd(ref.path)
+        while pos < ref.size:
+            n = min(_CHUNK, ref.size - pos)
+            chunk = buf[pos:pos + n]
+            try:
+                complete = self.fs.readinto(fd, chunk, ref.offset + pos) == n
+            except OSError:
+                complete = False
+            if not complete:  # the slow path reopens and retries (visibility lag)
+                self._read_exact(ref.path, ref.offset + pos, n, into=chunk)
+            hasher.update(chunk)
+            pos += n
+        if hasher.digest() != header.body_hash:
+            raise CorruptData(f"{ref.path} offset {ref.offset}: extent body checksum mismatch")
+        body = buf[framing.HEADER_SIZE:]
         raw, payload_start = decode_manifest(body, f"{ref.path} offset {ref.offset}")
         return self._remember(ref, raw, payload_start), body, payload_start
 
@@ -243,7 +274,7 @@ class ReadSession:
                     frame: bool = False) -> memoryview:
         """Exactly ``size`` bytes at ``offset`` or ``StorageUnavailable`` after bounded
         retries for visibility lag (short file, zero header, file not visible)."""
-        buf = memoryview(bytearray(size) if into is None else into).cast("B")
+        buf = _alloc(size) if into is None else memoryview(into).cast("B")
         if buf.nbytes != size:
             raise ValueError(f"buffer holds {buf.nbytes} bytes, {size} requested")
         check_pack_path(path, self.run_id)

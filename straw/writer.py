@@ -69,7 +69,7 @@ class WriterIncarnation:
         self.rel_dir = f"runs/{run_id}/writers/{writer_id}"
         self.dir = os.path.join(root, self.rel_dir)
         fs.makedirs_durable(self.dir)
-        self._lock_fd = self._take_lock(clock)
+        self._lock_fd: int | None = self._take_lock(clock)
         try:
             incarnations = self._incarnations()
             self.incarnation = (max(incarnations) if incarnations else 0) + 1

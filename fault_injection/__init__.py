@@ -1,0 +1,54 @@
+"""Fault injection for straw: SimFS (simulated, crashable, multi-client filesystem),
+FaultyFS (errno rules over a real directory) and the shared fault rules.
+
+A crash campaign over one workload ``run(fs)``::
+
+    probe = SimFS(seed=0)
+    run(probe)
+    n = sum(1 for e in probe.trace if e.op in MUTATING_OPS)
+    for i in range(1, n + 2):            # n + 1: the workload ran to completion
+        for variant in VARIANTS:
+            sim = SimFS(seed=i)
+            sim.crash_at(i, ops=MUTATING_OPS)
+            try:
+                run(sim)
+            except SimulatedCrash:
+                pass
+            sim.crash(variant)            # power loss; sim.kill_client(name) for SIGKILL
+            check(sim)                    # reopen on what survived; on failure print
+                                          # sim.describe() (seed, rules, faults)
+
+Later here: the crash campaigns and the ``just fuzz`` harness (issue 4, items 3-5).
+"""
+
+from fault_injection.faultyfs import FaultyFS
+from fault_injection.rules import (
+    ALL_OPS,
+    MUTATING_OPS,
+    SYNC_OPS,
+    CrashPoint,
+    ErrnoRule,
+    FaultEvent,
+    FaultPlan,
+    SimulatedCrash,
+    TraceEntry,
+)
+from fault_injection.simfs import SimClient, SimDeadlock, SimFS
+from fault_injection.simstate import VARIANTS
+
+__all__ = [
+    "ALL_OPS",
+    "MUTATING_OPS",
+    "SYNC_OPS",
+    "VARIANTS",
+    "CrashPoint",
+    "ErrnoRule",
+    "FaultEvent",
+    "FaultPlan",
+    "FaultyFS",
+    "SimClient",
+    "SimDeadlock",
+    "SimFS",
+    "SimulatedCrash",
+    "TraceEntry",
+]

@@ -1,0 +1,701 @@
+"""SimFS: an in-memory, crashable, multi-client implementation of ``straw.fs.Filesystem``.
+
+Role: let every engine test run on a filesystem that loses unsynced writes, tears
+sectors, fails syscalls and shows other clients stale views -- deterministically from a
+seed (``SimFS(seed)``), so every failure replays.  ``describe()`` prints the seed and
+the fault schedule.
+
+Model (kept deliberately small; each point is what the engine may rely on, no more;
+the durable-vs-cache bookkeeping and the crash variants live in ``simstate``):
+
+* Files and directories are inodes.  A directory maps names to inodes, so ``rename`` and
+  ``unlink`` keep open handles valid (POSIX); an unlinked inode lives while a handle is
+  open and is gone after a crash.  No symlinks, no hard links.  fds are never reused.
+* Durability.  Each file has ``data`` (the page cache: what reads see) and ``durable``
+  (what survives power loss) plus ``pending``, the unsynced data ops (write, truncate,
+  reserve) in issue order.  ``fsync``/``fdatasync`` apply ``pending`` to ``durable``
+  (data and size; SimFS keeps no other metadata, so the two are equal).  Each directory
+  has ``entries`` and ``durable_entries``; unsynced namespace ops (create, mkdir,
+  rename, unlink) are a global list.  ``fsync_dir(D)`` makes every pending op that names
+  D durable, together with the earlier ops those depend on (same inode, same
+  ``(dir, name)`` slot, or creation of a directory they live in) -- and nothing else, so
+  a missing ``fsync_dir`` elsewhere is not hidden.
+* ``crash(variant)`` is a power loss of the whole filesystem.  Synced state always
+  survives.  Of the unsynced state:
+
+  - ``"clear-cache"``: all of it is lost;
+  - ``"torn-seq"``: a prefix, in global issue order, of all unsynced data and namespace
+    ops survives; the first op after the cut may survive as a prefix of its 512-byte
+    sectors;
+  - ``"torn-op"``: every sector-sized piece of every unsynced write, every unsynced
+    truncate/reserve and every unsynced namespace op independently survives or not; in
+    each file with unsynced writes, one sector piece may hold random garbage (only ever
+    inside a range written since the last sync).
+
+  A surviving write past the durable end leaves zeros in between; a namespace op whose
+  source is gone in the surviving state (a rename of a file whose creation was lost) is
+  skipped.  After ``crash()`` every handle is invalid (EBADF), all locks are released,
+  all clients are alive again and see the surviving state.
+* Crash points and errno rules: see ``fault_injection.rules``.  Injected failures act
+  like this: ``writev`` writes a random prefix (possibly empty) then fails; a failed
+  ``fsync``/``fdatasync``/``close`` chooses (rng) to *keep* the dirty data pending, to
+  *forget* it (still readable, but never made durable by a later sync: fsyncgate), or to
+  *revert* the cache to the durable content; a failed ``close`` still closes; every other
+  failed op has no effect.
+* Clients (``sim.client(name)``; ``SimFS`` itself is client ``"main"``) share the
+  namespace and the inodes; a client always sees its own writes.  Other clients:
+  close-to-open on sizes -- ``flushed_size`` (set by the writer's ``close``/``fsync``/
+  ``fdatasync``) bounds what another client's ``open`` sees, and a handle keeps the size
+  it saw at open for its whole life (reopen to see more); bytes inside that size read as
+  current (overwrites may show early: "may", not "must").  With ``staleness > 0``,
+  ``stat`` and ``listdir`` answers are cached per client and reused until
+  ``staleness`` seconds of the injected ``straw.clock.Clock`` passed (NFS/JuiceFS
+  attribute and entry caches); a client's own namespace or data change drops its own
+  caches.  ``open`` always looks up the current namespace.
+* Locks are exclusive per open handle (flock semantics) across all clients; closing the
+  handle, ``kill_client`` or ``crash`` releases them.  ``broken_locks=True`` grants every
+  lock (negative controls).  A blocking ``lock`` that nobody releases within
+  ``lock_timeout`` real seconds raises ``SimDeadlock`` instead of hanging the test.
+"""
+
+from __future__ import annotations
+
+import errno
+import random
+import threading
+from collections.abc import Iterable, Sequence
+
+from fault_injection.rules import (
+    CrashPoint,
+    ErrnoRule,
+    FaultEvent,
+    FaultPlan,
+    TraceEntry,
+    raise_errno,
+)
+from fault_injection.simstate import (
+    EXTEND,
+    TRUNC,
+    DirNode,
+    FileNode,
+    SimState,
+    norm_path,
+)
+from straw.clock import Clock, ManualClock
+from straw.fs import Buffer, FileStat, Filesystem
+
+
+class SimDeadlock(RuntimeError):
+    """A blocking ``lock`` waited ``lock_timeout`` seconds with no release in sight."""
+
+
+class _Handle:
+    __slots__ = ("fd", "client", "inode", "path", "writable", "frozen_size")
+
+    def __init__(
+        self, fd: int, client: str, inode: FileNode, path: str, writable: bool, frozen_size: int
+    ) -> None:
+        self.fd = fd
+        self.client = client
+        self.inode = inode
+        self.path = path
+        self.writable = writable
+        self.frozen_size = frozen_size
+
+
+def _join(buffers: Sequence[Buffer]) -> bytes:
+    views = []
+    for b in buffers:
+        mv = b if isinstance(b, memoryview) else memoryview(b)
+        if mv.ndim != 1 or mv.itemsize != 1 or not mv.c_contiguous:
+            mv = mv.cast("B") if mv.c_contiguous else memoryview(mv.tobytes())
+        views.append(mv)
+    return b"".join(views)
+
+
+class SimClient(Filesystem):
+    """One client's view of a SimFS (a process, or a machine on a shared filesystem)."""
+
+    def __init__(self, sim: SimFS, name: str) -> None:
+        self._sim = sim
+        self.name = name
+        self._attr_cache: dict[str, tuple[float, FileStat | None]] = {}
+        self._dir_cache: dict[str, tuple[float, list[str] | None]] = {}
+
+    # --- helpers ----------------------------------------------------------------------
+    def _path_of(self, fd: int) -> tuple[str, ...]:
+        h = self._sim._handles.get(fd)
+        return (h.path,) if h is not None else (f"<fd {fd}>",)
+
+    def _handle(self, fd: int) -> _Handle:
+        h = self._sim._handles.get(fd)
+        if h is None or h.client != self.name:
+            raise_errno(errno.EBADF, f"<fd {fd}>")
+        assert h is not None
+        return h
+
+    def _visible_size(self, h: _Handle) -> int:
+        f = h.inode
+        if f.last_writer == self.name:
+            return len(f.data)
+        return min(h.frozen_size, len(f.data))
+
+    def _changed(self) -> None:
+        """This client changed something: it sees its own changes at once."""
+        if self._attr_cache:
+            self._attr_cache.clear()
+        if self._dir_cache:
+            self._dir_cache.clear()
+
+    # --- handles ----------------------------------------------------------------------
+    def open(
+        self, path: str, *, write: bool = False, create: bool = False, exclusive: bool = False
+    ) -> int:
+        sim = self._sim
+        with sim._mu:
+            rule, after = sim.plan.begin(self.name, "open", (path,))
+            try:
+                if rule is not None:
+                    raise_errno(rule.errno, path)
+                parent, name, node = sim.state.lookup(path)
+                if node is None:
+                    if not create:
+                        raise_errno(errno.ENOENT, path)
+                    node = sim.state.new_file(sim._now_ns())
+                    parent.entries[name] = node
+                    parent.mtime_ns = node.mtime_ns
+                    sim.state.record_ns(node, None, (parent, name))
+                    self._changed()
+                elif create and exclusive:
+                    raise_errno(errno.EEXIST, path)
+                if isinstance(node, DirNode):
+                    raise_errno(errno.EISDIR, path)
+                assert isinstance(node, FileNode)
+                if node.last_writer == self.name:
+                    frozen = len(node.data)
+                else:
+                    frozen = min(node.flushed_size, len(node.data))
+                fd = sim._next_fd
+                sim._next_fd += 1
+                writable = write or create
+                sim._handles[fd] = _Handle(fd, self.name, node, norm_path(path), writable, frozen)
+                return fd
+            finally:
+                sim.plan.end(after, self.name, "open", (path,))
+
+    def close(self, fd: int) -> None:
+        sim = self._sim
+        with sim._mu:
+            paths = self._path_of(fd)
+            rule, after = sim.plan.begin(self.name, "close", paths)
+            try:
+                h = self._handle(fd)
+                del sim._handles[fd]
+                f = h.inode
+                if f.lock_owner is h:
+                    f.lock_owner = None
+                    sim._cond.notify_all()
+                if rule is not None:
+                    if f.pending:
+                        sim._sync_failed(f, self.name, "close", h.path)
+                    raise_errno(rule.errno, h.path)
+                if h.writable:
+                    f.flushed_size = len(f.data)
+            finally:
+                sim.plan.end(after, self.name, "close", paths)
+
+    def writev(self, fd: int, buffers: Sequence[Buffer], offset: int) -> int:
+        sim = self._sim
+        with sim._mu:
+            paths = self._path_of(fd)
+            rule, after = sim.plan.begin(self.name, "writev", paths)
+            try:
+                h = self._handle(fd)
+                if not h.writable:
+                    raise_errno(errno.EBADF, h.path)
+                if offset < 0:
+                    raise_errno(errno.EINVAL, h.path)
+                data = _join(buffers)
+                if rule is not None:
+                    part = sim.plan.rng.randrange(len(data)) if data else 0
+                    if part:
+                        sim.state.write(h.inode, offset, data[:part], self.name, sim._now_ns())
+                    sim.plan.record(
+                        "partial write",
+                        f"{part}/{len(data)} bytes written before the error",
+                        client=self.name,
+                        op="writev",
+                        paths=paths,
+                    )
+                    raise_errno(rule.errno, h.path)
+                if data:
+                    sim.state.write(h.inode, offset, data, self.name, sim._now_ns())
+                self._changed()
+                return len(data)
+            finally:
+                sim.plan.end(after, self.name, "writev", paths)
+
+    def readinto(self, fd: int, buffer: Buffer, offset: int) -> int:
+        sim = self._sim
+        with sim._mu:
+            paths = self._path_of(fd)
+            rule, after = sim.plan.begin(self.name, "readinto", paths)
+            try:
+                h = self._handle(fd)
+                if rule is not None:
+                    raise_errno(rule.errno, h.path)
+                if offset < 0:
+                    raise_errno(errno.EINVAL, h.path)
+                mv = memoryview(buffer).cast("B")
+                n = max(0, min(len(mv), self._visible_size(h) - offset))
+                if n:
+                    with memoryview(h.inode.data) as src:
+                        mv[:n] = src[offset : offset + n]
+                return n
+            finally:
+                sim.plan.end(after, self.name, "readinto", paths)
+
+    def _sync(self, fd: int, op: str) -> None:
+        sim = self._sim
+        with sim._mu:
+            paths = self._path_of(fd)
+            rule, after = sim.plan.begin(self.name, op, paths)
+            try:
+                h = self._handle(fd)
+                if rule is not None:
+                    if h.inode.pending:
+                        sim._sync_failed(h.inode, self.name, op, h.path)
+                    raise_errno(rule.errno, h.path)
+                sim.state.sync_file(h.inode)
+            finally:
+                sim.plan.end(after, self.name, op, paths)
+
+    def fsync(self, fd: int) -> None:
+        self._sync(fd, "fsync")
+
+    def fdatasync(self, fd: int) -> None:
+        self._sync(fd, "fdatasync")
+
+    def truncate(self, fd: int, size: int) -> None:
+        sim = self._sim
+        with sim._mu:
+            paths = self._path_of(fd)
+            rule, after = sim.plan.begin(self.name, "truncate", paths)
+            try:
+                h = self._handle(fd)
+                if not h.writable or size < 0:
+                    raise_errno(errno.EINVAL, h.path)
+                if rule is not None:
+                    raise_errno(rule.errno, h.path)
+                sim.state.size_op(h.inode, TRUNC, size, self.name, sim._now_ns())
+                self._changed()
+            finally:
+                sim.plan.end(after, self.name, "truncate", paths)
+
+    def fstat(self, fd: int) -> FileStat:
+        sim = self._sim
+        with sim._mu:
+            paths = self._path_of(fd)
+            rule, after = sim.plan.begin(self.name, "fstat", paths)
+            try:
+                h = self._handle(fd)
+                if rule is not None:
+                    raise_errno(rule.errno, h.path)
+                f = h.inode
+                return FileStat(self._visible_size(h), f.ino, False, False, f.mtime_ns)
+            finally:
+                sim.plan.end(after, self.name, "fstat", paths)
+
+    def reserve(self, fd: int, offset: int, length: int) -> bool:
+        sim = self._sim
+        with sim._mu:
+            paths = self._path_of(fd)
+            rule, after = sim.plan.begin(self.name, "reserve", paths)
+            try:
+                h = self._handle(fd)
+                if not h.writable:
+                    raise_errno(errno.EBADF, h.path)
+                if offset < 0 or length <= 0:
+                    raise_errno(errno.EINVAL, h.path)
+                if not sim.supports_reserve:
+                    return False
+                if rule is not None:
+                    raise_errno(rule.errno, h.path)
+                if offset + length > len(h.inode.data):
+                    sim.state.size_op(h.inode, EXTEND, offset + length, self.name, sim._now_ns())
+                    self._changed()
+                return True
+            finally:
+                sim.plan.end(after, self.name, "reserve", paths)
+
+    # --- locks ------------------------------------------------------------------------
+    def lock(self, fd: int, *, blocking: bool = True) -> bool:
+        sim = self._sim
+        with sim._mu:
+            paths = self._path_of(fd)
+            rule, after = sim.plan.begin(self.name, "lock", paths)
+            try:
+                h = self._handle(fd)
+                if rule is not None:
+                    raise_errno(rule.errno, h.path)
+                if sim.broken_locks:
+                    return True
+                f = h.inode
+                while f.lock_owner is not None and f.lock_owner is not h:
+                    if not blocking:
+                        return False
+                    if not sim._cond.wait(timeout=sim.lock_timeout):
+                        raise SimDeadlock(
+                            f"lock({h.path}) by client {self.name!r} waited {sim.lock_timeout}s:"
+                            f" held by a handle of client {f.lock_owner.client!r}"
+                        )
+                    if sim._handles.get(fd) is not h:  # crashed or closed meanwhile
+                        raise_errno(errno.EBADF, h.path)
+                f.lock_owner = h
+                return True
+            finally:
+                sim.plan.end(after, self.name, "lock", paths)
+
+    def unlock(self, fd: int) -> None:
+        sim = self._sim
+        with sim._mu:
+            paths = self._path_of(fd)
+            rule, after = sim.plan.begin(self.name, "unlock", paths)
+            try:
+                h = self._handle(fd)
+                if rule is not None:
+                    raise_errno(rule.errno, h.path)
+                if h.inode.lock_owner is h:
+                    h.inode.lock_owner = None
+                    sim._cond.notify_all()
+            finally:
+                sim.plan.end(after, self.name, "unlock", paths)
+
+    # --- names ------------------------------------------------------------------------
+    def fsync_dir(self, path: str) -> None:
+        sim = self._sim
+        with sim._mu:
+            rule, after = sim.plan.begin(self.name, "fsync_dir", (path,))
+            try:
+                _, _, node = sim.state.lookup(path)
+                if node is None:
+                    raise_errno(errno.ENOENT, path)
+                if not isinstance(node, DirNode):
+                    raise_errno(errno.ENOTDIR, path)
+                assert isinstance(node, DirNode)
+                if rule is not None:
+                    raise_errno(rule.errno, path)
+                sim.state.force_dir(node)
+            finally:
+                sim.plan.end(after, self.name, "fsync_dir", (path,))
+
+    def mkdir(self, path: str) -> None:
+        sim = self._sim
+        with sim._mu:
+            rule, after = sim.plan.begin(self.name, "mkdir", (path,))
+            try:
+                if rule is not None:
+                    raise_errno(rule.errno, path)
+                parent, name, node = sim.state.lookup(path)
+                if node is not None:
+                    raise_errno(errno.EEXIST, path)
+                d = sim.state.new_dir(sim._now_ns())
+                parent.entries[name] = d
+                parent.mtime_ns = d.mtime_ns
+                sim.state.record_ns(d, None, (parent, name))
+                self._changed()
+            finally:
+                sim.plan.end(after, self.name, "mkdir", (path,))
+
+    def rename(self, src: str, dst: str) -> None:
+        sim = self._sim
+        with sim._mu:
+            rule, after = sim.plan.begin(self.name, "rename", (src, dst))
+            try:
+                if rule is not None:
+                    raise_errno(rule.errno, src)
+                sparent, sname, node = sim.state.lookup(src)
+                if node is None:
+                    raise_errno(errno.ENOENT, src)
+                assert node is not None
+                chain: list[DirNode] = []
+                dparent, dname, old = sim.state.lookup(dst, chain)
+                if old is node:
+                    return
+                if sname == "" or dname == "":
+                    raise_errno(errno.EBUSY, src)
+                if isinstance(node, DirNode):
+                    if any(d is node for d in chain):
+                        raise_errno(errno.EINVAL, dst)
+                    if isinstance(old, FileNode):
+                        raise_errno(errno.ENOTDIR, dst)
+                    if isinstance(old, DirNode) and old.entries:
+                        raise_errno(errno.ENOTEMPTY, dst)
+                elif isinstance(old, DirNode):
+                    raise_errno(errno.EISDIR, dst)
+                del sparent.entries[sname]
+                dparent.entries[dname] = node
+                sparent.mtime_ns = dparent.mtime_ns = sim._now_ns()
+                sim.state.record_ns(node, (sparent, sname), (dparent, dname))
+                self._changed()
+            finally:
+                sim.plan.end(after, self.name, "rename", (src, dst))
+
+    def unlink(self, path: str) -> None:
+        sim = self._sim
+        with sim._mu:
+            rule, after = sim.plan.begin(self.name, "unlink", (path,))
+            try:
+                if rule is not None:
+                    raise_errno(rule.errno, path)
+                parent, name, node = sim.state.lookup(path)
+                if node is None:
+                    raise_errno(errno.ENOENT, path)
+                assert node is not None
+                if isinstance(node, DirNode):
+                    raise_errno(errno.EISDIR, path)
+                del parent.entries[name]
+                parent.mtime_ns = sim._now_ns()
+                sim.state.record_ns(node, (parent, name), None)
+                self._changed()
+            finally:
+                sim.plan.end(after, self.name, "unlink", (path,))
+
+    def stat(self, path: str) -> FileStat:
+        sim = self._sim
+        with sim._mu:
+            rule, after = sim.plan.begin(self.name, "stat", (path,))
+            try:
+                if rule is not None:
+                    raise_errno(rule.errno, path)
+                if sim.staleness > 0:
+                    now = sim.clock.now()
+                    hit = self._attr_cache.get(path)
+                    if hit is not None and now - hit[0] < sim.staleness:
+                        if hit[1] is None:
+                            raise_errno(errno.ENOENT, path)
+                        assert hit[1] is not None
+                        return hit[1]
+                    try:
+                        st = self._stat_now(path)
+                    except FileNotFoundError:
+                        self._attr_cache[path] = (now, None)
+                        raise
+                    self._attr_cache[path] = (now, st)
+                    return st
+                return self._stat_now(path)
+            finally:
+                sim.plan.end(after, self.name, "stat", (path,))
+
+    def _stat_now(self, path: str) -> FileStat:
+        _, _, node = self._sim.state.lookup(path)
+        if node is None:
+            raise_errno(errno.ENOENT, path)
+        if isinstance(node, DirNode):
+            return FileStat(0, node.ino, True, False, node.mtime_ns)
+        assert isinstance(node, FileNode)
+        size = len(node.data)
+        if node.last_writer != self.name:
+            size = min(node.flushed_size, size)
+        return FileStat(size, node.ino, False, False, node.mtime_ns)
+
+    def listdir(self, path: str) -> list[str]:
+        sim = self._sim
+        with sim._mu:
+            rule, after = sim.plan.begin(self.name, "listdir", (path,))
+            try:
+                if rule is not None:
+                    raise_errno(rule.errno, path)
+                if sim.staleness > 0:
+                    now = sim.clock.now()
+                    hit = self._dir_cache.get(path)
+                    if hit is not None and now - hit[0] < sim.staleness:
+                        if hit[1] is None:
+                            raise_errno(errno.ENOENT, path)
+                        return list(hit[1] or ())
+                    try:
+                        names = self._listdir_now(path)
+                    except FileNotFoundError:
+                        self._dir_cache[path] = (now, None)
+                        raise
+                    self._dir_cache[path] = (now, names)
+                    return list(names)
+                return self._listdir_now(path)
+            finally:
+                sim.plan.end(after, self.name, "listdir", (path,))
+
+    def _listdir_now(self, path: str) -> list[str]:
+        _, _, node = self._sim.state.lookup(path)
+        if node is None:
+            raise_errno(errno.ENOENT, path)
+        if not isinstance(node, DirNode):
+            raise_errno(errno.ENOTDIR, path)
+        assert isinstance(node, DirNode)
+        return sorted(node.entries)
+
+    def realpath(self, path: str) -> str:
+        sim = self._sim
+        with sim._mu:
+            rule, after = sim.plan.begin(self.name, "realpath", (path,))
+            try:
+                if rule is not None:
+                    raise_errno(rule.errno, path)
+                return norm_path(path)  # SimFS has no symlinks
+            finally:
+                sim.plan.end(after, self.name, "realpath", (path,))
+
+
+class SimFS(SimClient):
+    """The simulated filesystem (the "world"); itself the client named ``"main"``.
+
+    ``SimFS(seed, clock=ManualClock(0.0), staleness=0.0, broken_locks=False)``; ``clock``
+    is any ``straw.clock.Clock`` (share the engine's, so its retry sleeps age the caches).
+    See the module docstring for the model and ``fault_injection.rules`` for crash points
+    and errno rules.
+    """
+
+    def __init__(
+        self,
+        seed: int = 0,
+        *,
+        clock: Clock | None = None,
+        staleness: float = 0.0,
+        broken_locks: bool = False,
+        supports_reserve: bool = True,
+        record_trace: bool = True,
+        lock_timeout: float = 5.0,
+    ) -> None:
+        self.plan = FaultPlan(seed, record_trace=record_trace)
+        self.clock: Clock = clock if clock is not None else ManualClock(0.0)
+        self.staleness = staleness
+        self.broken_locks = broken_locks
+        self.supports_reserve = supports_reserve
+        self.lock_timeout = lock_timeout
+        self._mu = threading.RLock()
+        self._cond = threading.Condition(self._mu)
+        self.state = SimState()
+        self._handles: dict[int, _Handle] = {}
+        self._next_fd = 3
+        self._clients: dict[str, SimClient] = {}
+        self.crashes = 0
+        super().__init__(self, "main")
+        self._clients["main"] = self
+
+    # --- public API -------------------------------------------------------------------
+    @property
+    def seed(self) -> int:
+        return self.plan.seed
+
+    def client(self, name: str) -> SimClient:
+        """The view of client ``name`` (created on first use; ``"main"`` is this SimFS)."""
+        with self._mu:
+            c = self._clients.get(name)
+            if c is None:
+                c = self._clients[name] = SimClient(self, name)
+            return c
+
+    def crash_at(
+        self,
+        nth: int,
+        *,
+        ops: Iterable[str] | str | None = None,
+        path: str | None = None,
+        when: str = "before",
+        client: str | None = None,
+    ) -> CrashPoint:
+        """Raise ``SimulatedCrash`` before/after the ``nth`` (1-based) call matching
+        ``ops``/``path`` regex/``client``."""
+        return self.plan.crash_at(nth, ops=ops, path=path, when=when, client=client)
+
+    def fail(
+        self,
+        ops: Iterable[str] | str,
+        err: int,
+        *,
+        path: str | None = None,
+        nth: int | None = None,
+        probability: float | None = None,
+        count: int | None = 1,
+        client: str | None = None,
+    ) -> ErrnoRule:
+        """Inject ``err`` into matching calls (see ``ErrnoRule``)."""
+        return self.plan.fail(
+            ops, err, path=path, nth=nth, probability=probability, count=count, client=client
+        )
+
+    @property
+    def op_count(self) -> int:
+        """Calls made so far, over all clients (the next call has this index)."""
+        return self.plan.op_count
+
+    @property
+    def trace(self) -> list[TraceEntry]:
+        return self.plan.trace
+
+    @property
+    def schedule(self) -> list[FaultEvent]:
+        return self.plan.events
+
+    def describe(self) -> str:
+        """Seed, rules and injected faults (crash points, errnos, power losses)."""
+        return "SimFS " + self.plan.describe()
+
+    def crash(self, variant: str = "clear-cache", rng: random.Random | None = None) -> str:
+        """Power loss: keep what is durable plus what ``variant`` lets survive (see the
+        module docstring); invalidate all handles, release all locks, revive all clients.
+        ``rng`` (a ``random.Random``) defaults to the seeded plan rng.  Returns a summary,
+        also recorded in the schedule."""
+        r = rng if rng is not None else self.plan.rng
+        with self._mu:
+            summary = self.state.crash(variant, r)
+            self._handles.clear()
+            for c in self._clients.values():
+                c._changed()
+            self.plan.revive()
+            self._cond.notify_all()
+            self.crashes += 1
+            self.plan.record("crash", summary)
+            return summary
+
+    def kill_client(self, name: str) -> None:
+        """The process behind client ``name`` died (SIGKILL), the machine did not: its
+        handles close (flushing what it wrote, as the kernel does), its locks are released,
+        its caches dropped; it may make calls again (a restarted process)."""
+        with self._mu:
+            for fd, h in list(self._handles.items()):
+                if h.client != name:
+                    continue
+                del self._handles[fd]
+                if h.inode.lock_owner is h:
+                    h.inode.lock_owner = None
+                if h.writable:
+                    h.inode.flushed_size = len(h.inode.data)
+            self._cond.notify_all()
+            c = self._clients.get(name)
+            if c is not None:
+                c._changed()
+            self.plan.revive(name)
+            self.plan.record("kill", f"client {name!r} killed")
+
+    def files(self) -> dict[str, bytes]:
+        """Every file path and its current content (a test/campaign helper, not an op)."""
+        with self._mu:
+            return {p: bytes(n.data) for p, n in self.state.walk() if isinstance(n, FileNode)}
+
+    def dirs(self) -> list[str]:
+        """Every directory path (a test/campaign helper, not an op)."""
+        with self._mu:
+            return [p for p, n in self.state.walk() if isinstance(n, DirNode)]
+
+    # --- internals ----------------------------------------------------------------------
+    def _now_ns(self) -> int:
+        return int(self.clock.now() * 1e9)
+
+    def _sync_failed(self, f: FileNode, client: str, op: str, path: str) -> None:
+        """A sync (or close) failed: the dirty data is kept, forgotten or reverted (rng),
+        never made durable."""
+        choice = self.plan.rng.choice(("keep", "forget", "revert"))
+        self.state.drop_dirty(f, choice)
+        self.plan.record(
+            "dirty data after failed sync", choice, client=client, op=op, paths=(path,)
+        )

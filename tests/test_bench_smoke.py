@@ -1,0 +1,70 @@
+"""Smoke test of the benchmark harness: it runs and reports every figure.
+
+Never asserts performance (DESIGN.md: benchmarks, not timed tests): only that
+``python -m bench.bench --quick`` completes and its JSON is complete and well formed, and
+that ``CountingFS`` counts and delegates.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+from bench.counting import CountingFS
+from straw import Record, SharedFilesystemStore
+from straw.fs import PosixFS
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIGURES = ("publish_large", "publish_small_syncs", "publish_small_latency", "read_large")
+
+
+def _number(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def test_quick_bench_completes_and_reports_every_figure(tmp_path):
+    out = tmp_path / "bench.json"
+    env = {k: v for k, v in os.environ.items() if k != "STRAW_BENCH_DIR"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.bench", "--quick", "--json", str(out),
+         "--dir", str(tmp_path / "work")],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(out.read_text())
+    assert set(doc["figures"]) == set(FIGURES)
+    for key, fig in doc["figures"].items():
+        assert _number(fig["value"]["median"]), key
+        assert fig["value"]["min"] <= fig["value"]["median"] <= fig["value"]["max"], key
+        assert isinstance(fig["pass"], bool), key
+        assert fig["target"]["op"] in (">=", "<="), key
+        if key == "publish_small_syncs":
+            assert fig["limit"] is None and fig["target"]["on"] == "value"
+        else:
+            assert _number(fig["limit"]["median"]) and fig["limit"]["median"] > 0, key
+            assert _number(fig["ratio"]["median"]), key
+    for name in ("raw_write", "raw_append_fsync", "memcpy"):
+        assert _number(doc["limits"][name]["median"]), name
+    assert len(doc["rounds"]) == doc["params"]["rounds"] == 1
+    for fig in doc["figures"].values():  # the table names every figure
+        assert fig["label"] in proc.stdout
+    # the temp pool is removed afterwards
+    assert not any((tmp_path / "work").iterdir())
+
+
+def test_counting_fs_counts_calls_and_delegates(tmp_path):
+    fs = CountingFS(PosixFS())
+    with SharedFilesystemStore(str(tmp_path / "pool"), "run", fs=fs) as store:
+        store.publish([Record("a", b"x")], submission_id="warm")
+        before = fs.snapshot()
+        ref = store.publish([Record("b", b"y" * 1024)], submission_id="s1")
+        calls = fs.delta(before)
+        assert [bytes(r.payload) for r in store.read(ref)] == [b"y" * 1024]
+    assert calls.get("writev") == 1
+    assert CountingFS.syncs(calls) == calls.get("fdatasync", 0) + calls.get("fsync", 0) + \
+        calls.get("fsync_dir", 0) >= 1
+    assert fs.calls["open"] >= 1 and fs.calls["readinto"] >= 1
+    assert fs.realpath(str(tmp_path)) == os.path.realpath(tmp_path)

@@ -1,0 +1,345 @@
+"""Bad input and faults: every rejection names the field; corruption fails closed (D6);
+a torn publication is never returned; visibility lag is retried a bounded number of times;
+nothing outside the pool is ever opened."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import struct
+
+import numpy as np
+import pytest
+import xxhash
+
+from straw import (
+    CorruptData,
+    InvalidReference,
+    Publication,
+    Record,
+    RecordSetRef,
+    SharedFilesystemStore,
+    StorageUnavailable,
+    UnsupportedSchema,
+)
+from straw.clock import ManualClock
+from straw.fs import PosixFS
+
+
+def _store(root, **kw) -> SharedFilesystemStore:
+    kw.setdefault("reserve_bytes", 1 << 20)
+    return SharedFilesystemStore(str(root), "run", **kw)
+
+
+# --- bad input --------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    ("records", "exc", "match"),
+    [
+        ([Record("a", 123)], TypeError, r"records\[0\]\.payload must be a bytes-like"),
+        ([Record("a", "text")], TypeError, r"records\[0\]\.payload is a str"),
+        ([Record("a", [1, 2])], TypeError, r"payload must be a bytes-like"),
+        ([Record(7, b"x")], TypeError, r"records\[0\]\.record_id must be a str"),  # type: ignore[arg-type]
+        ([Record("", b"x")], ValueError, r"record_id must be a non-empty"),
+        ([Record("a", b"x"), Record("a", b"y")], ValueError, r"records\[1\]\.record_id 'a' is a duplicate"),
+        ([Record("a", b"x", codec="nope.v1")], ValueError, r"codec 'nope.v1' is not registered"),
+        ([Record("a", b"x", codec=3)], TypeError, r"codec must be a str"),  # type: ignore[arg-type]
+        ([Record("a", b"x", metadata={"v": float("nan")})], ValueError, r"metadata\['v'\].*finite"),
+        ([Record("a", b"x", metadata={"v": [1, float("inf")]})], ValueError, r"finite"),
+        ([Record("a", b"x", metadata={"v": {1, 2}})], TypeError, r"metadata\['v'\] is a set"),
+        ([Record("a", b"x", metadata={"v": b"raw"})], TypeError, r"is a bytes"),
+        ([Record("a", b"x", metadata={1: "int key"})], TypeError, r"keys must be str"),
+        ([Record("a", b"x", metadata=["not", "a", "dict"])], TypeError, r"metadata must be a dict"),  # type: ignore[arg-type]
+        ([Record("a", b"x", tokens=-1)], ValueError, r"tokens must be None or a non-negative"),
+        ([Record("a", np.arange(10)[::2])], ValueError, r"not C-contiguous"),
+        (["not a record"], TypeError, r"records\[0\] must be a straw.Record"),
+        ("abc", TypeError, r"records must be a list"),
+    ],
+)
+def test_bad_records_are_rejected_naming_the_field(tmp_path, records, exc, match):
+    with _store(tmp_path) as store:
+        with pytest.raises(exc, match=match):
+            store.publish(records, submission_id="s")
+        # nothing was written: the rejected call created no pack
+        assert store.disk_usage()["pack_files"] == 0
+
+
+def test_bad_ids_and_dependencies(tmp_path):
+    with _store(tmp_path) as store:
+        with pytest.raises(TypeError, match="submission_id must be a str"):
+            store.publish([Record("a", b"x")], submission_id=5)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="submission_id must be a non-empty"):
+            store.publish([Record("a", b"x")], submission_id="")
+        with pytest.raises(ValueError, match=r"dependencies\[0\] = 0 must index an earlier"):
+            store.publish_many([Publication([Record("a", b"x")], dependencies=[0])],
+                               submission_id="s")
+        with pytest.raises(ValueError, match="index dependencies only exist inside"):
+            store.publish([Record("a", b"x")], submission_id="s", dependencies=[0])  # type: ignore[list-item]
+        with pytest.raises(TypeError, match=r"dependencies\[0\] must be a RecordSetRef"):
+            store.publish([Record("a", b"x")], submission_id="s", dependencies=["x"])  # type: ignore[list-item]
+        ref = store.publish([Record("a", b"x")], submission_id="ok")
+        other_run = dataclasses.replace(ref, run_id="other",
+                                        path=ref.path.replace("runs/run/", "runs/other/"))
+        with pytest.raises(InvalidReference, match="run 'other'"):
+            store.publish([Record("b", b"y")], submission_id="s2", dependencies=[other_run])
+    with pytest.raises(ValueError, match="run_id"):
+        SharedFilesystemStore(str(tmp_path), "../escape")
+    with pytest.raises(ValueError, match="writer_id"):
+        SharedFilesystemStore(str(tmp_path), "run", writer_id="a/b")
+    with pytest.raises(ValueError, match="segment_target_bytes"):
+        SharedFilesystemStore(str(tmp_path), "run", segment_target_bytes=0)
+
+
+def test_registered_codec_and_numpy_without_cast(tmp_path):
+    with _store(tmp_path, codecs=("document.v1",)) as store:
+        arr = np.arange(12, dtype=np.float64).reshape(3, 4)
+        ref = store.publish([Record("d", arr, codec="document.v1")], submission_id="s")
+        (rec,) = store.read(ref)
+        assert rec.codec == "document.v1"
+        assert np.array_equal(np.frombuffer(rec.payload, np.float64).reshape(3, 4), arr)
+
+
+# --- references that leave the pool -----------------------------------------------------
+
+class RecordingFS(PosixFS):
+    """PosixFS that remembers every path it opened."""
+
+    def __init__(self) -> None:
+        self.opened: list[str] = []
+
+    def open(self, path, **kw):  # type: ignore[no-untyped-def]
+        self.opened.append(path)
+        return super().open(path, **kw)
+
+
+def test_references_outside_the_pool_are_refused_without_opening(tmp_path):
+    pool = tmp_path / "pool"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    fs = RecordingFS()
+    with _store(pool, fs=fs) as store:
+        ref = store.publish([Record("a", b"x")], submission_id="s")
+        # a real file outside the pool, shaped like a pack
+        shutil.copy(pool / ref.path, outside / "secret.strw")
+        inc_dir = os.path.dirname(ref.path)
+        bad_paths = [
+            "/etc/passwd",
+            str(outside / "secret.strw"),
+            "runs/run/../../outside/secret.strw",
+            f"{inc_dir}/../../../../../outside/secret.strw",
+            "runs/run/writers/default/i000001/../pack-000001.strw",
+            "runs/run/writers/default/i000001/pack-1.bin",
+            "",
+        ]
+        for p in bad_paths:
+            bad = dataclasses.replace(ref, path=p)
+            with pytest.raises(InvalidReference):
+                store.read(bad)
+            with pytest.raises(InvalidReference):
+                RecordSetRef.from_dict(bad.to_dict())
+        # another run id
+        with pytest.raises(InvalidReference, match="run"):
+            store.read(dataclasses.replace(
+                ref, run_id="other", path=ref.path.replace("runs/run/", "runs/other/")))
+        # a symlink inside the pool that leaves it
+        link_dir = pool / "runs" / "run" / "writers" / "evil" / "i000001"
+        link_dir.mkdir(parents=True)
+        os.symlink(outside / "secret.strw", link_dir / "pack-000001.strw")
+        evil = dataclasses.replace(ref, path="runs/run/writers/evil/i000001/pack-000001.strw")
+        with pytest.raises(InvalidReference, match="outside the pool"):
+            store.read(evil)
+        # a symlinked directory leaving the pool
+        os.symlink(outside, pool / "runs" / "run" / "writers" / "evil2")
+        evil2 = dataclasses.replace(ref, path="runs/run/writers/evil2/i000001/pack-000001.strw")
+        with pytest.raises(InvalidReference, match="outside the pool"):
+            store.read(evil2)
+    root = os.path.realpath(pool)
+    assert all(os.path.realpath(p).startswith(root + os.sep) for p in fs.opened), fs.opened
+
+
+# --- corruption (D6) --------------------------------------------------------------------
+
+def test_flipped_byte_anywhere_in_an_extent_is_corrupt_at_once(tmp_path):
+    clock = ManualClock()
+    with _store(tmp_path, clock=clock) as store:
+        before = store.publish([Record("before", b"b" * 50)], submission_id="s0")
+        ref = store.publish([Record("a", b"A" * 40, metadata={"m": 1}), Record("b", b"B" * 30)],
+                            submission_id="s1")
+        after = store.publish([Record("after", b"c" * 50)], submission_id="s2")
+    pack = tmp_path / ref.path
+    original = pack.read_bytes()
+    for i in range(ref.offset, ref.offset + ref.size):
+        data = bytearray(original)
+        data[i] ^= 0x01
+        pack.write_bytes(data)
+        t0 = clock.now()
+        with _store(tmp_path, clock=clock) as store:
+            with pytest.raises(CorruptData):
+                store.read(ref)
+            with pytest.raises(CorruptData):
+                store.validate(ref)
+            # other extents of the same pack still read
+            assert bytes(store.read(before)[0].payload) == b"b" * 50
+            assert bytes(store.read(after)[0].payload) == b"c" * 50
+        assert clock.now() == t0, "corruption must not be retried"
+    pack.write_bytes(original)
+
+
+def test_read_record_checks_only_what_it_reads(tmp_path):
+    with _store(tmp_path) as store:
+        ref = store.publish([Record("a", b"A" * 1000), Record("b", b"B" * 1000)],
+                            submission_id="s")
+        a, b = store.validate(ref)
+    pack = tmp_path / ref.path
+    data = bytearray(pack.read_bytes())
+    data[b.offset + 10] ^= 0xFF
+    pack.write_bytes(data)
+    with _store(tmp_path) as store:
+        assert bytes(store.read_record(a).payload) == b"A" * 1000
+        with pytest.raises(CorruptData, match="'b'"):
+            store.read_record(b)
+        with pytest.raises(CorruptData):
+            store.read(ref)
+
+
+# --- torn publications ------------------------------------------------------------------
+
+def test_pack_cut_inside_an_unacknowledged_publication(tmp_path):
+    src = tmp_path / "src"
+    with _store(src) as store:
+        acked = [store.publish([Record(f"r{i}", bytes([i]) * (100 + i))], submission_id=f"s{i}")
+                 for i in range(3)]
+        torn = store.publish([Record("torn", b"T" * 300)], submission_id="torn")
+        pack_rel = torn.path
+        # the pack as it was when the writer died: before its seal at close()
+        snapshot = (src / pack_rel).read_bytes()[: torn.offset + torn.size]
+    cuts = list(range(torn.offset, torn.offset + torn.size))
+    for cut in cuts:
+        work = tmp_path / f"cut{cut}"
+        shutil.copytree(src, work)
+        damaged = bytearray(snapshot[:cut])
+        if cut % 2:  # also a torn sector of garbage after the cut
+            damaged += bytes((cut * 7 + k) % 251 for k in range(64))
+        (work / pack_rel).write_bytes(damaged)
+        with _store(work, clock=ManualClock()) as store:
+            for i, ref in enumerate(acked):
+                assert bytes(store.read(ref)[0].payload) == bytes([i]) * (100 + i)
+            assert store.lookup_submission("torn") is None
+            assert store.lookup_submission("s2") == [acked[2]]
+            with pytest.raises((CorruptData, StorageUnavailable, InvalidReference)):
+                store.read(torn)
+            # the next writer starts cleanly and republishes under the same id
+            again = store.publish([Record("torn", b"T" * 300)], submission_id="torn")
+            assert again.path != pack_rel
+            assert bytes(store.read(again)[0].payload) == b"T" * 300
+        shutil.rmtree(work)
+
+
+def test_torn_batch_counts_only_when_complete(tmp_path):
+    with _store(tmp_path) as store:
+        refs = store.publish_many([Publication([Record("a", b"1" * 100)]),
+                                   Publication([Record("b", b"2" * 100)])],
+                                  submission_id="batch")
+        pack = tmp_path / refs[0].path
+        data = pack.read_bytes()[: refs[1].offset + refs[1].size - 5]
+    pack.write_bytes(data)
+    with _store(tmp_path) as store:
+        assert store.lookup_submission("batch") is None
+
+
+def test_corruption_before_a_later_write_group_fails_the_restart_closed(tmp_path):
+    with _store(tmp_path) as store:
+        first = store.publish([Record("a", b"1" * 100)], submission_id="s1")
+        store.publish([Record("b", b"2" * 100)], submission_id="s2")
+        pack = tmp_path / first.path
+        data = bytearray(pack.read_bytes())
+    # simulate a crash before seal: drop the seal, then damage the first (synced) extent
+    data = data[: first.offset + first.size + 300]
+    with _store(tmp_path) as probe:
+        second = probe.lookup_submission("s2")
+    assert second is not None
+    data = bytearray(pack.read_bytes())[: second[0].offset + second[0].size]
+    data[first.offset + 70] ^= 0x10
+    pack.write_bytes(data)
+    with pytest.raises(CorruptData, match="later write group"):
+        with _store(tmp_path) as store:
+            store.publish([Record("c", b"3")], submission_id="s3")
+
+
+# --- format versions --------------------------------------------------------------------
+
+def _rewrite_header(data: bytearray, offset: int, version: int) -> None:
+    fields = list(struct.unpack_from("<4sHHQQ16s16s", data, offset))
+    fields[1] = version
+    first = struct.pack("<4sHHQQ16s", *fields[:6])
+    data[offset:offset + 56] = first + xxhash.xxh3_128_digest(first)
+
+
+def test_unknown_versions_are_unsupported_schema(tmp_path):
+    with _store(tmp_path) as store:
+        ref = store.publish([Record("a", b"x")], submission_id="s")
+    pack = tmp_path / ref.path
+    data = bytearray(pack.read_bytes())
+    _rewrite_header(data, ref.offset, 2)
+    pack.write_bytes(data)
+    with _store(tmp_path) as store:
+        with pytest.raises(UnsupportedSchema, match="version 2"):
+            store.read(ref)
+    (tmp_path / "POOL").write_text('{"format": "straw-pool", "version": 99}')
+    with pytest.raises(UnsupportedSchema, match="format version 99"):
+        _store(tmp_path)
+
+
+# --- visibility lag ---------------------------------------------------------------------
+
+class LaggingFS(PosixFS):
+    """Reads come back short for the first ``lag`` attempts (another client's view)."""
+
+    def __init__(self, lag: int) -> None:
+        self.lag = lag
+        self.reads = 0
+
+    def readinto(self, fd, buffer, offset):  # type: ignore[no-untyped-def]
+        self.reads += 1
+        if self.reads <= self.lag:
+            return 0
+        return super().readinto(fd, buffer, offset)
+
+
+def test_short_file_is_retried_a_bounded_number_of_times(tmp_path):
+    with _store(tmp_path) as store:
+        ref = store.publish([Record("a", b"x" * 500)], submission_id="s")
+    clock = ManualClock()
+    # lag that resolves: the read succeeds after reopening
+    fs = LaggingFS(0)
+    with _store(tmp_path, fs=fs, clock=clock) as reader:
+        fs.lag = fs.reads + 3
+        assert bytes(reader.read(ref)[0].payload) == b"x" * 500
+    # lag that never resolves: StorageUnavailable after exactly the configured retries
+    fs = LaggingFS(0)
+    t0 = clock.now()
+    with _store(tmp_path, fs=fs, clock=clock, visibility_retries=4) as reader:
+        fs.lag, start = 10**9, fs.reads
+        with pytest.raises(StorageUnavailable, match="after 4 retries"):
+            reader.read(ref)
+        assert fs.reads - start == 5
+    assert clock.now() > t0
+    # a real short file (the writer's data not there yet) behaves the same
+    pack = tmp_path / ref.path
+    pack.write_bytes(pack.read_bytes()[: ref.offset + ref.size // 2])
+    with _store(tmp_path, clock=clock, visibility_retries=2) as reader:
+        with pytest.raises(StorageUnavailable, match="holds"):
+            reader.read(ref)
+
+
+def test_reserved_zeros_are_lag_not_corruption(tmp_path):
+    with _store(tmp_path) as store:
+        ref = store.publish([Record("a", b"x" * 500)], submission_id="s")
+    pack = tmp_path / ref.path
+    data = bytearray(pack.read_bytes())
+    data[ref.offset:ref.offset + ref.size] = bytes(ref.size)
+    pack.write_bytes(data)
+    with _store(tmp_path, clock=ManualClock(), visibility_retries=2) as reader:
+        with pytest.raises(StorageUnavailable, match="zeros"):
+            reader.read(ref)
