@@ -5,7 +5,7 @@ Byte layout of one frame (all integers little-endian)::
     offset  size  field
     0       4     magic  b"STRW"
     4       2     format version (FORMAT_VERSION = 1)
-    6       2     kind   (PACK_HEADER=1, EXTENT=2, SEAL=3, LOG=4; later: catalog/journal)
+    6       2     kind   (PACK_HEADER=1, EXTENT=2, SEAL=3, LOG=4, CATALOG=5)
     8       8     body length in bytes
     16      8     group start: file offset of the first frame of the durable write group
                   this frame belongs to (frames written together and covered by ONE sync
@@ -53,7 +53,8 @@ KIND_PACK_HEADER = 1
 KIND_EXTENT = 2
 KIND_SEAL = 3
 KIND_LOG = 4  # one entry of a small append-only log (acknowledgement logs)
-KNOWN_KINDS = frozenset({KIND_PACK_HEADER, KIND_EXTENT, KIND_SEAL, KIND_LOG})
+KIND_CATALOG = 5  # one transaction of the ownership catalog
+KNOWN_KINDS = frozenset({KIND_PACK_HEADER, KIND_EXTENT, KIND_SEAL, KIND_LOG, KIND_CATALOG})
 
 
 class TornFrame(Exception):

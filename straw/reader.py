@@ -292,7 +292,7 @@ class ReadSession:
                     raise _Lag("the extent still reads as zeros")
                 return buf
             except FileNotFoundError:
-                last = "the pack file is not visible"
+                last = "missing"
             except _Lag as e:
                 last = str(e)
             except OSError as e:
@@ -301,6 +301,11 @@ class ReadSession:
             if attempt < self.retries:
                 self.clock.sleep(delay)
                 delay = min(delay * 2, 1.0)
+        if last == "missing":
+            raise InvalidReference(
+                f"pack {path} does not exist (reclaimed, or never written) after "
+                f"{self.retries} retries"
+            )
         raise StorageUnavailable(
             f"{path} offset {offset}: {last} after {self.retries} retries; the writer's data "
             "is not visible on this client (visibility lag) or was lost. Retry later; if it "

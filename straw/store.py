@@ -22,13 +22,16 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import threading
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import msgpack
 import xxhash
 
+from .catalog import Catalog, Extent
 from .clock import Clock, SystemClock
 from .errors import IdempotencyConflict, InvalidReference, StorageUnavailable, UnsupportedSchema
 from .fs import Filesystem, PosixFS
@@ -105,6 +108,7 @@ class SharedFilesystemStore:
         self._visibility = (visibility_retries, visibility_backoff)
         self._writer: WriterIncarnation | None = None
         self._write_lock = threading.Lock()
+        self.catalog = Catalog(self.fs, self.root)
         self.closed = False
 
     # --- pool ---------------------------------------------------------------------------
@@ -150,6 +154,7 @@ class SharedFilesystemStore:
                     self._writer = None
         finally:
             self._session.close()
+            self.catalog.close()
 
     def seal(self) -> None:
         """Seal the current pack (the next publication opens a new one)."""
@@ -211,12 +216,21 @@ class SharedFilesystemStore:
         pos = start
         extents = []
         placed: list[RecordSetRef] = []
+        edges: list[tuple[Extent, list[Extent]]] = []
+        with_edges = set(self.catalog.state.edges)  # extents known to have dependencies
         for i, (recs, deps, digest) in enumerate(normalized):
             dep_rows = []
-            for d in deps:
-                ref = placed[d] if isinstance(d, int) else d
+            dep_refs = [placed[d] if isinstance(d, int) else d for d in deps]
+            for ref in dep_refs:
                 dep_rows.append([ref.path, ref.offset, ref.size, bytes.fromhex(ref.checksum),
                                  bytes.fromhex(ref.digest), ref.records])
+            # D1/D4: dependencies are retained (as edges of this staged extent) before its
+            # bytes are written.  Edges that cannot matter are skipped: a dependency in the
+            # same pack with no dependencies of its own is protected by the pack itself.
+            targets = [(r.path, r.offset) for r in dep_refs]
+            if any(p != writer.pack_rel or (p, o) in with_edges for p, o in targets):
+                edges.append(((writer.pack_rel, pos), targets))
+                with_edges.add((writer.pack_rel, pos))
             ext = encode_extent(run_id=self.run_id, submission_id=submission_id, index=i,
                                 count=len(normalized), digest=digest, records=recs,
                                 dependencies=dep_rows, offset=pos, group_start=start)
@@ -224,12 +238,14 @@ class SharedFilesystemStore:
             placed.append(RecordSetRef(self.run_id, writer.pack_rel, pos, ext.entry.size,
                                        ext.entry.checksum.hex(), digest.hex(), len(recs)))
             pos += ext.entry.size
+        if edges:
+            self.catalog.record_edges(edges)
         return writer.append(extents)
 
     def _ensure_writer(self) -> WriterIncarnation:
         if self._writer is None:
             self._writer = WriterIncarnation(
-                self.fs, self.root, self.run_id, self.writer_id, self.clock,
+                self.fs, self.root, self.run_id, self.writer_id, self.clock, self.catalog,
                 segment_target_bytes=self.segment_target_bytes,
                 reserve_bytes=self.reserve_bytes,
             )
@@ -307,6 +323,67 @@ class SharedFilesystemStore:
         digest = xxhash.xxh3_128_digest(msgpack.packb([ident, dep_ident], use_bin_type=True))
         return recs, deps, digest
 
+    # --- retention (D1-D4) ----------------------------------------------------------------
+    def retain(self, owner: str, refs: Iterable[RecordSetRef | RecordRef]) -> None:
+        """Make ``refs`` (and, transitively, their dependencies) the durable roots of
+        ``owner``, replacing its previous roots.  ``InvalidReference`` if one was already
+        reclaimed.  Retain a successor before releasing its predecessor."""
+        self._check_open()
+        check_owner(owner)
+        self.catalog.retain(owner, self._extents(refs, "refs"))
+
+    def release(self, owner: str) -> bool:
+        """Drop ``owner``'s roots.  Returns False (and changes nothing) if no such owner
+        exists.  Pins left behind by a crashed reader (``pin:...``) can be released here."""
+        self._check_open()
+        if not isinstance(owner, str):
+            raise TypeError(f"owner must be a str, got {type(owner).__name__}")
+        if owner.startswith(INTERNAL_OWNER_PREFIXES):
+            raise ValueError(f"owner {owner!r} belongs to straw itself (queue or staging)")
+        return self.catalog.release(owner)
+
+    def release_publications(self, refs: Iterable[RecordSetRef]) -> int:
+        """Drop the staging protection of fresh publications (adopt them with ``retain``
+        first if they must live on).  Returns how many were still staged."""
+        self._check_open()
+        return self.catalog.unstage(self._extents(refs, "refs"))
+
+    def pin(self, refs: Iterable[RecordSetRef | RecordRef]) -> Pin:
+        """``with store.pin(refs):`` — a durable reader owner held for the block.  A
+        reader that dies inside the block leaves its pin (``pin:host:pid:...``) for an
+        operator to ``release``: nothing is reclaimed under a reader that may be alive."""
+        self._check_open()
+        return Pin(self, self._extents(refs, "refs"))
+
+    def collect_garbage(self) -> dict[str, Any]:
+        """Reclaim sealed packs that no owner, pin or staged publication reaches (D4):
+        tombstone them durably, then unlink them (D3).  Returns the reclaimed files and
+        bytes, the tombstoned paths, interrupted collections it finished, and what is
+        still retained."""
+        self._check_open()
+        return self.catalog.collect()
+
+    def owners(self) -> list[str]:
+        """The names of the pool's owners (applications', pins, queues)."""
+        with self.catalog.locked() as st:
+            return sorted(st.owners)
+
+    def _extents(self, refs: Iterable[Any], where: str) -> list[Extent]:
+        if isinstance(refs, (RecordSetRef, RecordRef, str, bytes)):
+            raise TypeError(f"{where} must be a list of references, not a single one")
+        out = []
+        for i, r in enumerate(refs):
+            if isinstance(r, RecordRef):
+                r = r.record_set
+            if not isinstance(r, RecordSetRef):
+                raise TypeError(f"{where}[{i}] must be a RecordSetRef, got {type(r).__name__}")
+            r.check()
+            if r.run_id != self.run_id:
+                raise InvalidReference(f"{where}[{i}] belongs to run {r.run_id!r}, this store "
+                                       f"is run {self.run_id!r}")
+            out.append((r.path, r.offset))
+        return out
+
     # --- reading ------------------------------------------------------------------------
     def read(self, ref: RecordSetRef) -> list[Record]:
         """The publication's records, checked against the reference (D6)."""
@@ -354,4 +431,42 @@ class SharedFilesystemStore:
         return self._writer.describe() if self._writer else None
 
 
-__all__ = ["SharedFilesystemStore", "BUILTIN_CODECS", "StorageUnavailable"]
+# Owner names straw uses itself: applications cannot retain under them.
+INTERNAL_OWNER_PREFIXES = ("queue:", "staged:", "checkpoint:")
+RESERVED_OWNER_PREFIXES = INTERNAL_OWNER_PREFIXES + ("pin:",)
+
+
+def check_owner(owner: object) -> str:
+    if not isinstance(owner, str):
+        raise TypeError(f"owner must be a str, got {type(owner).__name__}")
+    if not owner or len(owner) > 1024:
+        raise ValueError("owner must be a non-empty str of at most 1024 characters")
+    if owner.startswith(RESERVED_OWNER_PREFIXES):
+        raise ValueError(
+            f"owner {owner!r} uses a reserved prefix ({', '.join(RESERVED_OWNER_PREFIXES)}); "
+            "choose another name"
+        )
+    return owner
+
+
+class Pin:
+    """A reader's durable protection, held while the ``with`` block runs."""
+
+    def __init__(self, store: SharedFilesystemStore, extents: list[Extent]) -> None:
+        self.store = store
+        self.extents = extents
+        self.owner = f"pin:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex}"
+        self.held = False
+
+    def __enter__(self) -> Pin:
+        self.store.catalog.retain(self.owner, self.extents)
+        self.held = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.held:
+            self.store.catalog.release(self.owner)
+            self.held = False
+
+
+__all__ = ["SharedFilesystemStore", "BUILTIN_CODECS", "Pin", "StorageUnavailable"]

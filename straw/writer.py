@@ -11,9 +11,11 @@ Layout under the pool root::
 Each incarnation owns a fresh directory and never appends to a pack a crashed
 predecessor left open.  Submission ids (D7) are scoped to the writer id: at start-up the
 new incarnation rebuilds the index of its predecessors from each sealed pack's SEAL index,
-or by scanning a pack a crash left open.  A publish_many batch counts only when all its
-extents survived.  Packs left open by a killed predecessor may hold data that reached the
-page cache but was never synced: they are fsynced before their extents are trusted (D1).
+or by scanning a pack a crash left open, and seals such packs in the catalog (their
+incomplete batches were never acknowledged: their staging is dropped at once; complete but
+unacknowledged ones stay staged until a retry finds them and the caller releases them).
+A publish_many batch counts only when all its extents survived.  Packs left open by a
+killed predecessor may hold data that reached the page cache but was never synced: they are fsynced before their extents are trusted (D1).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .catalog import Catalog
 from .clock import Clock
 from .errors import CorruptData, StorageUnavailable, UnsafeRecovery
 from .fs import Filesystem
@@ -59,8 +62,9 @@ def ref_from_entry(run_id: str, path: str, e: ExtentEntry) -> RecordSetRef:
 
 class WriterIncarnation:
     def __init__(self, fs: Filesystem, root: str, run_id: str, writer_id: str, clock: Clock,
-                 *, segment_target_bytes: int, reserve_bytes: int) -> None:
+                 catalog: Catalog, *, segment_target_bytes: int, reserve_bytes: int) -> None:
         self.fs = fs
+        self.catalog = catalog
         self.root = root
         self.run_id = run_id
         self.writer_id = writer_id
@@ -75,7 +79,11 @@ class WriterIncarnation:
             self.incarnation = (max(incarnations) if incarnations else 0) + 1
             self.inc_rel = f"{self.rel_dir}/i{self.incarnation:06d}"
             self.index: dict[str, Submission] = {}
-            self._load_index(incarnations)
+            recovered = self._load_index(incarnations)
+            # Packs a dead predecessor left open are complete now: seal them in the catalog
+            # so that collection can reclaim them once released (their files stay as they
+            # are: never appended to again).
+            catalog.seal_if_open(recovered)
             fs.mkdir(os.path.join(root, self.inc_rel))
             fs.fsync_dir(self.dir)  # D1: the new directory name is durable
         except BaseException:
@@ -132,8 +140,12 @@ class WriterIncarnation:
                 out.append(int(m.group(1)))
         return sorted(out)
 
-    def _load_index(self, incarnations: Sequence[int]) -> None:
+    def _load_index(self, incarnations: Sequence[int]) -> dict[str, tuple[list[int], list[int]]]:
+        """Rebuild the submission index of earlier incarnations; returns, per pack, its
+        extent offsets and the offsets of incomplete batches (never acknowledged: their
+        staging is dropped at once)."""
         found: dict[str, list[tuple[str, ExtentEntry]]] = {}
+        per_pack: dict[str, list[ExtentEntry]] = {}
         for inc in incarnations:
             inc_rel = f"{self.rel_dir}/i{inc:06d}"
             inc_dir = os.path.join(self.root, inc_rel)
@@ -144,6 +156,7 @@ class WriterIncarnation:
                 rel = f"{inc_rel}/{name}"
                 entries, was_sealed = self._pack_entries(os.path.join(self.root, rel))
                 unsealed |= not was_sealed
+                per_pack[rel] = entries
                 for e in entries:
                     found.setdefault(e.submission_id, []).append((rel, e))
             if unsealed:
@@ -160,6 +173,10 @@ class WriterIncarnation:
                     tuple(e.digest for _, e in ordered),
                     tuple(ref_from_entry(self.run_id, rel, e) for rel, e in ordered),
                 )
+        acknowledged = {(r.path, r.offset) for sub in self.index.values() for r in sub.refs}
+        return {rel: ([e.offset for e in entries],
+                      [e.offset for e in entries if (rel, e.offset) not in acknowledged])
+                for rel, entries in per_pack.items()}
 
     def _pack_entries(self, path: str) -> tuple[list[ExtentEntry], bool]:
         try:
@@ -201,6 +218,7 @@ class WriterIncarnation:
     def _open_pack(self) -> None:
         self.pack_no += 1
         self.pack_rel = f"{self.inc_rel}/pack-{self.pack_no:06d}{PACK_SUFFIX}"
+        self.catalog.pack_open(self.pack_rel)  # known to the catalog before it exists
         self.pack = PackWriter(
             self.fs, os.path.join(self.root, self.pack_rel),
             {"v": 1, "run": self.run_id, "writer": self.writer_id, "inc": self.incarnation,
@@ -214,21 +232,13 @@ class WriterIncarnation:
         return [ref_from_entry(self.run_id, self.pack_rel, e.entry) for e in extents]
 
     def seal(self) -> None:
-        if self.pack is not None and not self.pack.broken:
-            if self.pack.entries:
-                self.pack.seal()
-                self.sealed_packs.append(self.pack_rel)
-            else:
-                self._drop_empty_pack()
-        self.pack = None
-
-    def _drop_empty_pack(self) -> None:
-        assert self.pack is not None
-        self.pack.abandon()
-        try:
-            self.fs.unlink(self.pack.path)
-        except OSError as e:
-            raise storage_error(e, f"cannot remove empty pack {self.pack.path}") from e
+        """Seal the open pack: the file first (durable), then the catalog.  A crash in
+        between leaves the catalog saying "open"; the next incarnation seals it there."""
+        pack, self.pack = self.pack, None
+        if pack is not None and not pack.broken:
+            pack.seal()
+            self.catalog.pack_sealed(self.pack_rel, [e.offset for e in pack.entries])
+            self.sealed_packs.append(self.pack_rel)
 
     def close(self) -> None:
         try:

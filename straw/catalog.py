@@ -1,0 +1,403 @@
+"""The ownership catalog: which packs exist, who needs which extents, what may be reclaimed.
+
+One append-only log per pool, ``<root>/CATALOG``.  Its inode never changes (it is never
+replaced or renamed), because an ``flock`` on it is also the pool's cross-client lock:
+every catalog change and every collection happens under that lock.  Each transaction is
+one frame (``straw.framing``, kind CATALOG) holding a msgpack list of operations, appended
+and fsynced before the lock is released; a client replays only what was appended since
+it last looked.  A torn final transaction (a client died mid-append) is cut off under the
+lock; a complete frame that fails its checksum followed by later transactions fails
+closed with ``CorruptData`` (D6).
+
+Operations (the state they build is ``CatalogState``)::
+
+    init     {v}                          first frame: the catalog format version
+    open     {path}                       a writer created a pack (before creating it)
+    edges    {src: [path, off], deps: [[path, off], ...]}
+                                          dependencies of an extent, recorded before its
+                                          bytes are written (D1/D4: deps retained first)
+    sealed   {path, offsets, unstage}     the pack is complete: these extents exist; the
+                                          listed ones are not staged (recovery of a crash)
+    retain   {owner, roots}               replaces the owner's root extents
+    release  {owner}
+    unstage  {extents}                    release_publications: staging dropped
+    tombstone {paths}                     durable mark before unlink (D3)
+    unlinked {paths}                      the files are gone
+
+Staging: every extent of an open pack, and every extent of a sealed pack that was not
+unstaged, protects itself and (through its edges) its dependencies — a fresh publication
+costs no catalog write unless it has external dependencies.
+
+Reachability (D4): live extents are the closure, through edges, of owner roots (pins are
+owners too) and staged extents.  A pack is live if it is open, or holds a live extent; one
+live extent keeps its whole pack.  Collection tombstones sealed packs that are not live,
+makes the tombstones durable, then unlinks (ENOENT is success: another client may have
+finished it); a collection interrupted between tombstone and unlink is finished by the next
+one.  A tombstoned path is never retained, reopened or reused (D3).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from . import framing
+from .errors import CorruptData, InvalidReference, UnsafeRecovery, UnsupportedSchema
+from .fs import Filesystem
+from .pack import storage_error
+
+CATALOG_NAME = "CATALOG"
+CATALOG_VERSION = 1
+
+Extent = tuple[str, int]  # (pack path relative to the pool root, extent offset)
+
+
+@dataclass
+class PackInfo:
+    state: str = "open"  # open | sealed
+    offsets: frozenset[int] = frozenset()  # extents, known once sealed
+    unstaged: set[int] = field(default_factory=set)
+    tombstoned: bool = False
+    unlinked: bool = False
+
+    def staged(self) -> Iterable[int] | None:
+        """Staged extent offsets of a sealed pack; None for an open pack (all staged)."""
+        if self.state == "open":
+            return None
+        return self.offsets - self.unstaged
+
+
+@dataclass
+class CatalogState:
+    """The catalog's content, rebuilt by replaying operations (pure: no I/O)."""
+
+    packs: dict[str, PackInfo] = field(default_factory=dict)
+    edges: dict[Extent, tuple[Extent, ...]] = field(default_factory=dict)
+    owners: dict[str, frozenset[Extent]] = field(default_factory=dict)
+
+    def apply(self, op: dict[str, Any]) -> None:
+        kind = op["op"]
+        if kind == "init":
+            if op["v"] > CATALOG_VERSION:
+                raise UnsupportedSchema(
+                    f"catalog format version {op['v']}; this straw reads up to "
+                    f"{CATALOG_VERSION}. Upgrade straw"
+                )
+        elif kind == "open":
+            self.packs.setdefault(op["path"], PackInfo())
+        elif kind == "edges":
+            self.edges[(op["src"][0], op["src"][1])] = tuple((p, o) for p, o in op["deps"])
+        elif kind == "sealed":
+            info = self.packs.setdefault(op["path"], PackInfo())
+            info.state = "sealed"
+            info.offsets = frozenset(op["offsets"])
+            info.unstaged.update(op["unstage"])
+            # edges recorded for extents that never made it into the pack are dead
+            for src in [s for s in self.edges if s[0] == op["path"]]:
+                if src[1] not in info.offsets:
+                    del self.edges[src]
+        elif kind == "retain":
+            self.owners[op["owner"]] = frozenset((p, o) for p, o in op["roots"])
+        elif kind == "release":
+            self.owners.pop(op["owner"], None)
+        elif kind == "unstage":
+            for p, o in op["extents"]:
+                self.packs.setdefault(p, PackInfo()).unstaged.add(o)
+        elif kind == "tombstone":
+            for p in op["paths"]:
+                self.packs.setdefault(p, PackInfo(state="sealed")).tombstoned = True
+        elif kind == "unlinked":
+            for p in op["paths"]:
+                self.packs.setdefault(p, PackInfo(state="sealed")).unlinked = True
+        else:
+            raise UnsupportedSchema(f"catalog operation {kind!r} is unknown; upgrade straw")
+
+    # --- reachability (D4) --------------------------------------------------------------
+    def staged_extents(self) -> set[Extent]:
+        """Extents with an edge that are staged (the only staged extents that matter for
+        reachability beyond their own pack)."""
+        out = set()
+        for src in self.edges:
+            info = self.packs.get(src[0])
+            if info is None or info.state == "open" or src[1] not in info.unstaged:
+                out.add(src)
+        return out
+
+    def live_extents(self) -> set[Extent]:
+        todo = [e for roots in self.owners.values() for e in roots]
+        todo.extend(self.staged_extents())
+        live: set[Extent] = set()
+        while todo:
+            e = todo.pop()
+            if e in live:
+                continue
+            live.add(e)
+            todo.extend(self.edges.get(e, ()))
+        return live
+
+    def live_packs(self) -> set[str]:
+        live = {p for p, _ in self.live_extents()}
+        for path, info in self.packs.items():
+            if info.tombstoned:
+                continue
+            staged = info.staged()
+            if staged is None or any(True for _ in staged):
+                live.add(path)
+        return live
+
+    def collectable(self) -> list[str]:
+        """Sealed, untombstoned packs that nothing reaches."""
+        live = self.live_packs()
+        return sorted(p for p, i in self.packs.items()
+                      if i.state == "sealed" and not i.tombstoned and p not in live)
+
+    def tombstoned_not_unlinked(self) -> list[str]:
+        return sorted(p for p, i in self.packs.items() if i.tombstoned and not i.unlinked)
+
+    def is_tombstoned(self, path: str) -> bool:
+        info = self.packs.get(path)
+        return info is not None and info.tombstoned
+
+
+class Catalog:
+    """A client of the pool's catalog.  Thread-safe; one per store."""
+
+    def __init__(self, fs: Filesystem, root: str) -> None:
+        self.fs = fs
+        self.root = root
+        self.path = os.path.join(root, CATALOG_NAME)
+        self.state = CatalogState()
+        self._offset = 0  # how far this client has replayed
+        self._lock_fd: int | None = None
+        self._mutex = threading.Lock()
+
+    def close(self) -> None:
+        with self._mutex:
+            if self._lock_fd is not None:
+                self.fs.close(self._lock_fd)
+                self._lock_fd = None
+
+    # --- the lock and replay ------------------------------------------------------------
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[CatalogState]:
+        """Hold the pool lock with an up-to-date state.  The data is read through a handle
+        opened *after* the lock was taken (close-to-open visibility across clients)."""
+        with self._mutex:
+            try:
+                if self._lock_fd is None:
+                    self._lock_fd = self._open_lock_file()
+                self.fs.lock(self._lock_fd)
+            except OSError as e:
+                raise storage_error(e, f"cannot lock catalog {self.path}") from e
+            try:
+                self._refresh()
+                yield self.state
+            finally:
+                try:
+                    self.fs.unlock(self._lock_fd)
+                except OSError:
+                    pass
+
+    def _open_lock_file(self) -> int:
+        try:
+            return self.fs.open(self.path, write=True)
+        except FileNotFoundError:
+            fd = self.fs.open(self.path, write=True, create=True)
+            self.fs.fsync_dir(self.root)  # D1: the catalog's name is durable
+            return fd
+
+    def _refresh(self) -> None:
+        fd = self.fs.open(self.path, write=True)
+        try:
+            data = self._read_from(fd, self._offset)
+            if not data and self._offset == 0:
+                self._append_fd(fd, [{"op": "init", "v": CATALOG_VERSION}])
+                data = self._read_from(fd, 0)
+            base = self._offset
+            scan = framing.scan_frames(lambda o, n: data[o - base:o - base + n],
+                                       base + len(data), start=base)
+            if scan.frames:
+                # Another client may have died after writing but before its fsync: what we
+                # are about to act on (a tombstone, a release) must be durable first.
+                self.fs.fsync(fd)
+            for f in scan.frames:
+                if f.header.kind != framing.KIND_CATALOG:
+                    raise CorruptData(f"{self.path} offset {f.offset}: not a catalog frame")
+                for op in _decode_ops(f.body, f"{self.path} offset {f.offset}"):
+                    self.state.apply(op)
+            if scan.torn or scan.end < base + len(data):
+                # a client died mid-append: cut its torn transaction off, under the lock
+                self.fs.truncate(fd, scan.end)
+                self.fs.fsync(fd)
+            self._offset = scan.end
+        except CorruptData as e:
+            raise CorruptData(f"catalog {self.path}: {e}") from None
+        except OSError as e:
+            raise storage_error(e, f"cannot read catalog {self.path}") from e
+        finally:
+            self.fs.close(fd)
+
+    def _read_from(self, fd: int, offset: int) -> bytes:
+        """Everything from ``offset`` to the end of file (read until a short read: a
+        cached size from another client may be stale)."""
+        out = bytearray()
+        while True:
+            chunk = bytearray(1 << 20)
+            n = self.fs.readinto(fd, chunk, offset + len(out))
+            out += chunk[:n]
+            if n < len(chunk):
+                return bytes(out)
+
+    def _append_fd(self, fd: int, ops: list[dict[str, Any]]) -> None:
+        body = msgpack.packb({"v": CATALOG_VERSION, "ops": ops}, use_bin_type=True)
+        frame = framing.encode_frame(framing.KIND_CATALOG, body, group_start=self._offset)
+        self.fs.writev(fd, [frame], self._offset)
+        self.fs.fsync(fd)
+
+    def append(self, ops: list[dict[str, Any]]) -> None:
+        """Durably append one transaction (call inside ``locked``), then apply it."""
+        fd = self.fs.open(self.path, write=True)
+        try:
+            self._append_fd(fd, ops)
+        except OSError as e:
+            # the tail may now be torn: the next locker (maybe us) repairs it
+            raise storage_error(e, f"catalog append to {self.path} failed") from e
+        finally:
+            self.fs.close(fd)
+        # re-read what we wrote so state and offset advance exactly as for other clients
+        self._refresh()
+
+    # --- operations ---------------------------------------------------------------------
+    def pack_open(self, path: str) -> None:
+        with self.locked() as st:
+            if path in st.packs:
+                raise UnsafeRecovery(f"pack path {path} is already known to the catalog; "
+                                     "pack paths are never reused (D3)")
+            self.append([{"op": "open", "path": path}])
+
+    def pack_sealed(self, path: str, offsets: Iterable[int], unstage: Iterable[int] = ()
+                    ) -> None:
+        with self.locked():
+            self.append([{"op": "sealed", "path": path, "offsets": sorted(offsets),
+                          "unstage": sorted(unstage)}])
+
+    def seal_if_open(self, packs: dict[str, tuple[list[int], list[int]]]) -> None:
+        """Recovery: mark a dead incarnation's packs sealed (path -> offsets, unstage)."""
+        with self.locked() as st:
+            ops = [{"op": "sealed", "path": p, "offsets": sorted(offs), "unstage": sorted(un)}
+                   for p, (offs, un) in sorted(packs.items())
+                   if st.packs.get(p, PackInfo()).state == "open"
+                   and not st.is_tombstoned(p)]
+            if ops:
+                self.append(ops)
+
+    def record_edges(self, edges: list[tuple[Extent, list[Extent]]]) -> None:
+        """Retain dependencies before the dependent bytes are written (D1, D4)."""
+        with self.locked() as st:
+            for _, deps in edges:
+                for dep in deps:
+                    if st.is_tombstoned(dep[0]):
+                        raise InvalidReference(
+                            f"dependency in pack {dep[0]} at offset {dep[1]} was reclaimed "
+                            "(tombstoned); it cannot be depended on"
+                        )
+            self.append([{"op": "edges", "src": list(src), "deps": [list(d) for d in deps]}
+                         for src, deps in edges])
+
+    def retain(self, owner: str, roots: Iterable[Extent]) -> None:
+        roots = sorted(set(roots))
+        with self.locked() as st:
+            for p, o in roots:
+                if st.is_tombstoned(p):
+                    raise InvalidReference(
+                        f"cannot retain the extent at {p} offset {o} for owner {owner!r}: its "
+                        "pack was reclaimed (tombstoned)"
+                    )
+            self.append([{"op": "retain", "owner": owner, "roots": [list(r) for r in roots]}])
+
+    def release(self, owner: str) -> bool:
+        with self.locked() as st:
+            if owner not in st.owners:
+                return False
+            self.append([{"op": "release", "owner": owner}])
+            return True
+
+    def unstage(self, extents: Iterable[Extent]) -> int:
+        with self.locked() as st:
+            todo = []
+            for p, o in sorted(set(extents)):
+                info = st.packs.get(p)
+                if info is not None and (info.tombstoned or o in info.unstaged or
+                                         (info.state == "sealed" and o not in info.offsets)):
+                    continue
+                todo.append([p, o])
+            if todo:
+                self.append([{"op": "unstage", "extents": todo}])
+            return len(todo)
+
+    def collect(self) -> dict[str, Any]:
+        """One collection: tombstone what nothing reaches, make it durable, unlink (D3/D4)."""
+        with self.locked() as st:
+            unfinished = st.tombstoned_not_unlinked()
+            victims = st.collectable()
+            sizes: dict[str, int] = {}
+            for p in victims + unfinished:
+                try:
+                    sizes[p] = self.fs.stat(os.path.join(self.root, p)).size
+                except FileNotFoundError:
+                    sizes[p] = 0
+            if victims:
+                self.append([{"op": "tombstone", "paths": victims}])  # durable before unlink
+            gone = []
+            dirs = set()
+            for p in victims + unfinished:
+                full = os.path.join(self.root, p)
+                try:
+                    self.fs.unlink(full)
+                except FileNotFoundError:
+                    pass  # another client finished this unlink already: success
+                except OSError as e:
+                    raise storage_error(e, f"cannot unlink reclaimed pack {full}") from e
+                gone.append(p)
+                dirs.add(os.path.dirname(full))
+            for d in sorted(dirs):
+                try:
+                    self.fs.fsync_dir(d)
+                except FileNotFoundError:
+                    pass
+            if gone:
+                self.append([{"op": "unlinked", "paths": gone}])
+            live = st.live_packs()
+            return {
+                "reclaimed_files": len(gone),
+                "reclaimed_bytes": sum(sizes.get(p, 0) for p in gone),
+                "tombstoned": victims,
+                "finished_interrupted": unfinished,
+                "retained_packs": sorted(p for p in live if not st.packs.get(
+                    p, PackInfo()).tombstoned),
+                "owners": sorted(st.owners),
+            }
+
+
+def _decode_ops(body: Any, where: str) -> list[dict[str, Any]]:
+    try:
+        txn = msgpack.unpackb(body, raw=False, strict_map_key=False)
+    except Exception as e:  # msgpack raises several types
+        raise CorruptData(f"{where}: transaction does not decode: {e}") from None
+    if not isinstance(txn, dict) or not isinstance(txn.get("v"), int):
+        raise CorruptData(f"{where}: not a catalog transaction")
+    if txn["v"] > CATALOG_VERSION:
+        raise UnsupportedSchema(f"{where}: catalog format version {txn['v']}; upgrade straw")
+    ops = txn.get("ops")
+    if not isinstance(ops, list):
+        raise CorruptData(f"{where}: transaction without operations")
+    return ops
+
+
+__all__ = ["Catalog", "CatalogState", "PackInfo"]

@@ -1,0 +1,650 @@
+"""Tensors in packed publications: zero-copy writes, checked reads of whole tensors or rows.
+
+``publish_tensors(store, {name: tensor}, *, submission_id)`` publishes NumPy arrays and
+torch tensors (dtypes uint8, int8, int16, int32, int64, float16, bfloat16, float32,
+float64, bool; any shape, scalars and empty tensors included) as ``tensor.v1`` records of
+ONE publication on any store (``tensor.v1`` is a built-in codec), and returns one
+``TensorRef`` per tensor, in the order of the mapping.
+
+Record layout (``tensor.v1``)::
+
+    payload   the tensor's bytes, C order, little-endian, written straight from the
+              tensor's own memory (``writev`` of a view: no copy for a contiguous CPU
+              tensor; a non-contiguous or CUDA tensor is made contiguous on the CPU first,
+              autograd history is dropped)
+    metadata  {"dtype": name, "shape": [...], "source": "torch"|"numpy",
+               "chunk_bytes": C, "chunks": hex}   hex = the xxh3-128 of every C-byte chunk
+              of the payload (the last one may be shorter), 32 hex digits each
+
+``CHUNK_BYTES`` is 256 KiB: a one-row read of a float32 [8192, 1024] tensor (4 KiB rows)
+reads and verifies one 256 KiB chunk, and a 32 MiB tensor carries 128 checksums (4 KiB of
+metadata).  Every read verifies every chunk it touches and nothing else: ``load()`` all
+of them (read with ``readinto`` straight into the returned tensor's memory, hashed while
+still in the CPU cache, in parallel threads for large tensors), ``ref[a:b]`` only those
+overlapping rows ``a..b``.  A mismatch is ``CorruptData`` at once (D6); the chunk list
+itself lives in the publication's manifest, which the reader authenticates.
+
+What ``load()`` returns: a torch tensor when the tensor was published from torch and
+torch is importable, else a NumPy array (``framework="torch"|"numpy"`` overrides).  A
+0-d tensor loads as a 0-d tensor/array.  bfloat16 as NumPy: ``ml_dtypes.bfloat16`` when
+``ml_dtypes`` is installed, else a ``uint16`` array of the raw bit patterns (the same
+bytes; ``torch.from_numpy(a).view(torch.bfloat16)`` recovers the values).
+``pin_memory=True`` reads into page-locked memory when torch has an accelerator; without
+one it warns and returns ordinary memory (as torch's DataLoader does).  ``load(out=x)``
+reads into an existing contiguous tensor/array of the same shape and dtype (for example
+a reused pinned staging buffer) and allocates nothing.
+
+``TensorRef`` is frozen and serialisable (``to_dict``/``from_dict``, pickle for Ray
+drops the binding): it names the record (a ``RecordRef``), shape, dtype, source, chunk
+size, and the pool root as the publisher saw it.  A ref returned by ``publish_tensors``
+or ``from_record_set_many`` is bound to that store; ``ref.using(store)`` binds a
+deserialised ref; an unbound ref opens (once per process) a read-only store at ``root``.
+
+torch is optional: this module imports it lazily, and works on NumPy alone.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import threading
+import warnings
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import xxhash
+
+from .errors import CorruptData, InvalidReference, UnsupportedSchema
+from .reader import ReadSession
+from .refs import Record, RecordInfo, RecordRef, RecordSetRef
+
+CODEC = "tensor.v1"
+CHUNK_BYTES = 256 * 1024
+DTYPES: dict[str, int] = {
+    "uint8": 1, "int8": 1, "int16": 2, "int32": 4, "int64": 8, "float16": 2,
+    "bfloat16": 2, "float32": 4, "float64": 8, "bool": 1,
+}
+SOURCES = ("torch", "numpy")
+MAX_DIMS = 64
+_HEX = 32  # hex digits per chunk checksum
+_READ_BYTES = 1 << 20  # one read call covers this much (whole chunks), hashed chunk by chunk
+_PARALLEL_MIN = 8 << 20  # spans at least this large are read by several threads
+
+
+# --- optional dependencies --------------------------------------------------------------
+
+
+def _torch() -> Any:
+    """torch if importable (imported on first use), else None."""
+    mod = sys.modules.get("torch")
+    if mod is not None:
+        return mod
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
+
+
+def _is_torch_tensor(value: object) -> bool:
+    mod = sys.modules.get("torch")  # a torch tensor implies torch is imported
+    return mod is not None and isinstance(value, mod.Tensor)
+
+
+def _np_dtype(name: str) -> np.dtype[Any]:
+    """The NumPy dtype of a tensor.v1 dtype name (bfloat16: ml_dtypes, else uint16 bits)."""
+    if name == "bfloat16":
+        try:
+            import ml_dtypes
+        except ImportError:
+            return np.dtype(np.uint16)
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _workers() -> int:
+    return min(4, os.cpu_count() or 1)
+
+
+def _executor() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(_workers(), thread_name_prefix="straw-tensor")
+        return _pool
+
+
+def _split(first: int, last: int, parts: int) -> list[tuple[int, int]]:
+    """[first, last) cut into ``parts`` contiguous ranges."""
+    n = last - first
+    step = -(-n // parts)
+    return [(a, min(a + step, last)) for a in range(first, last, step)]
+
+
+# --- publishing -------------------------------------------------------------------------
+
+
+def _tensor_bytes(value: object, where: str) -> tuple[np.ndarray, str, tuple[int, ...], str]:
+    """(flat uint8 view of the bytes, dtype name, shape, source), without copying a
+    contiguous little-endian CPU tensor."""
+    if sys.byteorder != "little":
+        raise UnsupportedSchema("tensor.v1 is little-endian; this host is big-endian")
+    if _is_torch_tensor(value):
+        torch = sys.modules["torch"]
+        t = value.detach()  # type: ignore[attr-defined]
+        if t.layout != torch.strided:
+            raise TypeError(f"{where} is a {t.layout} torch tensor; pass a dense tensor "
+                            "(.to_dense())")
+        name = str(t.dtype).removeprefix("torch.")
+        if name not in DTYPES:
+            raise TypeError(f"{where} has dtype {name}; supported: {', '.join(DTYPES)}")
+        if t.device.type != "cpu":
+            t = t.to("cpu")
+        t = t.resolve_conj().resolve_neg().contiguous()
+        flat = t.reshape(-1).view(torch.uint8).numpy()
+        return flat, name, tuple(int(d) for d in t.shape), "torch"
+    if isinstance(value, (np.ndarray, np.generic)):
+        a = np.asarray(value)
+        name = a.dtype.name
+        if name not in DTYPES or a.dtype.kind == "V":
+            raise TypeError(f"{where} has dtype {a.dtype}; supported: {', '.join(DTYPES)}")
+        if not a.dtype.isnative:
+            a = a.astype(a.dtype.newbyteorder("="))
+        a = np.ascontiguousarray(a)
+        return a.reshape(-1).view(np.uint8), name, tuple(a.shape), "numpy"
+    raise TypeError(f"{where} is a {type(value).__name__}; publish a NumPy array or a torch "
+                    "tensor (np.asarray(x) for Python numbers and lists)")
+
+
+def chunk_checksums(data: np.ndarray, chunk_bytes: int = CHUNK_BYTES) -> str:
+    """The hex xxh3-128 of every ``chunk_bytes`` chunk of ``data``, concatenated."""
+    mv = memoryview(data).cast("B")
+    n = mv.nbytes
+    count = -(-n // chunk_bytes)
+
+    def run(lo: int, hi: int) -> str:
+        return "".join(xxhash.xxh3_128_hexdigest(mv[c * chunk_bytes:(c + 1) * chunk_bytes])
+                       for c in range(lo, hi))
+
+    if n < _PARALLEL_MIN or _workers() < 2:
+        return run(0, count)
+    return "".join(_executor().map(lambda r: run(*r), _split(0, count, _workers())))
+
+
+def tensor_record(name: str, value: object, *, chunk_bytes: int = CHUNK_BYTES,
+                  where: str | None = None) -> Record:
+    """The ``tensor.v1`` record of one tensor (its payload is a view of the tensor)."""
+    flat, dtype, shape, source = _tensor_bytes(value, where or f"tensors[{name!r}]")
+    meta = {"dtype": dtype, "shape": list(shape), "source": source,
+            "chunk_bytes": chunk_bytes, "chunks": chunk_checksums(flat, chunk_bytes)}
+    return Record(name, flat, CODEC, meta)
+
+
+def publish_tensors(store: Any, tensors: Mapping[str, Any], *, submission_id: str,
+                    dependencies: Sequence[RecordSetRef] = ()) -> tuple[TensorRef, ...]:
+    """Publish ``{name: tensor}`` as one publication; one ``TensorRef`` per tensor in the
+    mapping's order, bound to ``store``.  Idempotent per ``submission_id`` (D7)."""
+    if not isinstance(tensors, Mapping):
+        raise TypeError(f"tensors must be a mapping of name to tensor, got "
+                        f"{type(tensors).__name__}")
+    if not tensors:
+        raise ValueError("tensors is empty; publish at least one tensor")
+    records = []
+    for name, value in tensors.items():
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"tensor names must be non-empty str, got {name!r}")
+        records.append(tensor_record(name, value))
+    ref = store.publish(records, submission_id=submission_id, dependencies=dependencies)
+    rrefs = store.manifest(ref).record_refs
+    root = getattr(store, "root", "")
+    return tuple(_from_parts(rr, rec.record_id, rec.metadata, root)._bound(store)
+                 for rr, rec in zip(rrefs, records, strict=True))
+
+
+def release_tensor_publications(store: Any, tensors: Sequence[TensorRef]) -> list[RecordSetRef]:
+    """Release the staging protection of the publications holding ``tensors`` (each
+    publication once; sibling tensors published together go with it).  Readers must hold
+    their own owner.  Returns the publications released.  Needs a store with retention
+    (``release_publications``); never silently does nothing."""
+    pubs: list[RecordSetRef] = []
+    for i, t in enumerate(tensors):
+        if not isinstance(t, TensorRef):
+            raise TypeError(f"tensors[{i}] must be a TensorRef, got {type(t).__name__}")
+        if t.publication not in pubs:
+            pubs.append(t.publication)
+    release = getattr(store, "release_publications", None)
+    if release is None:
+        raise NotImplementedError(
+            f"{type(store).__name__} has no release_publications (retention is not "
+            "available in this store); nothing was released"
+        )
+    release(pubs)
+    return pubs
+
+
+# --- references -------------------------------------------------------------------------
+
+
+def _check_meta(meta: Mapping[str, Any], length: int, where: str) -> tuple[str, tuple[int, ...],
+                                                                          str, int, str]:
+    try:
+        dtype, shape, source = meta["dtype"], meta["shape"], meta["source"]
+        chunk_bytes, chunks = meta["chunk_bytes"], meta["chunks"]
+    except (KeyError, TypeError):
+        raise UnsupportedSchema(f"{where}: tensor.v1 metadata lacks dtype/shape/source/"
+                                "chunk_bytes/chunks") from None
+    if dtype not in DTYPES:
+        raise UnsupportedSchema(f"{where}: tensor dtype {dtype!r} is unknown to this straw "
+                                f"(knows {', '.join(DTYPES)})")
+    if source not in SOURCES:
+        raise UnsupportedSchema(f"{where}: tensor source {source!r} is unknown")
+    if (not isinstance(shape, list) or len(shape) > MAX_DIMS
+            or any(not isinstance(d, int) or isinstance(d, bool) or d < 0 for d in shape)):
+        raise UnsupportedSchema(f"{where}: tensor shape {shape!r} is not a list of sizes")
+    if not isinstance(chunk_bytes, int) or chunk_bytes <= 0 or not isinstance(chunks, str):
+        raise UnsupportedSchema(f"{where}: bad chunk_bytes/chunks in tensor metadata")
+    if math.prod(shape) * DTYPES[dtype] != length:
+        raise UnsupportedSchema(f"{where}: shape {shape} of {dtype} does not make the "
+                                f"{length} payload bytes")
+    if len(chunks) != _HEX * -(-length // chunk_bytes):
+        raise UnsupportedSchema(f"{where}: {len(chunks) // _HEX} chunk checksums for "
+                                f"{length} bytes in chunks of {chunk_bytes}")
+    return dtype, tuple(shape), source, chunk_bytes, chunks
+
+
+def _from_parts(rref: RecordRef, name: str, meta: Mapping[str, Any], root: str) -> TensorRef:
+    dtype, shape, source, chunk_bytes, _ = _check_meta(meta, rref.length,
+                                                      f"tensor {name!r}")
+    return TensorRef(rref, name, shape, dtype, source, chunk_bytes, root)
+
+
+_auto_stores: dict[tuple[str, str], Any] = {}
+_auto_lock = threading.Lock()
+
+
+def _session_of(reader: Any) -> ReadSession:
+    if isinstance(reader, ReadSession):
+        return reader
+    session = getattr(reader, "_session", None)
+    if isinstance(session, ReadSession):
+        return session
+    raise TypeError(f"expected a SharedFilesystemStore or ReadSession, got "
+                    f"{type(reader).__name__}")
+
+
+@dataclass(frozen=True)
+class TensorRef:
+    """A published tensor: lazy, checked, frozen, serialisable.  ``load()``, ``ref[a:b]``
+    (contiguous rows, step 1, negative indices as in Python), ``ref[i]`` (one row),
+    ``share()``, ``updated()``; see the module docstring for what they return."""
+
+    record: RecordRef
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    source: str = "numpy"
+    chunk_bytes: int = CHUNK_BYTES
+    root: str = ""
+    _reader: Any = field(default=None, compare=False, repr=False, hash=False)
+
+    # --- description --------------------------------------------------------------------
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * DTYPES[self.dtype]
+
+    @property
+    def itemsize(self) -> int:
+        return DTYPES[self.dtype]
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def kind(self) -> str:
+        """The tensor's name (straw-queue's word for it)."""
+        return self.name
+
+    @property
+    def publication(self) -> RecordSetRef:
+        return self.record.record_set
+
+    @property
+    def ordinal(self) -> int:
+        return self.record.index
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError(f"tensor {self.name!r} is 0-d (a scalar) and has no length")
+        return self.shape[0]
+
+    # --- serialisation ------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {"record": self.record.to_dict(), "name": self.name,
+                "shape": list(self.shape), "dtype": self.dtype, "source": self.source,
+                "chunk_bytes": self.chunk_bytes, "root": self.root}
+
+    @classmethod
+    def from_dict(cls, value: Mapping[str, Any], store: Any = None) -> TensorRef:
+        try:
+            rref = RecordRef.from_dict(value["record"])
+            ref = cls(rref, value["name"], tuple(value["shape"]), value["dtype"],
+                      value["source"], value["chunk_bytes"], value.get("root", ""))
+        except (KeyError, TypeError):
+            raise InvalidReference(f"not a TensorRef dict: {value!r}") from None
+        if (ref.dtype not in DTYPES or ref.source not in SOURCES
+                or not isinstance(ref.chunk_bytes, int) or ref.chunk_bytes <= 0
+                or any(not isinstance(d, int) or d < 0 for d in ref.shape)
+                or ref.nbytes != rref.length):
+            raise InvalidReference(f"not a valid TensorRef dict: {value!r}")
+        return ref._bound(store) if store is not None else ref
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:  # pickling (Ray) drops the binding
+        return (TensorRef.from_dict, (self.to_dict(),))
+
+    # --- binding ------------------------------------------------------------------------
+    def _bound(self, reader: Any) -> TensorRef:
+        object.__setattr__(self, "_reader", reader)
+        return self
+
+    def using(self, reader: Any) -> TensorRef:
+        """A copy of this reference that reads through ``reader`` (a store of the same run,
+        or a ``ReadSession``)."""
+        session = _session_of(reader)
+        if session.run_id != self.record.record_set.run_id:
+            raise InvalidReference(f"tensor {self.name!r} belongs to run "
+                                   f"{self.record.record_set.run_id!r}, the reader to "
+                                   f"{session.run_id!r}")
+        ref = TensorRef(self.record, self.name, self.shape, self.dtype, self.source,
+                        self.chunk_bytes, self.root)
+        return ref._bound(reader)
+
+    def _session(self) -> ReadSession:
+        if self._reader is not None:
+            return _session_of(self._reader)
+        run_id = self.record.record_set.run_id
+        key = (self.root, run_id)
+        with _auto_lock:
+            store = _auto_stores.get(key)
+            if store is None:
+                from .fs import PosixFS
+                from .store import SharedFilesystemStore
+
+                if not self.root or not PosixFS().exists(os.path.join(self.root, "POOL")):
+                    raise InvalidReference(
+                        f"tensor {self.name!r}: no pool at {self.root!r} on this machine; "
+                        "bind the reference to a store with ref.using(store)")
+                store = SharedFilesystemStore(self.root, run_id)
+                _auto_stores[key] = store
+        return _session_of(store)
+
+    # --- reading ------------------------------------------------------------------------
+    def _chunks(self, session: ReadSession) -> str:
+        """The authenticated chunk checksums, after checking the manifest agrees with
+        this reference."""
+        rs = self.record.record_set
+        manifest = session.manifest(rs)
+        i = self.record.index
+        if not 0 <= i < len(manifest.records) or manifest.record_refs[i] != self.record:
+            raise InvalidReference(f"tensor {self.name!r}: {self.record!r} is not a record of "
+                                   "its publication")
+        info: RecordInfo = manifest.records[i]
+        if info.codec != CODEC:
+            raise InvalidReference(f"record {info.record_id!r} has codec {info.codec!r}, not "
+                                   f"{CODEC}")
+        dtype, shape, source, chunk_bytes, chunks = _check_meta(
+            info.metadata, info.length, f"tensor {self.name!r}")
+        if (dtype, shape, source, chunk_bytes) != (self.dtype, self.shape, self.source,
+                                                   self.chunk_bytes):
+            raise InvalidReference(
+                f"tensor {self.name!r}: the reference says {self.dtype}{list(self.shape)}, "
+                f"the publication holds {dtype}{list(shape)} (edited or stale reference)")
+        return chunks
+
+    def _verify(self, data: memoryview, chunk: int, chunks: str) -> None:
+        got = xxhash.xxh3_128_hexdigest(data)
+        if got != chunks[chunk * _HEX:(chunk + 1) * _HEX]:
+            start = chunk * self.chunk_bytes
+            raise CorruptData(
+                f"tensor {self.name!r} (record {self.record.record_id!r} at "
+                f"{self.record.record_set.path} offset {self.record.offset}): chunk {chunk} "
+                f"(bytes {start}..{start + data.nbytes}) fails its checksum; the stored data "
+                "is damaged. Restore the pool from a replica or republish the tensor")
+
+    def _read_chunks(self, session: ReadSession, chunks: str, lo: int, hi: int,
+                     dst: memoryview, base: int) -> None:
+        """Read whole chunks [lo, hi) into ``dst`` (which starts at payload byte ``base``)
+        and verify each."""
+        c = self.chunk_bytes
+        per_read = max(1, _READ_BYTES // c)
+        n = self.record.length
+        k = lo
+        while k < hi:
+            k_end = min(hi, k + per_read)
+            start, stop = k * c, min(k_end * c, n)
+            view = dst[start - base:stop - base]
+            session.read_range(self.record, start, stop, into=view)
+            for j in range(k, k_end):
+                self._verify(view[(j - k) * c:min((j - k + 1) * c, stop - start)], j, chunks)
+            k = k_end
+
+    def _read_into(self, start: int, stop: int, dst: memoryview) -> None:
+        """Payload bytes [start, stop) into ``dst``, verifying every chunk touched."""
+        session = self._session()
+        chunks = self._chunks(session)
+        if stop <= start:
+            return
+        c = self.chunk_bytes
+        n = self.record.length
+        first, last = start // c, (stop - 1) // c  # chunks touched, inclusive
+        inner_lo = first if start == first * c else first + 1
+        inner_hi = last + 1 if stop == min((last + 1) * c, n) else last
+        for k in {first, last} - set(range(inner_lo, inner_hi)):  # partial chunks
+            cs, ce = k * c, min((k + 1) * c, n)
+            scratch = memoryview(np.empty(ce - cs, dtype=np.uint8)).cast("B")
+            session.read_range(self.record, cs, ce, into=scratch)
+            self._verify(scratch, k, chunks)
+            a, b = max(start, cs), min(stop, ce)
+            dst[a - start:b - start] = scratch[a - cs:b - cs]
+        if inner_hi <= inner_lo:
+            return
+        span = (inner_hi - inner_lo) * c
+        if span < _PARALLEL_MIN or _workers() < 2:
+            self._read_chunks(session, chunks, inner_lo, inner_hi, dst, start)
+            return
+        futures = [_executor().submit(self._read_chunks, session, chunks, lo, hi, dst, start)
+                   for lo, hi in _split(inner_lo, inner_hi, _workers())]
+        for f in futures:
+            f.result()
+
+    def _want_torch(self, framework: str | None) -> bool:
+        if framework not in (None, "torch", "numpy"):
+            raise ValueError(f"framework must be None, 'torch' or 'numpy', got {framework!r}")
+        if framework == "numpy":
+            return False
+        if framework == "torch":
+            if _torch() is None:
+                raise ImportError("framework='torch' needs torch, which is not importable")
+            return True
+        return self.source == "torch" and _torch() is not None
+
+    def _alloc(self, shape: tuple[int, ...], as_torch: bool, pin_memory: bool
+               ) -> tuple[Any, memoryview]:
+        """An uninitialised tensor/array of ``shape`` and its flat byte view."""
+        nbytes = math.prod(shape) * self.itemsize
+        if as_torch:
+            torch = _torch()
+            tdtype = getattr(torch, self.dtype)
+            if pin_memory and _can_pin(torch):
+                raw = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+                return raw.view(tdtype).reshape(shape), memoryview(raw.numpy()).cast("B")
+            buf = np.empty(nbytes, dtype=np.uint8)
+            return (torch.from_numpy(buf).view(tdtype).reshape(shape),
+                    memoryview(buf).cast("B"))
+        if pin_memory:
+            warnings.warn("pin_memory=True needs a torch result; a NumPy array is returned "
+                          "in ordinary memory", stacklevel=3)
+        buf = np.empty(nbytes, dtype=np.uint8)
+        return buf.view(_np_dtype(self.dtype)).reshape(shape), memoryview(buf).cast("B")
+
+    def _out_view(self, out: Any, shape: tuple[int, ...]) -> memoryview:
+        if _is_torch_tensor(out):
+            torch = sys.modules["torch"]
+            if (out.dtype != getattr(torch, self.dtype) or tuple(out.shape) != shape
+                    or out.device.type != "cpu" or not out.is_contiguous()):
+                raise ValueError(f"out must be a contiguous CPU torch.{self.dtype} tensor of "
+                                 f"shape {list(shape)}, got {out.dtype} {list(out.shape)} on "
+                                 f"{out.device}")
+            flat = out.reshape(-1).view(torch.uint8).numpy()
+        elif isinstance(out, np.ndarray):
+            if (out.dtype != _np_dtype(self.dtype) or out.shape != shape
+                    or not out.flags.c_contiguous or not out.flags.writeable):
+                raise ValueError(f"out must be a writable C-contiguous {_np_dtype(self.dtype)} "
+                                 f"array of shape {list(shape)}, got {out.dtype} "
+                                 f"{list(out.shape)}")
+            flat = out.reshape(-1).view(np.uint8)
+        else:
+            raise TypeError(f"out must be a torch tensor or NumPy array, got "
+                            f"{type(out).__name__}")
+        return memoryview(flat).cast("B")
+
+    def _materialise(self, row0: int, rows: int | None, *, pin_memory: bool, out: Any,
+                     framework: str | None) -> Any:
+        if rows is None:
+            shape, start, stop = self.shape, 0, self.nbytes
+        else:
+            row = math.prod(self.shape[1:]) * self.itemsize
+            shape, start, stop = (rows, *self.shape[1:]), row0 * row, (row0 + rows) * row
+        if out is not None:
+            view = self._out_view(out, shape)
+            self._read_into(start, stop, view)
+            return out
+        result, view = self._alloc(shape, self._want_torch(framework), pin_memory)
+        self._read_into(start, stop, view)
+        return result
+
+    def load(self, *, pin_memory: bool = False, out: Any = None,
+             framework: str | None = None, reader: Any = None) -> Any:
+        """The whole tensor, every chunk verified (see the module docstring for the type
+        returned, ``pin_memory`` and ``out``).  ``reader`` reads through another store or
+        session of the same run for this call."""
+        if reader is not None:
+            return self.using(reader).load(pin_memory=pin_memory, out=out,
+                                           framework=framework)
+        return self._materialise(0, None, pin_memory=pin_memory, out=out,
+                                 framework=framework)
+
+    def rows(self, start: int, stop: int, *, pin_memory: bool = False, out: Any = None,
+             framework: str | None = None) -> Any:
+        """Rows [start, stop) (Python slice rules), verifying only the chunks they touch;
+        the options of ``load``."""
+        return self._slice(slice(start, stop), pin_memory=pin_memory, out=out,
+                           framework=framework)
+
+    def _slice(self, key: slice, **kw: Any) -> Any:
+        if not self.shape:
+            raise TypeError(f"tensor {self.name!r} is 0-d (a scalar) and cannot be sliced; "
+                            "use load()")
+        if key.step not in (None, 1):
+            raise ValueError(f"tensor {self.name!r}: row slices must be contiguous (step 1), "
+                             f"got step {key.step!r}")
+        start, stop, _ = key.indices(self.shape[0])
+        return self._materialise(start, max(0, stop - start), **kw)
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, slice):
+            return self._slice(key, pin_memory=False, out=None, framework=None)
+        if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
+            if not self.shape:
+                raise TypeError(f"tensor {self.name!r} is 0-d (a scalar) and cannot be "
+                                "indexed; use load()")
+            i = int(key)
+            if not -self.shape[0] <= i < self.shape[0]:
+                raise IndexError(f"row {i} out of range for tensor {self.name!r} with "
+                                 f"{self.shape[0]} rows")
+            i %= self.shape[0]
+            return self._slice(slice(i, i + 1), pin_memory=False, out=None, framework=None)[0]
+        raise TypeError(f"tensor {self.name!r} supports row slices ref[a:b] and rows ref[i], "
+                        f"not {type(key).__name__} indices")
+
+    # --- sharing and new versions -------------------------------------------------------
+    def share(self, store: Any = None, *, submission_id: str | None = None
+              ) -> tuple[RecordSetRef, int]:
+        """``(publication, ordinal)``: the descriptor another publication or queue reuses
+        (as a dependency) without copying bytes.  The tensor already lives in its own
+        publication, so nothing is written (``submission_id`` is accepted for
+        straw-queue compatibility and not needed).  With ``store``, checks that it is of
+        the same run."""
+        del submission_id
+        if store is not None and getattr(store, "run_id", None) != self.publication.run_id:
+            raise InvalidReference(f"tensor {self.name!r} belongs to run "
+                                   f"{self.publication.run_id!r}; it can only be shared "
+                                   f"within that run, not with {store!r}")
+        return self.publication, self.ordinal
+
+    def updated(self, store: Any, values: Any, *, submission_id: str,
+                rows: Any = None) -> TensorRef:
+        """Copy-on-write: a new version of this tensor published by ``store`` (this one
+        stays untouched).  ``rows=None`` replaces the whole tensor with ``values`` (same
+        shape); otherwise ``loaded[rows] = values`` on a loaded copy."""
+        current = self.load()
+        if rows is None:
+            new = values
+            got = tuple(values.shape) if hasattr(values, "shape") else None
+            if got != self.shape:
+                raise ValueError(f"updated(): values of shape {got} for tensor {self.name!r} "
+                                 f"of shape {list(self.shape)}; pass rows= to update part")
+        else:
+            if _is_torch_tensor(current):
+                current[rows] = sys.modules["torch"].as_tensor(values, dtype=current.dtype)
+            else:
+                current[rows] = np.asarray(values)
+            new = current
+        return publish_tensors(store, {self.name: new}, submission_id=submission_id)[0]
+
+    # --- restoring ----------------------------------------------------------------------
+    @classmethod
+    def from_record_set_many(cls, store: Any, reference: RecordSetRef) -> dict[int, TensorRef]:
+        """Every tensor of a publication by ordinal (other records are left out), bound to
+        ``store``; reads only the manifest."""
+        manifest = _session_of(store).manifest(reference)
+        root = getattr(store, "root", "")
+        return {i: _from_parts(rref, info.record_id, info.metadata, root)._bound(store)
+                for i, (info, rref) in enumerate(zip(manifest.records, manifest.record_refs,
+                                                     strict=True))
+                if info.codec == CODEC}
+
+    @classmethod
+    def from_record_set(cls, store: Any, reference: RecordSetRef, ordinal: int = 0
+                        ) -> TensorRef:
+        """The tensor at ``ordinal`` of a publication."""
+        tensors = cls.from_record_set_many(store, reference)
+        if ordinal not in tensors:
+            raise InvalidReference(f"record {ordinal} of {reference!r} is not a tensor")
+        return tensors[ordinal]
+
+
+def _can_pin(torch: Any) -> bool:
+    try:
+        if torch.cuda.is_available():
+            return True
+        acc = getattr(torch, "accelerator", None)
+        if acc is not None and acc.is_available():
+            return True
+    except Exception:  # a broken driver setup: behave as if there were none
+        pass
+    warnings.warn("pin_memory=True but torch has no accelerator; returning ordinary "
+                  "(pageable) memory", stacklevel=5)
+    return False
+
+
+__all__ = ["CHUNK_BYTES", "DTYPES", "TensorRef", "chunk_checksums", "publish_tensors",
+           "release_tensor_publications", "tensor_record"]
