@@ -15,7 +15,8 @@ or by scanning a pack a crash left open, and seals such packs in the catalog (th
 incomplete batches were never acknowledged: their staging is dropped at once; complete but
 unacknowledged ones stay staged until a retry finds them and the caller releases them).
 A publish_many batch counts only when all its extents survived.  Packs left open by a
-killed predecessor may hold data that reached the page cache but was never synced: they are fsynced before their extents are trusted (D1).
+killed predecessor may hold data that reached the page cache but was never synced: they
+are fsynced before their extents are trusted (D1).
 """
 
 from __future__ import annotations
