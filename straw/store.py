@@ -101,11 +101,11 @@ class SharedFilesystemStore:
         self.root = os.path.abspath(os.fspath(root))
         self.segment_target_bytes = segment_target_bytes
         self.reserve_bytes = reserve_bytes
+        self._visibility = (visibility_retries, visibility_backoff)
         self._init_pool()
         self._session = ReadSession(self.fs, self.root, self.run_id, self.clock,
                                     visibility_retries=visibility_retries,
                                     visibility_backoff=visibility_backoff)
-        self._visibility = (visibility_retries, visibility_backoff)
         self._writer: WriterIncarnation | None = None
         self._write_lock = threading.Lock()
         self.catalog = Catalog(self.fs, self.root)
@@ -113,21 +113,46 @@ class SharedFilesystemStore:
 
     # --- pool ---------------------------------------------------------------------------
     def _init_pool(self) -> None:
+        """Create the pool marker once (exclusive create: never a rename over a name other
+        clients may have cached) and check its format.  Another client may be creating
+        it right now: an absent or empty marker is retried a bounded number of times."""
         marker = os.path.join(self.root, "POOL")
+        retries, delay = self._visibility
         try:
-            if not self.fs.exists(marker):
-                self.fs.makedirs_durable(self.root)
-                body = json.dumps({"format": "straw-pool", "version": POOL_FORMAT}).encode()
+            for _ in range(retries + 1):
                 try:
-                    self.fs.write_file_durable(marker, body)
-                except FileExistsError:
-                    pass
-            info = json.loads(self.fs.read_file(marker) or b"{}")
+                    data: bytes | None = self.fs.read_file(marker)
+                except FileNotFoundError:
+                    data = None
+                if data:
+                    break
+                if data is None:
+                    self.fs.makedirs_durable(self.root)
+                    try:
+                        fd = self.fs.open(marker, write=True, create=True, exclusive=True)
+                    except FileExistsError:
+                        pass  # another client is creating it
+                    else:
+                        try:
+                            body = json.dumps({"format": "straw-pool",
+                                               "version": POOL_FORMAT}).encode()
+                            self.fs.writev(fd, [body], 0)
+                            self.fs.fsync(fd)
+                        finally:
+                            self.fs.close(fd)
+                        self.fs.fsync_dir(self.root)
+                        continue
+                self.clock.sleep(delay)
+                delay = min(delay * 2, 1.0)
+            else:
+                raise StorageUnavailable(f"pool marker {marker} did not become readable")
+            info = json.loads(data)
         except OSError as e:
             raise storage_error(e, f"cannot open pool {self.root}") from e
         except ValueError:
             raise UnsupportedSchema(f"{marker} is not a straw pool marker") from None
-        if info.get("format") != "straw-pool" or not isinstance(info.get("version"), int):
+        if not isinstance(info, dict) or info.get("format") != "straw-pool" \
+                or not isinstance(info.get("version"), int):
             raise UnsupportedSchema(f"{marker} is not a straw pool marker: {info!r}")
         if info["version"] > POOL_FORMAT:
             raise UnsupportedSchema(
