@@ -21,6 +21,7 @@ lint:
 # store vs raw write+fsync, append+fsync latency and memcpy, interleaved (~15-30 s)
 bench *ARGS:
     {{python}} -m bench.bench {{ARGS}}
+    {{python}} -m bench.retention
 
 # the same store workloads against straw-queue 0.1.6, alternating the two (~30-60 s)
 bench-peer *ARGS:

@@ -68,3 +68,13 @@ def test_counting_fs_counts_calls_and_delegates(tmp_path):
         calls.get("fsync_dir", 0) >= 1
     assert fs.calls["open"] >= 1 and fs.calls["readinto"] >= 1
     assert fs.realpath(str(tmp_path)) == os.path.realpath(tmp_path)
+
+
+def test_retention_bench_quick_smoke(tmp_path):
+    out = tmp_path / "retention.json"
+    subprocess.run([sys.executable, "-m", "bench.retention", "--quick", "--dir", str(tmp_path),
+                    "--json", str(out)], check=True, cwd=REPO, capture_output=True, timeout=300)
+    res = json.loads(out.read_text())
+    for key in ("retain_median_ms", "release_median_ms", "collect_reclaiming_half_s",
+                "publish_with_vs_without_ratio"):
+        assert key in res
