@@ -20,6 +20,14 @@ Operations (the state they build is ``CatalogState``)::
                                           listed ones are not staged (recovery of a crash)
     retain   {owner, roots}               replaces the owner's root extents
     release  {owner}
+    adopt    {owner, epoch, add, replace, unstage}
+                                          a queue coordinator's update of its owner: add
+                                          roots (before journaling, D2), or replace them
+                                          all, and drop staging it took over.  Fenced:
+                                          applied only if ``epoch`` is at least the highest
+                                          epoch seen for that owner (D8), so a paused old
+                                          coordinator can never remove what a newer one
+                                          needs
     unstage  {extents}                    release_publications: staging dropped
     tombstone {paths}                     durable mark before unlink (D3)
     unlinked {paths}                      the files are gone
@@ -80,6 +88,7 @@ class CatalogState:
     packs: dict[str, PackInfo] = field(default_factory=dict)
     edges: dict[Extent, tuple[Extent, ...]] = field(default_factory=dict)
     owners: dict[str, frozenset[Extent]] = field(default_factory=dict)
+    owner_epochs: dict[str, int] = field(default_factory=dict)
 
     def apply(self, op: dict[str, Any]) -> None:
         kind = op["op"]
@@ -106,6 +115,18 @@ class CatalogState:
             self.owners[op["owner"]] = frozenset((p, o) for p, o in op["roots"])
         elif kind == "release":
             self.owners.pop(op["owner"], None)
+        elif kind == "adopt":
+            owner, epoch = op["owner"], op["epoch"]
+            if epoch < self.owner_epochs.get(owner, 0):
+                return  # a fenced (older) coordinator: ignored by every client alike
+            self.owner_epochs[owner] = epoch
+            if op.get("replace") is not None:
+                roots = frozenset((p, o) for p, o in op["replace"])
+            else:
+                roots = self.owners.get(owner, frozenset())
+            self.owners[owner] = roots | frozenset((p, o) for p, o in op.get("add", ()))
+            for p, o in op.get("unstage", ()):
+                self.packs.setdefault(p, PackInfo()).unstaged.add(o)
         elif kind == "unstage":
             for p, o in op["extents"]:
                 self.packs.setdefault(p, PackInfo()).unstaged.add(o)
@@ -326,6 +347,28 @@ class Catalog:
             if owner not in st.owners:
                 return False
             self.append([{"op": "release", "owner": owner}])
+            return True
+
+    def adopt(self, owner: str, epoch: int, *, add: Iterable[Extent] = (),
+              replace: Iterable[Extent] | None = None, unstage: Iterable[Extent] = ()) -> bool:
+        """A queue coordinator's fenced update of its owner (see ``adopt`` above).  Returns
+        False if a newer epoch already owns it (this coordinator is fenced)."""
+        add = sorted(set(add))
+        with self.locked() as st:
+            if epoch < st.owner_epochs.get(owner, 0):
+                return False
+            for p, o in add + (sorted(set(replace)) if replace is not None else []):
+                if st.is_tombstoned(p):
+                    raise InvalidReference(
+                        f"cannot adopt the extent at {p} offset {o} for {owner!r}: its pack was "
+                        "reclaimed (tombstoned)"
+                    )
+            op: dict[str, Any] = {"op": "adopt", "owner": owner, "epoch": epoch,
+                                  "add": [list(e) for e in add],
+                                  "unstage": [list(e) for e in sorted(set(unstage))]}
+            if replace is not None:
+                op["replace"] = [list(e) for e in sorted(set(replace))]
+            self.append([op])
             return True
 
     def unstage(self, extents: Iterable[Extent]) -> int:
