@@ -26,3 +26,11 @@ bench *ARGS:
 # the same store workloads against straw-queue 0.1.6, alternating the two (~30-60 s)
 bench-peer *ARGS:
     {{python}} -m bench.peer {{ARGS}}
+
+# Model-check spec/ at full bounds (safety + liveness) and require a counterexample for every mutant
+model:
+    {{python}} -m model.explore --config full --mutants --jobs 2
+
+# Check the CrossHair contracts on the spec's pure helpers (5 s per condition, about a minute)
+crosshair:
+    {{python}} -m crosshair check spec/helpers.py --per_condition_timeout=5

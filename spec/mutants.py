@@ -1,0 +1,76 @@
+"""Protocol switches: one boolean per deliberately broken variant (a *mutant*).
+
+Role: the spec's actions consult a `Mutants` value where the broken rule lives (one place per
+switch; `journal_before_retain` swaps two steps, so both read it). The default
+value `CORRECT` (every switch off) is the protocol straw implements. Turning one switch on breaks
+one obligation; the model checker must then find a counterexample (see `model/explore.py`).
+
+Each field's comment names the place in `spec/actions.py` that reads it and the invariant that
+should catch it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+
+@dataclass(frozen=True)
+class Mutants:
+    """One switch per mutant; all False is the correct protocol."""
+
+    # D1: publish replies with the reference before the data fsync (write_extent).
+    reply_before_fsync: bool = False
+    # D4: publish with dependencies does not require the dependencies to be protected.
+    dependency_not_protected: bool = False
+    # D4: retain/pin do not serialise with collection (the collector's lock is not honoured).
+    collect_without_lock: bool = False
+    # D4: the collector's reachability ignores dependency edges.
+    gc_ignores_dependencies: bool = False
+    # D3: the collector unlinks a planned pack without waiting for its durable tombstone.
+    unlink_before_tombstone: bool = False
+    # D3: a writer may append to (re-create) a pack path that carries a tombstone.
+    reclaimed_path_reused: bool = False
+    # D3: retain/pin accept a reference whose pack carries a tombstone (usable()).
+    retain_ignores_tombstone: bool = False
+    # L1: a collector only unlinks packs of its own plan, so an interrupted collection's
+    # tombstoned packs are never finished.
+    interrupted_collection_abandoned: bool = False
+    # D2: the coordinator journals a submission before retaining its input under the queue owner.
+    journal_before_retain: bool = False
+    # D2: the producer drops staging once the submission is sent, before the journal is durable.
+    staging_released_before_journal: bool = False
+    # D2: finishing a task removes its input from every owner, not just the queue's owner.
+    release_removes_shared_root: bool = False
+    # D5: lease expiry also drops the worker's read pin.
+    pin_dropped_on_expiry: bool = False
+    # R1: rewinding a consumer to a checkpoint does not re-adopt the checkpoint's roots.
+    checkpoint_rewind_without_readopt: bool = False
+    # Q3: completion does not compare the lease's epoch with the task's lease epoch.
+    stale_epoch_lease_accepted: bool = False
+    # Q3: completion does not check the abstract expiry flag.
+    expired_lease_commits: bool = False
+    # D7: a retried completion (same submission id) is committed again instead of answered
+    # with the original receipt.
+    retry_without_idempotency: bool = False
+    # D8: a resumed old coordinator does not check the durable epoch before acknowledging.
+    fencing_skipped: bool = False
+    # D9: a recovering coordinator serves before its new epoch is durable.
+    epoch_not_durable_before_service: bool = False
+    # Q2: acquire does not increment the attempt, so a re-lease has the old lease's identity.
+    lease_attempt_not_incremented: bool = False
+    # Q4: acquire orders by scheduling key then FIFO, ignoring priority.
+    order_ignores_priority: bool = False
+    # L2: expired leases are never requeued by the coordinator.
+    expired_task_never_requeued: bool = False
+
+
+CORRECT = Mutants()
+
+MUTANT_NAMES: tuple[str, ...] = tuple(f.name for f in fields(Mutants))
+
+
+def mutant(name: str) -> Mutants:
+    """The protocol with exactly the switch `name` turned on."""
+    if name not in MUTANT_NAMES:
+        raise ValueError(f"unknown mutant {name!r}; known: {', '.join(MUTANT_NAMES)}")
+    return replace(CORRECT, **{name: True})
