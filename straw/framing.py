@@ -5,7 +5,8 @@ Byte layout of one frame (all integers little-endian)::
     offset  size  field
     0       4     magic  b"STRW"
     4       2     format version (FORMAT_VERSION = 1)
-    6       2     kind   (PACK_HEADER=1, EXTENT=2, SEAL=3, LOG=4, CATALOG=5)
+    6       2     kind   (PACK_HEADER=1, EXTENT=2, SEAL=3, LOG=4, CATALOG=5,
+                         JOURNAL=6, SNAPSHOT=7)
     8       8     body length in bytes
     16      8     group start: file offset of the first frame of the durable write group
                   this frame belongs to (frames written together and covered by ONE sync
@@ -54,7 +55,10 @@ KIND_EXTENT = 2
 KIND_SEAL = 3
 KIND_LOG = 4  # one entry of a small append-only log (acknowledgement logs)
 KIND_CATALOG = 5  # one transaction of the ownership catalog
-KNOWN_KINDS = frozenset({KIND_PACK_HEADER, KIND_EXTENT, KIND_SEAL, KIND_LOG, KIND_CATALOG})
+KIND_JOURNAL = 6  # one record of a queue journal segment (straw.journal)
+KIND_SNAPSHOT = 7  # the single frame of a queue journal snapshot (straw.journal)
+KNOWN_KINDS = frozenset({KIND_PACK_HEADER, KIND_EXTENT, KIND_SEAL, KIND_LOG, KIND_CATALOG,
+                         KIND_JOURNAL, KIND_SNAPSHOT})
 
 
 class TornFrame(Exception):

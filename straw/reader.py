@@ -11,7 +11,9 @@ times, then raises ``StorageUnavailable``.
 A reference is followed only after ``check_pack_path`` accepted its shape and the
 resolved path (symlinks included) stayed inside the pool root.
 
-A session caches open files and checked manifests; it is not an ownership pin.
+A session caches open files and checked manifests; it is not an ownership pin.  (A pack
+reclaimed while a session holds it open may still read back, intact, through that handle:
+what guarantees a read is a durable owner or pin, never such luck.)
 """
 
 from __future__ import annotations

@@ -1,0 +1,1058 @@
+"""``Coordinator``: the single writer of one queue's journal.
+
+Layout under the pool root::
+
+    queues/<namespace>/<queue_id>/LOCK         flock while a coordinator serves; its text
+                                               names the holder (host, pid, since)
+    queues/<namespace>/<queue_id>/epochs/e-<n> one file per epoch, created exclusively
+    queues/<namespace>/<queue_id>/journal/     segments and snapshots (straw.journal)
+
+Every call follows the same path: check the arguments; adopt any data the transaction
+names under the queue's owner in the catalog (D2: retain before journal); then, under the
+coordinator's mutex, validate against the state, apply the transaction to the in-memory
+``QueueState`` and enqueue it in the journal; then wait, outside the mutex, until its
+group is durable (group commit: concurrent calls share one fsync) and reply.  An error
+before the enqueue leaves the journal unchanged.
+
+Exclusivity and fencing (D8).  A second coordinator fails at once naming the holder of
+``LOCK``.  ``recover=True`` opens an existing queue: it creates the next epoch file
+exclusively (durably) *before* reading the journal, then replays snapshot + suffix (D9),
+writes an epoch record revoking every older lease (durable before service), and replaces
+the queue owner's roots in the catalog under the new epoch.  After every journal sync the
+coordinator checks that no newer epoch file exists before it replies; an old coordinator
+that was paused and resumes therefore never acknowledges anything (its callers get
+``IndeterminateCommit``, later calls ``Fenced``), and its catalog updates carry its old
+epoch, which the catalog ignores.  ``takeover=True`` also lets ``recover`` proceed while a
+paused or partitioned holder still has the lock.
+
+Leases carry the epoch; deadlines are in memory (recovery revokes all leases anyway).
+Expired leases are journaled as ``expire`` when noticed (acquire, heartbeat, complete).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import threading
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import msgpack
+import xxhash
+
+from . import journal as journal_mod
+from .catalog import Extent
+from .clock import Clock
+from .errors import (
+    Fenced,
+    IdempotencyConflict,
+    IndeterminateCommit,
+    InvalidReference,
+    LeaseExpired,
+    ResourceLimitExceeded,
+    StaleAttempt,
+    StorageUnavailable,
+    UnsafeRecovery,
+)
+from .pack import storage_error
+from .queue_state import COMPLETED, LEASED, PENDING, TERMINAL, QueueState, RefTuple
+from .queue_types import (
+    INT64,
+    AcquireResult,
+    Assignment,
+    BatchInfo,
+    Commit,
+    CommitPage,
+    ConsumerState,
+    ConsumerToken,
+    Lease,
+    Limits,
+    ReadLease,
+    Receipt,
+    SubmitResult,
+    TaskSpec,
+    TaskStatus,
+)
+from .refs import NAME_RE, RecordSetRef, canonical_metadata
+from .store import SharedFilesystemStore
+
+_EPOCH_RE = re.compile(r"^e-([0-9]{6,})$")
+DEFAULT_CONSUMER = "training"
+
+
+def _ref_tuple(ref: RecordSetRef) -> RefTuple:
+    return (ref.path, ref.offset, ref.size, ref.checksum, ref.digest, ref.records)
+
+
+def _digest(value: Any) -> str:
+    return xxhash.xxh3_128_hexdigest(msgpack.packb(value, use_bin_type=True))
+
+
+class Coordinator:
+    """The coordinator of queue ``queue_id`` in ``namespace`` of ``store``'s pool."""
+
+    def __init__(
+        self,
+        store: SharedFilesystemStore,
+        *,
+        queue_id: str = "rollout",
+        namespace: str = "default",
+        recover: bool = False,
+        lease_seconds: float = 60.0,
+        clock: Clock | None = None,
+        limits: Limits | None = None,
+        takeover: bool = False,
+        consumer_id: str = DEFAULT_CONSUMER,
+        snapshot_every: int = 20_000,
+        segment_target_bytes: int = 64 << 20,
+    ) -> None:
+        if not isinstance(store, SharedFilesystemStore):
+            raise TypeError(f"store must be a SharedFilesystemStore, got {type(store).__name__}")
+        for name, value in (("queue_id", queue_id), ("namespace", namespace)):
+            if not isinstance(value, str) or not NAME_RE.match(value):
+                raise ValueError(f"{name} {value!r} must be 1-128 letters, digits, '.', '_' "
+                                 "or '-'")
+        if not lease_seconds > 0:
+            raise ValueError(f"lease_seconds must be positive, got {lease_seconds!r}")
+        self.store = store
+        self.fs = store.fs
+        self.queue_id = queue_id
+        self.namespace = namespace
+        self.owner = f"queue:{namespace}/{queue_id}"
+        self.lease_seconds = float(lease_seconds)
+        self.clock = clock or store.clock
+        self.limits = limits or Limits()
+        self.consumer_id = consumer_id
+        self.snapshot_every = snapshot_every
+        self.dir = os.path.join(store.root, "queues", namespace, queue_id)
+        self.epochs_dir = os.path.join(self.dir, "epochs")
+        self.journal_dir = os.path.join(self.dir, "journal")
+        self._mutex = threading.RLock()
+        self._deadlines: dict[str, float] = {}
+        self._rooted: set[Extent] = set()
+        self._adding: Counter[Extent] = Counter()
+        self._unstage: set[Extent] = set()
+        self._broken: BaseException | None = None
+        self._closed = False
+        self._last_seq = 0
+        self._seq_commits: dict[int, int] = {}
+        self._durable_commits = 0
+        self._since_snapshot = 0
+        self.snapshot_failures = 0
+        try:
+            self.fs.makedirs_durable(self.epochs_dir)
+            self.fs.makedirs_durable(self.journal_dir)
+        except OSError as e:
+            raise storage_error(e, f"cannot create queue directory {self.dir}") from e
+        self._lock_fd = self._take_lock(recover=recover, takeover=takeover)
+        try:
+            self._open(recover)
+        except BaseException:
+            self._release_lock()
+            raise
+
+    # --- exclusivity, epochs, recovery (D8, D9) ------------------------------------------
+    def _take_lock(self, *, recover: bool, takeover: bool) -> int | None:
+        path = os.path.join(self.dir, "LOCK")
+        fd = self.fs.open(path, write=True, create=True)
+        if self.fs.lock(fd, blocking=False):
+            info = json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+                               "since": self.clock.now()}).encode()
+            self.fs.truncate(fd, 0)
+            self.fs.writev(fd, [info], 0)
+            return fd
+        holder = self._holder(fd)
+        self.fs.close(fd)
+        if recover and takeover:
+            return None  # the holder is paused or partitioned: fencing protects us
+        raise UnsafeRecovery(
+            f"queue {self.namespace}/{self.queue_id} is served by {holder}. Use that "
+            "coordinator; or, if it is paused or partitioned and must be replaced, open with "
+            "recover=True, takeover=True (it will be fenced)"
+        )
+
+    def _holder(self, fd: int) -> str:
+        try:
+            buf = bytearray(self.fs.fstat(fd).size)
+            self.fs.readinto(fd, buf, 0)
+            info = json.loads(bytes(buf) or b"{}")
+            return f"host {info.get('host')} pid {info.get('pid')} since {info.get('since')}"
+        except (OSError, ValueError):
+            return "an unknown holder"
+
+    def _release_lock(self) -> None:
+        if self._lock_fd is not None:
+            try:
+                self.fs.unlock(self._lock_fd)
+                self.fs.close(self._lock_fd)
+            except OSError:
+                pass
+            self._lock_fd = None
+
+    def _epoch_path(self, epoch: int) -> str:
+        return os.path.join(self.epochs_dir, f"e-{epoch:06d}")
+
+    def _open(self, recover: bool) -> None:
+        existing = [int(m.group(1)) for n in self.fs.listdir(self.epochs_dir)
+                    if (m := _EPOCH_RE.match(n))]
+        if existing and not recover:
+            raise UnsafeRecovery(
+                f"queue {self.namespace}/{self.queue_id} already exists (epoch "
+                f"{max(existing)}). Make sure its coordinator is stopped, then open it with "
+                "recover=True"
+            )
+        self.epoch = (max(existing) if existing else 0) + 1
+        try:
+            fd = self.fs.open(self._epoch_path(self.epoch), write=True, create=True,
+                              exclusive=True)
+            self.fs.fsync(fd)
+            self.fs.close(fd)
+            self.fs.fsync_dir(self.epochs_dir)  # D8: the new epoch is durable first
+        except FileExistsError:
+            raise UnsafeRecovery(
+                f"another coordinator of {self.namespace}/{self.queue_id} took epoch "
+                f"{self.epoch} at the same time; only one may recover"
+            ) from None
+        recovered = journal_mod.recover(self.fs, self.journal_dir)
+        if recovered.snapshot is not None:
+            self.state = QueueState.from_snapshot(msgpack.unpackb(recovered.snapshot,
+                                                                  raw=False))
+        else:
+            self.state = QueueState()
+        for txn in recovered.transactions:
+            self.state.apply(msgpack.unpackb(txn, raw=False))
+        self.recovery_stats = dict(recovered.stats)
+        self.journal = journal_mod.Journal(
+            self.fs, self.journal_dir, epoch=self.epoch, recovered=recovered,
+            clock=self.clock, fence=self._fence_check,
+        )
+        # D9: revoke older leases, durably, before serving anyone
+        self._commit_now({"t": "epoch", "epoch": self.epoch})
+        self._durable_commits = len(self.state.commits)
+        # the queue owner's roots: exactly what the recovered state needs, under our epoch
+        live = self._live_extents()
+        if not self.store.catalog.adopt(self.owner, self.epoch, replace=live):
+            raise Fenced(f"queue {self.owner} was taken over by a newer coordinator")
+        self._rooted = set(live)
+        self._retired = self.state.retirement_cursor(self.consumer_id)
+
+    def _fence_check(self) -> None:
+        """Raise ``Fenced`` if a newer epoch exists (checked after every sync, before any
+        reply: an old coordinator that resumes acknowledges nothing)."""
+        # open, not stat: a lookup through open is never served from an attribute cache
+        try:
+            fd = self.fs.open(self._epoch_path(self.epoch + 1))
+        except FileNotFoundError:
+            return
+        self.fs.close(fd)
+        raise Fenced(f"queue {self.owner}: epoch {self.epoch + 1} exists; coordinator "
+                     f"epoch {self.epoch} is fenced")
+
+    # --- the commit path ----------------------------------------------------------------
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise ValueError(f"coordinator of {self.owner} is closed")
+        if self._broken is not None:
+            raise Fenced(f"coordinator of {self.owner} (epoch {self.epoch}) stopped after "
+                         f"{self._broken!r}; open a new one with recover=True")
+
+    def _adopt(self, extents: Iterable[Extent]) -> list[Extent]:
+        """D2: retain data under the queue owner before any transaction naming it is
+        journaled.  Returns the extents this call registered as in flight (release them
+        with ``_done_adopting``)."""
+        todo = list(dict.fromkeys(extents))
+        with self._mutex:
+            self._check_usable()
+            for e in todo:
+                self._adding[e] += 1
+            new = [e for e in todo if e not in self._rooted]
+        if new:
+            try:
+                ok = self.store.catalog.adopt(self.owner, self.epoch, add=new)
+            except BaseException:
+                self._done_adopting(todo)
+                raise
+            if not ok:
+                self._done_adopting(todo)
+                self._fail(Fenced(f"queue {self.owner}: a newer coordinator owns it"))
+            with self._mutex:
+                self._rooted.update(new)
+        return todo
+
+    def _done_adopting(self, extents: Iterable[Extent]) -> None:
+        with self._mutex:
+            for e in extents:
+                self._adding[e] -= 1
+                if self._adding[e] <= 0:
+                    del self._adding[e]
+
+    def _enqueue(self, txn: dict[str, Any]) -> int:
+        """Apply and enqueue (call with the mutex held): journal order = apply order."""
+        self.state.apply(txn)
+        seq = self.journal.enqueue(msgpack.packb(txn, use_bin_type=True))
+        self._last_seq = seq
+        self._seq_commits[seq] = len(self.state.commits)
+        self._since_snapshot += 1
+        return seq
+
+    def _wait(self, seq: int, adopted: Iterable[Extent] = ()) -> None:
+        try:
+            self.journal.wait(seq)
+        except BaseException as e:
+            self._fail(e)
+        with self._mutex:
+            done = [s for s in self._seq_commits if s <= seq]
+            for s in done:
+                self._durable_commits = max(self._durable_commits, self._seq_commits.pop(s))
+            # staging of data the queue adopted can go once the entry is durable (D2)
+            self._unstage.update(adopted)
+            snap = self._since_snapshot >= self.snapshot_every
+        if snap:
+            # this caller's transaction is already durable: a failed snapshot must not be
+            # reported as its failure (the journal stays usable; a later one retries)
+            try:
+                self.snapshot()
+            except Fenced:
+                raise
+            except Exception:  # noqa: BLE001 - counted, retried at the next threshold
+                self.snapshot_failures += 1
+
+    def _fail(self, exc: BaseException) -> None:
+        with self._mutex:
+            if self._broken is None:
+                self._broken = exc
+        if isinstance(exc, (IndeterminateCommit, Fenced)):
+            raise exc
+        raise IndeterminateCommit(
+            f"queue {self.owner}: the transaction may or may not be durable ({exc!r}); "
+            "recover the queue and look the request up before retrying"
+        ) from exc
+
+    def _commit_now(self, txn: dict[str, Any]) -> None:
+        with self._mutex:
+            seq = self._enqueue(txn)
+        self._wait(seq)
+
+    def snapshot(self) -> None:
+        """Write a snapshot now (recovery then reads it plus a short journal suffix)."""
+        with self._mutex:
+            self._check_usable()
+            state = msgpack.packb(self.state.to_snapshot(), use_bin_type=True)
+            self.journal.snapshot(state)
+            self._since_snapshot = 0
+
+    # --- validation helpers -------------------------------------------------------------
+    def _check_ref(self, ref: object, where: str) -> RecordSetRef:
+        if not isinstance(ref, RecordSetRef):
+            raise TypeError(f"{where} must be a RecordSetRef, got {type(ref).__name__}")
+        ref.check()
+        if ref.run_id != self.store.run_id:
+            raise InvalidReference(f"{where} belongs to run {ref.run_id!r}, the queue's store "
+                                   f"is run {self.store.run_id!r}")
+        return ref
+
+    def _meta(self, metadata: object, where: str) -> Any:
+        text = canonical_metadata(metadata, where)
+        if len(text) > self.limits.max_metadata_bytes:
+            raise ResourceLimitExceeded(
+                f"{where}.metadata is {len(text)} bytes; the limit is "
+                f"{self.limits.max_metadata_bytes} (Limits.max_metadata_bytes)")
+        return json.loads(text)
+
+    def _task(self, task_id: object) -> Any:
+        if not isinstance(task_id, str):
+            raise TypeError(f"task_id must be a str, got {type(task_id).__name__}")
+        task = self.state.tasks.get(task_id)
+        if task is None:
+            raise ValueError(f"queue {self.owner}: unknown task id {task_id!r}")
+        return task
+
+    def _check_lease(self, lease: object, *, allow_expired: bool = False) -> Any:
+        """The task of a current lease (mutex held); StaleAttempt/LeaseExpired otherwise."""
+        if not isinstance(lease, Lease):
+            raise TypeError(f"expected a Lease, got {type(lease).__name__}")
+        if lease.queue_id != self.queue_id:
+            raise ValueError(f"lease of queue {lease.queue_id!r} given to queue "
+                             f"{self.queue_id!r}")
+        if lease.epoch != self.epoch:
+            raise StaleAttempt(
+                f"lease of task {lease.task_id!r} attempt {lease.attempt} was granted by "
+                f"coordinator epoch {lease.epoch}; the queue is at epoch {self.epoch}. Drop "
+                "the work; the task was returned to the queue")
+        task = self._task(lease.task_id)
+        if task.status != LEASED or task.lease is None or task.lease[0] != lease.attempt \
+                or task.lease[1] != lease.worker_id:
+            raise StaleAttempt(
+                f"task {lease.task_id!r} attempt {lease.attempt} is no longer leased to "
+                f"{lease.worker_id!r} (status {task.status}, attempt {task.attempt})")
+        if not allow_expired and self.clock.now() > self._deadlines.get(lease.task_id, 0.0):
+            # journaled as an expiry by the next acquire; the right to commit ends now
+            raise LeaseExpired(
+                f"lease of task {lease.task_id!r} attempt {lease.attempt} expired; renew "
+                "leases with heartbeat before their deadline")
+        return task
+
+    def _expire_locked(self, task: Any) -> int:
+        self._deadlines.pop(task.task_id, None)
+        return self._enqueue({"t": "expire", "task": task.task_id, "attempt": task.attempt})
+
+    def _expire_due(self) -> int | None:
+        """Journal the expiry of every lease past its deadline (mutex held)."""
+        now = self.clock.now()
+        seq = None
+        for tid, deadline in list(self._deadlines.items()):
+            if deadline < now:
+                task = self.state.tasks[tid]
+                if task.status == LEASED:
+                    seq = self._expire_locked(task)
+                else:
+                    del self._deadlines[tid]
+        return seq
+
+    def _lease_of(self, task: Any) -> Lease:
+        attempt, worker, epoch = task.lease
+        return Lease(self.queue_id, task.task_id, attempt, worker, epoch,
+                     self._deadlines.get(task.task_id, 0.0))
+
+    def _spec_of(self, task: Any) -> TaskSpec:
+        return TaskSpec(task.task_id, self._to_ref(task.input), task.metadata, task.priority,
+                        task.key, task.max_attempts, task.control)
+
+    def _to_ref(self, t: RefTuple | None) -> RecordSetRef | None:
+        if t is None:
+            return None
+        return RecordSetRef(self.store.run_id, *t)
+
+    # --- tasks --------------------------------------------------------------------------
+    def submit_tasks(self, request_id: str, tasks: Sequence[TaskSpec], *,
+                     producer_id: str | None = None,
+                     producer_state: Mapping[str, Any] | None = None) -> SubmitResult:
+        """Submit tasks atomically.  A retry with the same ``request_id`` and content
+        returns the original result; different content raises ``IdempotencyConflict``.
+        ``producer_state`` (small JSON) is saved in the same transaction."""
+        _check_id("request_id", request_id)
+        if isinstance(tasks, TaskSpec) or not isinstance(tasks, Sequence):
+            raise TypeError("tasks must be a list of TaskSpec")
+        if len(tasks) > self.limits.max_tasks_per_request:
+            raise ResourceLimitExceeded(
+                f"{len(tasks)} tasks in one request; the limit is "
+                f"{self.limits.max_tasks_per_request} (Limits.max_tasks_per_request)")
+        rows = []
+        seen: set[str] = set()
+        for i, spec in enumerate(tasks):
+            w = f"tasks[{i}]"
+            if not isinstance(spec, TaskSpec):
+                raise TypeError(f"{w} must be a TaskSpec, got {type(spec).__name__}")
+            _check_id(f"{w}.task_id", spec.task_id)
+            if spec.task_id in seen:
+                raise ValueError(f"{w}.task_id {spec.task_id!r} appears twice in the request")
+            seen.add(spec.task_id)
+            inp = None if spec.input_ref is None else _ref_tuple(
+                self._check_ref(spec.input_ref, f"{w}.input_ref"))
+            for name in ("priority", "scheduling_key"):
+                _check_int64(f"{w}.{name}", getattr(spec, name))
+            if not isinstance(spec.max_attempts, int) or spec.max_attempts < 1:
+                raise ValueError(f"{w}.max_attempts must be a positive int")
+            if spec.control is not None and not isinstance(spec.control, str):
+                raise TypeError(f"{w}.control must be None or a str")
+            rows.append([spec.task_id, list(inp) if inp else None,
+                         self._meta(spec.metadata, w), spec.priority, spec.scheduling_key,
+                         spec.max_attempts, spec.control])
+        producer = None
+        if producer_id is not None:
+            _check_id("producer_id", producer_id)
+            producer = [producer_id, self._meta(producer_state or {}, "producer_state")]
+        digest = _digest([rows, producer])
+        with self._mutex:
+            self._check_usable()
+            known = self.state.requests.get(request_id)
+        if known is not None:
+            return self._replay_request(request_id, digest, known)
+        adopted = self._adopt([(r[1][0], r[1][1]) for r in rows if r[1]])
+        try:
+            with self._mutex:
+                self._check_usable()
+                known = self.state.requests.get(request_id)
+                if known is not None:
+                    return self._replay_request(request_id, digest, known)
+                if self.state.sealed:
+                    raise ValueError(f"queue {self.owner}: input is sealed; no more tasks")
+                for r in rows:
+                    if r[0] in self.state.tasks:
+                        raise ValueError(f"queue {self.owner}: task id {r[0]!r} already "
+                                         "exists (submitted by another request)")
+                if self.state.pending_count + len(rows) > self.limits.max_pending_tasks:
+                    raise ResourceLimitExceeded(
+                        f"queue {self.owner} holds {self.state.pending_count} pending tasks; "
+                        f"the limit is {self.limits.max_pending_tasks}")
+                seq = self._enqueue({"t": "submit", "req": request_id, "digest": digest,
+                                     "tasks": rows, "producer": producer})
+        finally:
+            self._done_adopting(adopted)
+        self._wait(seq, adopted)
+        return SubmitResult(request_id, tuple(r[0] for r in rows))
+
+    def _replay_request(self, request_id: str, digest: str,
+                        known: tuple[str, tuple[str, ...]]) -> SubmitResult:
+        if known[0] != digest:
+            raise IdempotencyConflict(
+                f"request_id {request_id!r} was already used for different tasks; use a new "
+                "request_id for new content")
+        self._wait(self._last_seq)  # the original may still be in flight
+        return SubmitResult(request_id, known[1])
+
+    def acquire(self, worker_id: str, max_tasks: int = 1, *, task_prefix: str | None = None,
+                task_ids: Sequence[str] | None = None,
+                control: str | None = None) -> AcquireResult:
+        """Lease up to ``max_tasks`` pending tasks in scheduling order."""
+        _check_id("worker_id", worker_id)
+        if not isinstance(max_tasks, int) or max_tasks < 1:
+            raise ValueError("max_tasks must be a positive int")
+        with self._mutex:
+            self._check_usable()
+            last = self._expire_due()
+            st = self.state
+            held = sum(1 for t in self._deadlines
+                       if (lease := st.tasks[t].lease) is not None and lease[1] == worker_id)
+            lagging = (self.limits.max_unconsumed_results is not None and
+                       len(st.commits) - st.retirement_cursor(self.consumer_id)
+                       >= self.limits.max_unconsumed_results)
+            if held >= self.limits.max_leases_per_worker or lagging:
+                status = "backpressured"
+                chosen = []
+            else:
+                chosen = self._choose(max_tasks, task_prefix, task_ids, control,
+                                      self.limits.max_leases_per_worker - held)
+                status = "acquired" if chosen else self._idle_status()
+            if chosen:
+                grants = [[t.task_id, t.attempt + 1] for t in chosen]
+                last = self._enqueue({"t": "lease", "epoch": self.epoch, "worker": worker_id,
+                                      "grants": grants})
+                deadline = self.clock.now() + self.lease_seconds
+                for t in chosen:
+                    self._deadlines[t.task_id] = deadline
+                out = tuple(Assignment(self._spec_of(t), self._lease_of(t)) for t in chosen)
+            else:
+                out = ()
+        if last is not None:
+            self._wait(last)
+        return AcquireResult(status, out)
+
+    def _choose(self, n: int, prefix: str | None, task_ids: Sequence[str] | None,
+                control: str | None, room: int) -> list[Any]:
+        n = min(n, room)
+        out: list[Any] = []
+        if task_ids is not None:
+            for tid in task_ids:
+                task = self._task(tid)
+                if task.status == PENDING and task.control == control and len(out) < n:
+                    out.append(task)
+            return out
+        taken: set[str] = set()
+        while len(out) < n:
+            task = self.state.next_pending(control, prefix, taken)
+            if task is None:
+                break
+            taken.add(task.task_id)
+            out.append(task)
+        return out
+
+    def _idle_status(self) -> str:
+        st = self.state
+        if not st.sealed:
+            return "empty"
+        if st.pending_count == 0 and st.leased_count == 0:
+            return "end_of_input"
+        return "draining"
+
+    def heartbeat(self, leases: Sequence[Lease]) -> list[Lease]:
+        """Renew leases; returns them with new deadlines.  ``StaleAttempt`` (or
+        ``LeaseExpired``) if any is no longer current — the others are renewed first."""
+        renewed, stale = [], []
+        with self._mutex:
+            self._check_usable()
+            for lease in leases:
+                try:
+                    task = self._check_lease(lease)
+                except StaleAttempt as e:
+                    stale.append(e)
+                    continue
+                self._deadlines[task.task_id] = self.clock.now() + self.lease_seconds
+                renewed.append(self._lease_of(task))
+        if stale:
+            raise stale[0]
+        return renewed
+
+    def complete_task(self, lease: Lease, *, submission_id: str, result_ref: RecordSetRef,
+                      result_digest: str | None = None) -> Receipt:
+        """Accept the result of a leased attempt, exactly once (receipt).  A retry with the
+        same ``submission_id`` and result returns the original receipt, even after the
+        lease ended; different content raises ``IdempotencyConflict``.  The result's
+        records must name the lease's task and attempt in their metadata
+        (``task_id``, ``attempt``)."""
+        _check_id("submission_id", submission_id)
+        ref = self._check_ref(result_ref, "result_ref")
+        if result_digest is not None and result_digest != ref.digest:
+            raise ValueError(f"result_digest {result_digest!r} differs from the reference's "
+                             f"digest {ref.digest!r}")
+        if not isinstance(lease, Lease):
+            raise TypeError(f"expected a Lease, got {type(lease).__name__}")
+        key = [lease.task_id, lease.attempt, list(_ref_tuple(ref))]
+        with self._mutex:
+            self._check_usable()
+            done = self._completed_receipt(submission_id, key)
+            if done is None:
+                self._check_lease(lease, allow_expired=True)
+        if done is not None:
+            self._wait(self._last_seq)
+            return done
+        self._check_result_names_attempt(ref, lease)
+        adopted = self._adopt([(ref.path, ref.offset)])
+        try:
+            with self._mutex:
+                self._check_usable()
+                done = self._completed_receipt(submission_id, key)
+                if done is None:
+                    task = self._check_lease(lease)
+                    seq = self._enqueue({"t": "complete", "task": task.task_id,
+                                         "attempt": lease.attempt, "sub": submission_id,
+                                         "result": list(_ref_tuple(ref)), "digest": ref.digest,
+                                         "epoch": self.epoch, "meta": None})
+                    self._deadlines.pop(task.task_id, None)
+                else:
+                    seq = self._last_seq
+        finally:
+            self._done_adopting(adopted)
+        self._wait(seq, adopted)
+        if done is not None:
+            return done
+        receipt = self._receipt(self.state.submissions[submission_id])
+        return receipt
+
+    def _completed_receipt(self, submission_id: str, key: list[Any]) -> Receipt | None:
+        pos = self.state.submissions.get(submission_id)
+        if pos is None:
+            return None
+        rec = self.state.commits[pos]
+        if [rec.task_id, rec.attempt, list(rec.result)] != key:
+            raise IdempotencyConflict(
+                f"submission_id {submission_id!r} already accepted task {rec.task_id!r} "
+                f"attempt {rec.attempt} with another result; use a new submission_id")
+        return self._receipt(pos)
+
+    def _receipt(self, pos: int) -> Receipt:
+        rec = self.state.commits[pos]
+        ref = self._to_ref(rec.result)
+        assert ref is not None
+        return Receipt(self.queue_id, rec.task_id, rec.attempt, rec.submission_id, pos,
+                       rec.epoch, ref)
+
+    def _check_result_names_attempt(self, ref: RecordSetRef, lease: Lease) -> None:
+        manifest = self.store.manifest(ref)
+        named = False
+        for info in manifest.records:
+            meta = info.metadata
+            if "task_id" in meta or "attempt" in meta:
+                if meta.get("task_id") != lease.task_id or meta.get("attempt") != lease.attempt:
+                    raise ValueError(
+                        f"result record {info.record_id!r} names task "
+                        f"{meta.get('task_id')!r} attempt {meta.get('attempt')!r}, but the "
+                        f"lease is task {lease.task_id!r} attempt {lease.attempt}")
+                named = True
+        if not named:
+            raise ValueError(
+                "the result's records must name the lease in their metadata: publish them "
+                f"with metadata={{'task_id': {lease.task_id!r}, 'attempt': {lease.attempt}}}")
+
+    def fail_task(self, lease: Lease, *, error: str | None = None,
+                  retry: bool = True) -> TaskStatus:
+        """The attempt failed: the task returns to the queue while its attempt budget
+        lasts (``retry=False`` fails it for good)."""
+        if error is not None and not isinstance(error, str):
+            raise TypeError("error must be a str")
+        with self._mutex:
+            self._check_usable()
+            task = self._check_lease(lease)
+            final = (not retry) or task.failures + 1 >= task.max_attempts
+            seq = self._enqueue({"t": "fail", "task": task.task_id, "attempt": lease.attempt,
+                                 "error": error, "final": final})
+            self._deadlines.pop(task.task_id, None)
+        self._wait(seq)
+        return self.task_status(lease.task_id)
+
+    def yield_tasks(self, updates: Sequence[Mapping[str, Any]], *,
+                    request_id: str) -> SubmitResult:
+        """Return leased tasks with continuation inputs, atomically for the batch, without
+        spending a retry.  Each update: ``lease``, ``input_ref``, and optionally
+        ``priority``, ``scheduling_key``, ``metadata``."""
+        _check_id("request_id", request_id)
+        rows = []
+        for i, u in enumerate(updates):
+            w = f"updates[{i}]"
+            if not isinstance(u, Mapping):
+                raise TypeError(f"{w} must be a dict")
+            lease = u.get("lease")
+            if not isinstance(lease, Lease):
+                raise TypeError(f"{w}['lease'] must be a Lease")
+            inp = u.get("input_ref")
+            ref = None if inp is None else self._check_ref(inp, f"{w}['input_ref']")
+            rows.append((lease, ref, u.get("priority"), u.get("scheduling_key"),
+                         u.get("metadata")))
+        digest = _digest([[r[0].task_id, r[0].attempt, list(_ref_tuple(r[1])) if r[1] else None,
+                           r[2], r[3], r[4]] for r in rows])
+        with self._mutex:
+            self._check_usable()
+            known = self.state.requests.get(request_id)
+        if known is not None:
+            return self._replay_request(request_id, digest, known)
+        adopted = self._adopt([(r[1].path, r[1].offset) for r in rows if r[1] is not None])
+        try:
+            with self._mutex:
+                self._check_usable()
+                txn_rows = []
+                for i, (lease, ref, prio, key, meta) in enumerate(rows):
+                    task = self._check_lease(lease)
+                    prio = task.priority if prio is None else prio
+                    key = task.key if key is None else key
+                    _check_int64(f"updates[{i}]['priority']", prio)
+                    _check_int64(f"updates[{i}]['scheduling_key']", key)
+                    meta = task.metadata if meta is None else self._meta(meta, f"updates[{i}]")
+                    new_input = list(_ref_tuple(ref)) if ref is not None else (
+                        list(task.input) if task.input else None)
+                    txn_rows.append([task.task_id, lease.attempt, new_input, prio, key, meta])
+                seq = self._enqueue({"t": "yield", "req": request_id, "digest": digest,
+                                     "updates": txn_rows})
+                for r in txn_rows:
+                    self._deadlines.pop(r[0], None)
+        finally:
+            self._done_adopting(adopted)
+        self._wait(seq, adopted)
+        return SubmitResult(request_id, tuple(r[0] for r in txn_rows))
+
+    def release_tasks(self, leases: Sequence[Lease]) -> None:
+        """Give leased tasks back unfinished, without spending a retry."""
+        with self._mutex:
+            self._check_usable()
+            rows = [[self._check_lease(lease, allow_expired=True).task_id, lease.attempt]
+                    for lease in leases]
+            if not rows:
+                return
+            seq = self._enqueue({"t": "release", "leases": rows})
+            for tid, _ in rows:
+                self._deadlines.pop(tid, None)
+        self._wait(seq)
+
+    def cancel_task(self, task_id: str) -> bool:
+        """Cancel a pending or leased task (its lease can no longer commit; a reader keeps
+        its protection, D5).  Returns False if the task was already terminal."""
+        with self._mutex:
+            self._check_usable()
+            task = self._task(task_id)
+            if task.status in TERMINAL:
+                return False
+            seq = self._enqueue({"t": "cancel", "task": task_id})
+            self._deadlines.pop(task_id, None)
+        self._wait(seq)
+        return True
+
+    def seal_input(self) -> None:
+        """No more submissions: ``acquire`` answers ``end_of_input`` once all are done."""
+        with self._mutex:
+            self._check_usable()
+            if self.state.sealed:
+                return
+            seq = self._enqueue({"t": "seal"})
+        self._wait(seq)
+
+    # --- reading ------------------------------------------------------------------------
+    def read_commits(self, cursor: int = 0, limit: int = 100) -> CommitPage:
+        """Accepted results from position ``cursor`` on (only durable ones)."""
+        if not isinstance(cursor, int) or cursor < 0:
+            raise ValueError("cursor must be a non-negative int")
+        if not isinstance(limit, int) or limit < 1:
+            raise ValueError("limit must be a positive int")
+        with self._mutex:
+            end = self._durable_commits
+            recs = self.state.commits[cursor:min(end, cursor + limit)]
+            out = []
+            for i, rec in enumerate(recs):
+                ref = self._to_ref(rec.result)
+                assert ref is not None
+                out.append(Commit(cursor + i, rec.task_id, rec.attempt, rec.submission_id,
+                                  ref, rec.metadata or {}))
+        return CommitPage(tuple(out), cursor + len(out), end)
+
+    def lookup_submission(self, submission_id: str) -> Receipt | None:
+        """The receipt of a completion by its submission id (after a lost reply)."""
+        _check_id("submission_id", submission_id)
+        with self._mutex:
+            pos = self.state.submissions.get(submission_id)
+            if pos is None or pos >= self._durable_commits:
+                return None
+            return self._receipt(pos)
+
+    def task_status(self, task_id: str) -> TaskStatus:
+        with self._mutex:
+            task = self._task(task_id)
+            return TaskStatus(task.task_id, task.status, task.attempt, task.failures,
+                              task.max_attempts,
+                              self._lease_of(task) if task.lease else None, task.position,
+                              self._to_ref(task.input), task.last_error)
+
+    def pending_tasks(self, limit: int | None = None) -> list[str]:
+        """Pending task ids in scheduling order."""
+        with self._mutex:
+            return self.state.pending_in_order(limit)
+
+    # --- readers (D5) -------------------------------------------------------------------
+    def outstanding_reads(self) -> list[ReadLease]:
+        with self._mutex:
+            out = []
+            for (w, t, a), ref in sorted(self.state.reads.items()):
+                r = self._to_ref(ref)
+                assert r is not None
+                out.append(ReadLease(w, t, a, r))
+            return out
+
+    def release_task_reads(self, task_id: str, attempt: int | None = None) -> int:
+        """A supervisor confirmed these readers finished: drop their protection."""
+        with self._mutex:
+            self._check_usable()
+            self._task(task_id)
+            n = sum(1 for k in self.state.reads if k[1] == task_id and
+                    (attempt is None or k[2] == attempt))
+            if not n:
+                return 0
+            seq = self._enqueue({"t": "reads", "task": task_id, "attempt": attempt})
+        self._wait(seq)
+        return n
+
+    def retire_worker(self, worker_id: str) -> int:
+        """The worker is confirmed dead or finished: drop all its read protections."""
+        _check_id("worker_id", worker_id)
+        with self._mutex:
+            self._check_usable()
+            n = sum(1 for k in self.state.reads if k[0] == worker_id)
+            if not n:
+                return 0
+            seq = self._enqueue({"t": "retire", "worker": worker_id})
+        self._wait(seq)
+        return n
+
+    # --- consumers ----------------------------------------------------------------------
+    def open_consumer(self, consumer_id: str = DEFAULT_CONSUMER) -> ConsumerToken:
+        """Open (or take over) a consumer: the new token makes older ones stale."""
+        _check_id("consumer_id", consumer_id)
+        with self._mutex:
+            self._check_usable()
+            c = self.state.consumers.get(consumer_id)
+            token = (c.token if c else 0) + 1
+            seq = self._enqueue({"t": "cons_open", "consumer": consumer_id, "token": token})
+        self._wait(seq)
+        return ConsumerToken(consumer_id, token)
+
+    def save_consumer_state(self, token: ConsumerToken, *, fetch_cursor: int,
+                            processed_cursor: int, state_ref: RecordSetRef | None = None,
+                            finished_batches: Sequence[str] = ()) -> ConsumerState:
+        """Durably record how far the consumer fetched and processed, and its state."""
+        if not isinstance(token, ConsumerToken):
+            raise TypeError(f"expected a ConsumerToken, got {type(token).__name__}")
+        ref = None if state_ref is None else self._check_ref(state_ref, "state_ref")
+        for name, v in (("fetch_cursor", fetch_cursor), ("processed_cursor", processed_cursor)):
+            if not isinstance(v, int) or v < 0:
+                raise ValueError(f"{name} must be a non-negative int")
+        if processed_cursor > fetch_cursor:
+            raise ValueError("processed_cursor cannot pass fetch_cursor")
+        adopted = self._adopt([(ref.path, ref.offset)] if ref else [])
+        try:
+            with self._mutex:
+                self._check_usable()
+                c = self.state.consumers.get(token.consumer_id)
+                if c is None or c.token != token.token:
+                    raise Fenced(f"consumer {token.consumer_id!r} token {token.token} is not "
+                                 "current (another open_consumer took over)")
+                if fetch_cursor > self._durable_commits:
+                    raise ValueError(f"fetch_cursor {fetch_cursor} is past the commit log "
+                                     f"({self._durable_commits} durable commits)")
+                floor = self._retired if token.consumer_id == self.consumer_id else 0
+                if processed_cursor < c.processed and processed_cursor < floor:
+                    raise ValueError(
+                        f"processed_cursor {processed_cursor} rewinds below retired history "
+                        f"({floor}); register a checkpoint to keep results for a rewind")
+                for b in finished_batches:
+                    if b not in self.state.batches:
+                        raise ValueError(f"unknown batch {b!r}")
+                seq = self._enqueue({"t": "cons_save", "consumer": token.consumer_id,
+                                     "token": token.token, "fetch": fetch_cursor,
+                                     "processed": processed_cursor,
+                                     "state": list(_ref_tuple(ref)) if ref else None,
+                                     "finished": list(finished_batches)})
+        finally:
+            self._done_adopting(adopted)
+        self._wait(seq, adopted)
+        state = self.load_consumer_state(token.consumer_id)
+        assert state is not None
+        return state
+
+    def load_consumer_state(self, consumer_id: str = DEFAULT_CONSUMER) -> ConsumerState | None:
+        with self._mutex:
+            c = self.state.consumers.get(consumer_id)
+            if c is None:
+                return None
+            return ConsumerState(consumer_id, c.token, c.fetch, c.processed,
+                                 self._to_ref(c.state), c.finished)
+
+    # --- batches and checkpoints --------------------------------------------------------
+    def plan_batch(self, batch_id: str, positions: Sequence[int]) -> BatchInfo:
+        _check_id("batch_id", batch_id)
+        pos = [int(p) for p in positions]
+        with self._mutex:
+            self._check_usable()
+            if batch_id in self.state.batches:
+                b = self.state.batches[batch_id]
+                if list(b.positions) != pos:
+                    raise IdempotencyConflict(f"batch {batch_id!r} was planned with other "
+                                              "positions")
+                return self.get_batch(batch_id)
+            if any(p < 0 or p >= self._durable_commits for p in pos):
+                raise ValueError(f"batch positions must be durable commits "
+                                 f"(0..{self._durable_commits - 1})")
+            open_batches = sum(1 for b in self.state.batches.values() if not b.finished)
+            if open_batches >= self.limits.max_ready_batches:
+                raise ResourceLimitExceeded(f"{open_batches} unfinished batches; the limit is "
+                                            f"{self.limits.max_ready_batches}")
+            seq = self._enqueue({"t": "batch_plan", "batch": batch_id, "positions": pos})
+        self._wait(seq)
+        return self.get_batch(batch_id)
+
+    def batch_ready(self, batch_id: str, batch_ref: RecordSetRef) -> BatchInfo:
+        ref = self._check_ref(batch_ref, "batch_ref")
+        with self._mutex:
+            b = self.state.batches.get(batch_id)
+            if b is None:
+                raise ValueError(f"unknown batch {batch_id!r}; plan it first")
+            if b.ref is not None:
+                if b.ref != _ref_tuple(ref):
+                    raise IdempotencyConflict(f"batch {batch_id!r} is ready with another ref")
+                return self.get_batch(batch_id)
+        adopted = self._adopt([(ref.path, ref.offset)])
+        try:
+            with self._mutex:
+                self._check_usable()
+                seq = self._enqueue({"t": "batch_ready", "batch": batch_id,
+                                     "ref": list(_ref_tuple(ref))})
+        finally:
+            self._done_adopting(adopted)
+        self._wait(seq, adopted)
+        return self.get_batch(batch_id)
+
+    def get_batch(self, batch_id: str) -> BatchInfo:
+        with self._mutex:
+            b = self.state.batches.get(batch_id)
+            if b is None:
+                raise ValueError(f"unknown batch {batch_id!r}")
+            return BatchInfo(batch_id, b.positions, self._to_ref(b.ref), b.ref is not None,
+                             b.finished)
+
+    def register_checkpoint(self, checkpoint_id: str, ref: RecordSetRef | None = None, *,
+                            cursor: int) -> None:
+        """Keep ``ref`` and every result from commit ``cursor`` on until released (a
+        consumer may rewind to ``cursor`` when it restores this checkpoint).  Registering
+        the same id again replaces it (retain the new one before the old goes)."""
+        _check_id("checkpoint_id", checkpoint_id)
+        r = None if ref is None else self._check_ref(ref, "ref")
+        adopted = self._adopt([(r.path, r.offset)] if r else [])
+        try:
+            with self._mutex:
+                self._check_usable()
+                floor = self._retired  # results below it are no longer retained
+                if not isinstance(cursor, int) or cursor < 0 or cursor > self._durable_commits:
+                    raise ValueError("cursor must be a durable commit position")
+                if cursor < floor:
+                    raise InvalidReference(
+                        f"checkpoint cursor {cursor} is below retired history ({floor}): those "
+                        "results may already be reclaimed")
+                seq = self._enqueue({"t": "ckpt", "id": checkpoint_id,
+                                     "ref": list(_ref_tuple(r)) if r else None,
+                                     "cursor": cursor})
+        finally:
+            self._done_adopting(adopted)
+        self._wait(seq, adopted)
+
+    def release_checkpoint(self, checkpoint_id: str) -> bool:
+        with self._mutex:
+            self._check_usable()
+            if checkpoint_id not in self.state.checkpoints:
+                return False
+            seq = self._enqueue({"t": "ckpt_release", "id": checkpoint_id})
+        self._wait(seq)
+        return True
+
+    # --- garbage, metrics, close --------------------------------------------------------
+    def _live_extents(self) -> set[Extent]:
+        return {(r[0], r[1]) for r in self.state.live_refs(self.consumer_id)}
+
+    def collect_garbage(self) -> dict[str, Any]:
+        """Retire the roots of acknowledged history (results processed by the consumer and
+        not kept by a checkpoint, inputs of finished tasks without readers), drop the
+        staging of adopted data, then collect the pool."""
+        with self._mutex:
+            self._check_usable()
+            live = self._live_extents() | set(self._adding)
+            unstage = set(self._unstage)
+            # the mutex is held across the catalog update so no adoption interleaves
+            if not self.store.catalog.adopt(self.owner, self.epoch, replace=live,
+                                            unstage=unstage):
+                self._fail(Fenced(f"queue {self.owner}: a newer coordinator owns it"))
+            self._rooted = live
+            self._unstage -= unstage
+            self._retired = self.state.retirement_cursor(self.consumer_id)
+        return self.store.collect_garbage()
+
+    def metrics(self) -> dict[str, Any]:
+        with self._mutex:
+            st = self.state
+            counts = Counter(t.status for t in st.tasks.values())
+            return {
+                "queue": self.owner, "epoch": self.epoch,
+                "pending": st.pending_count, "leased": st.leased_count,
+                "completed": counts.get(COMPLETED, 0), "failed": counts.get("failed", 0),
+                "cancelled": counts.get("cancelled", 0), "commits": len(st.commits),
+                "durable_commits": self._durable_commits, "outstanding_reads": len(st.reads),
+                "sealed": st.sealed, "journal": self.journal.metrics(),
+                "recovery": self.recovery_stats,
+            }
+
+    def close(self) -> None:
+        """Stop serving (leases stay until a recovery revokes them).  Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.journal.close()
+        finally:
+            self._release_lock()
+
+    def __enter__(self) -> Coordinator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _check_id(name: str, value: object) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, got {type(value).__name__}")
+    if not value or len(value) > 1024:
+        raise ValueError(f"{name} must be a non-empty str of at most 1024 characters")
+
+
+def _check_int64(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not INT64[0] <= value <= INT64[1]:
+        raise ValueError(f"{name} must be a signed 64-bit int, got {value!r}")
+
+
+__all__ = ["Coordinator", "StorageUnavailable"]

@@ -1,0 +1,376 @@
+"""The queue's state machine: pure, deterministic, no I/O, no clock.
+
+Every change to a queue is a *transaction* (a small dict, msgpack-encoded into the
+journal).  ``QueueState.apply`` is the only way state changes — live, after the
+coordinator validated a call, and at recovery, replaying the journal after the snapshot —
+so live state and recovered state cannot drift apart.  The coordinator decides (checks
+leases, idempotency, limits, the clock); this module only records.
+
+Transactions (``t`` is the type)::
+
+    submit   req, digest, tasks[[id, input, meta, prio, key, max_att, control]], producer
+    lease    epoch, worker, grants[[task, attempt]]          (acquire; read roots begin)
+    complete task, attempt, sub, result, digest, meta        (commit log grows by one)
+    fail     task, attempt, error, final                     (attempt budget)
+    expire   task, attempt                                   (lease deadline passed)
+    yield    req, updates[[task, attempt, input, prio, key, meta]]
+    release  leases[[task, attempt]]                         (back, no budget spent)
+    cancel   task
+    seal
+    reads    task, attempt | None    /   retire  worker      (D5: only these end reads)
+    cons_open  consumer, token   /   cons_save consumer, token, fetch, processed, state,
+                                                   finished
+    batch_plan batch, positions  /   batch_ready batch, ref
+    ckpt     id, ref, cursor     /   ckpt_release id
+    epoch    epoch                                           (recovery: leases revoked)
+
+References are stored as tuples ``(path, offset, size, checksum, digest, records)``.
+
+Invariants upheld here (ids as in spec/SPEC.md): an accepted result is appended to the
+commit log exactly once per task (a task leaves ``leased`` on completion); a task has at
+most one lease; leases carry the epoch that granted them and an ``epoch`` record revokes
+every older one; scheduling order is priority desc, key asc, FIFO; read roots (D5) end only
+by ``reads``/``retire`` or the reader's own complete/fail/yield/release.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from typing import Any
+
+RefTuple = tuple[str, int, int, str, str, int]
+
+PENDING = "pending"
+LEASED = "leased"
+COMPLETED = "completed"
+FAILED = "failed"
+CANCELLED = "cancelled"
+TERMINAL = frozenset({COMPLETED, FAILED, CANCELLED})
+
+
+@dataclass
+class Task:
+    task_id: str
+    input: RefTuple | None
+    metadata: Any
+    priority: int
+    key: int
+    max_attempts: int
+    control: str | None
+    fifo: int
+    status: str = PENDING
+    attempt: int = 0  # leases granted so far (attempt numbers start at 1)
+    failures: int = 0  # fail_task and expiries: the attempt budget
+    lease: tuple[int, str, int] | None = None  # (attempt, worker, epoch)
+    position: int | None = None
+    last_error: str | None = None
+
+    def order(self) -> tuple[int, int, int]:
+        return (-self.priority, self.key, self.fifo)
+
+
+@dataclass
+class CommitRecord:
+    task_id: str
+    attempt: int
+    submission_id: str
+    result: RefTuple
+    digest: str
+    epoch: int
+    metadata: Any
+
+
+@dataclass
+class Consumer:
+    token: int = 0
+    fetch: int = 0
+    processed: int = 0
+    state: RefTuple | None = None
+    finished: tuple[str, ...] = ()
+
+
+@dataclass
+class Batch:
+    positions: tuple[int, ...]
+    ref: RefTuple | None = None
+    finished: bool = False
+
+
+@dataclass
+class QueueState:
+    epoch: int = 0
+    tasks: dict[str, Task] = field(default_factory=dict)
+    commits: list[CommitRecord] = field(default_factory=list)
+    submissions: dict[str, int] = field(default_factory=dict)  # completion id -> position
+    requests: dict[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
+    producers: dict[str, Any] = field(default_factory=dict)
+    reads: dict[tuple[str, str, int], RefTuple] = field(default_factory=dict)
+    consumers: dict[str, Consumer] = field(default_factory=dict)
+    batches: dict[str, Batch] = field(default_factory=dict)
+    checkpoints: dict[str, tuple[RefTuple | None, int]] = field(default_factory=dict)
+    sealed: bool = False
+    fifo: int = 0
+    pending_count: int = 0
+    leased_count: int = 0
+    # scheduling index per lane: heap of (order, task_id); stale entries skipped lazily
+    lanes: dict[str | None, list[tuple[tuple[int, int, int], str]]] = field(
+        default_factory=dict)
+
+    # --- scheduling ---------------------------------------------------------------------
+    def _make_pending(self, task: Task) -> None:
+        self.fifo += 1
+        task.fifo = self.fifo
+        task.status = PENDING
+        task.lease = None
+        self.pending_count += 1
+        heapq.heappush(self.lanes.setdefault(task.control, []), (task.order(), task.task_id))
+
+    def _leave(self, task: Task) -> None:
+        """Bookkeeping when a task leaves its current status."""
+        if task.status == PENDING:
+            self.pending_count -= 1
+        elif task.status == LEASED:
+            self.leased_count -= 1
+
+    def _live_entry(self, entry: tuple[tuple[int, int, int], str]) -> bool:
+        task = self.tasks.get(entry[1])
+        return task is not None and task.status == PENDING and task.order() == entry[0]
+
+    def next_pending(self, control: str | None, prefix: str | None = None,
+                     exclude: set[str] | None = None) -> Task | None:
+        """The best pending task of a lane: O(log n) amortised (stale heap entries are
+        dropped as they surface); with a prefix, entries that do not match are skipped
+        and put back."""
+        heap = self.lanes.get(control)
+        if not heap:
+            return None
+        skipped = []
+        found = None
+        while heap:
+            entry = heap[0]
+            if not self._live_entry(entry):
+                heapq.heappop(heap)
+                continue
+            if (prefix is None or entry[1].startswith(prefix)) and \
+                    (exclude is None or entry[1] not in exclude):
+                found = self.tasks[entry[1]]
+                break
+            skipped.append(heapq.heappop(heap))
+        for entry in skipped:
+            heapq.heappush(heap, entry)
+        return found
+
+    def pending_in_order(self, limit: int | None = None) -> list[str]:
+        """Pending task ids in scheduling order across lanes (inspection only)."""
+        entries = sorted(e for heap in self.lanes.values() for e in heap if self._live_entry(e))
+        ids = [tid for _, tid in entries]
+        return ids if limit is None else ids[:limit]
+
+    # --- transactions -------------------------------------------------------------------
+    def apply(self, txn: dict[str, Any]) -> None:
+        getattr(self, "_t_" + txn["t"])(txn)
+
+    def _t_submit(self, txn: dict[str, Any]) -> None:
+        ids = []
+        for tid, inp, meta, prio, key, max_att, control in txn["tasks"]:
+            task = Task(tid, tuple(inp) if inp else None, meta, prio, key,  # type: ignore[arg-type]
+                        max_att, control, 0)
+            self.tasks[tid] = task
+            self._make_pending(task)
+            ids.append(tid)
+        self.requests[txn["req"]] = (txn["digest"], tuple(ids))
+        if txn.get("producer") is not None:
+            pid, state = txn["producer"]
+            self.producers[pid] = state
+
+    def _t_lease(self, txn: dict[str, Any]) -> None:
+        worker, epoch = txn["worker"], txn["epoch"]
+        for tid, attempt in txn["grants"]:
+            task = self.tasks[tid]
+            self._leave(task)
+            task.status = LEASED
+            task.attempt = attempt
+            task.lease = (attempt, worker, epoch)
+            self.leased_count += 1
+            if task.input is not None:
+                self.reads[(worker, tid, attempt)] = task.input
+
+    def _end_attempt(self, tid: str, attempt: int, *, reader_done: bool) -> Task:
+        task = self.tasks[tid]
+        if task.lease is not None and reader_done:
+            self.reads.pop((task.lease[1], tid, attempt), None)
+        self._leave(task)
+        task.lease = None
+        return task
+
+    def _t_complete(self, txn: dict[str, Any]) -> None:
+        task = self._end_attempt(txn["task"], txn["attempt"], reader_done=True)
+        task.status = COMPLETED
+        task.position = len(self.commits)
+        self.commits.append(CommitRecord(task.task_id, txn["attempt"], txn["sub"],
+                                         tuple(txn["result"]),  # type: ignore[arg-type]
+                                         txn["digest"], txn["epoch"], txn.get("meta")))
+        self.submissions[txn["sub"]] = task.position
+
+    def _t_fail(self, txn: dict[str, Any]) -> None:
+        task = self._end_attempt(txn["task"], txn["attempt"], reader_done=True)
+        task.failures += 1
+        task.last_error = txn.get("error")
+        if txn["final"]:
+            task.status = FAILED
+        else:
+            self._make_pending(task)
+
+    def _t_expire(self, txn: dict[str, Any]) -> None:
+        # the right to commit ends; the reader's protection does not (D5)
+        task = self._end_attempt(txn["task"], txn["attempt"], reader_done=False)
+        task.failures += 1
+        task.last_error = "lease expired"
+        if task.failures >= task.max_attempts:
+            task.status = FAILED
+        else:
+            self._make_pending(task)
+
+    def _t_yield(self, txn: dict[str, Any]) -> None:
+        for tid, attempt, inp, prio, key, meta in txn["updates"]:
+            task = self._end_attempt(tid, attempt, reader_done=True)
+            task.input = tuple(inp) if inp else None  # type: ignore[assignment]
+            task.priority, task.key, task.metadata = prio, key, meta
+            self._make_pending(task)
+        self.requests[txn["req"]] = (txn["digest"], tuple(u[0] for u in txn["updates"]))
+
+    def _t_release(self, txn: dict[str, Any]) -> None:
+        for tid, attempt in txn["leases"]:
+            self._make_pending(self._end_attempt(tid, attempt, reader_done=True))
+
+    def _t_cancel(self, txn: dict[str, Any]) -> None:
+        task = self.tasks[txn["task"]]
+        self._end_attempt(task.task_id, task.attempt, reader_done=False)
+        task.status = CANCELLED
+
+    def _t_seal(self, txn: dict[str, Any]) -> None:
+        self.sealed = True
+
+    def _t_reads(self, txn: dict[str, Any]) -> None:
+        for key in [k for k in self.reads if k[1] == txn["task"] and
+                    (txn["attempt"] is None or k[2] == txn["attempt"])]:
+            del self.reads[key]
+
+    def _t_retire(self, txn: dict[str, Any]) -> None:
+        for key in [k for k in self.reads if k[0] == txn["worker"]]:
+            del self.reads[key]
+
+    def _t_epoch(self, txn: dict[str, Any]) -> None:
+        """A new coordinator epoch: every lease of an older epoch is revoked (the task
+        returns to pending without spending its budget); read roots stay (D5, D9)."""
+        self.epoch = txn["epoch"]
+        for task in self.tasks.values():
+            if task.status == LEASED:
+                self._leave(task)
+                self._make_pending(task)
+
+    def _t_cons_open(self, txn: dict[str, Any]) -> None:
+        self.consumers.setdefault(txn["consumer"], Consumer()).token = txn["token"]
+
+    def _t_cons_save(self, txn: dict[str, Any]) -> None:
+        c = self.consumers[txn["consumer"]]
+        c.fetch, c.processed = txn["fetch"], txn["processed"]
+        c.state = tuple(txn["state"]) if txn["state"] else None  # type: ignore[assignment]
+        c.finished = tuple(txn["finished"])
+        for b in c.finished:
+            if b in self.batches:
+                self.batches[b].finished = True
+
+    def _t_batch_plan(self, txn: dict[str, Any]) -> None:
+        self.batches[txn["batch"]] = Batch(tuple(txn["positions"]))
+
+    def _t_batch_ready(self, txn: dict[str, Any]) -> None:
+        self.batches[txn["batch"]].ref = tuple(txn["ref"])  # type: ignore[assignment]
+
+    def _t_ckpt(self, txn: dict[str, Any]) -> None:
+        self.checkpoints[txn["id"]] = (tuple(txn["ref"]) if txn["ref"] else None,  # type: ignore[assignment]
+                                       txn["cursor"])
+
+    def _t_ckpt_release(self, txn: dict[str, Any]) -> None:
+        self.checkpoints.pop(txn["id"], None)
+
+    # --- what the queue must keep (its owner's roots, D2/D5) ------------------------------
+    def retirement_cursor(self, consumer: str) -> int:
+        """Commits below this position are no longer needed: processed by the designated
+        consumer and not protected by a checkpoint."""
+        c = self.consumers.get(consumer)
+        cursor = c.processed if c else 0
+        for _, ck_cursor in self.checkpoints.values():
+            cursor = min(cursor, ck_cursor)
+        return cursor
+
+    def live_refs(self, consumer: str) -> set[RefTuple]:
+        refs: set[RefTuple] = set()
+        for task in self.tasks.values():
+            if task.status not in TERMINAL and task.input is not None:
+                refs.add(task.input)
+        refs.update(self.reads.values())
+        for rec in self.commits[self.retirement_cursor(consumer):]:
+            refs.add(rec.result)
+        for c in self.consumers.values():
+            if c.state is not None:
+                refs.add(c.state)
+        for b in self.batches.values():
+            if b.ref is not None and not b.finished:
+                refs.add(b.ref)
+        for ref, _ in self.checkpoints.values():
+            if ref is not None:
+                refs.add(ref)
+        return refs
+
+    # --- snapshots ------------------------------------------------------------------------
+    def to_snapshot(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch, "fifo": self.fifo, "sealed": self.sealed,
+            "tasks": [[t.task_id, t.input, t.metadata, t.priority, t.key, t.max_attempts,
+                       t.control, t.fifo, t.status, t.attempt, t.failures, t.lease,
+                       t.position, t.last_error] for t in self.tasks.values()],
+            "commits": [[c.task_id, c.attempt, c.submission_id, c.result, c.digest, c.epoch,
+                         c.metadata] for c in self.commits],
+            "requests": [[k, d, list(ids)] for k, (d, ids) in self.requests.items()],
+            "producers": self.producers,
+            "reads": [[w, t, a, r] for (w, t, a), r in self.reads.items()],
+            "consumers": [[k, c.token, c.fetch, c.processed, c.state, list(c.finished)]
+                          for k, c in self.consumers.items()],
+            "batches": [[k, list(b.positions), b.ref, b.finished]
+                        for k, b in self.batches.items()],
+            "checkpoints": [[k, r, cur] for k, (r, cur) in self.checkpoints.items()],
+        }
+
+    @classmethod
+    def from_snapshot(cls, snap: dict[str, Any]) -> QueueState:
+        st = cls(epoch=snap["epoch"], fifo=snap["fifo"], sealed=snap["sealed"])
+        for (tid, inp, meta, prio, key, max_att, control, fifo, status, attempt, failures,
+             lease, position, last_error) in snap["tasks"]:
+            task = Task(tid, tuple(inp) if inp else None, meta, prio, key,  # type: ignore[arg-type]
+                        max_att, control, fifo, status, attempt, failures,
+                        tuple(lease) if lease else None, position, last_error)  # type: ignore[arg-type]
+            st.tasks[tid] = task
+            if status == PENDING:
+                st.pending_count += 1
+                heapq.heappush(st.lanes.setdefault(control, []), (task.order(), tid))
+            elif status == LEASED:
+                st.leased_count += 1
+        for tid, attempt, sub, result, digest, epoch, meta in snap["commits"]:
+            st.submissions[sub] = len(st.commits)
+            st.commits.append(CommitRecord(tid, attempt, sub, tuple(result),  # type: ignore[arg-type]
+                                           digest, epoch, meta))
+        st.requests = {k: (d, tuple(ids)) for k, d, ids in snap["requests"]}
+        st.producers = dict(snap["producers"])
+        st.reads = {(w, t, a): tuple(r) for w, t, a, r in snap["reads"]}  # type: ignore[misc]
+        for k, token, fetch, processed, state, finished in snap["consumers"]:
+            st.consumers[k] = Consumer(token, fetch, processed,
+                                       tuple(state) if state else None,  # type: ignore[arg-type]
+                                       tuple(finished))
+        for k, positions, ref, finished in snap["batches"]:
+            st.batches[k] = Batch(tuple(positions), tuple(ref) if ref else None,  # type: ignore[arg-type]
+                                  finished)
+        st.checkpoints = {k: (tuple(r) if r else None, cur)  # type: ignore[misc]
+                          for k, r, cur in snap["checkpoints"]}
+        return st

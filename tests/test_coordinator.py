@@ -1,0 +1,351 @@
+"""The durable queue: tasks, leases, exactly-once acceptance, fencing (D8), recovery (D9),
+readers (D5), consumers, checkpoints and retention of queue data (D2)."""
+
+from __future__ import annotations
+
+import pytest
+
+from straw import (
+    Fenced,
+    IdempotencyConflict,
+    IndeterminateCommit,
+    InvalidReference,
+    LeaseExpired,
+    Record,
+    SharedFilesystemStore,
+    StaleAttempt,
+    UnsafeRecovery,
+)
+from straw.clock import ManualClock
+from straw.coordinator import Coordinator
+from straw.queue_types import Limits, TaskSpec
+
+
+@pytest.fixture
+def clock():
+    return ManualClock()
+
+
+@pytest.fixture
+def store(tmp_path, clock):
+    with SharedFilesystemStore(str(tmp_path), "run", clock=clock, reserve_bytes=0,
+                               visibility_retries=1) as s:
+        yield s
+
+
+def _coord(store, **kw) -> Coordinator:
+    kw.setdefault("queue_id", "work")
+    kw.setdefault("lease_seconds", 10)
+    return Coordinator(store, **kw)
+
+
+def _input(store, name: str):  # type: ignore[no-untyped-def]
+    return store.publish([Record("prompt", name.encode())], submission_id=f"in-{name}")
+
+
+def _result(store, lease, text: str = "answer"):  # type: ignore[no-untyped-def]
+    return store.publish(
+        [Record("out", text.encode(), metadata={"task_id": lease.task_id,
+                                                "attempt": lease.attempt})],
+        submission_id=f"out-{lease.task_id}-{lease.attempt}-{text}")
+
+
+def _run_one(store, q, worker="w0"):  # type: ignore[no-untyped-def]
+    (a,) = q.acquire(worker).assignments
+    return q.complete_task(a.lease, submission_id=f"done-{a.lease.task_id}",
+                           result_ref=_result(store, a.lease))
+
+
+def test_submit_acquire_complete_read(store):
+    q = _coord(store)
+    inp = _input(store, "t1")
+    res = q.submit_tasks("req-1", [TaskSpec("t1", input_ref=inp, metadata={"k": 1})])
+    assert res.task_ids == ("t1",)
+    got = q.acquire("w0")
+    assert got.status == "acquired"
+    (a,) = got.assignments
+    assert a.task.input_ref == inp and a.task.metadata == {"k": 1}
+    assert a.lease.attempt == 1 and a.lease.epoch == q.epoch and a.lease.worker_id == "w0"
+    out = _result(store, a.lease)
+    receipt = q.complete_task(a.lease, submission_id="done-t1", result_ref=out,
+                              result_digest=out.digest)
+    assert receipt.position == 0 and receipt.result_ref == out
+    page = q.read_commits(0, 10)
+    assert [c.task_id for c in page.commits] == ["t1"] and page.next_cursor == 1
+    assert q.lookup_submission("done-t1") == receipt
+    assert q.task_status("t1").status == "completed"
+    assert q.acquire("w0").status == "empty"
+    m = q.metrics()
+    assert m["completed"] == 1 and m["commits"] == 1
+    q.close()
+
+
+def test_scheduling_order_and_its_survival_across_recovery(store):
+    q = _coord(store)
+    specs = [TaskSpec("low-a", priority=0, scheduling_key=5),
+             TaskSpec("high-b", priority=5, scheduling_key=2),
+             TaskSpec("high-a", priority=5, scheduling_key=1),
+             TaskSpec("low-b", priority=0, scheduling_key=5),
+             TaskSpec("mid", priority=1, scheduling_key=-3)]
+    q.submit_tasks("r1", specs)
+    order = ["high-a", "high-b", "mid", "low-a", "low-b"]
+    assert q.pending_tasks() == order
+    q.close()
+    q = _coord(store, recover=True)
+    assert q.pending_tasks() == order
+    got = [q.acquire("w").assignments[0].task.task_id for _ in range(5)]
+    assert got == order
+    q.close()
+
+
+def test_idempotent_submit_and_complete(store):
+    q = _coord(store)
+    q.submit_tasks("r1", [TaskSpec("t1")])
+    assert q.submit_tasks("r1", [TaskSpec("t1")]).task_ids == ("t1",)
+    with pytest.raises(IdempotencyConflict, match="r1"):
+        q.submit_tasks("r1", [TaskSpec("t1", priority=3)])
+    with pytest.raises(ValueError, match="already exists"):
+        q.submit_tasks("r2", [TaskSpec("t1")])
+    (a,) = q.acquire("w").assignments
+    out = _result(store, a.lease)
+    r1 = q.complete_task(a.lease, submission_id="s", result_ref=out)
+    # the reply was lost: the retry returns the same receipt, though the lease is over
+    assert q.complete_task(a.lease, submission_id="s", result_ref=out) == r1
+    other = _result(store, a.lease, "different")
+    with pytest.raises(IdempotencyConflict):
+        q.complete_task(a.lease, submission_id="s", result_ref=other)
+    with pytest.raises(StaleAttempt):
+        q.complete_task(a.lease, submission_id="s2", result_ref=other)
+    assert len(q.read_commits().commits) == 1
+    q.close()
+    q = _coord(store, recover=True)
+    assert q.lookup_submission("s") == r1
+    assert q.submit_tasks("r1", [TaskSpec("t1")]).task_ids == ("t1",)
+    q.close()
+
+
+def test_lease_expiry_budget_and_stale_attempts(store, clock):
+    q = _coord(store)
+    q.submit_tasks("r", [TaskSpec("t", max_attempts=2)])
+    (a1,) = q.acquire("w1").assignments
+    clock.advance(11)
+    with pytest.raises(LeaseExpired):
+        q.complete_task(a1.lease, submission_id="s1", result_ref=_result(store, a1.lease))
+    with pytest.raises(LeaseExpired):
+        q.heartbeat([a1.lease])
+    (a2,) = q.acquire("w2").assignments  # the expiry is journaled; attempt 2
+    assert a2.lease.attempt == 2
+    with pytest.raises(StaleAttempt):
+        q.complete_task(a1.lease, submission_id="s1", result_ref=_result(store, a1.lease))
+    clock.advance(5)
+    (renewed,) = q.heartbeat([a2.lease])
+    assert renewed.deadline > a2.lease.deadline
+    clock.advance(8)  # past the original deadline, within the renewed one
+    q.complete_task(renewed, submission_id="s2", result_ref=_result(store, renewed))
+    q.submit_tasks("r2", [TaskSpec("u", max_attempts=2)])
+    for _ in range(2):
+        q.acquire("w")
+        clock.advance(11)
+    assert q.acquire("w").status == "empty"
+    st = q.task_status("u")
+    assert st.status == "failed" and st.failures == 2
+    q.close()
+
+
+def test_fail_release_yield_cancel(store):
+    q = _coord(store)
+    q.submit_tasks("r", [TaskSpec("a", max_attempts=2), TaskSpec("b"), TaskSpec("c")])
+    (la,) = q.acquire("w", task_ids=["a"]).assignments
+    assert q.fail_task(la.lease, error="boom").status == "pending"
+    (la,) = q.acquire("w", task_ids=["a"]).assignments
+    st = q.fail_task(la.lease, error="boom again")
+    assert st.status == "failed" and st.last_error == "boom again"
+    (lb,) = q.acquire("w", task_ids=["b"]).assignments
+    q.release_tasks([lb.lease])
+    assert q.task_status("b").failures == 0 and q.task_status("b").status == "pending"
+    (lb,) = q.acquire("w", task_ids=["b"]).assignments
+    (lc,) = q.acquire("w", task_ids=["c"]).assignments
+    cont = _input(store, "b-continued")
+    # atomic: one stale lease in the batch and nothing changes
+    with pytest.raises(StaleAttempt):
+        q.yield_tasks([{"lease": lb.lease, "input_ref": cont, "priority": 9},
+                       {"lease": la.lease, "input_ref": cont}], request_id="y0")
+    assert q.task_status("b").status == "leased"
+    q.yield_tasks([{"lease": lb.lease, "input_ref": cont, "priority": 9,
+                    "metadata": {"step": 2}}], request_id="y1")
+    st = q.task_status("b")
+    assert st.status == "pending" and st.input_ref == cont and st.failures == 0
+    assert q.pending_tasks()[0] == "b"
+    assert q.cancel_task("c") is True and q.cancel_task("c") is False
+    with pytest.raises(StaleAttempt):
+        q.complete_task(lc.lease, submission_id="x", result_ref=_result(store, lc.lease))
+    q.close()
+
+
+def test_statuses_backpressure_and_sealed_input(store):
+    q = _coord(store, limits=Limits(max_leases_per_worker=1))
+    q.submit_tasks("r", [TaskSpec("a"), TaskSpec("b")])
+    (a,) = q.acquire("w", max_tasks=5).assignments
+    assert q.acquire("w").status == "backpressured"
+    q.seal_input()
+    with pytest.raises(ValueError, match="sealed"):
+        q.submit_tasks("r2", [TaskSpec("c")])
+    q.complete_task(a.lease, submission_id="s", result_ref=_result(store, a.lease))
+    (b,) = q.acquire("w").assignments
+    assert q.acquire("other").status == "draining"
+    q.complete_task(b.lease, submission_id="s2", result_ref=_result(store, b.lease))
+    assert q.acquire("other").status == "end_of_input"
+    q.close()
+
+
+def test_second_coordinator_is_told_who_holds_the_queue(store):
+    q = _coord(store)
+    with pytest.raises(UnsafeRecovery, match=r"served by host .* pid \d+ since"):
+        _coord(store)
+    with pytest.raises(UnsafeRecovery, match="served by"):
+        _coord(store, recover=True)
+    q.close()
+    with pytest.raises(UnsafeRecovery, match="recover=True"):
+        _coord(store)
+    _coord(store, recover=True).close()
+
+
+def test_recovery_revokes_leases_but_keeps_readers(store):
+    q = _coord(store)
+    inp = _input(store, "t")
+    q.submit_tasks("r", [TaskSpec("t", input_ref=inp)])
+    (a,) = q.acquire("w").assignments
+    q.close()  # the coordinator dies with a lease out
+    q2 = _coord(store, recover=True)
+    assert q2.epoch == a.lease.epoch + 1
+    with pytest.raises(StaleAttempt, match="epoch"):
+        q2.complete_task(a.lease, submission_id="s", result_ref=_result(store, a.lease))
+    assert q2.task_status("t").status == "pending"
+    reads = q2.outstanding_reads()
+    assert [(r.worker_id, r.task_id, r.input_ref) for r in reads] == [("w", "t", inp)]
+    (b,) = q2.acquire("w2").assignments
+    q2.complete_task(b.lease, submission_id="s", result_ref=_result(store, b.lease))
+    assert len(q2.outstanding_reads()) == 1  # the old reader still protected (D5)
+    assert q2.retire_worker("w") == 1 and q2.outstanding_reads() == []
+    q2.close()
+
+
+def test_paused_old_coordinator_can_never_acknowledge(store):
+    old = _coord(store)
+    old.submit_tasks("r", [TaskSpec("t1"), TaskSpec("t2")])
+    (a,) = old.acquire("w").assignments
+    out = _result(store, a.lease)
+    # a new coordinator takes over while the old one still holds the lock (paused)
+    new = _coord(store, recover=True, takeover=True)
+    with pytest.raises((IndeterminateCommit, Fenced)):
+        old.complete_task(a.lease, submission_id="s", result_ref=out)
+    with pytest.raises(Fenced):
+        old.acquire("w")
+    with pytest.raises(Fenced):
+        old.submit_tasks("r9", [TaskSpec("t9")])
+    assert new.read_commits().commits == ()
+    assert new.task_status("t1").status == "pending"
+    (b,) = new.acquire("w", task_ids=["t1"]).assignments
+    new.complete_task(b.lease, submission_id="s", result_ref=_result(store, b.lease))
+    old.close()
+    new.close()
+    again = _coord(store, recover=True)
+    assert [c.task_id for c in again.read_commits().commits] == ["t1"]
+    again.close()
+
+
+def test_bad_input_leaves_the_journal_unchanged(store, tmp_path):
+    q = _coord(store)
+    q.submit_tasks("r", [TaskSpec("t")])
+    (a,) = q.acquire("w").assignments
+    before = q.metrics()["journal"]
+    with pytest.raises(ValueError, match="unknown task id 'nope'"):
+        q.cancel_task("nope")
+    with pytest.raises(ValueError, match="lease of queue 'other'"):
+        q.complete_task(a.lease.__class__(**{**a.lease.to_dict(), "queue_id": "other"}),
+                        submission_id="s", result_ref=_result(store, a.lease))
+    wrong = store.publish([Record("out", b"x", metadata={"task_id": "t", "attempt": 7})],
+                          submission_id="wrong")
+    with pytest.raises(ValueError, match="names task 't' attempt 7"):
+        q.complete_task(a.lease, submission_id="s", result_ref=wrong)
+    unnamed = store.publish([Record("out", b"x")], submission_id="unnamed")
+    with pytest.raises(ValueError, match="must name the lease"):
+        q.complete_task(a.lease, submission_id="s", result_ref=unnamed)
+    with pytest.raises(TypeError):
+        q.submit_tasks("r3", ["not a spec"])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="64-bit"):
+        q.submit_tasks("r3", [TaskSpec("big", priority=2**70)])
+    assert q.metrics()["journal"] == before
+    assert q.task_status("t").status == "leased"
+    q.close()
+
+
+def test_consumer_tokens_cursors_and_retirement(store):
+    q = _coord(store)
+    q.submit_tasks("r", [TaskSpec(f"t{i}") for i in range(3)])
+    receipts = []
+    for _ in range(3):
+        receipts.append(_run_one(store, q))
+        store.seal()  # one pack per result
+    store.release_publications([r.result_ref for r in receipts])  # the queue owns them
+    tok = q.open_consumer()
+    page = q.read_commits(0, 2)
+    q.save_consumer_state(tok, fetch_cursor=2, processed_cursor=2)
+    tok2 = q.open_consumer()
+    with pytest.raises(Fenced, match="not current"):
+        q.save_consumer_state(tok, fetch_cursor=2, processed_cursor=2)
+    state = q.load_consumer_state()
+    assert state is not None and state.processed_cursor == 2 and state.token == tok2.token
+    q.register_checkpoint("ck", cursor=1)
+    q.collect_garbage()
+    # commit 0 retired (processed, below the checkpoint cursor 1); 1 kept by checkpoint
+    # (fresh read sessions: a session's cached open file could still read a reclaimed pack)
+    with store.read_session() as s, pytest.raises(InvalidReference):
+        s.read(page.commits[0].result_ref)
+    with store.read_session() as s:
+        assert bytes(s.read(page.commits[1].result_ref)[0].payload) == b"answer"
+    assert q.release_checkpoint("ck") is True
+    q.collect_garbage()
+    with store.read_session() as s:
+        with pytest.raises(InvalidReference):
+            s.read(page.commits[1].result_ref)
+        assert bytes(s.read(receipts[2].result_ref)[0].payload) == b"answer"  # unprocessed
+    q.close()
+
+
+def test_queue_retains_inputs_before_journaling(store):
+    q = _coord(store)
+    inp = _input(store, "t")
+    store.seal()
+    q.submit_tasks("r", [TaskSpec("t", input_ref=inp)])
+    store.release_publications([inp])  # the producer lets go: the queue owns it (D2)
+    q.collect_garbage()
+    assert bytes(store.read(inp)[0].payload) == b"t"
+    q.close()
+    q = _coord(store, recover=True)
+    q.collect_garbage()
+    assert bytes(store.read(inp)[0].payload) == b"t"
+    (a,) = q.acquire("w").assignments
+    q.complete_task(a.lease, submission_id="s", result_ref=_result(store, a.lease))
+    q.collect_garbage()
+    assert bytes(store.read(inp)[0].payload) == b"t"  # the reader is still protected (D5)
+    q.release_task_reads("t")
+    store.seal()
+    q.collect_garbage()
+    with store.read_session() as s, pytest.raises(InvalidReference):
+        s.read(inp)
+    q.close()
+
+
+def test_snapshot_then_recovery_matches(store):
+    q = _coord(store, snapshot_every=50)
+    q.submit_tasks("r", [TaskSpec(f"t{i:03d}", priority=i % 3) for i in range(120)])
+    for _ in range(70):
+        _run_one(store, q)
+    before = (q.pending_tasks(), [c.task_id for c in q.read_commits(0, 1000).commits])
+    q.close()
+    q = _coord(store, recover=True)
+    after = (q.pending_tasks(), [c.task_id for c in q.read_commits(0, 1000).commits])
+    assert before == after
+    assert q.metrics()["recovery"]  # recovery reports what it read
+    q.close()
