@@ -34,3 +34,11 @@ model:
 # Check the CrossHair contracts on the spec's pure helpers (5 s per condition, about a minute)
 crosshair:
     {{python}} -m crosshair check spec/helpers.py --per_condition_timeout=5
+
+# Crash campaigns + frame campaign + negative controls (~4-5 min; exit 1 on any violation)
+crash *ARGS:
+    {{python}} -m fault_injection.campaigns {{ARGS}}
+
+# Real processes, random SIGKILL/SIGSTOP, on a temp dir and JuiceFS: just fuzz --seconds 60
+fuzz *ARGS:
+    {{python}} -m fault_injection.fuzz {{ARGS}}

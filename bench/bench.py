@@ -9,7 +9,9 @@ Limits, measured in a temp dir on the filesystem of the pool (``--dir``, else
 Store workloads (``bench.workloads``): publish of 16 MiB records (vs a, target >= 0.6),
 publish of 1 KiB records (syncs per publication in the steady state counted with
 ``bench.counting.CountingFS``, target <= 2; median latency vs b, target <= 4x), checked read
-of 16 MiB records with a warm page cache (vs c, target >= 0.5).
+of 16 MiB records with a warm page cache (vs c, target >= 0.5).  Tensor figures in a second
+table (``bench.tensor_bench``): publish (vs a), ``load()`` (vs c, target >= 0.7) and one-row
+slices (<= 0.5 ms) of float32 [8192, 1024] and int32 [8192, 48, 8] tensors.
 
 The disk of these machines is noisy (the same raw test can vary 5x back to back; much of
 it is the VM's memory: the first touch of a page the guest handed back to the host costs
@@ -36,7 +38,7 @@ from typing import Any
 
 from straw.fs import PosixFS
 
-from . import limits, workloads
+from . import limits, tensor_bench, tensor_workloads, workloads
 from .counting import CountingFS
 from .report import (
     cpu_snapshot,
@@ -60,6 +62,7 @@ DEFAULT_PARAMS: dict[str, int] = {
     "large_size": 16 * MiB, "large_count": 4,
     "small_size": 1024, "small_count": 200, "small_warmup": 20,
     "read_size": 16 * MiB, "read_count": 4, "read_passes": 2,
+    **tensor_bench.PARAMS,
 }
 QUICK_PARAMS: dict[str, int] = {
     **DEFAULT_PARAMS,
@@ -70,6 +73,7 @@ QUICK_PARAMS: dict[str, int] = {
     "large_size": MiB, "large_count": 2,
     "small_count": 20, "small_warmup": 3,
     "read_size": MiB, "read_count": 2, "read_passes": 1,
+    **tensor_bench.QUICK,
 }
 
 
@@ -129,16 +133,21 @@ def run_round(r: int, work: str, p: dict[str, int], impl: workloads.Impl
              passes=p["read_passes"]))),
     ]
     out: dict[str, dict[str, Any]] = {}
+    tensors = os.path.join(work, f"tensors-r{r}")
+    if r % 2:  # the tensor workloads (tensor_bench) go first in odd rounds, last in even
+        out.update(tensor_workloads.run_all(impl, tensors, p))
     for limit, store in pairs:
         for name, fn in ((limit, store) if r % 2 == 0 else (store, limit)):
             out[name] = fn()
+    if r % 2 == 0:
+        out.update(tensor_workloads.run_all(impl, tensors, p))
     return out
 
 
-def compute_figures(rounds: list[dict[str, dict[str, Any]]], p: dict[str, int]
-                    ) -> dict[str, dict[str, Any]]:
+def compute_figures(rounds: list[dict[str, dict[str, Any]]], p: dict[str, int],
+                    specs: list[dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
     figures = {}
-    for spec in figure_specs(p):
+    for spec in figure_specs(p) if specs is None else specs:
         vname, vkey = spec["value"]
         values = [rd[vname][vkey] for rd in rounds]
         fig: dict[str, Any] = {"label": spec["label"], "unit": spec["unit"],
@@ -222,14 +231,18 @@ def main(argv: list[str] | None = None) -> int:
                   f"MiB/s, publish {fmt(rd['publish_large']['mib_s'])} MiB/s; append+fsync "
                   f"{fmt(rd['raw_append_fsync']['ms'])} ms, publish "
                   f"{fmt(rd['publish_small']['ms'])} ms; memcpy {fmt(rd['memcpy']['mib_s'])} "
-                  f"MiB/s, read {fmt(rd['read_large']['mib_s'])} MiB/s", flush=True)
+                  f"MiB/s, read {fmt(rd['read_large']['mib_s'])} MiB/s; tensors "
+                  f"{tensor_bench.round_line(rd)}", flush=True)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     duration = time.time() - started
     figures = compute_figures(rounds, p)
+    tensor_figures = compute_figures(rounds, p, tensor_bench.figure_specs(p))
     print()
     print_table(figures)
+    print()
+    print_table(tensor_figures)
     calls = rounds[-1]["publish_small"]["calls"] or {}
     per = ", ".join(f"{k} {fmt(v / p['small_count'])}" for k, v in calls.items())
     print(f"\nsteady-state filesystem calls per {human_bytes(p['small_size'])} publication "
@@ -253,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
             "python": sys.version.split()[0],
             "impl": {"name": impl.name, "version": impl.version, "module": impl.module_file},
             "figures": figures,
+            "tensor_figures": tensor_figures,
             "limits": {name: summary([rd[name][key] for rd in rounds]) for name, key in
                        (("raw_write", "mib_s"), ("raw_append_fsync", "ms"),
                         ("memcpy", "mib_s"))},

@@ -11,7 +11,9 @@ with the machine's limits measured in this process in between.  Each side uses i
 store's defaults.  Figures: publish of 16 MiB records (MiB/s), median latency of 1 KiB
 publications (ms), checked read of 16 MiB records with a warm page cache (MiB/s); the
 table gives medians [min-max] over rounds and ours/peer as the median of per-round
-ratios.  With strace present, a separate untimed pass counts the sync system calls per
+ratios.  Tensor figures (``bench.tensor_bench``): publish, ``load()`` and one-row slices of
+float32 [8192, 1024] and int32 [8192, 48, 8] torch tensors, with the issue's targets.
+With strace present, a separate untimed pass counts the sync system calls per
 1 KiB publication of each implementation.
 """
 
@@ -29,7 +31,7 @@ import tempfile
 import time
 from typing import Any
 
-from . import limits
+from . import limits, tensor_bench
 from .bench import DEFAULT_PARAMS, QUICK_PARAMS, REPO, human_bytes
 from .report import (
     cpu_snapshot,
@@ -273,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(work, ignore_errors=True)
     duration = time.time() - started
     figures = compute(rounds, p)
+    tensor_figures = tensor_bench.peer_figures(rounds, p)
     rows = []
     for fig in figures.values():
         rows.append([
@@ -292,6 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(table(["figure", "straw [min-max]", "straw-queue [min-max]", "ours/peer [min-max]",
                  "better", "limit [min-max]", "straw/limit", "peer/limit"], rows))
+    print()
+    tensor_bench.print_peer_table(tensor_figures)
     for impl, res in syscalls.items():
         if res is None:
             print(f"{impl}: strace not found, sync calls not counted")
@@ -313,7 +318,8 @@ def main(argv: list[str] | None = None) -> int:
             "duration_s": duration, "quick": args.quick, "params": p, "dir": work,
             "filesystem": fs_info, "machine_before": before, "machine_after": after,
             "workers": {k: w.hello for k, w in workers.items()},
-            "figures": figures, "syscalls": syscalls, "rounds": rounds,
+            "figures": figures, "tensor_figures": tensor_figures, "syscalls": syscalls,
+            "rounds": rounds,
         }
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=2)

@@ -10,7 +10,8 @@ directory is first on ``sys.path``, the repository root is not).
 Protocol, one JSON object per line: the worker first prints ``{"hello": {...}}`` (which
 implementation, version, module file, python); then for each line read from stdin,
 ``{"cmd": "round", "dir": DIR, "params": {...}}`` runs the three store workloads in DIR
-and prints ``{"ok": true, "result": {...}}`` (or ``{"ok": false, "error": "..."}``);
+(and those of ``tensor_workloads`` when the params name ``tensor_rows``) and prints
+``{"ok": true, "result": {...}}`` (or ``{"ok": false, "error": "..."}``);
 ``{"cmd": "quit"}`` or end of input stops it.  Anything the libraries print goes to
 stderr, so stdout carries only these lines.
 """
@@ -24,12 +25,14 @@ import sys
 import traceback
 from typing import Any
 
+import tensor_workloads  # type: ignore[import-not-found]  # bench/tensor_workloads.py
 import workloads  # type: ignore[import-not-found]  # bench/workloads.py, see above
 
 
 def run_round(impl: workloads.Impl, directory: str, p: dict[str, int]) -> dict[str, Any]:
     os.makedirs(directory, exist_ok=True)
-    return {
+    tensors = tensor_workloads.run_all(impl, directory, p) if "tensor_rows" in p else {}
+    return {**tensors,
         "publish_large": workloads.publish_large(
             impl, os.path.join(directory, "large"), size=p["large_size"],
             count=p["large_count"]),

@@ -18,7 +18,9 @@ A crash campaign over one workload ``run(fs)``::
             check(sim)                    # reopen on what survived; on failure print
                                           # sim.describe() (seed, rules, faults)
 
-Later here: the crash campaigns and the ``just fuzz`` harness (issue 4, items 3-5).
+The campaigns themselves: ``fault_injection.campaigns`` (store and catalog workloads,
+frame campaign, negative controls; ``just crash``), ``fault_injection.journal_campaign``,
+and ``fault_injection.fuzz`` (real processes under SIGKILL/SIGSTOP; ``just fuzz``).
 """
 
 from fault_injection.faultyfs import FaultyFS

@@ -22,7 +22,12 @@ metadata).  Every read verifies every chunk it touches and nothing else: ``load(
 of them (read with ``readinto`` straight into the returned tensor's memory, hashed while
 still in the CPU cache, in parallel threads for large tensors), ``ref[a:b]`` only those
 overlapping rows ``a..b``.  A mismatch is ``CorruptData`` at once (D6); the chunk list
-itself lives in the publication's manifest, which the reader authenticates.
+itself lives in the publication's manifest, which the reader authenticates.  (``load()``
+checks the chunk list rather than the record's whole-payload checksum: the same hashing
+work in one thread, but chunks can be read and checked by several threads at once.)
+Large ``load()`` results live in recycled buffers (``_BufferCache``: a freed result's
+memory is reused instead of faulting in fresh pages; ``set_load_buffer_cache`` bounds or
+disables it).
 
 What ``load()`` returns: a torch tensor when the tensor was published from torch and
 torch is importable, else a NumPy array (``framework="torch"|"numpy"`` overrides).  A
@@ -52,7 +57,7 @@ import threading
 import warnings
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -122,11 +127,91 @@ def _executor() -> ThreadPoolExecutor:
         return _pool
 
 
+def _byte_view(a: Any) -> memoryview:
+    """A flat byte memoryview of a contiguous buffer (NumPy arrays included)."""
+    return memoryview(a).cast("B")
+
+
 def _split(first: int, last: int, parts: int) -> list[tuple[int, int]]:
     """[first, last) cut into ``parts`` contiguous ranges."""
     n = last - first
     step = -(-n // parts)
     return [(a, min(a + step, last)) for a in range(first, last, step)]
+
+
+class _BufferCache:
+    """Recycled load buffers, so that a steady stream of loads does not page-fault.
+
+    A fresh large allocation is an ``mmap`` whose every page faults, is zeroed by the
+    kernel and, on a VM, may first have to be handed back by the host; that costs more
+    than reading and verifying the tensor.  ``load()`` therefore takes its buffer from
+    here: large slabs (at least ``MIN_BYTES``) that this cache owns.  Every array or
+    tensor made from a slab keeps a reference to it (NumPy views reference their base,
+    ``torch.from_numpy`` references the array), so a slab whose only reference is this
+    cache's is unused and can be handed out again.  Tracked slabs total at most
+    ``max_bytes`` (unused ones are dropped oldest first); ``set_load_buffer_cache(0)``
+    turns the cache off.  Like any caching allocator it keeps up to ``max_bytes`` of
+    unused memory around."""
+
+    MIN_BYTES = 1 << 20
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.slabs: list[np.ndarray] = []
+        self.lock = threading.Lock()
+
+    @staticmethod
+    def _refs(slab: np.ndarray) -> int:
+        return sys.getrefcount(slab)
+
+    def _free(self, i: int) -> bool:
+        """Whether slab ``i`` is referenced by nothing but this cache (compared with the
+        count of a slab that only the cache holds, measured once at start)."""
+        return self._refs(self.slabs[i]) <= _UNUSED_REFS
+
+    def take(self, nbytes: int) -> np.ndarray:
+        if nbytes < self.MIN_BYTES or self.max_bytes <= 0:
+            return np.empty(nbytes, dtype=np.uint8)
+        with self.lock:
+            for i in range(len(self.slabs)):
+                if nbytes <= self.slabs[i].nbytes <= nbytes + (nbytes >> 2) \
+                        and self._free(i):
+                    slab = self.slabs.pop(i)
+                    self.slabs.append(slab)  # most recently used last
+                    return slab[:nbytes]
+            size = -(-nbytes // self.MIN_BYTES) * self.MIN_BYTES
+            total = sum(s.nbytes for s in self.slabs)
+            i = 0
+            while total + size > self.max_bytes and i < len(self.slabs):
+                if self._free(i):
+                    total -= self.slabs.pop(i).nbytes
+                else:
+                    i += 1
+            if total + size > self.max_bytes:
+                return np.empty(nbytes, dtype=np.uint8)
+            slab = np.empty(size, dtype=np.uint8)
+            self.slabs.append(slab)
+            return slab[:nbytes]
+
+
+def _unused_refs() -> int:
+    probe = _BufferCache(0)
+    probe.slabs.append(np.empty(1, dtype=np.uint8))
+    return probe._refs(probe.slabs[0])
+
+
+_UNUSED_REFS = _unused_refs()
+_buffers = _BufferCache(512 << 20)
+
+
+def set_load_buffer_cache(max_bytes: int) -> None:
+    """Bound (in bytes) the memory of recycled ``load()`` buffers; 0 disables the cache."""
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
+        raise ValueError(f"max_bytes must be a non-negative int, got {max_bytes!r}")
+    with _buffers.lock:
+        _buffers.max_bytes = max_bytes
+        if max_bytes == 0:
+            _buffers.slabs.clear()
 
 
 # --- publishing -------------------------------------------------------------------------
@@ -149,16 +234,20 @@ def _tensor_bytes(value: object, where: str) -> tuple[np.ndarray, str, tuple[int
         if t.device.type != "cpu":
             t = t.to("cpu")
         t = t.resolve_conj().resolve_neg().contiguous()
-        flat = t.reshape(-1).view(torch.uint8).numpy()
+        if t.numel() == 0:
+            flat = np.empty(0, dtype=np.uint8)
+        else:
+            flat = t.reshape(-1).view(torch.uint8).numpy()
         return flat, name, tuple(int(d) for d in t.shape), "torch"
     if isinstance(value, (np.ndarray, np.generic)):
         a = np.asarray(value)
         name = a.dtype.name
-        if name not in DTYPES or a.dtype.kind == "V":
+        if name not in DTYPES or (a.dtype.kind == "V" and name != "bfloat16"):
             raise TypeError(f"{where} has dtype {a.dtype}; supported: {', '.join(DTYPES)}")
         if not a.dtype.isnative:
             a = a.astype(a.dtype.newbyteorder("="))
-        a = np.ascontiguousarray(a)
+        if not a.flags.c_contiguous:
+            a = a.copy(order="C")  # (np.ascontiguousarray would make a 0-d array 1-d)
         return a.reshape(-1).view(np.uint8), name, tuple(a.shape), "numpy"
     raise TypeError(f"{where} is a {type(value).__name__}; publish a NumPy array or a torch "
                     "tensor (np.asarray(x) for Python numbers and lists)")
@@ -166,7 +255,7 @@ def _tensor_bytes(value: object, where: str) -> tuple[np.ndarray, str, tuple[int
 
 def chunk_checksums(data: np.ndarray, chunk_bytes: int = CHUNK_BYTES) -> str:
     """The hex xxh3-128 of every ``chunk_bytes`` chunk of ``data``, concatenated."""
-    mv = memoryview(data).cast("B")
+    mv = _byte_view(data)
     n = mv.nbytes
     count = -(-n // chunk_bytes)
 
@@ -189,9 +278,13 @@ def tensor_record(name: str, value: object, *, chunk_bytes: int = CHUNK_BYTES,
 
 
 def publish_tensors(store: Any, tensors: Mapping[str, Any], *, submission_id: str,
-                    dependencies: Sequence[RecordSetRef] = ()) -> tuple[TensorRef, ...]:
+                    dependencies: Sequence[RecordSetRef] = (),
+                    chunk_bytes: int = CHUNK_BYTES) -> tuple[TensorRef, ...]:
     """Publish ``{name: tensor}`` as one publication; one ``TensorRef`` per tensor in the
-    mapping's order, bound to ``store``.  Idempotent per ``submission_id`` (D7)."""
+    mapping's order, bound to ``store``.  Idempotent per ``submission_id`` (D7).
+    ``chunk_bytes`` is the checksum granularity (default ``CHUNK_BYTES``)."""
+    if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes <= 0:
+        raise ValueError(f"chunk_bytes must be a positive int, got {chunk_bytes!r}")
     if not isinstance(tensors, Mapping):
         raise TypeError(f"tensors must be a mapping of name to tensor, got "
                         f"{type(tensors).__name__}")
@@ -201,7 +294,7 @@ def publish_tensors(store: Any, tensors: Mapping[str, Any], *, submission_id: st
     for name, value in tensors.items():
         if not isinstance(name, str) or not name:
             raise TypeError(f"tensor names must be non-empty str, got {name!r}")
-        records.append(tensor_record(name, value))
+        records.append(tensor_record(name, value, chunk_bytes=chunk_bytes))
     ref = store.publish(records, submission_id=submission_id, dependencies=dependencies)
     rrefs = store.manifest(ref).record_refs
     root = getattr(store, "root", "")
@@ -293,7 +386,8 @@ class TensorRef:
     source: str = "numpy"
     chunk_bytes: int = CHUNK_BYTES
     root: str = ""
-    _reader: Any = field(default=None, compare=False, repr=False, hash=False)
+    # The binding (a store or ReadSession) is a plain attribute, not a field: it takes no
+    # part in equality, hashing, repr, ``to_dict``, ``dataclasses.asdict`` or pickling.
 
     # --- description --------------------------------------------------------------------
     @property
@@ -368,8 +462,9 @@ class TensorRef:
         return ref._bound(reader)
 
     def _session(self) -> ReadSession:
-        if self._reader is not None:
-            return _session_of(self._reader)
+        reader = getattr(self, "_reader", None)
+        if reader is not None:
+            return _session_of(reader)
         run_id = self.record.record_set.run_id
         key = (self.root, run_id)
         with _auto_lock:
@@ -409,31 +504,36 @@ class TensorRef:
                 f"the publication holds {dtype}{list(shape)} (edited or stale reference)")
         return chunks
 
-    def _verify(self, data: memoryview, chunk: int, chunks: str) -> None:
-        got = xxhash.xxh3_128_hexdigest(data)
-        if got != chunks[chunk * _HEX:(chunk + 1) * _HEX]:
-            start = chunk * self.chunk_bytes
-            raise CorruptData(
-                f"tensor {self.name!r} (record {self.record.record_id!r} at "
-                f"{self.record.record_set.path} offset {self.record.offset}): chunk {chunk} "
-                f"(bytes {start}..{start + data.nbytes}) fails its checksum; the stored data "
-                "is damaged. Restore the pool from a replica or republish the tensor")
+    def _corrupt(self, chunk: int, size: int) -> CorruptData:
+        start = chunk * self.chunk_bytes
+        return CorruptData(
+            f"tensor {self.name!r} (record {self.record.record_id!r} at "
+            f"{self.record.record_set.path} offset {self.record.offset}): chunk {chunk} "
+            f"(bytes {start}..{start + size}) fails its checksum; the stored data is "
+            "damaged. Restore the pool from a replica or republish the tensor")
 
-    def _read_chunks(self, session: ReadSession, chunks: str, lo: int, hi: int,
+    def _read_chunks(self, session: ReadSession, expected: bytes, e0: int, lo: int, hi: int,
                      dst: memoryview, base: int) -> None:
-        """Read whole chunks [lo, hi) into ``dst`` (which starts at payload byte ``base``)
-        and verify each."""
+        """Read whole chunks [lo, hi) into ``dst`` (which starts at payload byte ``base``),
+        ``_READ_BYTES`` at a time, and verify each chunk right after its read, while it is
+        in the CPU cache.  ``expected`` holds the digests of the chunks from ``e0`` on.
+        The caller checked the record against its manifest, so the reads go straight to
+        ``_read_exact`` (which still handles visibility lag)."""
         c = self.chunk_bytes
         per_read = max(1, _READ_BYTES // c)
         n = self.record.length
+        path, origin = self.record.record_set.path, self.record.offset
+        digest = xxhash.xxh3_128_digest
         k = lo
         while k < hi:
             k_end = min(hi, k + per_read)
             start, stop = k * c, min(k_end * c, n)
             view = dst[start - base:stop - base]
-            session.read_range(self.record, start, stop, into=view)
+            session._read_exact(path, origin + start, stop - start, into=view)
             for j in range(k, k_end):
-                self._verify(view[(j - k) * c:min((j - k + 1) * c, stop - start)], j, chunks)
+                piece = view[(j - k) * c:(j - k + 1) * c]
+                if digest(piece) != expected[(j - e0) * 16:(j - e0 + 1) * 16]:
+                    raise self._corrupt(j, piece.nbytes)
             k = k_end
 
     def _read_into(self, start: int, stop: int, dst: memoryview) -> None:
@@ -447,21 +547,23 @@ class TensorRef:
         first, last = start // c, (stop - 1) // c  # chunks touched, inclusive
         inner_lo = first if start == first * c else first + 1
         inner_hi = last + 1 if stop == min((last + 1) * c, n) else last
-        for k in {first, last} - set(range(inner_lo, inner_hi)):  # partial chunks
+        expected = bytes.fromhex(chunks[first * _HEX:(last + 1) * _HEX])
+        for k in sorted({first, last}):  # partial chunks: via a scratch buffer
+            if inner_lo <= k < inner_hi:
+                continue
             cs, ce = k * c, min((k + 1) * c, n)
-            scratch = memoryview(np.empty(ce - cs, dtype=np.uint8)).cast("B")
-            session.read_range(self.record, cs, ce, into=scratch)
-            self._verify(scratch, k, chunks)
+            scratch = _byte_view(np.empty(ce - cs, dtype=np.uint8))
+            self._read_chunks(session, expected, first, k, k + 1, scratch, cs)
             a, b = max(start, cs), min(stop, ce)
             dst[a - start:b - start] = scratch[a - cs:b - cs]
         if inner_hi <= inner_lo:
             return
         span = (inner_hi - inner_lo) * c
         if span < _PARALLEL_MIN or _workers() < 2:
-            self._read_chunks(session, chunks, inner_lo, inner_hi, dst, start)
+            self._read_chunks(session, expected, first, inner_lo, inner_hi, dst, start)
             return
-        futures = [_executor().submit(self._read_chunks, session, chunks, lo, hi, dst, start)
-                   for lo, hi in _split(inner_lo, inner_hi, _workers())]
+        futures = [_executor().submit(self._read_chunks, session, expected, first, lo, hi, dst,
+                                      start) for lo, hi in _split(inner_lo, inner_hi, _workers())]
         for f in futures:
             f.result()
 
@@ -485,15 +587,17 @@ class TensorRef:
             tdtype = getattr(torch, self.dtype)
             if pin_memory and _can_pin(torch):
                 raw = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-                return raw.view(tdtype).reshape(shape), memoryview(raw.numpy()).cast("B")
-            buf = np.empty(nbytes, dtype=np.uint8)
+                return raw.view(tdtype).reshape(shape), _byte_view(raw.numpy())
+            if nbytes == 0:
+                return torch.empty(shape, dtype=tdtype), memoryview(b"")
+            buf = _buffers.take(nbytes)
             return (torch.from_numpy(buf).view(tdtype).reshape(shape),
-                    memoryview(buf).cast("B"))
+                    _byte_view(buf))
         if pin_memory:
             warnings.warn("pin_memory=True needs a torch result; a NumPy array is returned "
                           "in ordinary memory", stacklevel=3)
-        buf = np.empty(nbytes, dtype=np.uint8)
-        return buf.view(_np_dtype(self.dtype)).reshape(shape), memoryview(buf).cast("B")
+        buf = _buffers.take(nbytes)
+        return buf.view(_np_dtype(self.dtype)).reshape(shape), _byte_view(buf)
 
     def _out_view(self, out: Any, shape: tuple[int, ...]) -> memoryview:
         if _is_torch_tensor(out):
@@ -503,6 +607,8 @@ class TensorRef:
                 raise ValueError(f"out must be a contiguous CPU torch.{self.dtype} tensor of "
                                  f"shape {list(shape)}, got {out.dtype} {list(out.shape)} on "
                                  f"{out.device}")
+            if out.numel() == 0:
+                return memoryview(b"")
             flat = out.reshape(-1).view(torch.uint8).numpy()
         elif isinstance(out, np.ndarray):
             if (out.dtype != _np_dtype(self.dtype) or out.shape != shape
@@ -514,7 +620,7 @@ class TensorRef:
         else:
             raise TypeError(f"out must be a torch tensor or NumPy array, got "
                             f"{type(out).__name__}")
-        return memoryview(flat).cast("B")
+        return _byte_view(flat)
 
     def _materialise(self, row0: int, rows: int | None, *, pin_memory: bool, out: Any,
                      framework: str | None) -> Any:
@@ -647,4 +753,4 @@ def _can_pin(torch: Any) -> bool:
 
 
 __all__ = ["CHUNK_BYTES", "DTYPES", "TensorRef", "chunk_checksums", "publish_tensors",
-           "release_tensor_publications", "tensor_record"]
+           "release_tensor_publications", "set_load_buffer_cache", "tensor_record"]

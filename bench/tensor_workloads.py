@@ -1,0 +1,163 @@
+"""The tensor workloads, written once for straw and straw-queue (both ``straw.tensor``).
+
+Like ``workloads``, this module imports neither implementation at module level and uses
+no relative imports, so ``bench/store_worker.py`` loads it as a plain module under either
+interpreter.  Tensors are torch tensors for both (straw-queue's tensor module needs torch);
+each implementation's store keeps its defaults, except that straw-queue must be told
+about the ``tensor.v1`` codec (straw has it built in).
+
+* ``tensor_publish``: ``count`` publications of one tensor each (after one untimed
+  warm-up); tensor MiB/s over the timed publications.
+* ``tensor_load``: ``load()`` of ``count`` published tensors, page cache warm (each is
+  loaded and compared once, then loaded once more untimed); MiB/s over ``passes`` passes.
+* ``tensor_slice``: ``ref[i:i + 1]`` one-row reads at seeded random rows of one tensor
+  (after 20 untimed reads); median and p90 latency in ms.
+"""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+import statistics
+import time
+from typing import Any
+
+MiB = 1024 * 1024
+RUN_ID = "bench"
+SHAPES = {"f32": ((8192, 1024), "float32"), "i32": ((8192, 48, 8), "int32")}
+
+_TENSORS: dict[tuple[Any, ...], list[Any]] = {}
+
+
+def shape_of(kind: str, rows: int) -> tuple[tuple[int, ...], str]:
+    shape, dtype = SHAPES[kind]
+    return (rows, *shape[1:]), dtype
+
+
+def tensors(shape: tuple[int, ...], dtype: str, count: int) -> list[Any]:
+    """``count`` distinct seeded random torch tensors (made once per process)."""
+    import torch
+
+    key = (shape, dtype, count)
+    if key not in _TENSORS:
+        g = torch.Generator().manual_seed(1234)
+        if dtype == "float32":
+            made = [torch.randn(shape, generator=g) for _ in range(count)]
+        else:
+            made = [torch.randint(-2**31, 2**31 - 1, shape, generator=g, dtype=torch.int32)
+                    for _ in range(count)]
+        _TENSORS[key] = made
+    return _TENSORS[key]
+
+
+def _store(impl: Any, root: str) -> Any:
+    if impl.name == "straw-queue":
+        straw = importlib.import_module("straw")
+        return straw.SharedFilesystemStore(root, RUN_ID,
+                                           codecs=("bytes.v1", "json.v1", "tensor.v1"))
+    return impl.make_store(root)
+
+
+def _publish_tensors() -> Any:
+    return importlib.import_module("straw.tensor").publish_tensors
+
+
+def tensor_publish(impl: Any, root: str, *, shape: tuple[int, ...], dtype: str,
+                   count: int = 2) -> dict[str, Any]:
+    publish = _publish_tensors()
+    data = tensors(shape, dtype, count + 1)
+    nbytes = data[0].numel() * data[0].element_size()
+    store = _store(impl, root)
+    try:
+        publish(store, {"x": data[count]}, submission_id="warm")
+        times = []
+        for i in range(count):
+            t0 = time.perf_counter()
+            publish(store, {"x": data[i]}, submission_id=f"t-{i}")
+            times.append(time.perf_counter() - t0)
+    finally:
+        store.close()
+        shutil.rmtree(root, ignore_errors=True)
+    return {"mib_s": nbytes * count / MiB / sum(times), "seconds": sum(times),
+            "per_publication_s": times}
+
+
+def tensor_load(impl: Any, root: str, *, shape: tuple[int, ...], dtype: str, count: int = 2,
+                passes: int = 2) -> dict[str, Any]:
+    import torch
+
+    publish = _publish_tensors()
+    data = tensors(shape, dtype, count)
+    nbytes = data[0].numel() * data[0].element_size()
+    store = _store(impl, root)
+    try:
+        refs = [publish(store, {"x": t}, submission_id=f"l-{i}")[0]
+                for i, t in enumerate(data)]
+        for ref, t in zip(refs, data, strict=True):  # check the content once
+            got = ref.load()
+            if not torch.equal(got, t):
+                raise AssertionError(f"{impl.name}: loaded tensor differs from the published")
+            del got
+        for ref in refs:  # warm pass
+            got = ref.load()
+            del got
+        times = []
+        for _ in range(passes):
+            for ref in refs:
+                t0 = time.perf_counter()
+                got = ref.load()
+                times.append(time.perf_counter() - t0)
+                del got
+    finally:
+        store.close()
+        shutil.rmtree(root, ignore_errors=True)
+    return {"mib_s": nbytes * len(times) / MiB / sum(times), "seconds": sum(times),
+            "per_load_s": times}
+
+
+def tensor_slice(impl: Any, root: str, *, shape: tuple[int, ...], dtype: str,
+                 reads: int = 200) -> dict[str, Any]:
+    import random
+
+    import torch
+
+    publish = _publish_tensors()
+    (t,) = tensors(shape, dtype, 1)
+    store = _store(impl, root)
+    rng = random.Random(7)
+    rows = [rng.randrange(shape[0]) for _ in range(reads)]
+    try:
+        (ref,) = publish(store, {"x": t}, submission_id="s")
+        for i in range(20):
+            got = ref[i:i + 1]
+        if not torch.equal(got, t[19:20]):
+            raise AssertionError(f"{impl.name}: a row read differs from the published")
+        times = []
+        for r in rows:
+            t0 = time.perf_counter()
+            got = ref[r:r + 1]
+            times.append(time.perf_counter() - t0)
+    finally:
+        store.close()
+        shutil.rmtree(root, ignore_errors=True)
+    times.sort()
+    return {"ms": statistics.median(times) * 1e3,
+            "p90_ms": times[min(len(times) - 1, int(0.9 * len(times)))] * 1e3, "reads": reads}
+
+
+def run_all(impl: Any, directory: str, p: dict[str, int]) -> dict[str, Any]:
+    """Every tensor workload for both shapes, as ``tensor_<kind>_<workload>``."""
+    import os
+
+    out: dict[str, Any] = {}
+    for kind in SHAPES:
+        shape, dtype = shape_of(kind, p["tensor_rows"])
+        base = os.path.join(directory, f"tensor-{kind}")
+        out[f"tensor_{kind}_publish"] = tensor_publish(
+            impl, base + "-pub", shape=shape, dtype=dtype, count=p["tensor_count"])
+        out[f"tensor_{kind}_load"] = tensor_load(
+            impl, base + "-load", shape=shape, dtype=dtype, count=p["tensor_count"],
+            passes=p["tensor_passes"])
+        out[f"tensor_{kind}_slice"] = tensor_slice(
+            impl, base + "-slice", shape=shape, dtype=dtype, reads=p["tensor_slice_reads"])
+    return out

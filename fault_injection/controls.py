@@ -1,0 +1,197 @@
+"""Negative controls: deliberately broken variants of the store and of the framing layer,
+made by monkeypatching ``straw`` for the duration of a ``with`` block (``straw/`` itself is
+never changed).  Each crash or frame campaign must catch every control aimed at it; a
+control that is not caught means the campaign has lost its power to find that bug.
+
+Store controls (caught by the store crash campaign):
+
+* ``reply-before-fsync`` -- ``PackWriter.append_group`` skips its ``fdatasync``: a
+  reference is returned before its bytes are durable (breaks D1).
+* ``no-dir-fsync-new-pack`` -- a new pack's name is never made durable by a directory
+  fsync (breaks D1: a power loss can make the whole pack vanish).
+* ``torn-tail-is-corruption`` -- the scanner reports an unsynced, torn final frame as
+  ``CorruptData`` (breaks D6: recovery fails after an ordinary power loss).
+* ``scanner-accepts-garbage`` -- the scanner accepts a frame without checking its body
+  (breaks D6: a torn, never-acknowledged extent is indexed and returned by lookup).
+* ``recovery-trusts-unsynced`` -- recovery indexes a killed predecessor's open pack
+  without fsyncing it first (breaks D1 for references returned by lookup/retry).
+* ``index-forgets-predecessors`` -- a new writer incarnation does not rebuild the
+  idempotency index of the earlier ones (breaks D7).
+
+Frame controls (caught by the frame campaign):
+
+* ``decode-skips-body-checksum`` -- ``decode_frame`` does not verify the body.
+* ``short-frame-is-corrupt`` -- ``decode_frame`` reports an incomplete frame as corrupt.
+* ``scan-never-corrupt`` -- ``scan_frames`` treats every damaged frame as a torn tail.
+* ``torn-tail-is-corruption`` also breaks the frame campaign's file-level prefix check.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from straw import framing, pack, writer
+from straw.errors import CorruptData
+
+
+class _SkipOps:
+    """A ``Filesystem`` stand-in that silently skips some operations (``fsync_dir`` ...)."""
+
+    def __init__(self, fs: Any, skip: frozenset[str]) -> None:
+        self._fs = fs
+        self._skip = skip
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self._skip:
+            return lambda *args, **kwargs: None
+        return getattr(self._fs, name)
+
+
+@contextlib.contextmanager
+def _patched(obj: Any, name: str, value: Any) -> Iterator[None]:
+    old = getattr(obj, name)
+    setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        setattr(obj, name, old)
+
+
+def _reply_before_fsync() -> contextlib.AbstractContextManager[None]:
+    orig = pack.PackWriter.append_group
+
+    def append_group(self: pack.PackWriter, extents: Any) -> None:
+        real = self.fs
+        self.fs = _SkipOps(real, frozenset({"fdatasync"}))  # type: ignore[assignment]
+        try:
+            orig(self, extents)
+        finally:
+            self.fs = real
+
+    return _patched(pack.PackWriter, "append_group", append_group)
+
+
+def _no_dir_fsync_new_pack() -> contextlib.AbstractContextManager[None]:
+    orig = pack.PackWriter.__init__
+
+    def init(self: pack.PackWriter, fs: Any, *args: Any, **kwargs: Any) -> None:
+        orig(self, _SkipOps(fs, frozenset({"fsync_dir"})), *args, **kwargs)  # type: ignore[arg-type]
+        self.fs = fs
+
+    return _patched(pack.PackWriter, "__init__", init)
+
+
+def _torn_tail_is_corruption() -> contextlib.AbstractContextManager[None]:
+    orig = framing.scan_frames
+
+    def scan_frames(read_at: Any, size: int, *, start: int = 0) -> framing.ScanResult:
+        result = orig(read_at, size, start=start)
+        if result.torn:
+            raise CorruptData(f"damaged final frame at offset {result.end} (control)")
+        return result
+
+    return _patched(framing, "scan_frames", scan_frames)
+
+
+def _scanner_accepts_garbage() -> contextlib.AbstractContextManager[None]:
+    def try_frame(read_at: Any, pos: int) -> framing.ScannedFrame | None:
+        try:
+            header = framing.decode_header(read_at(pos, framing.HEADER_SIZE))
+        except (framing.TornFrame, CorruptData):
+            return None
+        if header.group_start > pos:
+            return None
+        body = read_at(pos + framing.HEADER_SIZE, header.body_length)
+        if len(body) < header.body_length:
+            return None
+        return framing.ScannedFrame(pos, header, body)  # body checksum not verified
+
+    return _patched(framing, "_try_frame", try_frame)
+
+
+def _recovery_trusts_unsynced() -> contextlib.AbstractContextManager[None]:
+    orig = writer.WriterIncarnation._pack_entries
+
+    def pack_entries(self: writer.WriterIncarnation, path: str) -> Any:
+        real = self.fs
+        self.fs = _SkipOps(real, frozenset({"fsync"}))  # type: ignore[assignment]
+        try:
+            return orig(self, path)
+        finally:
+            self.fs = real
+
+    return _patched(writer.WriterIncarnation, "_pack_entries", pack_entries)
+
+
+def _index_forgets_predecessors() -> contextlib.AbstractContextManager[None]:
+    orig = writer.WriterIncarnation._load_index
+
+    def load_index(self: writer.WriterIncarnation, *args: Any, **kwargs: Any) -> Any:
+        result = orig(self, *args, **kwargs)
+        self.index.clear()
+        return result
+
+    return _patched(writer.WriterIncarnation, "_load_index", load_index)
+
+
+def _decode_skips_body_checksum() -> contextlib.AbstractContextManager[None]:
+    def decode_frame(buf: Any) -> tuple[framing.FrameHeader, memoryview]:
+        mv = memoryview(buf).cast("B")
+        header = framing.decode_header(mv)
+        if mv.nbytes < header.frame_length:
+            raise framing.TornFrame("short")
+        return header, mv[framing.HEADER_SIZE:header.frame_length]
+
+    return _patched(framing, "decode_frame", decode_frame)
+
+
+def _short_frame_is_corrupt() -> contextlib.AbstractContextManager[None]:
+    orig = framing.decode_frame
+
+    def decode_frame(buf: Any) -> tuple[framing.FrameHeader, memoryview]:
+        try:
+            return orig(buf)
+        except framing.TornFrame as e:
+            raise CorruptData(f"short frame: {e} (control)") from None
+
+    return _patched(framing, "decode_frame", decode_frame)
+
+
+def _scan_never_corrupt() -> contextlib.AbstractContextManager[None]:
+    orig = framing.scan_frames
+
+    def scan_frames(read_at: Any, size: int, *, start: int = 0) -> framing.ScanResult:
+        try:
+            return orig(read_at, size, start=start)
+        except CorruptData:
+            # fall back to "everything from the first bad frame is a torn tail"
+            frames: list[framing.ScannedFrame] = []
+            pos = start
+            while pos < size:
+                f = framing._try_frame(read_at, pos)
+                if f is None:
+                    break
+                frames.append(f)
+                pos += f.header.frame_length
+            return framing.ScanResult(frames, pos, torn=True, sealed=False)
+
+    return _patched(framing, "scan_frames", scan_frames)
+
+
+STORE_CONTROLS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
+    "reply-before-fsync": _reply_before_fsync,
+    "no-dir-fsync-new-pack": _no_dir_fsync_new_pack,
+    "torn-tail-is-corruption": _torn_tail_is_corruption,
+    "scanner-accepts-garbage": _scanner_accepts_garbage,
+    "recovery-trusts-unsynced": _recovery_trusts_unsynced,
+    "index-forgets-predecessors": _index_forgets_predecessors,
+}
+
+FRAME_CONTROLS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
+    "decode-skips-body-checksum": _decode_skips_body_checksum,
+    "short-frame-is-corrupt": _short_frame_is_corrupt,
+    "scan-never-corrupt": _scan_never_corrupt,
+    "torn-tail-is-corruption": _torn_tail_is_corruption,
+}

@@ -1,0 +1,525 @@
+"""``just fuzz``: real processes on a real filesystem, killed and paused at random.
+
+Role: verification layer 7 of DESIGN.md.  On a real directory (and on a JuiceFS mount,
+two clients of one volume, when one can be mounted):
+
+* N writer processes (distinct ``writer_id``) publish random-size publications in a loop
+  (single publications and ``publish_many`` batches with index and ref dependencies).
+  Publication number ``seq`` of a writer has submission id ``<writer>-<seq>`` and content
+  generated from the payload seed ``<seed>:<writer>:<seq>``.  AFTER ``publish`` returned,
+  the writer appends ``{sid, seq, payload_seed, refs}`` to its own fsynced ``AckLog``.  A
+  restarted writer continues after the last acknowledged ``seq``: it first retries the
+  one that was in flight when it died, with the same content, so D7 is exercised too.
+* A reader process (on the other JuiceFS client) follows every writer's ack log and
+  verifies each acknowledged reference as it appears.
+* A seeded supervisor sends random SIGKILL to writers (and restarts them with the same
+  writer id) and SIGSTOP/SIGCONT to writers and the reader, for ``--seconds``.
+* Afterwards the checker verifies every acknowledged reference (the bytes match the
+  payload seed) and that each writer's ``lookup_submission`` of every acknowledged
+  submission id returns the same refs, and a retry of it too.
+
+Prints a summary per filesystem (kills, stops, restarts, publications verified, seed) and
+exits non-zero on any violation (a mismatch, an unexpected exception, a writer or reader
+that died on its own).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from straw import (
+    Publication,
+    Record,
+    RecordSetRef,
+    SharedFilesystemStore,
+    StorageUnavailable,
+    UnsafeRecovery,
+)
+from straw.fs import PosixFS
+from straw.publication_log import AckLog
+
+RUN = "fuzz"
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+READER_STATUS = "reader.status.json"
+VIOLATIONS = "violations.jsonl"
+
+
+# --- content ------------------------------------------------------------------------------
+
+def _size(r: random.Random) -> int:
+    x = r.random()
+    if x < 0.75:
+        return r.randint(0, 4096)
+    if x < 0.99:
+        return r.randint(4096, 64 * 1024)
+    return r.randint(64 * 1024, 1024 * 1024)
+
+
+def content(payload_seed: str, dep: RecordSetRef | None) -> list[Publication]:
+    """The publications of one submission, regenerated from its payload seed (``dep``:
+    the writer's previous acknowledged ref, named as a dependency by some batches)."""
+    r = random.Random(payload_seed)
+    n_pubs = 1 if r.random() < 0.7 else r.randint(2, 3)
+    pubs = []
+    for i in range(n_pubs):
+        recs = []
+        for j in range(1 if r.random() < 0.8 else r.randint(2, 3)):
+            size = _size(r)
+            recs.append(Record(f"r{i}.{j}", r.randbytes(size), "bytes.v1",
+                               {"seed": payload_seed, "i": i, "j": j}))
+        deps: list[RecordSetRef | int] = []
+        if i > 0 and r.random() < 0.5:
+            deps.append(i - 1)
+        if dep is not None and r.random() < 0.3:
+            deps.append(dep)
+        pubs.append(Publication(recs, tuple(deps)))
+    return pubs
+
+
+def check_read(store: SharedFilesystemStore, refs: Sequence[RecordSetRef],
+               pubs: Sequence[Publication]) -> int:
+    """Raise AssertionError unless ``refs`` read back as ``pubs``; returns bytes checked."""
+    if len(refs) != len(pubs):
+        raise AssertionError(f"{len(refs)} refs for {len(pubs)} publications")
+    n = 0
+    for ref, pub in zip(refs, pubs, strict=True):
+        got = store.read(ref)
+        if len(got) != len(pub.records) or any(
+                g != w for g, w in zip(got, pub.records, strict=True)):
+            raise AssertionError(f"{ref} does not read back as what was published")
+        n += sum(len(bytes(w.payload)) for w in pub.records)
+    return n
+
+
+def _entry_refs(entry: dict[str, Any]) -> list[RecordSetRef]:
+    return [RecordSetRef.from_dict(d) for d in entry["refs"]]
+
+
+def _entry_dep(entries_by_seq: dict[int, dict[str, Any]], seq: int) -> RecordSetRef | None:
+    prev = entries_by_seq.get(seq - 1)
+    return _entry_refs(prev)[0] if prev else None
+
+
+def _report(logdir: str, who: str, message: str) -> None:
+    with open(os.path.join(logdir, VIOLATIONS), "a") as f:
+        f.write(json.dumps({"who": who, "message": message}) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+# --- writer process -------------------------------------------------------------------------
+
+_stop = False
+
+
+def _on_term(_sig: int, _frame: object) -> None:
+    global _stop
+    _stop = True
+
+
+_PARENT = os.getppid()
+
+
+def _orphaned() -> bool:
+    """The supervisor is gone: stop instead of running on forever."""
+    return os.getppid() != _PARENT
+
+
+def _open_store(root: str, writer_id: str) -> SharedFilesystemStore:
+    store = SharedFilesystemStore(root, RUN, writer_id=writer_id, reserve_bytes=4 << 20,
+                                  segment_target_bytes=16 << 20)
+    # take the writer lock now; a killed predecessor's lock may take a moment to go away
+    # on a network filesystem
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            store.lookup_submission("-")
+            return store
+        except UnsafeRecovery:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def writer_main(root: str, acks: str, logdir: str, writer_id: str, seed: int,
+                control: str | None = None) -> int:
+    signal.signal(signal.SIGTERM, _on_term)
+    if control:  # a negative control: a deliberately broken engine in this writer
+        from fault_injection.controls import STORE_CONTROLS
+        with STORE_CONTROLS[control]():
+            return _writer_loop(root, acks, logdir, writer_id, seed)
+    return _writer_loop(root, acks, logdir, writer_id, seed)
+
+
+def _writer_loop(root: str, acks: str, logdir: str, writer_id: str, seed: int) -> int:
+    log = AckLog(PosixFS(), os.path.join(acks, f"acks-{writer_id}.log"))
+    by_seq = {e["seq"]: e for e in log.read()}
+    seq = max(by_seq, default=-1) + 1
+    store = _open_store(root, writer_id)
+    r = random.Random(f"{seed}:{writer_id}:{seq}:ops")
+    try:
+        while not _stop and not _orphaned():
+            payload_seed = f"{seed}:{writer_id}:{seq}"
+            sid = f"{writer_id}-{seq}"
+            pubs = content(payload_seed, _entry_dep(by_seq, seq))
+            refs = store.publish_many(pubs, submission_id=sid)
+            entry = {"sid": sid, "seq": seq, "payload_seed": payload_seed,
+                     "refs": [x.to_dict() for x in refs]}
+            log.append(entry)  # acknowledged: publish returned, now it is on record
+            by_seq[seq] = entry
+            seq += 1
+            time.sleep(r.random() * 0.004)  # leave the shared machine some room
+            x = r.random()
+            if x < 0.05 and len(by_seq) > 1:  # an earlier submission: lookup and retry
+                old = by_seq[r.choice(sorted(by_seq))]
+                want = _entry_refs(old)
+                got = store.lookup_submission(old["sid"])
+                again = store.publish_many(
+                    content(old["payload_seed"], _entry_dep(by_seq, old["seq"])),
+                    submission_id=old["sid"])
+                if got != want or again != want:
+                    _report(logdir, writer_id, f"{old['sid']}: acknowledged {want}, "
+                            f"lookup {got}, retry {again}")
+                    return 3
+            elif x < 0.07:
+                store.seal()
+            elif x < 0.08:  # a clean in-process restart
+                store.close()
+                store = _open_store(root, writer_id)
+    except Exception:
+        _report(logdir, writer_id, "writer raised:\n" + traceback.format_exc())
+        return 2
+    finally:
+        if not store.closed:
+            store.close()
+        log.close()
+    return 0
+
+
+# --- reader process -------------------------------------------------------------------------
+
+def reader_main(root: str, acks: str, logdir: str, writers: Sequence[str]) -> int:
+    signal.signal(signal.SIGTERM, _on_term)
+    store = SharedFilesystemStore(root, RUN, writer_id="reader")  # reads only: no lock
+    verified: dict[str, int] = dict.fromkeys(writers, 0)
+    lagging = 0
+    status = os.path.join(logdir, READER_STATUS)
+
+    def save() -> None:
+        tmp = status + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump({"verified": sum(verified.values()), "lagging": lagging}, f)
+        os.replace(tmp, status)
+
+    try:
+        while not _stop and not _orphaned():
+            for w in writers:
+                entries = AckLog(PosixFS(), os.path.join(acks, f"acks-{w}.log")).read()
+                by_seq = {e["seq"]: e for e in entries}
+                for e in entries[verified[w]:]:
+                    if _stop:
+                        break
+                    try:
+                        check_read(store, _entry_refs(e),
+                                   content(e["payload_seed"], _entry_dep(by_seq, e["seq"])))
+                    except StorageUnavailable:
+                        lagging += 1  # visibility lag on another client: retried later
+                        break
+                    except Exception as exc:
+                        _report(logdir, "reader", f"{e['sid']}: {type(exc).__name__}: {exc}")
+                        return 3
+                    verified[w] += 1
+            save()
+            time.sleep(0.05)
+    except Exception:
+        _report(logdir, "reader", "reader raised:\n" + traceback.format_exc())
+        return 2
+    finally:
+        save()
+        store.close()
+    return 0
+
+
+# --- supervisor -----------------------------------------------------------------------------
+
+@dataclass
+class Summary:
+    target: str
+    seed: int
+    seconds: float
+    writers: int
+    kills: int = 0
+    stops: int = 0
+    restarts: int = 0
+    submissions: int = 0
+    publications: int = 0
+    bytes_verified: int = 0
+    retries_checked: int = 0
+    reader_verified: int = 0
+    violations: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        return (f"fuzz [{self.target}] seed={self.seed} {self.seconds:.0f}s, "
+                f"{self.writers} writers: {self.kills} kills, {self.stops} stops, "
+                f"{self.restarts} restarts; {self.submissions} acknowledged submissions = "
+                f"{self.publications} publications ({self.bytes_verified / 1e6:.1f} MB) "
+                f"verified by the checker, {self.retries_checked} lookups+retries checked, "
+                f"{self.reader_verified} verified live by the reader; "
+                f"{len(self.violations)} violations")
+
+
+class _Proc:
+    def __init__(self, name: str, argv: list[str], logdir: str) -> None:
+        self.name = name
+        self.argv = argv
+        self.logpath = os.path.join(logdir, f"{name}.stderr")
+        self.p: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    def start(self) -> None:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (_REPO, env.get("PYTHONPATH", "")) if p)
+        with open(self.logpath, "ab") as err:
+            self.p = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=err,
+                                      cwd=_REPO, env=env)
+
+    @property
+    def pid(self) -> int:
+        assert self.p is not None
+        return self.p.pid
+
+    def tail(self) -> str:
+        try:
+            with open(self.logpath, errors="replace") as f:
+                return "".join(f.readlines()[-15:])
+        except OSError:
+            return ""
+
+
+def _role_argv(role: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", "fault_injection.fuzz", "--role", role, *args]
+
+
+def run_target(target: str, write_base: str, read_base: str, logdir: str, *,
+               seconds: float, n_writers: int, seed: int, control: str | None = None
+               ) -> Summary:
+    """One fuzz run.  ``write_base`` and ``read_base`` name the same directory as seen by
+    the writers and by the reader/checker (two JuiceFS clients, or the same path);
+    ``logdir`` is local (process logs, reported violations, reader status)."""
+    write_root, read_root = os.path.join(write_base, "pool"), os.path.join(read_base, "pool")
+    acks_w, acks_r = os.path.join(write_base, "acks"), os.path.join(read_base, "acks")
+    os.makedirs(acks_w, exist_ok=True)
+    os.makedirs(logdir, exist_ok=True)
+    s = Summary(target, seed, seconds, n_writers)
+    rng = random.Random(seed)
+    names = [f"w{i}" for i in range(n_writers)]
+    writers = {w: _Proc(w, _role_argv("writer", "--root", write_root, "--acks", acks_w,
+                                      "--logdir", logdir, "--writer-id", w,
+                                      "--seed", str(seed),
+                                      *(("--control", control) if control else ())), logdir)
+               for w in names}
+    reader = _Proc("reader", _role_argv("reader", "--root", read_root, "--acks", acks_r,
+                                        "--logdir", logdir, "--writer-ids", ",".join(names)),
+                   logdir)
+    everyone = [*writers.values(), reader]
+    t_end = time.monotonic() + seconds
+    try:
+        while time.monotonic() < t_end:
+            time.sleep(rng.uniform(0.1, 0.6))
+            for proc in everyone:
+                assert proc.p is not None
+                rc = proc.p.poll()
+                if rc is not None:
+                    s.violations.append(f"{proc.name} exited on its own (rc={rc}):\n"
+                                        f"{proc.tail()}")
+                    proc.start()
+                    s.restarts += 1
+            action = rng.choices(["kill", "stop", "stop-reader", "kill-stopped", "none"],
+                                 weights=[5, 3, 1, 1, 2])[0]
+            w = writers[rng.choice(names)]
+            if action == "kill":
+                os.kill(w.pid, signal.SIGKILL)
+            elif action == "kill-stopped":  # paused, then killed without resuming
+                os.kill(w.pid, signal.SIGSTOP)
+                s.stops += 1
+                time.sleep(rng.uniform(0.0, 0.2))
+                os.kill(w.pid, signal.SIGKILL)
+            if action in ("kill", "kill-stopped"):
+                assert w.p is not None
+                w.p.wait()
+                s.kills += 1
+                w.start()
+                s.restarts += 1
+            elif action in ("stop", "stop-reader"):
+                victim = reader if action == "stop-reader" else w
+                os.kill(victim.pid, signal.SIGSTOP)
+                time.sleep(rng.uniform(0.05, 0.8))
+                os.kill(victim.pid, signal.SIGCONT)
+                s.stops += 1
+    finally:
+        for proc in everyone:
+            assert proc.p is not None
+            if proc.p.poll() is None:
+                os.kill(proc.pid, signal.SIGCONT)
+                proc.p.send_signal(signal.SIGTERM)
+        for proc in everyone:
+            assert proc.p is not None
+            try:
+                rc = proc.p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.p.kill()
+                rc = proc.p.wait()
+                s.violations.append(f"{proc.name} did not stop within 60 s of SIGTERM")
+            if rc not in (0, -signal.SIGTERM):
+                s.violations.append(f"{proc.name} ended with rc={rc}:\n{proc.tail()}")
+    vpath = os.path.join(logdir, VIOLATIONS)
+    if os.path.exists(vpath):
+        with open(vpath) as f:
+            s.violations += [json.loads(line)["who"] + ": " + json.loads(line)["message"]
+                             for line in f if line.strip()]
+    try:
+        with open(os.path.join(logdir, READER_STATUS)) as f:
+            s.reader_verified = json.load(f)["verified"]
+    except (OSError, ValueError):
+        pass
+    check(read_root, acks_r, names, s)
+    return s
+
+
+def check(root: str, acks: str, writers: Sequence[str], s: Summary) -> None:
+    """Every acknowledged reference reads back as its payload seed says; each writer's
+    lookup (and a retry) of every acknowledged submission returns the same refs."""
+    for w in writers:
+        entries = AckLog(PosixFS(), os.path.join(acks, f"acks-{w}.log")).read()
+        by_seq: dict[int, dict[str, Any]] = {}
+        for e in entries:
+            prev = by_seq.get(e["seq"])
+            if prev is not None and prev["refs"] != e["refs"]:
+                s.violations.append(f"{e['sid']} acknowledged twice with different refs")
+            by_seq[e["seq"]] = e
+        try:
+            store = SharedFilesystemStore(root, RUN, writer_id=w)
+        except Exception as exc:
+            s.violations.append(f"checker cannot open writer {w}: {exc!r}")
+            continue
+        try:
+            for seq in sorted(by_seq):
+                e = by_seq[seq]
+                refs = _entry_refs(e)
+                pubs = content(e["payload_seed"], _entry_dep(by_seq, seq))
+                try:
+                    s.bytes_verified += check_read(store, refs, pubs)
+                    got = store.lookup_submission(e["sid"])
+                    if got != refs:
+                        raise AssertionError(f"lookup returned {got}, acknowledged {refs}")
+                    again = store.publish_many(pubs, submission_id=e["sid"])
+                    if again != refs:
+                        raise AssertionError(f"retry returned {again}, acknowledged {refs}")
+                except Exception as exc:
+                    s.violations.append(f"checker: {e['sid']}: {type(exc).__name__}: {exc}")
+                    continue
+                s.submissions += 1
+                s.publications += len(refs)
+                s.retries_checked += 1
+        finally:
+            store.close()
+
+
+@contextlib.contextmanager
+def _juicefs(base: str) -> Iterator[tuple[str, str] | str]:
+    """Two clients of a fresh JuiceFS volume, or the reason there are none."""
+    try:
+        from tests.juicefs_fixture import JuiceFSUnavailable, mount_pair
+    except ImportError as e:  # pragma: no cover - run from outside the repository
+        yield f"cannot import tests.juicefs_fixture: {e}"
+        return
+    try:
+        with mount_pair(os.path.join(base, "juicefs")) as m:
+            yield (m.a, m.b)
+    except JuiceFSUnavailable as e:
+        yield str(e)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m fault_injection.fuzz",
+                                 description="straw fuzz harness: real processes, SIGKILL, "
+                                             "SIGSTOP/SIGCONT, checked against ack logs")
+    ap.add_argument("--seconds", type=float, default=60.0, help="per filesystem")
+    ap.add_argument("--writers", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--dir", default=None, help="work directory (default: a temp dir)")
+    ap.add_argument("--juicefs", choices=("auto", "yes", "no"), default="auto",
+                    help="also run on a JuiceFS mount: when available / required / never")
+    ap.add_argument("--keep", action="store_true", help="keep the pools and logs")
+    ap.add_argument("--control", default=None,
+                    help="negative control: run the writers on a deliberately broken engine "
+                         "(a name from fault_injection.controls.STORE_CONTROLS); the run "
+                         "must then report violations")
+    ap.add_argument("--role", choices=("writer", "reader"), help=argparse.SUPPRESS)
+    for hidden in ("--root", "--acks", "--logdir", "--writer-id", "--writer-ids"):
+        ap.add_argument(hidden, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.role == "writer":
+        return writer_main(args.root, args.acks, args.logdir, args.writer_id, args.seed,
+                           args.control)
+    if args.role == "reader":
+        return reader_main(args.root, args.acks, args.logdir, args.writer_ids.split(","))
+
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
+    base = args.dir or tempfile.mkdtemp(prefix="straw-fuzz-")
+    os.makedirs(base, exist_ok=True)
+    summaries: list[Summary] = []
+    notes: list[str] = []
+    try:
+        local = os.path.join(base, "local")
+        summaries.append(run_target("local", local, local, os.path.join(base, "logs-local"),
+                                    seconds=args.seconds, n_writers=args.writers, seed=seed,
+                                    control=args.control))
+        print(summaries[-1].line(), flush=True)
+        if args.juicefs != "no":
+            with _juicefs(base) as mounts:
+                if isinstance(mounts, str):
+                    notes.append(f"JuiceFS skipped: {mounts.splitlines()[0]}")
+                    if args.juicefs == "yes":
+                        print(notes[-1])
+                        return 1
+                else:
+                    a, b = mounts
+                    s = run_target("juicefs", a, b, os.path.join(base, "logs-juicefs"),
+                                   seconds=args.seconds, n_writers=args.writers, seed=seed,
+                                   control=args.control)
+                    summaries.append(s)
+                    print(s.line(), flush=True)
+    finally:
+        if not args.keep and args.dir is None:
+            shutil.rmtree(base, ignore_errors=True)
+    for n in notes:
+        print(n)
+    bad = [v for s in summaries for v in s.violations]
+    for v in bad[:20]:
+        print("VIOLATION " + v)
+    print(f"fuzz summary: seed={seed}, {len(summaries)} filesystem(s), "
+          f"{sum(s.kills for s in summaries)} kills, {sum(s.stops for s in summaries)} stops, "
+          f"{sum(s.restarts for s in summaries)} restarts, "
+          f"{sum(s.publications for s in summaries)} acknowledged publications verified, "
+          f"{len(bad)} violations" + (f"; files in {base}" if args.keep or args.dir else ""))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
