@@ -113,46 +113,49 @@ class SharedFilesystemStore:
 
     # --- pool ---------------------------------------------------------------------------
     def _init_pool(self) -> None:
-        """Create the pool marker once (exclusive create: never a rename over a name other
-        clients may have cached) and check its format.  Another client may be creating
-        it right now: an absent or empty marker is retried a bounded number of times."""
+        """Create the pool marker once and check its format.
+
+        The marker is created exclusively (never renamed over a name other clients may
+        have cached) and its content is fixed, so a marker that a crash left empty or torn
+        is simply rewritten in place — concurrent repairers write the same bytes."""
         marker = os.path.join(self.root, "POOL")
-        retries, delay = self._visibility
+        body = json.dumps({"format": "straw-pool", "version": POOL_FORMAT}).encode()
         try:
-            for _ in range(retries + 1):
+            for _ in range(3):
                 try:
-                    data: bytes | None = self.fs.read_file(marker)
+                    data = self.fs.read_file(marker)
                 except FileNotFoundError:
-                    data = None
-                if data:
-                    break
-                if data is None:
                     self.fs.makedirs_durable(self.root)
                     try:
                         fd = self.fs.open(marker, write=True, create=True, exclusive=True)
                     except FileExistsError:
-                        pass  # another client is creating it
-                    else:
-                        try:
-                            body = json.dumps({"format": "straw-pool",
-                                               "version": POOL_FORMAT}).encode()
-                            self.fs.writev(fd, [body], 0)
-                            self.fs.fsync(fd)
-                        finally:
-                            self.fs.close(fd)
-                        self.fs.fsync_dir(self.root)
-                        continue
-                self.clock.sleep(delay)
-                delay = min(delay * 2, 1.0)
+                        continue  # another client created it: read theirs
+                    try:
+                        self.fs.writev(fd, [body], 0)
+                        self.fs.fsync(fd)
+                    finally:
+                        self.fs.close(fd)
+                    self.fs.fsync_dir(self.root)
+                    continue
+                try:
+                    info = json.loads(data)
+                except ValueError:
+                    info = None
+                if isinstance(info, dict):
+                    break
+                # empty, zeros or torn: our own creation was cut short by a crash
+                fd = self.fs.open(marker, write=True)
+                try:
+                    self.fs.truncate(fd, 0)
+                    self.fs.writev(fd, [body], 0)
+                    self.fs.fsync(fd)
+                finally:
+                    self.fs.close(fd)
             else:
                 raise StorageUnavailable(f"pool marker {marker} did not become readable")
-            info = json.loads(data)
         except OSError as e:
             raise storage_error(e, f"cannot open pool {self.root}") from e
-        except ValueError:
-            raise UnsupportedSchema(f"{marker} is not a straw pool marker") from None
-        if not isinstance(info, dict) or info.get("format") != "straw-pool" \
-                or not isinstance(info.get("version"), int):
+        if info.get("format") != "straw-pool" or not isinstance(info.get("version"), int):
             raise UnsupportedSchema(f"{marker} is not a straw pool marker: {info!r}")
         if info["version"] > POOL_FORMAT:
             raise UnsupportedSchema(

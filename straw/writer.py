@@ -61,6 +61,30 @@ def ref_from_entry(run_id: str, path: str, e: ExtentEntry) -> RecordSetRef:
                         e.records)
 
 
+def _complete_batch(items: Sequence[tuple[str, ExtentEntry]]
+                    ) -> list[tuple[str, ExtentEntry]] | None:
+    """The batch a submission id stands for: extents 0..n-1 written together, i.e. in one
+    pack, back to back.  A torn remnant of an unacknowledged attempt (some extents of a
+    batch that a crash cut short) never mixes with the complete retry; if several complete
+    batches exist (a retry after a reply was lost to a crash), the latest one wins, which
+    is the one the caller was acknowledged."""
+    found = None
+    for k, (rel, first) in enumerate(items):
+        if first.index != 0:
+            continue
+        run = [(rel, first)]
+        for rel2, e in items[k + 1:]:
+            prev = run[-1][1]
+            if rel2 == rel and e.index == prev.index + 1 and e.count == first.count \
+                    and e.offset == prev.offset + prev.size:
+                run.append((rel2, e))
+            if len(run) == first.count:
+                break
+        if len(run) == first.count:
+            found = run
+    return found
+
+
 class WriterIncarnation:
     def __init__(self, fs: Filesystem, root: str, run_id: str, writer_id: str, clock: Clock,
                  catalog: Catalog, *, segment_target_bytes: int, reserve_bytes: int) -> None:
@@ -163,16 +187,11 @@ class WriterIncarnation:
             if unsealed:
                 self.fs.fsync_dir(inc_dir)
         for sub, items in found.items():
-            by_index: dict[int, tuple[str, ExtentEntry]] = {}
-            count = items[0][1].count
-            for rel, e in items:
-                if e.count == count:
-                    by_index.setdefault(e.index, (rel, e))
-            if len(by_index) == count and sorted(by_index) == list(range(count)):
-                ordered = [by_index[i] for i in range(count)]
+            batch = _complete_batch(items)
+            if batch is not None:
                 self.index[sub] = Submission(
-                    tuple(e.digest for _, e in ordered),
-                    tuple(ref_from_entry(self.run_id, rel, e) for rel, e in ordered),
+                    tuple(e.digest for _, e in batch),
+                    tuple(ref_from_entry(self.run_id, rel, e) for rel, e in batch),
                 )
         acknowledged = {(r.path, r.offset) for sub in self.index.values() for r in sub.refs}
         return {rel: ([e.offset for e in entries],

@@ -30,12 +30,11 @@ RECRASH = "power+recrash/clear-cache/0"
 # Engine bugs found by the campaigns and reported (reproductions below).  A bounded
 # campaign whose every violation matches one of these is an expected failure until the
 # engine is fixed; anything else fails the test.  Remove an entry when its bug is fixed.
-KNOWN_ENGINE_BUGS = {
-    "pool-marker-bricked": re.compile(r"pool marker /pool/POOL did not become readable|"
-                                      r"/pool/POOL is not a straw pool marker"),
-    "torn-batch-mixed-refs": re.compile(r"clean restart after recovery: violation: "
-                                        r"lookup_submission\('[^']+'\) of an acknowledged"),
-}
+# Violations that match an entry here are known engine bugs (the test xfails instead of
+# failing).  Empty: the two found by the campaigns (a torn pool marker bricking the pool;
+# a torn publish_many remnant mixed into a retried batch's refs) are fixed, and their
+# reproductions below now pass.
+KNOWN_ENGINE_BUGS: dict[str, re.Pattern[str]] = {}
 
 
 @pytest.mark.parametrize("name", ["publish", "publish_many", "rotation", "restart",
@@ -89,27 +88,23 @@ def test_fuzz_short_run_on_a_temp_dir(tmp_path) -> None:
     assert re.search(r"[1-9]\d* acknowledged publications verified", proc.stdout), proc.stdout
 
 
-# --- reproductions of engine bugs found by the campaigns (strict: they flip when fixed) ---
+# --- reproductions of engine bugs the campaigns found (now fixed) ---
 
 def _store(sim: SimFS) -> SharedFilesystemStore:
     return SharedFilesystemStore("/pool", "run", writer_id="w0", fs=sim, clock=ManualClock(),
                                  reserve_bytes=0, visibility_retries=2)
 
 
-@pytest.mark.xfail(strict=True, reason="engine bug: a crash while the pool marker is being "
-                   "created leaves an empty POOL that no store can ever open")
-def test_repro_pool_marker_crash_bricks_the_pool() -> None:
+def test_crash_while_creating_the_pool_marker_does_not_brick_the_pool() -> None:
     sim = SimFS(0)
     sim.crash_at(1, ops="writev", path="POOL$")  # the process dies right after creating POOL
     with pytest.raises(SimulatedCrash):
         _store(sim)
     sim.kill_client("main")
-    _store(sim).close()  # StorageUnavailable: pool marker /pool/POOL did not become readable
+    _store(sim).close()  # was: StorageUnavailable, the empty marker bricked the pool
 
 
-@pytest.mark.xfail(strict=True, reason="engine bug (D7): after a torn publish_many batch "
-                   "was retried, a restart's lookup mixes the torn remnant into the refs")
-def test_repro_torn_batch_retry_lookup_is_stable() -> None:
+def test_torn_batch_retry_lookup_is_stable() -> None:
     sim = SimFS(0)
     batch = [Publication([Record("d0", b"x" * 10)]), Publication([Record("d1", b"y" * 600)])]
     s = _store(sim)
@@ -129,5 +124,5 @@ def test_repro_torn_batch_retry_lookup_is_stable() -> None:
     acked = s.publish_many(batch, submission_id="d")  # the retry is acknowledged
     s.close()
     s = _store(sim)
-    assert s.lookup_submission("d") == acked  # fails: ref 0 points at the torn remnant
+    assert s.lookup_submission("d") == acked  # was: ref 0 pointed at the torn remnant
     s.close()
