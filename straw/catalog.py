@@ -197,6 +197,8 @@ class Catalog:
         self._offset = 0  # how far this client has replayed
         self._lock_fd: int | None = None
         self._mutex = threading.Lock()
+        self._pending_lock = threading.Lock()
+        self._pending: list[_AdoptRequest] = []
 
     def close(self) -> None:
         with self._mutex:
@@ -209,21 +211,26 @@ class Catalog:
     def locked(self) -> Iterator[CatalogState]:
         """Hold the pool lock with an up-to-date state.  The data is read through a handle
         opened *after* the lock was taken (close-to-open visibility across clients)."""
-        with self._mutex:
+        with self._mutex, self._flocked() as st:
+            yield st
+
+    @contextlib.contextmanager
+    def _flocked(self) -> Iterator[CatalogState]:
+        """The cross-client lock and a refreshed state (``_mutex`` already held)."""
+        try:
+            if self._lock_fd is None:
+                self._lock_fd = self._open_lock_file()
+            self.fs.lock(self._lock_fd)
+        except OSError as e:
+            raise storage_error(e, f"cannot lock catalog {self.path}") from e
+        try:
+            self._refresh()
+            yield self.state
+        finally:
             try:
-                if self._lock_fd is None:
-                    self._lock_fd = self._open_lock_file()
-                self.fs.lock(self._lock_fd)
-            except OSError as e:
-                raise storage_error(e, f"cannot lock catalog {self.path}") from e
-            try:
-                self._refresh()
-                yield self.state
-            finally:
-                try:
-                    self.fs.unlock(self._lock_fd)
-                except OSError:
-                    pass
+                self.fs.unlock(self._lock_fd)
+            except OSError:
+                pass
 
     def _open_lock_file(self) -> int:
         try:
@@ -275,24 +282,28 @@ class Catalog:
             if n < len(chunk):
                 return bytes(out)
 
-    def _append_fd(self, fd: int, ops: list[dict[str, Any]]) -> None:
+    def _append_fd(self, fd: int, ops: list[dict[str, Any]]) -> int:
         body = msgpack.packb({"v": CATALOG_VERSION, "ops": ops}, use_bin_type=True)
         frame = framing.encode_frame(framing.KIND_CATALOG, body, group_start=self._offset)
         self.fs.writev(fd, [frame], self._offset)
         self.fs.fsync(fd)
+        return len(frame)
 
     def append(self, ops: list[dict[str, Any]]) -> None:
-        """Durably append one transaction (call inside ``locked``), then apply it."""
+        """Durably append one transaction (call inside ``locked``), then apply it exactly
+        as every other client will when it replays it (we hold the lock: nothing else
+        was appended since our refresh)."""
         fd = self.fs.open(self.path, write=True)
         try:
-            self._append_fd(fd, ops)
+            n = self._append_fd(fd, ops)
         except OSError as e:
             # the tail may now be torn: the next locker (maybe us) repairs it
             raise storage_error(e, f"catalog append to {self.path} failed") from e
         finally:
             self.fs.close(fd)
-        # re-read what we wrote so state and offset advance exactly as for other clients
-        self._refresh()
+        for op in ops:
+            self.state.apply(op)
+        self._offset += n
 
     # --- operations ---------------------------------------------------------------------
     def pack_open(self, path: str) -> None:
@@ -352,8 +363,14 @@ class Catalog:
     def adopt(self, owner: str, epoch: int, *, add: Iterable[Extent] = (),
               replace: Iterable[Extent] | None = None, unstage: Iterable[Extent] = ()) -> bool:
         """A queue coordinator's fenced update of its owner (see ``adopt`` above).  Returns
-        False if a newer epoch already owns it (this coordinator is fenced)."""
+        False if a newer epoch already owns it (this coordinator is fenced).
+
+        Plain additions from concurrent threads are combined: whichever thread gets the
+        catalog first writes every pending addition in ONE transaction (one lock, one
+        fsync) and the others find their request done — group commit for the catalog."""
         add = sorted(set(add))
+        if replace is None and not unstage:
+            return self._adopt_combined(owner, epoch, add)
         with self.locked() as st:
             if epoch < st.owner_epochs.get(owner, 0):
                 return False
@@ -370,6 +387,43 @@ class Catalog:
                 op["replace"] = [list(e) for e in sorted(set(replace))]
             self.append([op])
             return True
+
+    def _adopt_combined(self, owner: str, epoch: int, add: list[Extent]) -> bool:
+        req = _AdoptRequest(owner, epoch, add)
+        with self._pending_lock:
+            self._pending.append(req)
+        with self._mutex:
+            if req.done:  # an earlier holder wrote it for us
+                return req.finish()
+            return self._write_pending(req)
+
+    def _write_pending(self, req: _AdoptRequest) -> bool:
+        with self._flocked() as st:
+            with self._pending_lock:
+                batch, self._pending = self._pending, []
+            ops = []
+            for r in batch:
+                r.done = True
+                if r.epoch < st.owner_epochs.get(r.owner, 0):
+                    r.result = False
+                    continue
+                dead = [e for e in r.add if st.is_tombstoned(e[0])]
+                if dead:
+                    r.error = InvalidReference(
+                        f"cannot adopt the extent at {dead[0][0]} offset {dead[0][1]} for "
+                        f"{r.owner!r}: its pack was reclaimed (tombstoned)")
+                    continue
+                ops.append({"op": "adopt", "owner": r.owner, "epoch": r.epoch,
+                            "add": [list(e) for e in r.add], "unstage": []})
+            if ops:
+                try:
+                    self.append(ops)
+                except BaseException as e:
+                    for r in batch:
+                        if r.error is None and r.result:
+                            r.error = e
+                    raise
+            return req.finish()
 
     def unstage(self, extents: Iterable[Extent]) -> int:
         with self.locked() as st:
@@ -426,6 +480,21 @@ class Catalog:
                     p, PackInfo()).tombstoned),
                 "owners": sorted(st.owners),
             }
+
+
+@dataclass
+class _AdoptRequest:
+    owner: str
+    epoch: int
+    add: list[Extent]
+    done: bool = False
+    result: bool = True
+    error: BaseException | None = None
+
+    def finish(self) -> bool:
+        if self.error is not None:
+            raise self.error
+        return self.result
 
 
 def _decode_ops(body: Any, where: str) -> list[dict[str, Any]]:
