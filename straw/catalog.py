@@ -146,9 +146,25 @@ class CatalogState:
         out = set()
         for src in self.edges:
             info = self.packs.get(src[0])
-            if info is None or info.state == "open" or src[1] not in info.unstaged:
+            if info is None or src[1] not in info.unstaged:
                 out.add(src)
         return out
+
+    def tombstoned_dependency(self, roots: Iterable[Extent]) -> Extent | None:
+        """The first extent reachable from ``roots`` (themselves included) whose pack was
+        reclaimed: such roots cannot be retained (D3/D4: a root's whole closure must be
+        readable)."""
+        todo = list(roots)
+        seen: set[Extent] = set()
+        while todo:
+            e = todo.pop()
+            if e in seen:
+                continue
+            seen.add(e)
+            if self.is_tombstoned(e[0]):
+                return e
+            todo.extend(self.edges.get(e, ()))
+        return None
 
     def live_extents(self) -> set[Extent]:
         todo = [e for roots in self.owners.values() for e in roots]
@@ -319,9 +335,18 @@ class Catalog:
             self.append([{"op": "sealed", "path": path, "offsets": sorted(offsets),
                           "unstage": sorted(unstage)}])
 
-    def seal_if_open(self, packs: dict[str, tuple[list[int], list[int]]]) -> None:
-        """Recovery: mark a dead incarnation's packs sealed (path -> offsets, unstage)."""
+    def seal_if_open(self, packs: dict[str, tuple[list[int], list[int]]],
+                     prefix: str | None = None) -> None:
+        """Recovery: mark a dead incarnation's packs sealed (path -> offsets, unstage).
+        Packs under ``prefix`` the catalog calls open but that do not exist on disk (a
+        crash right after ``open`` was recorded) are sealed empty, so they do not stay
+        "open" forever.  The caller holds the writer lock of that prefix."""
         with self.locked() as st:
+            packs = dict(packs)
+            if prefix is not None:
+                for p, info in st.packs.items():
+                    if p.startswith(prefix) and info.state == "open" and p not in packs:
+                        packs[p] = ([], [])
             ops = [{"op": "sealed", "path": p, "offsets": sorted(offs), "unstage": sorted(un)}
                    for p, (offs, un) in sorted(packs.items())
                    if st.packs.get(p, PackInfo()).state == "open"
@@ -333,24 +358,24 @@ class Catalog:
         """Retain dependencies before the dependent bytes are written (D1, D4)."""
         with self.locked() as st:
             for _, deps in edges:
-                for dep in deps:
-                    if st.is_tombstoned(dep[0]):
-                        raise InvalidReference(
-                            f"dependency in pack {dep[0]} at offset {dep[1]} was reclaimed "
-                            "(tombstoned); it cannot be depended on"
-                        )
+                dead = st.tombstoned_dependency(deps)
+                if dead is not None:
+                    raise InvalidReference(
+                        f"dependency in pack {dead[0]} at offset {dead[1]} (or one it depends "
+                        "on) was reclaimed (tombstoned); it cannot be depended on"
+                    )
             self.append([{"op": "edges", "src": list(src), "deps": [list(d) for d in deps]}
                          for src, deps in edges])
 
     def retain(self, owner: str, roots: Iterable[Extent]) -> None:
         roots = sorted(set(roots))
         with self.locked() as st:
-            for p, o in roots:
-                if st.is_tombstoned(p):
-                    raise InvalidReference(
-                        f"cannot retain the extent at {p} offset {o} for owner {owner!r}: its "
-                        "pack was reclaimed (tombstoned)"
-                    )
+            dead = st.tombstoned_dependency(roots)
+            if dead is not None:
+                raise InvalidReference(
+                    f"cannot retain for owner {owner!r}: the extent at {dead[0]} offset "
+                    f"{dead[1]} (a root or one of its dependencies) was reclaimed (tombstoned)"
+                )
             self.append([{"op": "retain", "owner": owner, "roots": [list(r) for r in roots]}])
 
     def release(self, owner: str) -> bool:
@@ -374,12 +399,13 @@ class Catalog:
         with self.locked() as st:
             if epoch < st.owner_epochs.get(owner, 0):
                 return False
-            for p, o in add + (sorted(set(replace)) if replace is not None else []):
-                if st.is_tombstoned(p):
-                    raise InvalidReference(
-                        f"cannot adopt the extent at {p} offset {o} for {owner!r}: its pack was "
-                        "reclaimed (tombstoned)"
-                    )
+            dead = st.tombstoned_dependency(
+                add + (sorted(set(replace)) if replace is not None else []))
+            if dead is not None:
+                raise InvalidReference(
+                    f"cannot adopt for {owner!r}: the extent at {dead[0]} offset {dead[1]} (or "
+                    "a dependency of what was given) was reclaimed (tombstoned)"
+                )
             op: dict[str, Any] = {"op": "adopt", "owner": owner, "epoch": epoch,
                                   "add": [list(e) for e in add],
                                   "unstage": [list(e) for e in sorted(set(unstage))]}
@@ -407,11 +433,11 @@ class Catalog:
                 if r.epoch < st.owner_epochs.get(r.owner, 0):
                     r.result = False
                     continue
-                dead = [e for e in r.add if st.is_tombstoned(e[0])]
-                if dead:
+                dead = st.tombstoned_dependency(r.add)
+                if dead is not None:
                     r.error = InvalidReference(
-                        f"cannot adopt the extent at {dead[0][0]} offset {dead[0][1]} for "
-                        f"{r.owner!r}: its pack was reclaimed (tombstoned)")
+                        f"cannot adopt for {r.owner!r}: the extent at {dead[0]} offset "
+                        f"{dead[1]} (given, or a dependency) was reclaimed (tombstoned)")
                     continue
                 ops.append({"op": "adopt", "owner": r.owner, "epoch": r.epoch,
                             "add": [list(e) for e in r.add], "unstage": []})

@@ -232,11 +232,14 @@ class Coordinator:
         # D9: revoke older leases, durably, before serving anyone
         self._commit_now({"t": "epoch", "epoch": self.epoch})
         self._durable_commits = len(self.state.commits)
-        # the queue owner's roots: exactly what the recovered state needs, under our epoch
-        live = self._live_extents()
-        if not self.store.catalog.adopt(self.owner, self.epoch, replace=live):
+        # Claim the queue owner for our epoch (older coordinators' catalog updates are
+        # ignored from now on).  Its roots already cover the recovered state: everything a
+        # durable transaction names was adopted before it was journaled (D2), and only a
+        # replace at collect_garbage removes roots — of data no longer needed.
+        if not self.store.catalog.adopt(self.owner, self.epoch, add=()):
             raise Fenced(f"queue {self.owner} was taken over by a newer coordinator")
-        self._rooted = set(live)
+        with self.store.catalog.locked() as st:
+            self._rooted = set(st.owners.get(self.owner, ()))
         self._retired = self.state.retirement_cursor(self.consumer_id)
 
     def _fence_check(self) -> None:

@@ -37,7 +37,9 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
+
+import msgpack
 
 RefTuple = tuple[str, int, int, str, str, int]
 
@@ -49,7 +51,7 @@ CANCELLED = "cancelled"
 TERMINAL = frozenset({COMPLETED, FAILED, CANCELLED})
 
 
-@dataclass
+@dataclass(slots=True)
 class Task:
     task_id: str
     input: RefTuple | None
@@ -70,8 +72,9 @@ class Task:
         return (-self.priority, self.key, self.fifo)
 
 
-@dataclass
-class CommitRecord:
+class CommitRecord(NamedTuple):
+    """One accepted result (immutable: the commit log only grows)."""
+
     task_id: str
     attempt: int
     submission_id: str
@@ -331,8 +334,9 @@ class QueueState:
             "tasks": [[t.task_id, t.input, t.metadata, t.priority, t.key, t.max_attempts,
                        t.control, t.fifo, t.status, t.attempt, t.failures, t.lease,
                        t.position, t.last_error] for t in self.tasks.values()],
-            "commits": [[c.task_id, c.attempt, c.submission_id, c.result, c.digest, c.epoch,
-                         c.metadata] for c in self.commits],
+            # the commit log is most of a snapshot: one blob, decoded as tuples (several
+            # times faster than lists, and rows become CommitRecords without conversion)
+            "commits": msgpack.packb([tuple(c) for c in self.commits], use_bin_type=True),
             "requests": [[k, d, list(ids)] for k, (d, ids) in self.requests.items()],
             "producers": self.producers,
             "reads": [[w, t, a, r] for (w, t, a), r in self.reads.items()],
@@ -357,10 +361,10 @@ class QueueState:
                 heapq.heappush(st.lanes.setdefault(control, []), (task.order(), tid))
             elif status == LEASED:
                 st.leased_count += 1
-        for tid, attempt, sub, result, digest, epoch, meta in snap["commits"]:
-            st.submissions[sub] = len(st.commits)
-            st.commits.append(CommitRecord(tid, attempt, sub, tuple(result),  # type: ignore[arg-type]
-                                           digest, epoch, meta))
+        make = CommitRecord._make
+        rows = msgpack.unpackb(snap["commits"], raw=False, use_list=False)
+        st.commits = [make(row) for row in rows]
+        st.submissions = {c.submission_id: i for i, c in enumerate(st.commits)}
         st.requests = {k: (d, tuple(ids)) for k, d, ids in snap["requests"]}
         st.producers = dict(snap["producers"])
         st.reads = {(w, t, a): tuple(r) for w, t, a, r in snap["reads"]}  # type: ignore[misc]

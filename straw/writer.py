@@ -108,7 +108,7 @@ class WriterIncarnation:
             # Packs a dead predecessor left open are complete now: seal them in the catalog
             # so that collection can reclaim them once released (their files stay as they
             # are: never appended to again).
-            catalog.seal_if_open(recovered)
+            catalog.seal_if_open(recovered, prefix=f"{self.rel_dir}/")
             fs.mkdir(os.path.join(root, self.inc_rel))
             fs.fsync_dir(self.dir)  # D1: the new directory name is durable
         except BaseException:

@@ -1,0 +1,1 @@
+"""Conformance tests: the engine (``straw``, on SimFS) against the specification (``spec``)."""
