@@ -38,6 +38,7 @@ crosshair:
 # Crash campaigns + frame campaign + negative controls (~4-5 min; exit 1 on any violation)
 crash *ARGS:
     {{python}} -m fault_injection.campaigns {{ARGS}}
+    {{python}} -m fault_injection.catalog_campaign
 
 # Real processes, random SIGKILL/SIGSTOP, on a temp dir and JuiceFS: just fuzz --seconds 60
 fuzz *ARGS:
