@@ -57,7 +57,7 @@ MUTANT_HOME: dict[str, str] = {
     "release_removes_shared_root": "share",
     "pin_dropped_on_expiry": "queue",
     "checkpoint_rewind_without_readopt": "share",
-    "stale_epoch_lease_accepted": "queue",
+    "lease_grant_not_journaled": "queue",
     "expired_lease_commits": "queue",
     "retry_without_idempotency": "queue",
     "fencing_skipped": "queue",

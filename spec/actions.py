@@ -181,10 +181,7 @@ def live(cfg: Config, s: State, lease: Lease, mut: Mutants | None = None) -> boo
     """The lease may commit. With `mut`, the (possibly mutated) check the coordinator runs;
     without, the true rule used by the invariants."""
     task = s.tasks[lease.task]
-    epoch_ok = task.lease_epoch
     expired = task.expired
-    if mut is not None and mut.stale_epoch_lease_accepted:
-        epoch_ok = lease.epoch
     if mut is not None and mut.expired_lease_commits:
         expired = False
     return lease_is_live(
@@ -192,7 +189,7 @@ def live(cfg: Config, s: State, lease: Lease, mut: Mutants | None = None) -> boo
         lease.epoch,
         task.status == TaskStatus.LEASED,
         task.attempt,
-        epoch_ok,
+        task.lease_epoch,
         expired,
     )
 
@@ -236,11 +233,14 @@ def _trim_results(cfg: Config, s: State, q: int) -> State:
     return replace(s, storage=st)
 
 
-def _end_lease(cfg: Config, mut: Mutants, s: State, t: int) -> State:
-    """A lease ends without a result: back to PENDING, or FAILED when attempts are exhausted
-    (then the queue releases the task's input)."""
+def _end_lease(cfg: Config, mut: Mutants, s: State, t: int, spend: bool) -> State:
+    """A lease ends without a result: back to PENDING, or — when it spends the retry budget
+    (`spend`: fail, expiry) and the budget is exhausted — FAILED (then the queue releases the
+    task's input). Yield and release do not spend the budget."""
     task = s.tasks[t]
-    if task.attempt >= cfg.max_attempts:
+    if spend:
+        task = replace(task, failures=task.failures + 1)
+    if spend and task.failures >= cfg.max_attempts:
         q = cfg.tasks[t].queue
         s = replace(s, storage=_release_input(cfg, mut, s.storage, q, task.input))
         return _with_task(s, t, replace(task, status=TaskStatus.FAILED, expired=False))
@@ -533,9 +533,11 @@ def acquire(cfg: Config, mut: Mutants, s: State, w: int, q: int) -> Outcome | No
 
     Pre: may acknowledge; worker holds no lease and has no outstanding read (a worker works
     on one task at a time); some task pending; lock free (the pin adds a root).
-    Effect: task LEASED with attempt+1 and the serving epoch; worker holds the lease; read pin
-    (worker, input); the worker starts reading. Reply: status acquired + lease (no pending
-    task: status empty, no transition)."""
+    Effect (one durable journal entry, the lease grant, before the reply): task LEASED with
+    attempt+1 and the serving epoch; worker holds the lease; read pin (worker, input); the
+    worker starts reading. The grant is journaled so that recovery keeps the attempt number
+    and the reader's protection (D5: coordinator change never revokes it). Reply: status
+    acquired + lease (no pending task: status empty, no transition)."""
     c = s.coords[q]
     if not may_acknowledge(c) or any(le.worker == w for le in s.leases):
         return None
@@ -607,7 +609,7 @@ def requeue_expired(cfg: Config, mut: Mutants, s: State, t: int) -> Outcome | No
         return None
     if not may_acknowledge(c) or task.status != TaskStatus.LEASED or not task.expired:
         return None
-    s = _end_lease(cfg, mut, s, t)
+    s = _end_lease(cfg, mut, s, t, spend=True)
     return Outcome(s.tasks[t].status.value, s)
 
 
@@ -663,22 +665,45 @@ def _commit(cfg: Config, mut: Mutants, s: State, lease: Lease) -> State:
 
 
 def fail(cfg: Config, mut: Mutants, s: State, lease: Lease) -> Outcome | None:
-    """fail_task(lease) — and release_tasks, which has the same effect in this abstraction:
-    the lease ends; task PENDING, or FAILED when attempts are exhausted. Pre: lease held and
-    live; may acknowledge."""
+    """fail_task(lease): the lease ends and spends one unit of the retry budget; task
+    PENDING, or FAILED when the budget (max_attempts failures) is exhausted. Pre: lease held
+    and live; may acknowledge."""
     q = cfg.tasks[lease.task].queue
     if lease not in s.leases or not may_acknowledge(s.coords[q]) or not live(cfg, s, lease, mut):
         return None
-    s = _end_lease(cfg, mut, s, lease.task)
+    s = _end_lease(cfg, mut, s, lease.task, spend=True)
     s = replace(s, leases=s.leases - {lease})
     return Outcome(s.tasks[lease.task].status.value, s)
+
+
+def release_lease(cfg: Config, mut: Mutants, s: State, lease: Lease) -> Outcome | None:
+    """release_tasks([lease]): give a leased task back unfinished without spending the retry
+    budget; task PENDING. Pre: lease held; may acknowledge; the lease is the task's current
+    one (attempt and epoch) — an expired but not yet requeued lease may still be released.
+
+    Not enumerated by `successors`: acquire/release can repeat forever (attempt numbers
+    grow without bound), so the explorer would not terminate. It has the shape of `yield`
+    without a new input; the conformance machine (tests/conformance) drives it."""
+    t = lease.task
+    q = cfg.tasks[t].queue
+    task = s.tasks[t]
+    if lease not in s.leases or not may_acknowledge(s.coords[q]):
+        return None
+    if task.status != TaskStatus.LEASED or (task.attempt, task.lease_epoch) != (
+        lease.attempt,
+        lease.epoch,
+    ):
+        return None
+    s = _end_lease(cfg, mut, s, t, spend=False)
+    return Outcome("released", replace(s, leases=s.leases - {lease}))
 
 
 def yield_task(cfg: Config, mut: Mutants, s: State, lease: Lease) -> Outcome | None:
     """yield_tasks(lease, continuation): the worker publishes a continuation input (a partial
     rollout); the coordinator retains it under the queue owner, journals the task as PENDING
     with the continuation as its input, and releases the old input (D2).
-    Pre: lease held and live; may acknowledge; the task has an unused continuation; lock free."""
+    Pre: lease held and live; may acknowledge; the task has an unused continuation; lock free.
+    Effect also: task PENDING (a yield does not spend the retry budget)."""
     t = lease.task
     decl = cfg.tasks[t]
     q = decl.queue
@@ -697,7 +722,7 @@ def yield_task(cfg: Config, mut: Mutants, s: State, lease: Lease) -> Outcome | N
     st = _release_input(cfg, mut, st, q, task.input)
     s = replace(s, storage=st, leases=s.leases - {lease})
     s = _with_task(s, t, replace(task, input=k, yielded=True))
-    s = _end_lease(cfg, mut, s, t)
+    s = _end_lease(cfg, mut, s, t, spend=False)
     return Outcome(f"yielded ({s.tasks[t].status.value})", s)
 
 
@@ -806,9 +831,11 @@ def coord_resume(cfg: Config, mut: Mutants, s: State, q: int) -> Outcome | None:
 
 def coord_recover(cfg: Config, mut: Mutants, s: State, q: int) -> Outcome | None:
     """A new coordinator takes the queue lock and recovers (D9): new epoch = durable + 1, made
-    durable before service; state = snapshot + journal: lease grants were not journaled, so
-    every leased task returns to PENDING with its attempt counter rolled back; the queue owner's
-    roots are reset to exactly what the journal names (retained-but-unjournaled data is dropped).
+    durable before service; state = snapshot + journal; the new epoch's journal record revokes
+    every lease of an older epoch: each leased task returns to PENDING keeping its attempt
+    counter (the next lease gets a higher attempt number) and without spending its retry
+    budget; read pins stay (D5); the queue owner's roots are reset to exactly what the journal
+    names (retained-but-unjournaled data is dropped).
     Pre: no coordinator serving; durable < max_epoch."""
     c = s.coords[q]
     if c.serving is not None or c.durable >= cfg.max_epoch:
@@ -822,11 +849,17 @@ def coord_recover(cfg: Config, mut: Mutants, s: State, q: int) -> Outcome | None
     for t, decl in enumerate(cfg.tasks):
         task = s.tasks[t]
         if decl.queue == q and task.status == TaskStatus.LEASED:
-            s = _with_task(
-                s,
-                t,
-                replace(task, status=TaskStatus.PENDING, attempt=task.attempt - 1, expired=False),
-            )
+            if mut.lease_grant_not_journaled:
+                # the grant (and the read protection it recorded) was never durable
+                lost = {
+                    (cfg.workers[le.worker], task.input)
+                    for le in s.leases
+                    if le.task == t and le.attempt == task.attempt
+                }
+                st = replace(s.storage, pins=s.storage.pins - lost)
+                s = replace(s, storage=st)
+                task = replace(task, attempt=task.attempt - 1)
+            s = _with_task(s, t, replace(task, status=TaskStatus.PENDING, expired=False))
     o = cfg.queue_owner(q)
     s = replace(s, storage=_with_roots(s.storage, o, journal_named(cfg, s, q)))
     return Outcome(f"serving e{new}", s)

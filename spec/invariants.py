@@ -204,7 +204,7 @@ def d5_only_explicit_release_of_pins(cfg: Config, s: State, a: Action, s2: State
 
 def _journal_view(cfg: Config, s: State, q: int) -> tuple[object, ...]:
     tasks = tuple(
-        (tk.status, tk.attempt, tk.lease_epoch, tk.input)
+        (tk.status, tk.attempt, tk.failures, tk.lease_epoch, tk.input)
         for t, tk in enumerate(s.tasks)
         if cfg.tasks[t].queue == q
     )

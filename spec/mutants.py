@@ -45,8 +45,9 @@ class Mutants:
     pin_dropped_on_expiry: bool = False
     # R1: rewinding a consumer to a checkpoint does not re-adopt the checkpoint's roots.
     checkpoint_rewind_without_readopt: bool = False
-    # Q3: completion does not compare the lease's epoch with the task's lease epoch.
-    stale_epoch_lease_accepted: bool = False
+    # D5: acquire does not journal the lease grant (coord_recover): recovery forgets it, rolls
+    # the attempt counter back and loses the reader's protection the grant recorded.
+    lease_grant_not_journaled: bool = False
     # Q3: completion does not check the abstract expiry flag.
     expired_lease_commits: bool = False
     # D7: a retried completion (same submission id) is committed again instead of answered

@@ -7,8 +7,8 @@ Indices refer to the static `spec.config.Config` (extent i is `cfg.extents[i]`, 
 Durable versus volatile: pack contents, tombstones, owner roots, staging, pins, the queue's task
 table, commit log, coordinator epoch and consumer/checkpoint records are durable (they survive
 crashes). Volatile: extents in state VOLATILE (written, not fsynced), the collector's lock and
-plan, a coordinator's serving epoch (process memory), lease grants (not journaled: recovery
-forgets them), and what clients hold (leases, reads).
+plan, a coordinator's serving epoch (process memory), and what clients hold (leases, reads).
+Lease grants are journaled (durable): recovery revokes them but remembers their attempt numbers.
 
 Invariants on these variables are in `spec/invariants.py`; the transitions in `spec/actions.py`.
 """
@@ -93,12 +93,15 @@ class Lease:
 
 @dataclass(frozen=True)
 class Task:
-    """The durable task record. attempt counts leases granted (a lease grant that was never
-    journaled is forgotten by recovery); lease_epoch is the epoch of the current lease; expired
-    is the abstract clock: the current lease's deadline has passed."""
+    """The durable task record. attempt counts leases granted (grants are journaled, so
+    recovery never reuses an attempt number); failures is the retry budget spent (fail and
+    lease expiry spend it; yield, release and recovery do not); lease_epoch is the epoch of
+    the current lease; expired is the abstract clock: the current lease's deadline has
+    passed."""
 
     status: TaskStatus = TaskStatus.UNSUBMITTED
     attempt: int = 0
+    failures: int = 0
     lease_epoch: int = 0
     expired: bool = False
     input: int = -1

@@ -26,6 +26,9 @@ Transactions (``t`` is the type)::
 
 References are stored as tuples ``(path, offset, size, checksum, digest, records)``.
 
+Scheduling order is priority desc, key asc, then FIFO = submission position (kept when a
+task returns to pending).
+
 Invariants upheld here (ids as in spec/SPEC.md): an accepted result is appended to the
 commit log exactly once per task (a task leaves ``leased`` on completion); a task has at
 most one lease; leases carry the epoch that granted them and an ``epoch`` record revokes
@@ -122,8 +125,12 @@ class QueueState:
 
     # --- scheduling ---------------------------------------------------------------------
     def _make_pending(self, task: Task) -> None:
-        self.fifo += 1
-        task.fifo = self.fifo
+        # FIFO is the submission position, kept when the task comes back (release, fail,
+        # expiry, yield, recovery): among equal priority and key, older work goes first,
+        # and a coordinator crash cannot reorder tasks (spec Q4)
+        if task.fifo == 0:
+            self.fifo += 1
+            task.fifo = self.fifo
         task.status = PENDING
         task.lease = None
         self.pending_count += 1
@@ -167,7 +174,8 @@ class QueueState:
     def pending_in_order(self, limit: int | None = None) -> list[str]:
         """Pending task ids in scheduling order across lanes (inspection only)."""
         entries = sorted(e for heap in self.lanes.values() for e in heap if self._live_entry(e))
-        ids = [tid for _, tid in entries]
+        # a requeued task may have two identical live heap entries
+        ids = list(dict.fromkeys(tid for _, tid in entries))
         return ids if limit is None else ids[:limit]
 
     # --- transactions -------------------------------------------------------------------
