@@ -34,7 +34,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import threading
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -43,6 +42,7 @@ from typing import Any
 import msgpack
 import xxhash
 
+from . import holder
 from . import journal as journal_mod
 from .catalog import Extent
 from .clock import Clock
@@ -156,41 +156,18 @@ class Coordinator:
 
     # --- exclusivity, epochs, recovery (D8, D9) ------------------------------------------
     def _take_lock(self, *, recover: bool, takeover: bool) -> int | None:
-        path = os.path.join(self.dir, "LOCK")
-        fd = self.fs.open(path, write=True, create=True)
-        if self.fs.lock(fd, blocking=False):
-            info = json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
-                               "since": self.clock.now()}).encode()
-            self.fs.truncate(fd, 0)
-            self.fs.writev(fd, [info], 0)
-            return fd
-        holder = self._holder(fd)
-        self.fs.close(fd)
-        if recover and takeover:
-            return None  # the holder is paused or partitioned: fencing protects us
+        fd, holder_desc = holder.take(self.fs, os.path.join(self.dir, "LOCK"), self.clock)
+        if fd is not None or (recover and takeover):
+            return fd  # None: the holder is paused or partitioned; fencing protects us
         raise UnsafeRecovery(
-            f"queue {self.namespace}/{self.queue_id} is served by {holder}. Use that "
+            f"queue {self.namespace}/{self.queue_id} is served by {holder_desc}. Use that "
             "coordinator; or, if it is paused or partitioned and must be replaced, open with "
             "recover=True, takeover=True (it will be fenced)"
         )
 
-    def _holder(self, fd: int) -> str:
-        try:
-            buf = bytearray(self.fs.fstat(fd).size)
-            self.fs.readinto(fd, buf, 0)
-            info = json.loads(bytes(buf) or b"{}")
-            return f"host {info.get('host')} pid {info.get('pid')} since {info.get('since')}"
-        except (OSError, ValueError):
-            return "an unknown holder"
-
     def _release_lock(self) -> None:
-        if self._lock_fd is not None:
-            try:
-                self.fs.unlock(self._lock_fd)
-                self.fs.close(self._lock_fd)
-            except OSError:
-                pass
-            self._lock_fd = None
+        holder.release(self.fs, self._lock_fd)
+        self._lock_fd = None
 
     def _epoch_path(self, epoch: int) -> str:
         return os.path.join(self.epochs_dir, f"e-{epoch:06d}")

@@ -21,14 +21,13 @@ are fsynced before their extents are trusted (D1).
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from . import holder
 from .catalog import Catalog
 from .clock import Clock
 from .errors import CorruptData, StorageUnavailable, UnsafeRecovery
@@ -121,40 +120,17 @@ class WriterIncarnation:
 
     # --- ownership --------------------------------------------------------------------
     def _take_lock(self, clock: Clock) -> int:
-        path = os.path.join(self.dir, "LOCK")
-        try:
-            fd = self.fs.open(path, write=True, create=True)
-        except OSError as e:
-            raise storage_error(e, f"cannot open writer lock {path}") from e
-        if not self.fs.lock(fd, blocking=False):
-            holder = "an unknown holder"
-            try:
-                n = self.fs.fstat(fd).size
-                buf = bytearray(n)
-                self.fs.readinto(fd, buf, 0)
-                info = json.loads(bytes(buf) or b"{}")
-                holder = f"host {info.get('host')} pid {info.get('pid')} since {info.get('since')}"
-            except (OSError, ValueError):
-                pass
-            self.fs.close(fd)
+        fd, holder_desc = holder.take(self.fs, os.path.join(self.dir, "LOCK"), clock)
+        if fd is None:
             raise UnsafeRecovery(
-                f"writer {self.writer_id!r} of run {self.run_id!r} is in use by {holder}. "
+                f"writer {self.writer_id!r} of run {self.run_id!r} is in use by {holder_desc}. "
                 "Give each concurrent writer its own writer_id=..., or stop that process first"
             )
-        info = json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
-                           "since": clock.now()}).encode()
-        self.fs.truncate(fd, 0)
-        self.fs.writev(fd, [info], 0)
         return fd
 
     def release(self) -> None:
-        if self._lock_fd is not None:
-            try:
-                self.fs.unlock(self._lock_fd)
-                self.fs.close(self._lock_fd)
-            except OSError:
-                pass
-            self._lock_fd = None
+        holder.release(self.fs, self._lock_fd)
+        self._lock_fd = None
 
     # --- the idempotency index of earlier incarnations ------------------------------
     def _incarnations(self) -> list[int]:
