@@ -2,9 +2,10 @@
 
 Layout under the pool root::
 
-    queues/<namespace>/<queue_id>/LOCK         flock while a coordinator serves; its text
-                                               names the holder (host, pid, since)
     queues/<namespace>/<queue_id>/epochs/e-<n> one file per epoch, created exclusively
+    queues/<namespace>/<queue_id>/epochs/e-<n>.lock
+                                               flocked by epoch n's coordinator while it
+                                               lives; its text names it (host, pid, since)
     queues/<namespace>/<queue_id>/journal/     segments and snapshots (straw.journal)
 
 Every call follows the same path: check the arguments; adopt any data the transaction
@@ -14,16 +15,19 @@ coordinator's mutex, validate against the state, apply the transaction to the in
 group is durable (group commit: concurrent calls share one fsync) and reply.  An error
 before the enqueue leaves the journal unchanged.
 
-Exclusivity and fencing (D8).  A second coordinator fails at once naming the holder of
-``LOCK``.  ``recover=True`` opens an existing queue: it creates the next epoch file
+Exclusivity and fencing (D8).  Every coordinator holds the lock of its own epoch for its
+whole life.  A new coordinator looks at the *latest* epoch's lock: held means that
+coordinator is alive (serving, or paused), and the newcomer fails at once naming it —
+unless ``takeover=True`` says the holder is paused or partitioned and must be fenced.  (An
+older, paused coordinator still holding an older epoch's lock does not count: it is fenced
+already.)  ``recover=True`` opens an existing queue: it creates the next epoch file
 exclusively (durably) *before* reading the journal, then replays snapshot + suffix (D9),
 writes an epoch record revoking every older lease (durable before service), and replaces
 the queue owner's roots in the catalog under the new epoch.  After every journal sync the
 coordinator checks that no newer epoch file exists before it replies; an old coordinator
 that was paused and resumes therefore never acknowledges anything (its callers get
 ``IndeterminateCommit``, later calls ``Fenced``), and its catalog updates carry its old
-epoch, which the catalog ignores.  ``takeover=True`` also lets ``recover`` proceed while a
-paused or partitioned holder still has the lock.
+epoch, which the catalog ignores.
 
 Leases carry the epoch; deadlines are in memory (recovery revokes all leases anyway).
 Expired leases are journaled as ``expire`` when noticed (acquire, heartbeat, complete).
@@ -147,23 +151,24 @@ class Coordinator:
             self.fs.makedirs_durable(self.journal_dir)
         except OSError as e:
             raise storage_error(e, f"cannot create queue directory {self.dir}") from e
-        self._lock_fd = self._take_lock(recover=recover, takeover=takeover)
+        self._lock_fd: int | None = None
         try:
-            self._open(recover)
+            self._open(recover, takeover)
         except BaseException:
             self._release_lock()
             raise
 
     # --- exclusivity, epochs, recovery (D8, D9) ------------------------------------------
-    def _take_lock(self, *, recover: bool, takeover: bool) -> int | None:
-        fd, holder_desc = holder.take(self.fs, os.path.join(self.dir, "LOCK"), self.clock)
-        if fd is not None or (recover and takeover):
-            return fd  # None: the holder is paused or partitioned; fencing protects us
-        raise UnsafeRecovery(
-            f"queue {self.namespace}/{self.queue_id} is served by {holder_desc}. Use that "
-            "coordinator; or, if it is paused or partitioned and must be replaced, open with "
-            "recover=True, takeover=True (it will be fenced)"
-        )
+    def _check_latest_is_dead(self, latest: int, takeover: bool) -> None:
+        """Refuse to start while the latest epoch's coordinator lives (naming it)."""
+        fd, holder_desc = holder.take(self.fs, self._epoch_path(latest) + ".lock", self.clock)
+        holder.release(self.fs, fd)  # we only looked: it was free, so that one is gone
+        if fd is None and not takeover:
+            raise UnsafeRecovery(
+                f"queue {self.namespace}/{self.queue_id} is served by {holder_desc} (epoch "
+                f"{latest}). Use that coordinator; or, if it is paused or partitioned and must "
+                "be replaced, open with recover=True, takeover=True (it will be fenced)"
+            )
 
     def _release_lock(self) -> None:
         holder.release(self.fs, self._lock_fd)
@@ -172,16 +177,24 @@ class Coordinator:
     def _epoch_path(self, epoch: int) -> str:
         return os.path.join(self.epochs_dir, f"e-{epoch:06d}")
 
-    def _open(self, recover: bool) -> None:
+    def _open(self, recover: bool, takeover: bool) -> None:
         existing = [int(m.group(1)) for n in self.fs.listdir(self.epochs_dir)
                     if (m := _EPOCH_RE.match(n))]
-        if existing and not recover:
-            raise UnsafeRecovery(
-                f"queue {self.namespace}/{self.queue_id} already exists (epoch "
-                f"{max(existing)}). Make sure its coordinator is stopped, then open it with "
-                "recover=True"
-            )
+        if existing:
+            self._check_latest_is_dead(max(existing), takeover and recover)
+            if not recover:
+                raise UnsafeRecovery(
+                    f"queue {self.namespace}/{self.queue_id} already exists (epoch "
+                    f"{max(existing)}). Make sure its coordinator is stopped, then open it "
+                    "with recover=True"
+                )
         self.epoch = (max(existing) if existing else 0) + 1
+        # our epoch's lock first, then its marker: whoever sees the marker sees it held
+        self._lock_fd, _ = holder.take(self.fs, self._epoch_path(self.epoch) + ".lock",
+                                       self.clock)
+        if self._lock_fd is None:
+            raise UnsafeRecovery(f"another coordinator of {self.namespace}/{self.queue_id} is "
+                                 f"taking epoch {self.epoch} right now; only one may recover")
         try:
             fd = self.fs.open(self._epoch_path(self.epoch), write=True, create=True,
                               exclusive=True)
