@@ -35,7 +35,8 @@ model:
 crosshair:
     {{python}} -m crosshair check spec/helpers.py --per_condition_timeout=5
 
-# Crash campaigns + frame campaign + negative controls (~4-5 min; exit 1 on any violation)
+# Crash campaigns (store, catalog, journal, coordinator), frame campaign, negative controls
+# (~10-12 min on 2 busy cores; exit 1 on any violation)
 crash *ARGS:
     {{python}} -m fault_injection.campaigns {{ARGS}}
     {{python}} -m fault_injection.catalog_campaign

@@ -23,6 +23,13 @@ the catalog), with space reservation and without:
   it against the acknowledgement log kept by the workload driver; then a clean restart
   checks it once more against what that recovery acknowledged (lookups stay stable).
 
+The journal campaign (``fault_injection.journal_campaign``) and the coordinator campaign
+(``fault_injection.queue_campaign``: submit/acquire/complete/fail/yield/release, clean
+recovery, snapshots, garbage collection and a takeover of a paused coordinator, checked by
+recovering a coordinator: acknowledged receipts survive, no task is accepted twice,
+acknowledged submissions' tasks exist, recovery raises nothing) run the same way, with
+their own modes, and count in the totals; their negative controls join the others.
+
 Each state runs on a fresh ``SimFS`` whose seed is derived from the state's key
 (``workload:r<reserve>:<nth>:<when>:<mode>``), so a violation replays exactly with
 ``--replay KEY``.  Plus the frame campaign (``fault_injection.frames``), and the negative
@@ -44,9 +51,16 @@ import zlib
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from typing import Any
 
 from fault_injection.controls import FRAME_CONTROLS, STORE_CONTROLS
 from fault_injection.frames import run_frame_campaign
+from fault_injection.journal_campaign import FULL_MODES as JOURNAL_FULL_MODES
+from fault_injection.journal_campaign import QUICK_MODES as JOURNAL_QUICK_MODES
+from fault_injection.journal_campaign import run_journal_campaign, run_journal_controls
+from fault_injection.queue_campaign import FULL_MODES as QUEUE_FULL_MODES
+from fault_injection.queue_campaign import QUICK_MODES as QUEUE_QUICK_MODES
+from fault_injection.queue_campaign import run_queue_campaign, run_queue_controls
 from fault_injection.rules import SimulatedCrash
 from fault_injection.simfs import SimFS
 from fault_injection.workloads import (
@@ -293,7 +307,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  description=__doc__.split("\n\n")[0] if __doc__ else None)
     ap.add_argument("--quick", action="store_true",
                     help="fewer modes per crash point (the test-suite budget)")
-    ap.add_argument("--workload", action="append", help="only these workloads (repeatable)")
+    ap.add_argument("--workload", action="append",
+                    help="only these workloads (repeatable): store workload names, "
+                         "journal-<name> (fault_injection.journal_campaign) and queue-<name> "
+                         "(fault_injection.queue_campaign)")
     ap.add_argument("--max-points", type=int, default=None,
                     help="sample at most this many crash points per workload")
     ap.add_argument("--no-controls", action="store_true", help="skip the negative controls")
@@ -307,24 +324,52 @@ def main(argv: Sequence[str] | None = None) -> int:
     t0 = time.perf_counter()
     print(f"store crash campaign: {len(modes)} modes per crash point "
           f"(before and after every op of each workload, and the completed run)")
-    reports = run_store_campaign(modes, only=args.workload, max_points=args.max_points)
+    wanted = args.workload
+
+    def only(prefix: str) -> list[str] | None:
+        if wanted is None:
+            return None
+        return [w.removeprefix(prefix) for w in wanted if w.startswith(prefix)]
+
+    reports: list[WorkloadReport] = run_store_campaign(
+        modes, only=[w for w in wanted if not w.startswith(("journal-", "queue-"))]
+        if wanted is not None else None, max_points=args.max_points)
     print("frame campaign:")
     fr = run_frame_campaign()
     print(f"  frames (5 types) + pack file   checks {fr.checks:>6}  violations "
           f"{len(fr.violations):>3}  {fr.seconds:6.1f}s")
-    violations = [v for r in reports for v in r.violations] + fr.violations
+    jmodes = JOURNAL_QUICK_MODES if args.quick else JOURNAL_FULL_MODES
+    print(f"journal crash campaign: {len(jmodes)} modes per crash point")
+    jreports = run_journal_campaign(jmodes, only=only("journal-"), max_points=args.max_points)
+    qmodes = QUEUE_QUICK_MODES if args.quick else QUEUE_FULL_MODES
+    print(f"coordinator crash campaign: {len(qmodes)} modes per crash point")
+    qreports = run_queue_campaign(qmodes, only=only("queue-"), max_points=args.max_points)
+    others: list[Any] = [*jreports, *qreports]
+    violations = ([v for r in reports for v in r.violations] + fr.violations
+                  + [v for r in others for v in r.violations])
     missed: list[ControlResult] = []
     controls: list[ControlResult] = []
     if not args.no_controls:
         print("negative controls (each must be caught):")
         controls = run_controls(QUICK_MODES, max_points=args.max_points)
+        for campaign, run in (("journal", run_journal_controls),
+                              ("queue", run_queue_controls)):
+            t0c = time.perf_counter()
+            found = run(max_points=args.max_points)
+            per = (time.perf_counter() - t0c) / max(1, len(found))
+            controls += [ControlResult(name, campaign, v is not None,
+                                       (v or "NOT caught").splitlines()[0], per)
+                         for name, v in found.items()]
         missed = [c for c in controls if not c.caught]
     classes = classify(violations)
     for sig, examples in classes.items():
         print(f"\nVIOLATION CLASS ({len(examples)} states): {sig}\n  first: {examples[0]}")
-    states = sum(r.states for r in reports)
-    points = sum(r.crash_points for r in reports)
-    print(f"\nsummary: {len(reports)} workload runs, {points} crash points, {states} crash "
+    states = sum(r.states for r in reports) + sum(r.states for r in others)
+    points = sum(r.crash_points for r in reports) + sum(r.crash_points for r in others)
+    print(f"\nsummary: {len(reports) + len(others)} workload runs (store "
+          f"{sum(r.states for r in reports)} states, journal "
+          f"{sum(r.states for r in jreports)}, coordinator {sum(r.states for r in qreports)}), "
+          f"{points} crash points, {states} crash "
           f"states checked, {fr.checks} frame checks, {len(violations)} violations; "
           f"negative controls caught {len(controls) - len(missed)}/{len(controls)}; "
           f"{time.perf_counter() - t0:.1f}s")

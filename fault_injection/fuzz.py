@@ -21,6 +21,13 @@ two clients of one volume, when one can be mounted):
 Prints a summary per filesystem (kills, stops, restarts, publications verified, seed) and
 exits non-zero on any violation (a mismatch, an unexpected exception, a writer or reader
 that died on its own).
+
+``--scenario`` picks the store scenario above, the queue scenarios
+(``fault_injection.queue_fuzz``: a coordinator process and worker processes, SIGKILLed,
+SIGSTOPped and taken over, checked against the workers' receipt logs; on the local
+directory, and with ``--queue-juicefs`` on JuiceFS too, coordinators alternating between
+the two clients and ``--queue-seconds`` split between the filesystems) or ``all`` (the
+default).
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ import time
 import traceback
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from straw import (
     Publication,
@@ -51,6 +58,9 @@ from straw import (
 )
 from straw.fs import PosixFS
 from straw.publication_log import AckLog
+
+if TYPE_CHECKING:
+    from fault_injection.queue_fuzz import QueueSummary
 
 RUN = "fuzz"
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -468,8 +478,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the pools and logs")
     ap.add_argument("--control", default=None,
                     help="negative control: run the writers on a deliberately broken engine "
-                         "(a name from fault_injection.controls.STORE_CONTROLS); the run "
-                         "must then report violations")
+                         "(a name from fault_injection.controls.STORE_CONTROLS), or the "
+                         "coordinators of the queue scenarios (queue_campaign.QUEUE_CONTROLS, "
+                         "e.g. queue-no-fencing); the run must then report violations")
+    ap.add_argument("--scenario", choices=("store", "queue", "all"), default="all",
+                    help="store: writer/reader processes (per filesystem); queue: a "
+                         "coordinator process and worker processes, killed, paused and taken "
+                         "over (fault_injection.queue_fuzz); all: both")
+    ap.add_argument("--queue-seconds", type=float, default=None,
+                    help="total duration of the queue scenarios, split between the local "
+                         "directory and JuiceFS when it runs (default: --seconds)")
+    ap.add_argument("--queue-workers", type=int, default=3)
+    ap.add_argument("--queue-juicefs", action="store_true",
+                    help="also run the queue scenarios on JuiceFS (coordinators alternating "
+                         "between the two clients).  Off by default: a reader on the other "
+                         "client takes a just-published frame header that straddles a page "
+                         "boundary, half visible, for CorruptData (an open engine bug)")
     ap.add_argument("--role", choices=("writer", "reader"), help=argparse.SUPPRESS)
     for hidden in ("--root", "--acks", "--logdir", "--writer-id", "--writer-ids"):
         ap.add_argument(hidden, help=argparse.SUPPRESS)
@@ -484,40 +508,74 @@ def main(argv: Sequence[str] | None = None) -> int:
     base = args.dir or tempfile.mkdtemp(prefix="straw-fuzz-")
     os.makedirs(base, exist_ok=True)
     summaries: list[Summary] = []
+    queue_summaries: list[QueueSummary] = []
     notes: list[str] = []
+    store_part = args.scenario in ("store", "all")
+    store_control = args.control if args.control and not args.control.startswith(
+        "queue-") else None
+    queue_part = args.scenario in ("queue", "all")
+    queue_total = args.queue_seconds if args.queue_seconds is not None else args.seconds
+
+    def run_queue_on(target: str, shared: tuple[str, str] | None, seconds: float) -> None:
+        from fault_injection.queue_campaign import QUEUE_CONTROLS
+        from fault_injection.queue_fuzz import run_queue
+        qs = run_queue(os.path.join(base, f"queue-{target}"), seconds=seconds,
+                       n_workers=args.queue_workers, seed=seed, shared=shared, target=target,
+                       control=args.control if args.control in QUEUE_CONTROLS else None)
+        queue_summaries.append(qs)
+        print(qs.line(), flush=True)
+
     try:
-        local = os.path.join(base, "local")
-        summaries.append(run_target("local", local, local, os.path.join(base, "logs-local"),
-                                    seconds=args.seconds, n_writers=args.writers, seed=seed,
-                                    control=args.control))
-        print(summaries[-1].line(), flush=True)
-        if args.juicefs != "no":
-            with _juicefs(base) as mounts:
-                if isinstance(mounts, str):
-                    notes.append(f"JuiceFS skipped: {mounts.splitlines()[0]}")
+        want_jfs = (store_part and args.juicefs != "no") or (queue_part and args.queue_juicefs)
+        mounting = _juicefs(base) if want_jfs else contextlib.nullcontext("")
+        with mounting as mounts:
+            # the queue scenarios' time is split between the filesystems they run on
+            queue_jfs = args.queue_juicefs and not isinstance(mounts, str)
+            queue_seconds = queue_total / 2 if queue_jfs else queue_total
+            if store_part:
+                local = os.path.join(base, "local")
+                summaries.append(run_target("local", local, local,
+                                            os.path.join(base, "logs-local"),
+                                            seconds=args.seconds, n_writers=args.writers,
+                                            seed=seed, control=store_control))
+                print(summaries[-1].line(), flush=True)
+            if queue_part:
+                run_queue_on("local", None, queue_seconds)
+            if isinstance(mounts, str):
+                if want_jfs:
+                    notes.append(f"JuiceFS skipped: {(mounts.splitlines() or [''])[0]}")
                     if args.juicefs == "yes":
                         print(notes[-1])
                         return 1
-                else:
-                    a, b = mounts
+            else:
+                a, b = mounts
+                if store_part and args.juicefs != "no":
                     s = run_target("juicefs", a, b, os.path.join(base, "logs-juicefs"),
                                    seconds=args.seconds, n_writers=args.writers, seed=seed,
-                                   control=args.control)
+                                   control=store_control)
                     summaries.append(s)
                     print(s.line(), flush=True)
+                if queue_part and queue_jfs:
+                    run_queue_on("juicefs", (a, b), queue_seconds)
     finally:
         if not args.keep and args.dir is None:
             shutil.rmtree(base, ignore_errors=True)
     for n in notes:
         print(n)
     bad = [v for s in summaries for v in s.violations]
+    bad += [v for q in queue_summaries for v in q.violations]
     for v in bad[:20]:
         print("VIOLATION " + v)
+    queue_text = "".join(
+        f", queue/{q.target}: {q.worker_kills + q.coordinator_kills} kills, "
+        f"{q.worker_stops + q.coordinator_stops} stops, {q.takeovers} takeovers, "
+        f"{q.receipts} receipts verified" for q in queue_summaries)
     print(f"fuzz summary: seed={seed}, {len(summaries)} filesystem(s), "
           f"{sum(s.kills for s in summaries)} kills, {sum(s.stops for s in summaries)} stops, "
           f"{sum(s.restarts for s in summaries)} restarts, "
-          f"{sum(s.publications for s in summaries)} acknowledged publications verified, "
-          f"{len(bad)} violations" + (f"; files in {base}" if args.keep or args.dir else ""))
+          f"{sum(s.publications for s in summaries)} acknowledged publications verified"
+          f"{queue_text}, {len(bad)} violations"
+          + (f"; files in {base}" if args.keep or args.dir else ""))
     return 1 if bad else 0
 
 

@@ -43,6 +43,7 @@ from .refs import (
 
 _FIRST_READ = 64 * 1024
 _CHUNK = 1 << 19  # read-and-hash granularity of whole-extent reads
+_PAGE = 4096  # granularity at which another client's view of fresh data can be partial
 _FD_CACHE = 64
 _ZERO_HEADER = bytes(framing.HEADER_SIZE)
 
@@ -51,6 +52,28 @@ def _alloc(size: int) -> memoryview:
     """An uninitialised byte buffer: a read fills it, so zero-filling would be wasted."""
     arr: Any = np.empty(size, dtype=np.uint8)
     return memoryview(arr).cast("B")
+
+
+def _zero_page_tail(buf: memoryview, file_offset: int) -> bool:
+    """True if ``buf`` (read at ``file_offset``) ends in zeros from a page boundary on:
+    the pattern of another client seeing only the first pages of fresh data (reserved
+    space reads as zeros).  Only consulted after a checksum already failed."""
+    arr: Any = np.frombuffer(buf, dtype=np.uint8)
+    nonzero = np.flatnonzero(arr)
+    tail_start = int(nonzero[-1]) + 1 if nonzero.size else 0
+    boundary = -(-(file_offset + tail_start) // _PAGE) * _PAGE - file_offset
+    return tail_start > 0 and boundary < len(buf)
+
+
+def _partial_header(head: memoryview, file_offset: int) -> bool:
+    """A header that fails its check and ends in zeros from a page boundary on."""
+    try:
+        framing.decode_header(head)
+    except CorruptData:
+        return _zero_page_tail(head, file_offset)
+    except Exception:  # torn or unsupported: not this case
+        return False
+    return False
 
 
 class _Lag(Exception):
@@ -175,11 +198,27 @@ class ReadSession:
     def _read_extent(self, ref: RecordSetRef) -> tuple[Manifest, memoryview, int]:
         """Read and check a whole extent.  The body is read in chunks into one
         uninitialised buffer and hashed chunk by chunk while it is still in the CPU cache
-        (one pass over memory instead of two)."""
+        (one pass over memory instead of two).  A mismatch whose bytes end in zero pages
+        may be another client's partial view of fresh data: reread a bounded number of
+        times; if the same mismatch persists it is corruption."""
         self._check_ref(ref)
         if ref.size < framing.HEADER_SIZE:
             raise InvalidReference(f"{ref!r}: too small to be an extent")
         buf = _alloc(ref.size)
+        delay = self.backoff
+        for attempt in range(self.retries + 1):
+            if self._read_and_hash(ref, buf):
+                body = buf[framing.HEADER_SIZE:]
+                raw, payload_start = decode_manifest(body, f"{ref.path} offset {ref.offset}")
+                return self._remember(ref, raw, payload_start), body, payload_start
+            if attempt == self.retries or not _zero_page_tail(buf, ref.offset):
+                break
+            self._drop_fd(ref.path)
+            self.clock.sleep(delay)
+            delay = min(delay * 2, 1.0)
+        raise CorruptData(f"{ref.path} offset {ref.offset}: extent body checksum mismatch")
+
+    def _read_and_hash(self, ref: RecordSetRef, buf: memoryview) -> bool:
         first = min(ref.size, _CHUNK)
         self._read_exact(ref.path, ref.offset, first, into=buf[:first], frame=True)
         header = self._check_header(ref, buf)
@@ -198,11 +237,7 @@ class ReadSession:
                 self._read_exact(ref.path, ref.offset + pos, n, into=chunk)
             hasher.update(chunk)
             pos += n
-        if hasher.digest() != header.body_hash:
-            raise CorruptData(f"{ref.path} offset {ref.offset}: extent body checksum mismatch")
-        body = buf[framing.HEADER_SIZE:]
-        raw, payload_start = decode_manifest(body, f"{ref.path} offset {ref.offset}")
-        return self._remember(ref, raw, payload_start), body, payload_start
+        return hasher.digest() == header.body_hash
 
     def _check_header(self, ref: RecordSetRef, buf: Any) -> framing.FrameHeader:
         where = f"{ref.path} offset {ref.offset}"
@@ -292,6 +327,8 @@ class ReadSession:
                 # Only a frame start is known to be non-zero: a payload may be zeros.
                 if frame and buf[:framing.HEADER_SIZE] == _ZERO_HEADER:
                     raise _Lag("the extent still reads as zeros")
+                if frame and _partial_header(buf[:framing.HEADER_SIZE], offset):
+                    raise _Lag("the frame header is only partly visible")
                 return buf
             except FileNotFoundError:
                 last = "missing"

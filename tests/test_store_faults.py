@@ -343,3 +343,47 @@ def test_reserved_zeros_are_lag_not_corruption(tmp_path):
     with _store(tmp_path, clock=ManualClock(), visibility_retries=2) as reader:
         with pytest.raises(StorageUnavailable, match="zeros"):
             reader.read(ref)
+
+
+class PartlyVisibleFS(PosixFS):
+    """Another client's view of fresh data: pages from ``boundary`` on still read as zeros
+    for the first ``lag`` reads (found on JuiceFS by the queue fuzz)."""
+
+    def __init__(self, boundary: int, lag: int) -> None:
+        self.boundary = boundary
+        self.lag = lag
+
+    def readinto(self, fd, buffer, offset):  # type: ignore[no-untyped-def]
+        n = super().readinto(fd, buffer, offset)
+        if self.lag > 0 and offset < self.boundary < offset + n:
+            self.lag -= 1
+            memoryview(buffer).cast("B")[self.boundary - offset:n] = bytes(
+                n - (self.boundary - offset))
+        return n
+
+
+@pytest.mark.parametrize("where", ["header", "body"])
+def test_partly_visible_fresh_data_is_lag_not_corruption(tmp_path, where):
+    with _store(tmp_path / "probe") as probe:  # learn the pad extent's overhead
+        trial = probe.publish([Record("pad", b"p" * 100)], submission_id="pad")
+    overhead = trial.size - 100
+    with _store(tmp_path) as store:  # the next extent starts 30 bytes before a page end
+        pad = store.publish([Record("pad", b"p" * (4096 - 30 - trial.offset - overhead))],
+                            submission_id="pad")
+        ref = store.publish([Record("a", b"x" * 9000)], submission_id="s")
+    boundary = (ref.offset // 4096 + 1) * 4096
+    if where == "header":
+        assert ref.offset % 4096 > 4096 - 56, "the header must straddle a page boundary"
+    else:
+        boundary += 4096
+    clock = ManualClock()
+    fs = PartlyVisibleFS(boundary, lag=0)
+    with _store(tmp_path, fs=fs, clock=clock) as reader:
+        fs.lag = 2
+        assert bytes(reader.read(ref)[0].payload) == b"x" * 9000
+        assert clock.now() > 1_000_000.0  # it waited for the data instead of failing
+        fs.lag = 10**9  # the zeros never go away: corruption after the bounded retries
+        with pytest.raises((CorruptData, StorageUnavailable)):
+            with reader.read_session() as s:
+                s.read(ref)
+    del pad

@@ -1,0 +1,620 @@
+"""The coordinator crash campaign (part of ``just crash``; ``python -m
+fault_injection.queue_campaign``).
+
+Role: verification layer 6 for ``straw.coordinator`` (journal, snapshots, epochs and the
+queue owner's retention, end to end).  Fixed, deterministic queue workloads run on a
+fresh ``SimFS`` per crash state; the driver keeps an acknowledgement log:
+
+* ``submits``: request id -> task ids, recorded when ``submit_tasks`` returned;
+* ``attempts``: submission id -> (task, attempt, result ref) of every ``complete_task``
+  handed to a coordinator that was still serving (recorded before the call);
+* ``receipts``: submission id -> (task, attempt, position, result ref), recorded when
+  ``complete_task`` returned;
+* ``forbidden``: submission ids a fenced old coordinator tried to complete after a
+  takeover (they must never be accepted: the old one must raise, and no recovery may
+  find them).
+
+Workloads:
+
+* ``basic``: submit (with inputs), acquire, publish results, complete, fail (retry),
+  yield with a continuation input, release, a clean restart (``recover=True``), more
+  submissions and completions across several snapshots (``snapshot_every=4``), garbage
+  collection of the pool, a lost reply retried with the same submission id, close;
+* ``lifecycle``: lease expiry through the clock, heartbeats, a final failure, a
+  cancellation, sealed input, a consumer's saved state, a restart, then draining to
+  ``end_of_input``;
+* ``takeover``: an old coordinator (its own SimFS client and store writer) serves and is
+  paused; a new one takes over (``recover=True, takeover=True``) while the old still holds
+  the lock; the resumed old one must never acknowledge (``IndeterminateCommit``/``Fenced``);
+  the new one completes the work.
+
+For every op of a probe run, crash before and after it (plus the completed run) and apply
+each mode of ``fault_injection.campaigns`` (power loss per persistence variant, kill,
+kill+power, power+recrash).  The check (``recover_and_check``): a coordinator recovers
+(``recover=True``) without raising; every acknowledged receipt is found by
+``lookup_submission`` with the same task, attempt, position and result, and the result
+reads back intact; each task id appears at most once in ``read_commits``; every commit is
+an attempted, non-forbidden completion with the attempted result; every acknowledged
+submission's tasks exist; an acknowledged final failure or cancellation stays so.  The
+check then drains the queue (acquire + complete, its
+receipts acknowledged too) and closes; a later recovery checks again.  Each state runs on a
+SimFS seeded from its key, so ``--replay KEY`` reproduces a violation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import random
+import sys
+import time
+import traceback
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from fault_injection.rules import SimulatedCrash
+from fault_injection.simfs import SimFS
+from straw import Record, RecordSetRef, SharedFilesystemStore
+from straw.catalog import Catalog
+from straw.clock import ManualClock
+from straw.coordinator import Coordinator
+from straw.errors import Fenced, IndeterminateCommit
+from straw.fs import Filesystem
+from straw.queue_types import Lease, TaskSpec
+
+ROOT = "/pool"
+RUN = "run"
+QUEUE = "q"
+RECRASH_WINDOW = 80  # a coordinator recovery + its check makes some 60-200 ops
+
+FULL_MODES: tuple[str, ...] = (
+    "power/clear-cache/0",
+    "power/torn-seq/0", "power/torn-seq/1",
+    "power/torn-op/0", "power/torn-op/1", "power/torn-op/2",
+    "kill",
+    "kill+power/clear-cache/0", "kill+power/torn-op/0",
+    "power+recrash/clear-cache/0", "power+recrash/torn-op/0",
+)  # fmt: skip
+
+QUICK_MODES: tuple[str, ...] = (
+    "power/clear-cache/0", "power/torn-op/0", "kill", "kill+power/torn-op/0",
+    "power+recrash/torn-op/0",
+)  # fmt: skip
+
+
+class Violation(Exception):
+    """The coordinator broke a durability, exactly-once or fencing obligation."""
+
+
+def crash_in(exc: BaseException) -> SimulatedCrash | None:
+    """The ``SimulatedCrash`` behind ``exc`` (the coordinator reports a crash in a journal
+    sync as ``IndeterminateCommit`` from it), or None."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        if isinstance(e, SimulatedCrash):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def _fenced_reply(exc: BaseException) -> None:
+    """An old coordinator's expected refusal; re-raise it if it is really a crash."""
+    crash = crash_in(exc)
+    if crash is not None:
+        raise crash
+
+
+Ack = tuple[str, int, int, RecordSetRef]  # task, attempt, position, result
+
+
+@dataclass
+class QueueLog:
+    submits: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    attempts: dict[str, tuple[str, int, RecordSetRef]] = field(default_factory=dict)
+    receipts: dict[str, Ack] = field(default_factory=dict)
+    forbidden: set[str] = field(default_factory=set)
+    terminal: dict[str, str] = field(default_factory=dict)  # acknowledged final failure
+    # or cancellation: task -> status
+
+    def copy(self) -> QueueLog:
+        return QueueLog(dict(self.submits), dict(self.attempts), dict(self.receipts),
+                        set(self.forbidden), dict(self.terminal))
+
+
+def payload(submission_id: str) -> bytes:
+    return f"result of {submission_id}:".encode() + random.Random(submission_id).randbytes(
+        random.Random(submission_id + "/n").choice((0, 17, 300, 5000)))
+
+
+def open_store(fs: Filesystem, clock: ManualClock, writer: str = "w0") -> SharedFilesystemStore:
+    return SharedFilesystemStore(ROOT, RUN, writer_id=writer, fs=fs, clock=clock,
+                                 reserve_bytes=16 * 1024, segment_target_bytes=1 << 20,
+                                 visibility_retries=2, visibility_backoff=0.0)
+
+
+def open_coordinator(store: SharedFilesystemStore, clock: ManualClock, *, recover: bool,
+                     takeover: bool = False) -> Coordinator:
+    return Coordinator(store, queue_id=QUEUE, recover=recover, takeover=takeover,
+                       lease_seconds=1000.0, clock=clock, snapshot_every=4)
+
+
+class Driver:
+    """Runs a workload and keeps its acknowledgement log."""
+
+    def __init__(self, sim: SimFS) -> None:
+        self.sim = sim
+        self.log = QueueLog()
+        self.clock = ManualClock()
+
+    def submit(self, q: Coordinator, req: str, specs: Sequence[TaskSpec]) -> None:
+        res = q.submit_tasks(req, list(specs))
+        self.log.submits[req] = res.task_ids
+
+    def result(self, store: SharedFilesystemStore, lease: Lease, sid: str) -> RecordSetRef:
+        return store.publish([Record("out", payload(sid), metadata={
+            "task_id": lease.task_id, "attempt": lease.attempt})], submission_id=f"pub-{sid}")
+
+    def complete(self, q: Coordinator, store: SharedFilesystemStore, lease: Lease,
+                 sid: str, *, forbidden: bool = False) -> None:
+        ref = self.result(store, lease, sid)
+        if forbidden:
+            self.log.forbidden.add(sid)
+        else:
+            self.log.attempts[sid] = (lease.task_id, lease.attempt, ref)
+        r = q.complete_task(lease, submission_id=sid, result_ref=ref)
+        if forbidden:
+            raise Violation(f"a fenced coordinator acknowledged {sid!r}: {r}")
+        got = (r.task_id, r.attempt, r.position, r.result_ref)
+        if (r.task_id, r.attempt, r.result_ref) != (lease.task_id, lease.attempt, ref):
+            raise Violation(f"receipt {got} of {sid!r} names another task/attempt/result")
+        self.log.receipts[sid] = got
+
+    def inputs(self, store: SharedFilesystemStore, names: Sequence[str]) -> list[TaskSpec]:
+        return [TaskSpec(n, input_ref=store.publish([Record("prompt", n.encode() * 3)],
+                                                    submission_id=f"in-{n}"),
+                         metadata={"n": n}, priority=i % 2)
+                for i, n in enumerate(names)]
+
+
+def wl_basic(d: Driver) -> None:
+    store = open_store(d.sim, d.clock)
+    q = open_coordinator(store, d.clock, recover=False)
+    d.submit(q, "r1", d.inputs(store, ["t0", "t1", "t2", "t3"]))
+    a, b = q.acquire("w0", 2).assignments
+    d.complete(q, store, a.lease, "s-a")
+    q.fail_task(b.lease, error="boom")  # retried later
+    (c,) = q.acquire("w1").assignments
+    cont = store.publish([Record("cont", b"continuation")], submission_id="cont-1")
+    q.yield_tasks([{"lease": c.lease, "input_ref": cont, "priority": 5}], request_id="y1")
+    (e,) = q.acquire("w1").assignments
+    q.release_tasks([e.lease])
+    q.close()
+    store.close()
+    # a clean restart
+    store = open_store(d.sim, d.clock)
+    q = open_coordinator(store, d.clock, recover=True)
+    d.submit(q, "r2", [TaskSpec("t4"), TaskSpec("t5", priority=3)])
+    n = 0
+    while True:
+        got = q.acquire("w2", 2).assignments
+        if not got:
+            break
+        for x in got:
+            d.complete(q, store, x.lease, f"s-{n}")
+            n += 1
+        if n == 2:
+            q.collect_garbage()
+    # a lost reply, retried with the same submission id and result
+    sid = "s-0"
+    task, attempt, ref = d.log.attempts[sid]
+    lease = Lease(QUEUE, task, attempt, "w2", q.epoch, 0.0)
+    r = q.complete_task(lease, submission_id=sid, result_ref=ref)
+    if (r.task_id, r.attempt, r.position, r.result_ref) != d.log.receipts[sid]:
+        raise Violation(f"retry of {sid!r} returned another receipt {r}")
+    q.close()
+    store.close()
+
+
+def wl_takeover(d: Driver) -> None:
+    old_fs = d.sim.client("old")
+    old_store = open_store(old_fs, d.clock, writer="old")
+    old = open_coordinator(old_store, d.clock, recover=False)
+    d.submit(old, "r1", [TaskSpec("t0"), TaskSpec("t1"), TaskSpec("t2")])
+    a, b = old.acquire("w0", 2).assignments
+    d.complete(old, old_store, a.lease, "s-a")
+    # the old coordinator is paused; a new one takes over while it holds the lock
+    store = open_store(d.sim, d.clock)
+    new = open_coordinator(store, d.clock, recover=True, takeover=True)
+    try:
+        d.complete(old, old_store, b.lease, "late-b", forbidden=True)
+    except (IndeterminateCommit, Fenced) as e:
+        _fenced_reply(e)
+    try:
+        d.submit(old, "r-late", [TaskSpec("late")])
+        raise Violation("a fenced coordinator acknowledged a submission")
+    except (IndeterminateCommit, Fenced) as e:
+        _fenced_reply(e)
+    n = 0
+    while got := new.acquire("w1").assignments:
+        d.complete(new, store, got[0].lease, f"s-{n}")
+        n += 1
+    old.close()
+    old_store.close()
+    new.close()
+    store.close()
+
+
+def wl_lifecycle(d: Driver) -> None:
+    """Lease expiry through the clock, heartbeats, final failures, cancellation, sealed
+    input, a consumer, then a restart: every transaction type replays after a crash."""
+    store = open_store(d.sim, d.clock)
+    q = open_coordinator(store, d.clock, recover=False)
+    d.submit(q, "r1", [TaskSpec(f"t{i}", max_attempts=2) for i in range(5)])
+    a, b = q.acquire("w0", 2).assignments
+    q.heartbeat([a.lease, b.lease])
+    d.clock.advance(2000.0)  # both leases expire
+    got = q.acquire("w1", 2).assignments  # journals the expiries, leases again
+    d.complete(q, store, got[0].lease, "s-0")
+    q.fail_task(got[1].lease, error="final", retry=False)
+    d.log.terminal[got[1].lease.task_id] = "failed"
+    q.cancel_task("t4")
+    d.log.terminal["t4"] = "cancelled"
+    q.seal_input()
+    token = q.open_consumer()
+    q.save_consumer_state(token, fetch_cursor=1, processed_cursor=0)
+    q.close()
+    store.close()
+    store = open_store(d.sim, d.clock)
+    q = open_coordinator(store, d.clock, recover=True)
+    n = 1
+    while got := q.acquire("w2").assignments:
+        d.complete(q, store, got[0].lease, f"s-{n}")
+        n += 1
+    if q.acquire("w2").status != "end_of_input":
+        raise Violation("a sealed, drained queue does not answer end_of_input")
+    q.close()
+    store.close()
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    run: Callable[[Driver], None]
+
+
+WORKLOADS = (Workload("basic", wl_basic), Workload("takeover", wl_takeover),
+             Workload("lifecycle", wl_lifecycle))
+
+
+# --- the check ------------------------------------------------------------------------------
+
+def _all_commits(q: Coordinator) -> list[Any]:
+    out: list[Any] = []
+    cursor = 0
+    while True:
+        page = q.read_commits(cursor, 100)
+        out += page.commits
+        if not page.commits:
+            return out
+        cursor = page.next_cursor
+
+
+def check_coordinator(q: Coordinator, store: SharedFilesystemStore, log: QueueLog) -> None:
+    """The recovered coordinator ``q`` against ``log``; raises ``Violation``."""
+    for sid, want in log.receipts.items():
+        r = q.lookup_submission(sid)
+        got = None if r is None else (r.task_id, r.attempt, r.position, r.result_ref)
+        if got != want:
+            raise Violation(f"acknowledged receipt {sid!r} {want[:3]} lost: lookup returned "
+                            f"{got}")
+        recs = store.read(want[3])
+        if len(recs) != 1 or bytes(recs[0].payload) != payload(sid):
+            raise Violation(f"the result of acknowledged {sid!r} does not read back intact")
+    seen: dict[str, int] = {}
+    for c in _all_commits(q):
+        if c.task_id in seen:
+            raise Violation(f"task {c.task_id!r} accepted twice (positions {seen[c.task_id]} "
+                            f"and {c.position})")
+        seen[c.task_id] = c.position
+        if c.submission_id in log.forbidden:
+            raise Violation(f"{c.submission_id!r} of a fenced coordinator was accepted")
+        att = log.attempts.get(c.submission_id)
+        if att is None:
+            raise Violation(f"commit {c.position} {c.submission_id!r} was never attempted")
+        if (c.task_id, c.attempt, c.result_ref) != att:
+            raise Violation(f"commit {c.position} {c.submission_id!r} is "
+                            f"{(c.task_id, c.attempt)} with another result than attempted")
+    for tid, status in log.terminal.items():
+        now = q.task_status(tid).status
+        if now != status or tid in seen:
+            raise Violation(f"task {tid!r} was acknowledged {status}; after recovery it is "
+                            f"{now}{' and accepted' if tid in seen else ''}")
+    for req, tids in log.submits.items():
+        for t in tids:
+            try:
+                q.task_status(t)
+            except ValueError:
+                raise Violation(f"task {t!r} of acknowledged submission {req!r} is "
+                                "missing") from None
+
+
+def recover_and_check(fs: Filesystem, log: QueueLog, fresh_tag: str = "fresh",
+                      out: QueueLog | None = None) -> QueueLog:
+    """Recover a coordinator on ``fs``, check it, then drain the queue (fresh completions
+    count as acknowledged) and close.  ``out`` is updated as the check goes."""
+    if out is None:
+        out = log.copy()
+    clock = ManualClock()
+    store = open_store(fs, clock)
+    try:
+        q = open_coordinator(store, clock, recover=True)
+        try:
+            check_coordinator(q, store, log)
+            n = 0
+            d = Driver.__new__(Driver)
+            d.log = out
+            while got := q.acquire(f"{fresh_tag}-w").assignments:
+                d.complete(q, store, got[0].lease, f"{fresh_tag}-{n}")
+                n += 1
+        finally:
+            q.close()
+    finally:
+        store.close()
+    return out
+
+
+# --- the campaign ---------------------------------------------------------------------------
+
+@dataclass
+class QueueReport:
+    name: str
+    crash_points: int = 0
+    states: int = 0
+    violations: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def state_seed(key: str) -> int:
+    return zlib.crc32(key.encode())
+
+
+def _ops_of(wl: Workload) -> int:
+    probe = SimFS(0, record_trace=False)
+    try:
+        wl.run(Driver(probe))
+    except Exception:  # noqa: BLE001 - a broken engine (a control): its states report it
+        pass
+    return probe.op_count
+
+
+def _revive(sim: SimFS) -> None:
+    sim.kill_client("main")
+    sim.kill_client("old")
+
+
+def run_state(wl: Workload, nth: int | None, when: str, mode: str, key: str) -> str | None:
+    """One crash state; returns a violation message or None."""
+    sim = SimFS(state_seed(key), record_trace=False)
+    if nth is not None:
+        sim.crash_at(nth, when=when)
+    d = Driver(sim)
+    stage = "workload"
+    try:
+        try:
+            wl.run(d)
+        except SimulatedCrash:
+            pass
+        except Exception as e:
+            if crash_in(e) is None:
+                raise
+        parts = mode.split("/")
+        if parts[0] == "power":
+            stage = f"power loss ({parts[1]})"
+            sim.crash(parts[1])
+            stage = "recovery"
+            log = recover_and_check(sim, d.log)
+        elif parts[0] in ("kill", "kill+power"):
+            _revive(sim)
+            stage = "recovery after kill"
+            log = recover_and_check(sim, d.log)
+            if parts[0] == "kill+power":
+                stage = f"power loss ({parts[1]}) after recovery"
+                sim.crash(parts[1])
+                stage = "second recovery"
+                log = recover_and_check(sim, log, fresh_tag="fresh2")
+        elif parts[0] == "power+recrash":
+            stage = f"power loss ({parts[1]})"
+            sim.crash(parts[1])
+            nth2 = random.Random(key).randint(1, RECRASH_WINDOW)
+            point = sim.crash_at(nth2)
+            stage = f"recovery (crash at its op #{nth2})"
+            out = d.log.copy()
+            try:
+                recover_and_check(sim, d.log, out=out)
+            except SimulatedCrash:
+                pass
+            except Exception as e:
+                if crash_in(e) is None:
+                    raise
+            point.fired = True  # disarmed if the recovery finished before it
+            stage = f"second power loss ({parts[1]})"
+            sim.crash(parts[1])
+            stage = "second recovery"
+            log = recover_and_check(sim, out, fresh_tag="fresh2")
+        else:
+            raise ValueError(f"unknown mode {mode!r}")
+        stage = "clean restart after recovery"
+        recover_and_check(sim, log, fresh_tag="fresh-again")
+    except (Violation, Exception, SimulatedCrash) as e:
+        kind = "violation" if isinstance(e, Violation) else f"raised {type(e).__name__}"
+        tb = "" if isinstance(e, Violation) else "\n" + "".join(
+            traceback.format_exception(type(e), e, e.__traceback__, limit=-4))
+        return (f"[{key}] {stage}: {kind}: {e}{tb}\n  replay: python -m "
+                f"fault_injection.queue_campaign --replay {key}\n  {sim.describe()}")
+    return None
+
+
+def _points(n_ops: int) -> list[tuple[int | None, str]]:
+    pts: list[tuple[int | None, str]] = []
+    for nth in range(1, n_ops + 1):
+        pts.append((nth, "before"))
+        pts.append((nth, "after"))
+    pts.append((None, "complete"))
+    return pts
+
+
+def run_workload(wl: Workload, modes: Sequence[str], *, stop_at_first: bool = False,
+                 max_points: int | None = None) -> QueueReport:
+    t0 = time.perf_counter()
+    report = QueueReport(f"queue-{wl.name}")
+    points = _points(_ops_of(wl))
+    if max_points is not None and len(points) > max_points:
+        step = len(points) / max_points
+        points = [points[int(i * step)] for i in range(max_points)] + [points[-1]]
+    report.crash_points = len(points)
+    for nth, when in points:
+        for mode in modes:
+            key = f"{wl.name}:{nth if nth is not None else 'end'}:{when}:{mode}"
+            report.states += 1
+            msg = run_state(wl, nth, when, mode, key)
+            if msg is not None:
+                report.violations.append(msg)
+                if stop_at_first:
+                    report.seconds = time.perf_counter() - t0
+                    return report
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def run_queue_campaign(modes: Sequence[str] = FULL_MODES, *,
+                       only: Sequence[str] | None = None, stop_at_first: bool = False,
+                       max_points: int | None = None,
+                       log: Callable[[str], None] = print) -> list[QueueReport]:
+    reports = []
+    for wl in WORKLOADS:
+        if only is not None and wl.name not in only:
+            continue
+        r = run_workload(wl, modes, stop_at_first=stop_at_first, max_points=max_points)
+        reports.append(r)
+        log(f"  {r.name:<24} crash points {r.crash_points:>4}  states {r.states:>6}  "
+            f"violations {len(r.violations):>3}  {r.seconds:6.1f}s")
+        if stop_at_first and r.violations:
+            break
+    return reports
+
+
+def replay(key: str) -> str | None:
+    name, nth, when, mode = key.split(":", 3)
+    wl = next(w for w in WORKLOADS if w.name == name)
+    return run_state(wl, None if nth == "end" else int(nth), when, mode, key)
+
+
+# --- negative controls -------------------------------------------------------------------
+
+@contextlib.contextmanager
+def _no_fencing() -> Iterator[None]:
+    """The coordinator skips its fence check after each sync, and ignores the catalog's
+    refusal of an old epoch: a paused old coordinator acknowledges."""
+    fence, adopt = Coordinator._fence_check, Catalog.adopt
+
+    def adopt_anyway(self: Catalog, *a: Any, **k: Any) -> bool:
+        adopt(self, *a, **k)
+        return True
+
+    Coordinator._fence_check = lambda self: None  # type: ignore[method-assign]
+    Catalog.adopt = adopt_anyway  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        Coordinator._fence_check = fence  # type: ignore[method-assign]
+        Catalog.adopt = adopt  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def _reply_before_durable() -> Iterator[None]:
+    """The coordinator replies without waiting for its journal group to be durable."""
+    orig = Coordinator._wait
+
+    def wait(self: Coordinator, seq: int, adopted: Any = ()) -> None:
+        j = self.journal
+        j.wait = lambda seq: seq  # type: ignore[method-assign, assignment]
+        try:
+            orig(self, seq, adopted)
+        finally:
+            del j.wait
+
+    Coordinator._wait = wait  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        Coordinator._wait = orig  # type: ignore[method-assign]
+
+
+QUEUE_CONTROLS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
+    "queue-no-fencing": _no_fencing,
+    "queue-reply-before-durable": _reply_before_durable,
+}
+"""Deliberately broken coordinators: each must make the campaign report a violation."""
+
+
+def run_queue_controls(modes: Sequence[str] = QUICK_MODES, *,
+                       max_points: int | None = None,
+                       log: Callable[[str], None] = print) -> dict[str, str | None]:
+    """Each control against the campaign; returns name -> first violation (None: MISSED)."""
+    out: dict[str, str | None] = {}
+    for name, control in QUEUE_CONTROLS.items():
+        t0 = time.perf_counter()
+        found: list[str] = []
+        for wl in ("takeover", "basic", "lifecycle"):  # the takeover catches most at once
+            with control():
+                reports = run_queue_campaign(modes, only=[wl], stop_at_first=True,
+                                             max_points=max_points, log=lambda _m: None)
+            found = [v for r in reports for v in r.violations]
+            if found:
+                break
+        out[name] = found[0] if found else None
+        log(f"  {'caught' if found else 'MISSED':<7} {name:<32} {time.perf_counter() - t0:5.1f}s"
+            f"  {found[0].splitlines()[0][:100] if found else ''}")
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m fault_injection.queue_campaign",
+                                 description=__doc__.split("\n\n")[0] if __doc__ else None)
+    ap.add_argument("--quick", action="store_true", help="fewer modes per crash point")
+    ap.add_argument("--workload", action="append", help="only these workloads (repeatable)")
+    ap.add_argument("--max-points", type=int, default=None,
+                    help="sample at most this many crash points per workload")
+    ap.add_argument("--replay", metavar="KEY", help="rerun one crash state and print it")
+    ap.add_argument("--no-controls", action="store_true", help="skip the negative controls")
+    args = ap.parse_args(argv)
+    if args.replay:
+        msg = replay(args.replay)
+        print(msg or f"{args.replay}: no violation")
+        return 1 if msg else 0
+    modes = QUICK_MODES if args.quick else FULL_MODES
+    t0 = time.perf_counter()
+    print(f"coordinator crash campaign: {len(modes)} modes per crash point")
+    reports = run_queue_campaign(modes, only=args.workload, max_points=args.max_points)
+    violations = [v for r in reports for v in r.violations]
+    missed: list[str] = []
+    if not args.no_controls:
+        print("negative controls (each must be caught):")
+        controls = run_queue_controls(QUICK_MODES, max_points=args.max_points)
+        missed = [k for k, v in controls.items() if v is None]
+    for v in violations[:20]:
+        print("\nVIOLATION " + v)
+    print(f"\nsummary: {sum(r.crash_points for r in reports)} crash points, "
+          f"{sum(r.states for r in reports)} states, {len(violations)} violations; "
+          f"{time.perf_counter() - t0:.1f}s")
+    if missed:
+        print("MISSED negative controls: " + ", ".join(missed))
+    return 1 if violations or missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

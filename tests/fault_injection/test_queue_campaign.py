@@ -1,0 +1,73 @@
+"""The coordinator crash campaign (bounded) and a short run of the queue fuzz scenarios
+(``fault_injection.queue_campaign``, ``fault_injection.queue_fuzz``)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from fault_injection.queue_campaign import (
+    QUICK_MODES,
+    WORKLOADS,
+    run_queue_campaign,
+    run_queue_controls,
+    run_state,
+)
+from fault_injection.queue_fuzz import run_queue
+from straw import SharedFilesystemStore, UnsafeRecovery
+from straw.coordinator import Coordinator
+from straw.queue_types import TaskSpec
+
+
+def test_bounded_coordinator_campaign() -> None:
+    t0 = time.perf_counter()
+    reports = run_queue_campaign(QUICK_MODES, max_points=70, log=lambda _m: None)
+    assert {r.name for r in reports} == {"queue-basic", "queue-takeover", "queue-lifecycle"}
+    assert all(r.states > 300 for r in reports)
+    bad = [v for r in reports for v in r.violations]
+    assert not bad, bad[0]
+    assert time.perf_counter() - t0 < 40
+
+
+def test_completed_runs_recover_under_every_mode() -> None:
+    for wl in WORKLOADS:
+        for mode in QUICK_MODES:
+            key = f"{wl.name}:end:complete:{mode}"
+            assert run_state(wl, None, "complete", mode, key) is None
+
+
+def test_queue_negative_controls_are_caught() -> None:
+    found = run_queue_controls(QUICK_MODES[:3], max_points=30, log=lambda _m: None)
+    assert found and all(v is not None for v in found.values()), found
+
+
+def test_queue_fuzz_short_run(tmp_path) -> None:
+    t0 = time.perf_counter()
+    s = run_queue(str(tmp_path), seconds=6, n_workers=2, seed=11)
+    assert not s.violations, s.violations[:3]
+    assert s.coordinator_kills >= 1 and s.takeovers >= 1, s.line()
+    assert s.receipts > 0 and s.commits >= s.receipts, s.line()
+    assert time.perf_counter() - t0 < 20, s.line()
+
+
+def test_queue_fuzz_catches_an_unfenced_coordinator(tmp_path) -> None:
+    s = run_queue(str(tmp_path), seconds=5, n_workers=2, seed=12, control="queue-no-fencing")
+    assert s.takeovers >= 1, s.line()
+    assert any(v.startswith(("stale acknowledgement", "lost receipt")) for v in s.violations), \
+        s.line()
+
+
+def test_second_coordinator_after_a_takeover_is_refused(tmp_path) -> None:
+    stores = [SharedFilesystemStore(str(tmp_path), "run", writer_id=w) for w in "abc"]
+    old = Coordinator(stores[0], queue_id="q")
+    new = Coordinator(stores[1], queue_id="q", recover=True, takeover=True)
+    old.close()  # the paused old coordinator dies
+    try:
+        with pytest.raises(UnsafeRecovery, match="served by"):
+            Coordinator(stores[2], queue_id="q", recover=True).close()
+        new.submit_tasks("r", [TaskSpec("t")])  # still the only one serving
+    finally:
+        new.close()
+        for s in stores:
+            s.close()
