@@ -85,7 +85,7 @@ def reopen(root: str, n: int) -> dict[str, float]:
     with SharedFilesystemStore(root, "bench", writer_id="w", reserve_bytes=0) as store:
         q = Coordinator(store, queue_id="big", snapshot_every=5_000,
                         limits=Limits(max_leases_per_worker=10**6))
-        batch = 5_000
+        batch = min(5_000, n)
         for b in range(0, n, batch):
             q.submit_tasks(f"r{b}", [TaskSpec(f"task-{i:07d}") for i in range(b, b + batch)])
             got = q.acquire("w", max_tasks=batch)
