@@ -35,6 +35,7 @@ Expired leases are journaled as ``expire`` when noticed (acquire, heartbeat, com
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import re
@@ -208,8 +209,7 @@ class Coordinator:
             ) from None
         recovered = journal_mod.recover(self.fs, self.journal_dir)
         if recovered.snapshot is not None:
-            self.state = QueueState.from_snapshot(msgpack.unpackb(recovered.snapshot,
-                                                                  raw=False))
+            self.state = QueueState.from_snapshot(_unpack_snapshot(recovered.snapshot))
         else:
             self.state = QueueState()
         for txn in recovered.transactions:
@@ -1034,6 +1034,16 @@ class Coordinator:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _unpack_snapshot(data: bytes) -> dict[str, Any]:
+    enabled = gc.isenabled()
+    gc.disable()  # see QueueState.from_snapshot
+    try:
+        return msgpack.unpackb(data, raw=False)  # type: ignore[no-any-return]
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _check_id(name: str, value: object) -> None:

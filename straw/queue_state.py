@@ -38,6 +38,7 @@ by ``reads``/``retire`` or the reader's own complete/fail/yield/release.
 
 from __future__ import annotations
 
+import gc
 import heapq
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -276,6 +277,8 @@ class QueueState:
         """A new coordinator epoch: every lease of an older epoch is revoked (the task
         returns to pending without spending its budget); read roots stay (D5, D9)."""
         self.epoch = txn["epoch"]
+        if self.leased_count == 0:
+            return
         for task in self.tasks.values():
             if task.status == LEASED:
                 self._leave(task)
@@ -339,9 +342,13 @@ class QueueState:
     def to_snapshot(self) -> dict[str, Any]:
         return {
             "epoch": self.epoch, "fifo": self.fifo, "sealed": self.sealed,
-            "tasks": [[t.task_id, t.input, t.metadata, t.priority, t.key, t.max_attempts,
-                       t.control, t.fifo, t.status, t.attempt, t.failures, t.lease,
-                       t.position, t.last_error] for t in self.tasks.values()],
+            # task rows as one blob decoded as tuples (Task fields in order, metadata left
+            # out: user JSON must come back with lists, so it is a separate list)
+            "tasks": msgpack.packb(
+                [(t.task_id, t.input, None, t.priority, t.key, t.max_attempts, t.control,
+                  t.fifo, t.status, t.attempt, t.failures, t.lease, t.position, t.last_error)
+                 for t in self.tasks.values()], use_bin_type=True),
+            "task_meta": [t.metadata for t in self.tasks.values()],
             # the commit log is most of a snapshot: one blob, decoded as tuples (several
             # times faster than lists, and rows become CommitRecords without conversion)
             "commits": msgpack.packb([tuple(c) for c in self.commits], use_bin_type=True),
@@ -357,17 +364,30 @@ class QueueState:
 
     @classmethod
     def from_snapshot(cls, snap: dict[str, Any]) -> QueueState:
+        # Hundreds of thousands of small objects at once: the cyclic garbage collector
+        # would rescan them many times over (none of them forms a cycle).
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return cls._from_snapshot(snap)
+        finally:
+            if enabled:
+                gc.enable()
+
+    @classmethod
+    def _from_snapshot(cls, snap: dict[str, Any]) -> QueueState:
         st = cls(epoch=snap["epoch"], fifo=snap["fifo"], sealed=snap["sealed"])
-        for (tid, inp, meta, prio, key, max_att, control, fifo, status, attempt, failures,
-             lease, position, last_error) in snap["tasks"]:
-            task = Task(tid, tuple(inp) if inp else None, meta, prio, key,  # type: ignore[arg-type]
-                        max_att, control, fifo, status, attempt, failures,
-                        tuple(lease) if lease else None, position, last_error)  # type: ignore[arg-type]
-            st.tasks[tid] = task
-            if status == PENDING:
+        rows = msgpack.unpackb(snap["tasks"], raw=False, use_list=False)
+        tasks = [Task(*row) for row in rows]
+        for task, meta in zip(tasks, snap["task_meta"], strict=True):
+            task.metadata = meta
+        st.tasks = {t.task_id: t for t in tasks}
+        for task in tasks:
+            if task.status == PENDING:
                 st.pending_count += 1
-                heapq.heappush(st.lanes.setdefault(control, []), (task.order(), tid))
-            elif status == LEASED:
+                heapq.heappush(st.lanes.setdefault(task.control, []),
+                               (task.order(), task.task_id))
+            elif task.status == LEASED:
                 st.leased_count += 1
         make = CommitRecord._make
         rows = msgpack.unpackb(snap["commits"], raw=False, use_list=False)
