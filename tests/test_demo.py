@@ -14,4 +14,5 @@ def test_demo_runs_and_reports(tmp_path):
     assert "published and read back checked" in out
     assert "SIGKILLed mid-publication" in out
     assert "read back intact" in out
+    assert "accepted exactly once" in out
     assert "pack files" in out
