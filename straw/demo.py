@@ -93,6 +93,7 @@ def queue_step(root: str, tasks: int = 6) -> dict[str, object]:
         while (got := q.acquire("worker-0")).status == "acquired":
             (a,) = got.assignments
             order.append(a.task.task_id)
+            assert a.task.input_ref is not None
             (prompt,) = worker.read(a.task.input_ref)
             out = worker.publish([Record("sample", bytes(prompt.payload) + b" -> answer",
                                          metadata={"task_id": a.lease.task_id,
