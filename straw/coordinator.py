@@ -565,6 +565,10 @@ class Coordinator:
         """Renew leases; returns them with new deadlines.  ``StaleAttempt`` (or
         ``LeaseExpired``) if any is no longer current — the others are renewed first."""
         renewed, stale = [], []
+        try:
+            self._fence_check()  # a fenced coordinator must not keep workers busy
+        except Fenced as e:
+            self._fail(e)
         with self._mutex:
             self._check_usable()
             for lease in leases:

@@ -237,6 +237,8 @@ def test_paused_old_coordinator_can_never_acknowledge(store):
     out = _result(store, a.lease)
     # a new coordinator takes over while the old one still holds the lock (paused)
     new = _coord(store, recover=True, takeover=True)
+    with pytest.raises(Fenced):
+        old.heartbeat([a.lease])  # no lease renewals from a fenced coordinator either
     with pytest.raises((IndeterminateCommit, Fenced)):
         old.complete_task(a.lease, submission_id="s", result_ref=out)
     with pytest.raises(Fenced):
