@@ -47,10 +47,9 @@ import re
 import sys
 import time
 import traceback
-import zlib
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from fault_injection.controls import FRAME_CONTROLS, STORE_CONTROLS
@@ -63,6 +62,7 @@ from fault_injection.queue_campaign import QUICK_MODES as QUEUE_QUICK_MODES
 from fault_injection.queue_campaign import run_queue_campaign, run_queue_controls
 from fault_injection.rules import SimulatedCrash
 from fault_injection.simfs import SimFS
+from fault_injection.sweep import WorkloadReport, crash_points, state_seed, sweep
 from fault_injection.workloads import (
     Driver,
     Violation,
@@ -89,19 +89,6 @@ QUICK_MODES: tuple[str, ...] = (
     "kill+power/clear-cache/0", "power+recrash/torn-op/0",
 )  # fmt: skip
 """Modes per crash point for the bounded test-suite campaign."""
-
-
-@dataclass
-class WorkloadReport:
-    name: str
-    crash_points: int = 0
-    states: int = 0
-    violations: list[str] = field(default_factory=list)
-    seconds: float = 0.0
-
-
-def state_seed(key: str) -> int:
-    return zlib.crc32(key.encode())
 
 
 def _ops_of(wl: Workload) -> int:
@@ -170,38 +157,13 @@ def run_state(wl: Workload, nth: int | None, when: str, mode: str, key: str) -> 
     return None
 
 
-def _points(n_ops: int) -> list[tuple[int | None, str]]:
-    pts: list[tuple[int | None, str]] = []
-    for nth in range(1, n_ops + 1):
-        pts.append((nth, "before"))
-        pts.append((nth, "after"))
-    pts.append((None, "complete"))
-    return pts
-
-
 def run_workload(wl: Workload, reserve: int, modes: Sequence[str], *,
                  stop_at_first: bool = False, max_points: int | None = None) -> WorkloadReport:
     """Every crash point of ``wl`` x every mode."""
-    t0 = time.perf_counter()
     name = f"{wl.name}:r{reserve}"
-    report = WorkloadReport(name)
-    points = _points(_ops_of(wl))
-    if max_points is not None and len(points) > max_points:
-        step = len(points) / max_points
-        points = [points[int(i * step)] for i in range(max_points)] + [points[-1]]
-    report.crash_points = len(points)
-    for nth, when in points:
-        for mode in modes:
-            key = f"{name}:{nth if nth is not None else 'end'}:{when}:{mode}"
-            report.states += 1
-            msg = run_state(wl, nth, when, mode, key)
-            if msg is not None:
-                report.violations.append(msg)
-                if stop_at_first:
-                    report.seconds = time.perf_counter() - t0
-                    return report
-    report.seconds = time.perf_counter() - t0
-    return report
+    return sweep(name, name, crash_points(_ops_of(wl), max_points), modes,
+                 lambda nth, when, mode, key: run_state(wl, nth, when, mode, key),
+                 stop_at_first=stop_at_first)
 
 
 def run_store_campaign(modes: Sequence[str], *, reserves: Iterable[int] = RESERVES,
@@ -249,11 +211,7 @@ def _catch_store_control(control: Callable[[], AbstractContextManager[None]],
     states = 0
     for reserve in RESERVES:
         for wl in workloads(reserve):
-            points = _points(_ops_of(wl))
-            if max_points is not None and len(points) > max_points:
-                step = len(points) / max_points
-                points = [points[int(i * step)] for i in range(max_points)] + [points[-1]]
-            for nth, when in points:
+            for nth, when in crash_points(_ops_of(wl), max_points):
                 for mode in modes:
                     key = f"{wl.name}:r{reserve}:{nth if nth is not None else 'end'}:{when}:{mode}"
                     states += 1

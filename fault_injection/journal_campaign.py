@@ -48,7 +48,6 @@ import random
 import sys
 import time
 import traceback
-import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -56,6 +55,7 @@ import msgpack
 
 from fault_injection.rules import SimulatedCrash
 from fault_injection.simfs import SimFS
+from fault_injection.sweep import WorkloadReport, crash_points, state_seed, sweep
 from straw import journal as journal_mod
 from straw.clock import ManualClock
 from straw.errors import Fenced, IndeterminateCommit
@@ -280,17 +280,7 @@ def recover_and_check(fs: Filesystem, log: JournalLog, fresh_tag: str = "fresh",
 
 # --- the campaign ---------------------------------------------------------------------------
 
-@dataclass
-class JournalReport:
-    name: str
-    crash_points: int = 0
-    states: int = 0
-    violations: list[str] = field(default_factory=list)
-    seconds: float = 0.0
-
-
-def state_seed(key: str) -> int:
-    return zlib.crc32(key.encode())
+JournalReport = WorkloadReport
 
 
 def _ops_of(wl: Workload) -> int:
@@ -360,36 +350,11 @@ def run_state(wl: Workload, nth: int | None, when: str, mode: str, key: str) -> 
     return None
 
 
-def _points(n_ops: int) -> list[tuple[int | None, str]]:
-    pts: list[tuple[int | None, str]] = []
-    for nth in range(1, n_ops + 1):
-        pts.append((nth, "before"))
-        pts.append((nth, "after"))
-    pts.append((None, "complete"))
-    return pts
-
-
 def run_workload(wl: Workload, modes: Sequence[str], *, stop_at_first: bool = False,
                  max_points: int | None = None) -> JournalReport:
-    t0 = time.perf_counter()
-    report = JournalReport(f"journal-{wl.name}")
-    points = _points(_ops_of(wl))
-    if max_points is not None and len(points) > max_points:
-        step = len(points) / max_points
-        points = [points[int(i * step)] for i in range(max_points)] + [points[-1]]
-    report.crash_points = len(points)
-    for nth, when in points:
-        for mode in modes:
-            key = f"{wl.name}:{nth if nth is not None else 'end'}:{when}:{mode}"
-            report.states += 1
-            msg = run_state(wl, nth, when, mode, key)
-            if msg is not None:
-                report.violations.append(msg)
-                if stop_at_first:
-                    report.seconds = time.perf_counter() - t0
-                    return report
-    report.seconds = time.perf_counter() - t0
-    return report
+    return sweep(f"journal-{wl.name}", wl.name, crash_points(_ops_of(wl), max_points), modes,
+                 lambda nth, when, mode, key: run_state(wl, nth, when, mode, key),
+                 stop_at_first=stop_at_first)
 
 
 def run_journal_campaign(modes: Sequence[str] = FULL_MODES, *,
