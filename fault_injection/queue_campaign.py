@@ -55,7 +55,7 @@ from typing import Any
 
 from fault_injection.rules import SimulatedCrash
 from fault_injection.simfs import SimFS
-from fault_injection.sweep import WorkloadReport, crash_points, state_seed, sweep
+from fault_injection.sweep import WorkloadReport, crash_points, run_all, state_seed, sweep
 from straw import Record, RecordSetRef, SharedFilesystemStore
 from straw.catalog import Catalog
 from straw.clock import ManualClock
@@ -459,17 +459,10 @@ def run_queue_campaign(modes: Sequence[str] = FULL_MODES, *,
                        only: Sequence[str] | None = None, stop_at_first: bool = False,
                        max_points: int | None = None,
                        log: Callable[[str], None] = print) -> list[QueueReport]:
-    reports = []
-    for wl in WORKLOADS:
-        if only is not None and wl.name not in only:
-            continue
-        r = run_workload(wl, modes, stop_at_first=stop_at_first, max_points=max_points)
-        reports.append(r)
-        log(f"  {r.name:<24} crash points {r.crash_points:>4}  states {r.states:>6}  "
-            f"violations {len(r.violations):>3}  {r.seconds:6.1f}s")
-        if stop_at_first and r.violations:
-            break
-    return reports
+    by_name = {wl.name: wl for wl in WORKLOADS}
+    return run_all(list(by_name), lambda name: run_workload(
+        by_name[name], modes, stop_at_first=stop_at_first, max_points=max_points),
+        only=only, stop_at_first=stop_at_first, log=log)
 
 
 def replay(key: str) -> str | None:

@@ -59,3 +59,20 @@ def sweep(name: str, key_prefix: str, points: Sequence[tuple[int | None, str]],
                     return report
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def run_all(names: Sequence[str], run_one: Callable[[str], WorkloadReport], *,
+            only: Sequence[str] | None = None, stop_at_first: bool = False,
+            log: Callable[[str], None] = print) -> list[WorkloadReport]:
+    """Run the named workloads (or the ``only`` ones), logging one line per workload."""
+    reports = []
+    for name in names:
+        if only is not None and name not in only:
+            continue
+        r = run_one(name)
+        reports.append(r)
+        log(f"  {r.name:<24} crash points {r.crash_points:>4}  states {r.states:>6}  "
+            f"violations {len(r.violations):>3}  {r.seconds:6.1f}s")
+        if stop_at_first and r.violations:
+            break
+    return reports
