@@ -259,10 +259,10 @@ class Catalog:
     def _refresh(self) -> None:
         fd = self.fs.open(self.path, write=True)
         try:
-            data = self._read_from(fd, self._offset)
+            data = self.fs.read_to_end(fd, self._offset)
             if not data and self._offset == 0:
                 self._append_fd(fd, [{"op": "init", "v": CATALOG_VERSION}])
-                data = self._read_from(fd, 0)
+                data = self.fs.read_to_end(fd, 0)
             base = self._offset
             scan = framing.scan_frames(lambda o, n: data[o - base:o - base + n],
                                        base + len(data), start=base)
@@ -286,17 +286,6 @@ class Catalog:
             raise storage_error(e, f"cannot read catalog {self.path}") from e
         finally:
             self.fs.close(fd)
-
-    def _read_from(self, fd: int, offset: int) -> bytes:
-        """Everything from ``offset`` to the end of file (read until a short read: a
-        cached size from another client may be stale)."""
-        out = bytearray()
-        while True:
-            chunk = bytearray(1 << 20)
-            n = self.fs.readinto(fd, chunk, offset + len(out))
-            out += chunk[:n]
-            if n < len(chunk):
-                return bytes(out)
 
     def _append_fd(self, fd: int, ops: list[dict[str, Any]]) -> int:
         body = msgpack.packb({"v": CATALOG_VERSION, "ops": ops}, use_bin_type=True)

@@ -235,12 +235,8 @@ class Coordinator:
     def _fence_check(self) -> None:
         """Raise ``Fenced`` if a newer epoch exists (checked after every sync, before any
         reply: an old coordinator that resumes acknowledges nothing)."""
-        # open, not stat: a lookup through open is never served from an attribute cache
-        try:
-            fd = self.fs.open(self._epoch_path(self.epoch + 1))
-        except FileNotFoundError:
+        if not self.fs.probe(self._epoch_path(self.epoch + 1)):
             return
-        self.fs.close(fd)
         raise Fenced(f"queue {self.owner}: epoch {self.epoch + 1} exists; coordinator "
                      f"epoch {self.epoch} is fenced")
 

@@ -160,6 +160,33 @@ class Filesystem(abc.ABC):
         for d in self.makedirs(path):
             self.fsync_dir(os.path.dirname(d))
 
+    def read_to_end(self, fd: int, offset: int = 0, limit: int | None = None) -> bytes:
+        """Everything from ``offset`` to the end of file (at most ``limit`` bytes), read
+        until a short read: a size cached by another client's view may be stale."""
+        out = bytearray()
+        step = 1 << 20
+        while limit is None or len(out) < limit:
+            want = step if limit is None else min(step, limit - len(out))
+            chunk = bytearray(want)
+            n = self.readinto(fd, chunk, offset + len(out))
+            out += memoryview(chunk)[:n]
+            if n < want:
+                break
+        return bytes(out)
+
+    def probe(self, path: str) -> bool:
+        """Does ``path`` exist?  Asked through ``open``, a fresh lookup: a ``stat`` or a
+        listing may be served from an attribute cache on a shared filesystem."""
+        try:
+            fd = self.open(path)
+        except FileNotFoundError:
+            return False
+        try:
+            self.close(fd)
+        except OSError:
+            pass
+        return True
+
     def read_file(self, path: str) -> bytes:
         fd = self.open(path)
         try:

@@ -259,14 +259,7 @@ class _Reader:
         except OSError as e:
             raise storage_error(e, f"cannot open journal file {path}") from e
         try:
-            hint = self.fs.fstat(fd).size
-            want = hint + 1 if limit is None else min(hint + 1, limit)
-            buf = bytearray(max(want, 1))
-            got = self.fs.readinto(fd, buf, 0)
-            while got == len(buf) and (limit is None or got < limit):
-                more = len(buf) if limit is None else min(len(buf), limit - got)
-                buf.extend(bytes(more))
-                got += self.fs.readinto(fd, memoryview(buf)[got:], got)
+            data = self.fs.read_to_end(fd, 0, limit)
             if sync:
                 self.fs.fsync(fd)
                 self.stats["fsyncs"] += 1
@@ -277,26 +270,17 @@ class _Reader:
                 self.fs.close(fd)
             except OSError:
                 pass
-        if limit is not None:
-            got = min(got, limit)
         self.stats["files_read"] += 1
-        self.stats["bytes_read"] += got
-        return bytes(memoryview(buf)[:got])
+        self.stats["bytes_read"] += len(data)
+        return data
 
     def exists(self, name: str) -> bool:
         """Probe by ``open`` (a fresh lookup; a listing or stat may be cached)."""
         path = os.path.join(self.dir, name)
         try:
-            fd = self.fs.open(path)
-        except FileNotFoundError:
-            return False
+            return self.fs.probe(path)
         except OSError as e:
             raise storage_error(e, f"cannot open journal file {path}") from e
-        try:
-            self.fs.close(fd)
-        except OSError:
-            pass
-        return True
 
     def header(self, name: str) -> dict[str, Any] | None:
         """The segment's header record if its first frame is valid, else None."""
