@@ -120,8 +120,9 @@ class SharedFilesystemStore:
         is simply rewritten in place — concurrent repairers write the same bytes."""
         marker = os.path.join(self.root, "POOL")
         body = json.dumps({"format": "straw-pool", "version": POOL_FORMAT}).encode()
+        retries, delay = self._visibility
         try:
-            for _ in range(3):
+            for _ in range(retries + 3):
                 try:
                     data = self.fs.read_file(marker)
                 except FileNotFoundError:
@@ -129,7 +130,11 @@ class SharedFilesystemStore:
                     try:
                         fd = self.fs.open(marker, write=True, create=True, exclusive=True)
                     except FileExistsError:
-                        continue  # another client created it: read theirs
+                        # another client created it; its name may not be visible to our
+                        # lookups yet (a shared filesystem's entry cache): wait, reread
+                        self.clock.sleep(delay)
+                        delay = min(delay * 2, 1.0)
+                        continue
                     try:
                         self.fs.writev(fd, [body], 0)
                         self.fs.fsync(fd)
