@@ -117,10 +117,15 @@ def test_flock_excludes_across_clients(juicefs_dirs: JuiceFSMounts) -> None:
     finally:
         os.close(fa)
         os.close(fb)
-    # close() released both: A can take it exclusively again.
+    # close() released both: A can take it exclusively again.  FUSE delivers the release of
+    # a closed file's flock asynchronously, so poll for it with a bounded deadline (straw
+    # itself always unlocks explicitly before closing).
     fa = os.open(pa, os.O_RDWR)
     try:
-        assert try_flock(fa, fcntl.LOCK_EX)
+        deadline = time.monotonic() + 10
+        while not try_flock(fa, fcntl.LOCK_EX):
+            assert time.monotonic() < deadline, "close() never released the other locks"
+            time.sleep(0.01)
     finally:
         os.close(fa)
 
