@@ -49,6 +49,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,6 +63,7 @@ from .pack import storage_error
 
 CATALOG_NAME = "CATALOG"
 CATALOG_VERSION = 1
+DEFAULT_GROUP_WAIT = 0.0005  # see Catalog._incoming
 
 Extent = tuple[str, int]  # (pack path relative to the pool root, extent offset)
 
@@ -213,8 +215,14 @@ class Catalog:
         self._offset = 0  # how far this client has replayed
         self._lock_fd: int | None = None
         self._mutex = threading.Lock()
-        self._pending_lock = threading.Lock()
+        self._pending_lock = threading.Condition(threading.Lock())
         self._pending: list[_AdoptRequest] = []
+        # Siblings, as in the journal: callers that announced an adopt (``adopting_soon``)
+        # and have not queued it yet.  The thread writing the pending adopts waits for
+        # them at most ``group_wait`` seconds (wall clock: tuning, not protocol time).
+        self._incoming = 0
+        self.group_wait = DEFAULT_GROUP_WAIT
+        self.sibling_waits = 0
 
     def close(self) -> None:
         with self._mutex:
@@ -375,7 +383,8 @@ class Catalog:
             return True
 
     def adopt(self, owner: str, epoch: int, *, add: Iterable[Extent] = (),
-              replace: Iterable[Extent] | None = None, unstage: Iterable[Extent] = ()) -> bool:
+              replace: Iterable[Extent] | None = None, unstage: Iterable[Extent] = (),
+              announced: Announcement | None = None) -> bool:
         """A queue coordinator's fenced update of its owner (see ``adopt`` above).  Returns
         False if a newer epoch already owns it (this coordinator is fenced).
 
@@ -384,7 +393,10 @@ class Catalog:
         fsync) and the others find their request done — group commit for the catalog."""
         add = sorted(set(add))
         if replace is None and not unstage:
-            return self._adopt_combined(owner, epoch, add)
+            return self._adopt_combined(owner, epoch, add, announced)
+        if announced is not None:
+            with self._pending_lock:
+                self._arrived(announced)
         with self.locked() as st:
             if epoch < st.owner_epochs.get(owner, 0):
                 return False
@@ -403,16 +415,45 @@ class Catalog:
             self.append([op])
             return True
 
-    def _adopt_combined(self, owner: str, epoch: int, add: list[Extent]) -> bool:
+    @contextlib.contextmanager
+    def adopting_soon(self) -> Iterator[Announcement]:
+        """Announce a plain ``adopt`` this thread is about to make (pass the yielded
+        announcement to it): a thread writing pending adopts meanwhile waits for it."""
+        a = Announcement()
+        with self._pending_lock:
+            self._incoming += 1
+        try:
+            yield a
+        finally:
+            with self._pending_lock:
+                self._arrived(a)
+
+    def _arrived(self, a: Announcement | None) -> None:
+        """With ``_pending_lock`` held: the announced caller queued (or gave up)."""
+        if a is not None and not a.arrived:
+            a.arrived = True
+            self._incoming -= 1
+            if self._incoming == 0:
+                self._pending_lock.notify_all()
+
+    def _adopt_combined(self, owner: str, epoch: int, add: list[Extent],
+                        announced: Announcement | None) -> bool:
         req = _AdoptRequest(owner, epoch, add)
         with self._pending_lock:
             self._pending.append(req)
+            self._arrived(announced)
         with self._mutex:
             if req.done:  # an earlier holder wrote it for us
                 return req.finish()
             return self._write_pending(req)
 
     def _write_pending(self, req: _AdoptRequest) -> bool:
+        with self._pending_lock:
+            if self._incoming and self.group_wait > 0:
+                self.sibling_waits += 1
+                deadline = time.monotonic() + self.group_wait
+                while self._incoming and (left := deadline - time.monotonic()) > 0:
+                    self._pending_lock.wait(left)
         with self._flocked() as st:
             with self._pending_lock:
                 batch, self._pending = self._pending, []
@@ -495,6 +536,12 @@ class Catalog:
                     p, PackInfo()).tombstoned),
                 "owners": sorted(st.owners),
             }
+
+
+class Announcement:
+    """An adopt announced by ``Catalog.adopting_soon`` (``arrived`` once it is queued)."""
+
+    arrived: bool = False
 
 
 @dataclass

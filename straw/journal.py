@@ -77,7 +77,13 @@ number (so a caller that enqueues under its own lock gets journal order = its ap
 the leader: it takes everything pending, writes it with ONE ``writev`` (all frames share a
 write group: same group start) and ONE ``fdatasync``, calls ``fence()``, and wakes
 everybody.  A lone caller never waits for anything (no timers, no sleeps).  Requests that
-arrive during a sync are taken by the next leader.  If the write, the sync or ``fence()``
+arrive during a sync are taken by the next leader.  Siblings (PostgreSQL's commit_delay
+with commit_siblings): a caller that is about to enqueue can announce itself
+(``incoming()``); while any announced caller has not enqueued yet, a leader waits for it,
+at most ``group_wait`` seconds, so that its transaction joins the group instead of paying
+a sync of its own.  Nobody announced (a lone caller) means no wait at all.  The wait is
+wall-clock performance tuning, not protocol time, so it does not use the injected clock.
+If the write, the sync or ``fence()``
 fails, every waiter of that batch gets ``IndeterminateCommit`` (cause chained) and the
 journal is unusable: later calls raise ``Fenced`` (when ``fence`` raised ``Fenced``) or
 ``StorageUnavailable``, and so do waiters of requests that were still pending (those were
@@ -116,12 +122,13 @@ What the coordinator must guarantee (see also ``Journal``):
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import struct
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -142,6 +149,8 @@ from .pack import storage_error
 
 JOURNAL_VERSION = 1
 DEFAULT_SEGMENT_TARGET = 64 << 20
+# A leader waits at most this long for announced siblings (about two syncs here)
+DEFAULT_GROUP_WAIT = 0.0005
 DEFAULT_RESERVE = 1 << 20  # reserved ahead of the writes; at most this much zero tail to scan
 
 REC_TXN = 0x01
@@ -566,7 +575,8 @@ class Journal:
     def __init__(self, fs: Filesystem, directory: str, *, epoch: int, recovered: Recovered,
                  clock: Clock | None = None, segment_target_bytes: int = DEFAULT_SEGMENT_TARGET,
                  reserve_bytes: int = DEFAULT_RESERVE,
-                 fence: Callable[[], None] | None = None) -> None:
+                 fence: Callable[[], None] | None = None,
+                 group_wait: float = DEFAULT_GROUP_WAIT) -> None:
         if epoch <= recovered.last_epoch:
             raise Fenced(f"journal {directory}: cannot start epoch {epoch}, epoch "
                          f"{recovered.last_epoch} already exists there; a newer coordinator "
@@ -581,6 +591,8 @@ class Journal:
         self.segment_target_bytes = segment_target_bytes
         self.reserve_bytes = max(0, reserve_bytes)
         self.fence = fence
+        self.group_wait = max(0.0, group_wait)
+        self._incoming = 0  # announced callers that have not enqueued yet (siblings)
         self.cutoffs = dict(recovered.cutoffs)
         self._next_seq = recovered.seq  # last sequence number handed out by enqueue
         self._durable = recovered.seq  # last sequence number known durable (and unfenced)
@@ -597,6 +609,7 @@ class Journal:
         self._data_start = 0  # end of the current segment's header
         self._reserved = 0
         self._m = {"commits": 0, "frames": 0, "groups": 0, "fsyncs": 0, "dir_fsyncs": 0,
+                   "sibling_waits": 0,
                    "bytes": 0, "max_group": 0, "rotations": 0, "snapshots": 0,
                    "snapshot_bytes": 0, "deleted_files": 0, "cleanup_errors": 0}
         self.last_cleanup_error: str | None = None
@@ -659,6 +672,20 @@ class Journal:
         if not txns:
             raise ValueError("enqueue_many needs at least one transaction")
         return self._enqueue(_Request(_batch_body(txns), len(txns)))
+
+    @contextlib.contextmanager
+    def incoming(self) -> Iterator[None]:
+        """Announce a transaction about to be enqueued inside this block: a leader
+        syncing meanwhile waits (at most ``group_wait``) for it to join its group."""
+        with self._mu:
+            self._incoming += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._incoming -= 1
+                if self._incoming == 0:
+                    self._cond.notify_all()
 
     def wait(self, seq: int) -> int:
         """Return ``seq`` once every transaction up to it is durable.  If no sync is in
@@ -752,9 +779,15 @@ class Journal:
 
     def _lead(self) -> None:
         """With the mutex held, not busy, something pending: write it as one group."""
+        self._busy = True
+        if self._incoming and self.group_wait > 0:
+            # siblings are about to enqueue: let them join this group (bounded wait)
+            self._m["sibling_waits"] += 1
+            deadline = time.monotonic() + self.group_wait
+            while self._incoming and (left := deadline - time.monotonic()) > 0:
+                self._cond.wait(left)
         batch = self._pending
         self._pending = []
-        self._busy = True
         lo = self._durable + 1
         hi = self._durable + sum(r.ntx for r in batch)
         self._cond.release()

@@ -161,8 +161,73 @@ def test_lone_caller_one_fdatasync_per_commit_and_no_waiting(tmp_path):
         j.commit(b"x%d" % i)
     assert _ops(fs, "fdatasync") - before == 20
     m = j.metrics()
-    assert m["groups"] == 20 and m["max_group"] == 1
+    assert m["groups"] == 20 and m["max_group"] == 1 and m["sibling_waits"] == 0
     j.close()
+
+
+def test_leader_waits_for_an_announced_sibling_and_shares_its_sync(tmp_path):
+    fs = FaultyFS(PosixFS())
+    j = _open(fs, str(tmp_path), group_wait=30.0)
+    before = _ops(fs, "fdatasync")
+    announced, go = threading.Event(), threading.Event()
+    seqs: dict[str, int] = {}
+
+    def sibling() -> None:
+        with j.incoming():
+            announced.set()
+            go.wait(10)
+            seqs["b"] = j.enqueue(b"b")
+        j.wait(seqs["b"])
+
+    t = threading.Thread(target=sibling)
+    t.start()
+    assert announced.wait(10)
+    seqs["a"] = j.enqueue(b"a")
+    leader = threading.Thread(target=lambda: j.wait(seqs["a"]))
+    t0 = time.monotonic()
+    leader.start()
+    _wait_for(lambda: j.metrics()["sibling_waits"] == 1, "the leader to wait for its sibling")
+    go.set()
+    for th in (leader, t):
+        th.join(10)
+    assert time.monotonic() - t0 < 10  # woken by the arrival, not by the 30 s bound
+    m = j.metrics()
+    assert _ops(fs, "fdatasync") - before == 1 and m["max_group"] == 2
+    j.close()
+    assert _history(fs, str(tmp_path)) == [b"a", b"b"]
+
+
+def test_sibling_wait_is_bounded_and_ends_when_the_sibling_gives_up(tmp_path):
+    j = _open(PosixFS(), str(tmp_path), group_wait=0.05)
+    with j.incoming():  # announced by this very thread, which never enqueues inside
+        t0 = time.monotonic()
+        j.commit(b"x")  # leads: waits for the sibling at most group_wait
+        assert 0.04 <= time.monotonic() - t0 < 5
+    j2 = _open(PosixFS(), str(tmp_path / "j2"), group_wait=30.0)
+    gave_up = threading.Event()
+
+    def quitter() -> None:
+        try:
+            with j2.incoming():
+                gave_up.wait(10)
+                raise ValueError("bad input: never enqueued")
+        except ValueError:
+            pass
+
+    t = threading.Thread(target=quitter)
+    t.start()
+    seq = j2.enqueue(b"y")
+    leader = threading.Thread(target=lambda: j2.wait(seq))
+    leader.start()
+    _wait_for(lambda: j2.metrics()["sibling_waits"] == 1, "the leader to wait")
+    t0 = time.monotonic()
+    gave_up.set()
+    leader.join(10)
+    t.join(10)
+    assert not leader.is_alive() and time.monotonic() - t0 < 10
+    assert j2.seq == seq
+    j.close()
+    j2.close()
 
 
 def test_concurrent_commits_share_syncs_and_keep_per_thread_order(tmp_path):

@@ -271,3 +271,52 @@ def test_catalog_of_a_newer_format_is_unsupported(tmp_path):
     with _store(tmp_path) as store:
         with pytest.raises(UnsupportedSchema, match="version 9"):
             store.owners()
+
+
+def test_announced_adopts_share_one_catalog_transaction(tmp_path):
+    """Group commit for the catalog: a writer of pending adopts waits (bounded) for an
+    announced sibling, and both additions go into one transaction with one fsync."""
+    import threading
+    import time
+
+    from fault_injection.faultyfs import FaultyFS
+    from straw.catalog import Catalog
+
+    fs = FaultyFS(PosixFS())
+    cat = Catalog(fs, str(tmp_path))
+    cat.group_wait = 30.0
+    with cat.locked():
+        pass  # creates the catalog
+
+    def fsyncs() -> int:
+        return sum(1 for e in fs.plan.trace if e.op == "fsync")
+
+    before = fsyncs()
+    announced, go = threading.Event(), threading.Event()
+
+    def sibling() -> None:
+        with cat.adopting_soon() as a:
+            announced.set()
+            go.wait(10)
+            assert cat.adopt("queue:d/q", 1, add=[("p/b", 0)], announced=a)
+
+    t = threading.Thread(target=sibling)
+    t.start()
+    assert announced.wait(10)
+    leader = threading.Thread(target=lambda: cat.adopt("queue:d/q", 1, add=[("p/a", 0)]))
+    t0 = time.monotonic()
+    leader.start()
+    deadline = time.monotonic() + 10
+    while cat.sibling_waits == 0 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    go.set()
+    for th in (leader, t):
+        th.join(10)
+    assert time.monotonic() - t0 < 10 and cat.sibling_waits == 1
+    assert fsyncs() - before == 1
+    with cat.locked() as st:
+        assert st.owners["queue:d/q"] == {("p/a", 0), ("p/b", 0)}
+    # a lone adopt never waits
+    cat.adopt("queue:d/q", 1, add=[("p/c", 0)])
+    assert cat.sibling_waits == 1
+    cat.close()
