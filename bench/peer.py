@@ -1,7 +1,7 @@
 """``just bench-peer``: straw against straw-queue 0.1.6 on the same store workloads.
 
 Run from the repository root: ``python -m bench.peer [--rounds N] [--json PATH] [--dir DIR]
-[--quick] [--no-syscalls]``.
+[--quick] [--no-syscalls] [--queue-history N]``.
 
 straw-queue is installed in its own virtualenv ``.venv-peer`` (created here if missing,
 torch pinned first so pip does not pull a CUDA build).  Its import name is also
@@ -13,8 +13,13 @@ publications (ms), checked read of 16 MiB records with a warm page cache (MiB/s)
 table gives medians [min-max] over rounds and ours/peer as the median of per-round
 ratios.  Tensor figures (``bench.tensor_bench``): publish, ``load()`` and one-row slices of
 float32 [8192, 1024] and int32 [8192, 48, 8] torch tensors, with the issue's targets.
-With strace present, a separate untimed pass counts the sync system calls per
-1 KiB publication of each implementation.
+Queue figures (issue 6): one client doing acquire -> publish a 256 B result -> complete
+(tasks/s, every round; target: at least 1.5x straw-queue's rate), and, after the rounds,
+reopening a queue with ``--queue-history`` completed tasks (default 10,000; seconds) and
+its control bytes per completed task (journal + snapshot files), one pass per
+implementation by default since building the history is slow.  With strace present, a
+separate untimed pass counts the sync system calls per 1 KiB publication of each
+implementation.
 """
 
 from __future__ import annotations
@@ -50,6 +55,11 @@ PEER_VERSION = "0.1.6"
 TORCH_PIN = "torch==2.13.0"
 WORKER = os.path.join(REPO, "bench", "store_worker.py")
 SYNC_CALLS = ("fsync", "fdatasync", "sync_file_range", "msync", "syncfs")
+# queue workloads: tasks per one-client round; completed tasks of the reopened queue
+# (0: skip); passes of the reopen figure (each builds the history anew)
+QUEUE_PARAMS = {"queue_tasks": 500, "queue_history": 10_000, "queue_reopen_passes": 1}
+QUEUE_QUICK = {"queue_tasks": 20, "queue_history": 200, "queue_reopen_passes": 1}
+QUEUE_TARGET = 1.5  # one client: ours/peer tasks/s at least this (issue 6)
 
 
 def _clean_env() -> dict[str, str]:
@@ -103,14 +113,19 @@ class Worker:
             raise RuntimeError(f"worker {self.proc.args!r} exited ({self.proc.wait()})")
         return json.loads(line)
 
-    def round(self, directory: str, params: dict[str, int]) -> dict[str, Any]:
+    def call(self, msg: dict[str, Any]) -> dict[str, Any]:
         assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps({"cmd": "round", "dir": directory,
-                                          "params": params}) + "\n")
+        self.proc.stdin.write(json.dumps(msg) + "\n")
         reply = self._reply()
         if not reply["ok"]:
             raise RuntimeError(f"{self.hello['impl']} worker failed:\n{reply['error']}")
         return reply["result"]
+
+    def round(self, directory: str, params: dict[str, int]) -> dict[str, Any]:
+        return self.call({"cmd": "round", "dir": directory, "params": params})
+
+    def queue_reopen(self, directory: str, tasks: int) -> dict[str, Any]:
+        return self.call({"cmd": "queue_reopen", "dir": directory, "tasks": tasks})
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -201,6 +216,49 @@ def compute(rounds: list[dict[str, Any]], p: dict[str, int]) -> dict[str, Any]:
     return out
 
 
+def queue_figures(rounds: list[dict[str, Any]],
+                  reopens: list[dict[str, Any]]) -> dict[str, Any]:
+    """ours vs peer on the queue: one-client tasks/s every round (with the 1.5x target);
+    reopen seconds and control bytes per task from the reopen passes, if any."""
+    def fig(label: str, unit: str, higher: bool, ours: list[float],
+            peer: list[float]) -> dict[str, Any]:
+        return {"label": label, "unit": unit, "higher_is_better": higher,
+                "ours": summary(ours), "peer": summary(peer),
+                "ours_over_peer": summary([a / b for a, b in zip(ours, peer, strict=True)]),
+                "checks": []}
+
+    out: dict[str, Any] = {}
+    one = fig(f"queue, one client: acquire -> publish {human_bytes(256)} -> complete",
+              "tasks/s", True, [rd["ours"]["queue_one_client"]["tasks_per_s"] for rd in rounds],
+              [rd["peer"]["queue_one_client"]["tasks_per_s"] for rd in rounds])
+    ratio = one["ours_over_peer"]["median"]
+    one["checks"].append({"what": "ours/peer", "op": ">=", "bound": QUEUE_TARGET,
+                          "value": ratio, "pass": ratio >= QUEUE_TARGET})
+    out["queue_one_client"] = one
+    if reopens:
+        n = reopens[0]["ours"]["tasks"]
+        for key, field, label, unit in (
+                ("queue_reopen", "reopen_s", f"reopen a queue with {n:,} completed tasks",
+                 "s"),
+                ("queue_control_bytes", "control_bytes_per_task",
+                 f"control bytes per completed task ({n:,}; journal + snapshot)", "B")):
+            out[key] = fig(label, unit, False, [rp["ours"][field] for rp in reopens],
+                           [rp["peer"][field] for rp in reopens])
+    return out
+
+
+def print_queue_table(figures: dict[str, Any]) -> None:
+    rows = []
+    for fig in figures.values():
+        checks = "; ".join(f"{c['what']} {fmt(c['value'])} {c['op']} {c['bound']:g}: "
+                           f"{'PASS' if c['pass'] else 'MISS'}" for c in fig["checks"])
+        rows.append([f"{fig['label']} ({fig['unit']})", fmt_summary(fig["ours"]),
+                     fmt_summary(fig["peer"]), fmt_summary(fig["ours_over_peer"]),
+                     "higher" if fig["higher_is_better"] else "lower", checks or "-"])
+    print(table(["queue figure", "straw [min-max]", "straw-queue [min-max]",
+                 "ours/peer [min-max]", "better", "targets"], rows))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.peer",
                                  description=__doc__.split("\n\n")[0])
@@ -212,14 +270,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the temp dir")
     ap.add_argument("--no-syscalls", action="store_true",
                     help="skip the strace pass that counts sync calls per publication")
+    ap.add_argument("--queue-history", type=int, metavar="N",
+                    help="completed tasks of the queue whose reopening is timed (default "
+                         f"{QUEUE_PARAMS['queue_history']:,}, quick "
+                         f"{QUEUE_QUICK['queue_history']}; 0 skips it)")
     args = ap.parse_args(argv)
 
     p = dict(QUICK_PARAMS if args.quick else DEFAULT_PARAMS)
+    p.update(QUEUE_QUICK if args.quick else QUEUE_PARAMS)
     p["rounds"] = 9 if not args.quick else 1
     if args.rounds is not None:
         if args.rounds < 1:
             ap.error("--rounds must be at least 1")
         p["rounds"] = args.rounds
+    if args.queue_history is not None:
+        if args.queue_history < 0:
+            ap.error("--queue-history must be at least 0")
+        p["queue_history"] = args.queue_history
     peer_version = ensure_peer_venv()
     base = args.dir or os.environ.get("STRAW_BENCH_DIR") or os.path.join(REPO, "bench-out")
     os.makedirs(base, exist_ok=True)
@@ -238,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
           "implementation goes first, limits measured in between; each store with its "
           "defaults; medians [min-max]; ratios are medians of per-round ratios")
     rounds: list[dict[str, Any]] = []
+    reopens: list[dict[str, Any]] = []
     syscalls: dict[str, Any] = {}
     try:
         for r in range(-p["warmup_rounds"], p["rounds"]):
@@ -261,7 +329,24 @@ def main(argv: list[str] | None = None) -> int:
                   f"{fmt(rd['ours']['publish_small']['ms'])} vs "
                   f"{fmt(rd['peer']['publish_small']['ms'])} ms; read "
                   f"{fmt(rd['ours']['read_large']['mib_s'])} vs "
-                  f"{fmt(rd['peer']['read_large']['mib_s'])} MiB/s", flush=True)
+                  f"{fmt(rd['peer']['read_large']['mib_s'])} MiB/s; queue "
+                  f"{fmt(rd['ours']['queue_one_client']['tasks_per_s'])} vs "
+                  f"{fmt(rd['peer']['queue_one_client']['tasks_per_s'])} tasks/s", flush=True)
+        for k in range(p["queue_reopen_passes"] if p["queue_history"] else 0):
+            order = ["ours", "peer"] if k % 2 == 0 else ["peer", "ours"]
+            rp: dict[str, Any] = {"order": order}
+            for impl in order:
+                d = os.path.join(work, f"{impl}-reopen{k}")
+                rp[impl] = workers[impl].queue_reopen(d, p["queue_history"])
+                shutil.rmtree(d, ignore_errors=True)
+            reopens.append(rp)
+            print(f"  reopen pass {k + 1}/{p['queue_reopen_passes']} "
+                  f"({' then '.join(order)}), {p['queue_history']:,} completed tasks: "
+                  f"{fmt(rp['ours']['reopen_s'])} vs {fmt(rp['peer']['reopen_s'])} s, "
+                  f"{fmt(rp['ours']['control_bytes_per_task'])} vs "
+                  f"{fmt(rp['peer']['control_bytes_per_task'])} control B/task (building "
+                  f"took {rp['ours']['total_s']:.0f} vs {rp['peer']['total_s']:.0f} s)",
+                  flush=True)
         for w in workers.values():
             w.close()
         if not args.no_syscalls:
@@ -276,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     duration = time.time() - started
     figures = compute(rounds, p)
     tensor_figures = tensor_bench.peer_figures(rounds, p)
+    queue = queue_figures(rounds, reopens)
     rows = []
     for fig in figures.values():
         rows.append([
@@ -297,6 +383,8 @@ def main(argv: list[str] | None = None) -> int:
                  "better", "limit [min-max]", "straw/limit", "peer/limit"], rows))
     print()
     tensor_bench.print_peer_table(tensor_figures)
+    print()
+    print_queue_table(queue)
     for impl, res in syscalls.items():
         if res is None:
             print(f"{impl}: strace not found, sync calls not counted")
@@ -318,8 +406,8 @@ def main(argv: list[str] | None = None) -> int:
             "duration_s": duration, "quick": args.quick, "params": p, "dir": work,
             "filesystem": fs_info, "machine_before": before, "machine_after": after,
             "workers": {k: w.hello for k, w in workers.items()},
-            "figures": figures, "tensor_figures": tensor_figures, "syscalls": syscalls,
-            "rounds": rounds,
+            "figures": figures, "tensor_figures": tensor_figures, "queue_figures": queue,
+            "syscalls": syscalls, "rounds": rounds, "queue_reopen": reopens,
         }
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=2)
