@@ -18,12 +18,14 @@ lint:
 # against straw-queue 0.1.6 in its own virtualenv (.venv-peer, created on first use).
 # Extra arguments pass through, e.g. `just bench --rounds 25 --json bench.json`.
 
-# store vs raw write+fsync, append+fsync latency and memcpy, interleaved (~15-30 s)
+# store vs raw write+fsync, append+fsync latency and memcpy, interleaved (~15-30 s); then
+# retention figures and queue figures (one client, client processes, reopen at 100,000 tasks)
 bench *ARGS:
     {{python}} -m bench.bench {{ARGS}}
     {{python}} -m bench.retention
+    {{python}} -m bench.queue_bench
 
-# the same store workloads against straw-queue 0.1.6, alternating the two (~30-60 s)
+# store, tensor and queue workloads against straw-queue 0.1.6, alternating the two (~2-3 min; --queue-history 0 skips the slow reopen pass)
 bench-peer *ARGS:
     {{python}} -m bench.peer {{ARGS}}
 
@@ -41,6 +43,6 @@ crash *ARGS:
     {{python}} -m fault_injection.campaigns {{ARGS}}
     {{python}} -m fault_injection.catalog_campaign
 
-# Real processes, random SIGKILL/SIGSTOP, on a temp dir and JuiceFS: just fuzz --seconds 60
+# Real processes under SIGKILL/SIGSTOP (store; queue with takeovers) on a temp dir and JuiceFS: just fuzz --seconds 60
 fuzz *ARGS:
     {{python}} -m fault_injection.fuzz {{ARGS}}

@@ -25,9 +25,9 @@ that died on its own).
 ``--scenario`` picks the store scenario above, the queue scenarios
 (``fault_injection.queue_fuzz``: a coordinator process and worker processes, SIGKILLed,
 SIGSTOPped and taken over, checked against the workers' receipt logs; on the local
-directory, and with ``--queue-juicefs`` on JuiceFS too, coordinators alternating between
-the two clients and ``--queue-seconds`` split between the filesystems) or ``all`` (the
-default).
+directory and on JuiceFS, coordinators alternating between the two clients and
+``--queue-seconds`` split between the filesystems; ``--no-queue-juicefs`` keeps them on
+the local directory) or ``all`` (the default).  ``--juicefs no`` skips JuiceFS for both.
 """
 
 from __future__ import annotations
@@ -474,7 +474,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--dir", default=None, help="work directory (default: a temp dir)")
     ap.add_argument("--juicefs", choices=("auto", "yes", "no"), default="auto",
-                    help="also run on a JuiceFS mount: when available / required / never")
+                    help="also run on a JuiceFS mount (both scenarios): when available / "
+                         "required / never")
     ap.add_argument("--keep", action="store_true", help="keep the pools and logs")
     ap.add_argument("--control", default=None,
                     help="negative control: run the writers on a deliberately broken engine "
@@ -489,11 +490,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="total duration of the queue scenarios, split between the local "
                          "directory and JuiceFS when it runs (default: --seconds)")
     ap.add_argument("--queue-workers", type=int, default=3)
-    ap.add_argument("--queue-juicefs", action="store_true",
-                    help="also run the queue scenarios on JuiceFS (coordinators alternating "
-                         "between the two clients).  Off by default: a reader on the other "
-                         "client takes a just-published frame header that straddles a page "
-                         "boundary, half visible, for CorruptData (an open engine bug)")
+    ap.add_argument("--queue-juicefs", action=argparse.BooleanOptionalAction, default=True,
+                    help="run the queue scenarios on JuiceFS too (coordinators alternating "
+                         "between the two clients), unless --juicefs no; "
+                         "--no-queue-juicefs keeps them on the local directory")
     ap.add_argument("--role", choices=("writer", "reader"), help=argparse.SUPPRESS)
     for hidden in ("--root", "--acks", "--logdir", "--writer-id", "--writer-ids"):
         ap.add_argument(hidden, help=argparse.SUPPRESS)
@@ -526,11 +526,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(qs.line(), flush=True)
 
     try:
-        want_jfs = (store_part and args.juicefs != "no") or (queue_part and args.queue_juicefs)
+        store_jfs = store_part and args.juicefs != "no"
+        queue_jfs = queue_part and args.queue_juicefs and args.juicefs != "no"
+        want_jfs = store_jfs or queue_jfs
         mounting = _juicefs(base) if want_jfs else contextlib.nullcontext("")
         with mounting as mounts:
             # the queue scenarios' time is split between the filesystems they run on
-            queue_jfs = args.queue_juicefs and not isinstance(mounts, str)
+            queue_jfs = queue_jfs and not isinstance(mounts, str)
             queue_seconds = queue_total / 2 if queue_jfs else queue_total
             if store_part:
                 local = os.path.join(base, "local")
@@ -549,13 +551,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                         return 1
             else:
                 a, b = mounts
-                if store_part and args.juicefs != "no":
+                if store_jfs:
                     s = run_target("juicefs", a, b, os.path.join(base, "logs-juicefs"),
                                    seconds=args.seconds, n_writers=args.writers, seed=seed,
                                    control=store_control)
                     summaries.append(s)
                     print(s.line(), flush=True)
-                if queue_part and queue_jfs:
+                if queue_jfs:
                     run_queue_on("juicefs", (a, b), queue_seconds)
     finally:
         if not args.keep and args.dir is None:

@@ -4,9 +4,9 @@ Every read authenticates what it returns (D6): ``read``/``validate`` check the w
 extent against the checksum the reference names; ``manifest`` checks the manifest;
 ``read_record`` checks the manifest and that one record.  A mismatch of bytes that are
 present is ``CorruptData`` at once, never retried.  Bytes that are *missing* (the file is
-shorter than the extent, or still reads as zeros, or the file is not visible yet) may be
-another client's visibility lag: the read reopens the file and retries a bounded number of
-times, then raises ``StorageUnavailable``.
+shorter than the extent, or still reads as zeros, wholly or on one side of a page boundary,
+or the file is not visible yet) may be another client's visibility lag: the read reopens
+the file and retries a bounded number of times, then raises ``StorageUnavailable``.
 
 A reference is followed only after ``check_pack_path`` accepted its shape and the
 resolved path (symlinks included) stayed inside the pool root.
@@ -66,11 +66,16 @@ def _zero_page_tail(buf: memoryview, file_offset: int) -> bool:
 
 
 def _partial_header(head: memoryview, file_offset: int) -> bool:
-    """A header that fails its check and ends in zeros from a page boundary on."""
+    """A header that fails its check and is zeros on one side of a page boundary it
+    straddles: another client's partial view of fresh data, either pages from the boundary
+    on not visible yet, or the page before it still cached from before the write (it held
+    reserved zeros then; the pack's size did not change, so nothing invalidated it)."""
     try:
         framing.decode_header(head)
     except CorruptData:
-        return _zero_page_tail(head, file_offset)
+        cut = -file_offset % _PAGE  # where a page boundary cuts the header, if it does
+        stale_head = 0 < cut < len(head) and head[:cut] == bytes(cut)
+        return stale_head or _zero_page_tail(head, file_offset)
     except Exception:  # torn or unsupported: not this case
         return False
     return False

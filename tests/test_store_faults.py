@@ -347,22 +347,29 @@ def test_reserved_zeros_are_lag_not_corruption(tmp_path):
 
 class PartlyVisibleFS(PosixFS):
     """Another client's view of fresh data: pages from ``boundary`` on still read as zeros
-    for the first ``lag`` reads (found on JuiceFS by the queue fuzz)."""
+    for the first ``lag`` reads (found on JuiceFS by the queue fuzz); with ``stale_head``
+    the page *before* ``boundary`` does instead (that client cached it, reserved zeros,
+    while reading the previous extent; found on JuiceFS by the queue fuzz, seed 505)."""
 
-    def __init__(self, boundary: int, lag: int) -> None:
+    def __init__(self, boundary: int, lag: int, stale_head: bool = False) -> None:
         self.boundary = boundary
         self.lag = lag
+        self.stale_head = stale_head
 
     def readinto(self, fd, buffer, offset):  # type: ignore[no-untyped-def]
         n = super().readinto(fd, buffer, offset)
         if self.lag > 0 and offset < self.boundary < offset + n:
             self.lag -= 1
-            memoryview(buffer).cast("B")[self.boundary - offset:n] = bytes(
-                n - (self.boundary - offset))
+            cut = self.boundary - offset
+            view = memoryview(buffer).cast("B")
+            if self.stale_head:
+                view[:cut] = bytes(cut)
+            else:
+                view[cut:n] = bytes(n - cut)
         return n
 
 
-@pytest.mark.parametrize("where", ["header", "body"])
+@pytest.mark.parametrize("where", ["header", "header-stale-head", "body"])
 def test_partly_visible_fresh_data_is_lag_not_corruption(tmp_path, where):
     with _store(tmp_path / "probe") as probe:  # learn the pad extent's overhead
         trial = probe.publish([Record("pad", b"p" * 100)], submission_id="pad")
@@ -372,12 +379,12 @@ def test_partly_visible_fresh_data_is_lag_not_corruption(tmp_path, where):
                             submission_id="pad")
         ref = store.publish([Record("a", b"x" * 9000)], submission_id="s")
     boundary = (ref.offset // 4096 + 1) * 4096
-    if where == "header":
+    if where.startswith("header"):
         assert ref.offset % 4096 > 4096 - 56, "the header must straddle a page boundary"
     else:
         boundary += 4096
     clock = ManualClock()
-    fs = PartlyVisibleFS(boundary, lag=0)
+    fs = PartlyVisibleFS(boundary, lag=0, stale_head=where == "header-stale-head")
     with _store(tmp_path, fs=fs, clock=clock) as reader:
         fs.lag = 2
         assert bytes(reader.read(ref)[0].payload) == b"x" * 9000
