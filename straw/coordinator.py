@@ -35,7 +35,6 @@ Expired leases are journaled as ``expire`` when noticed (acquire, heartbeat, com
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import re
@@ -49,7 +48,7 @@ import xxhash
 
 from . import holder
 from . import journal as journal_mod
-from .catalog import Extent
+from .catalog import Announcement, Extent
 from .clock import Clock
 from .errors import (
     Fenced,
@@ -63,7 +62,15 @@ from .errors import (
     UnsafeRecovery,
 )
 from .pack import storage_error
-from .queue_state import COMPLETED, LEASED, PENDING, TERMINAL, QueueState, RefTuple
+from .queue_state import (
+    COMPLETED,
+    LEASED,
+    PENDING,
+    TERMINAL,
+    QueueState,
+    RefTuple,
+    bulk_objects,
+)
 from .queue_types import (
     INT64,
     AcquireResult,
@@ -113,6 +120,7 @@ class Coordinator:
         consumer_id: str = DEFAULT_CONSUMER,
         snapshot_every: int = 20_000,
         segment_target_bytes: int = 64 << 20,
+        group_wait: float = journal_mod.DEFAULT_GROUP_WAIT,
     ) -> None:
         if not isinstance(store, SharedFilesystemStore):
             raise TypeError(f"store must be a SharedFilesystemStore, got {type(store).__name__}")
@@ -132,6 +140,7 @@ class Coordinator:
         self.limits = limits or Limits()
         self.consumer_id = consumer_id
         self.snapshot_every = snapshot_every
+        self.group_wait = group_wait
         self.dir = os.path.join(store.root, "queues", namespace, queue_id)
         self.epochs_dir = os.path.join(self.dir, "epochs")
         self.journal_dir = os.path.join(self.dir, "journal")
@@ -208,16 +217,17 @@ class Coordinator:
                 f"{self.epoch} at the same time; only one may recover"
             ) from None
         recovered = journal_mod.recover(self.fs, self.journal_dir)
-        if recovered.snapshot is not None:
-            self.state = QueueState.from_snapshot(_unpack_snapshot(recovered.snapshot))
-        else:
-            self.state = QueueState()
-        for txn in recovered.transactions:
-            self.state.apply(msgpack.unpackb(txn, raw=False))
+        with bulk_objects():  # snapshot and suffix: many long-lived objects at once
+            if recovered.snapshot is not None:
+                self.state = QueueState.from_snapshot(_unpack_snapshot(recovered.snapshot))
+            else:
+                self.state = QueueState()
+            for txn in recovered.transactions:
+                self.state.apply(msgpack.unpackb(txn, raw=False))
         self.recovery_stats = dict(recovered.stats)
         self.journal = journal_mod.Journal(
             self.fs, self.journal_dir, epoch=self.epoch, recovered=recovered,
-            clock=self.clock, fence=self._fence_check,
+            clock=self.clock, fence=self._fence_check, group_wait=self.group_wait,
         )
         # D9: revoke older leases, durably, before serving anyone
         self._commit_now({"t": "epoch", "epoch": self.epoch})
@@ -248,7 +258,8 @@ class Coordinator:
             raise Fenced(f"coordinator of {self.owner} (epoch {self.epoch}) stopped after "
                          f"{self._broken!r}; open a new one with recover=True")
 
-    def _adopt(self, extents: Iterable[Extent]) -> list[Extent]:
+    def _adopt(self, extents: Iterable[Extent],
+               announced: Announcement | None = None) -> list[Extent]:
         """D2: retain data under the queue owner before any transaction naming it is
         journaled.  Returns the extents this call registered as in flight (release them
         with ``_done_adopting``)."""
@@ -260,7 +271,8 @@ class Coordinator:
             new = [e for e in todo if e not in self._rooted]
         if new:
             try:
-                ok = self.store.catalog.adopt(self.owner, self.epoch, add=new)
+                ok = self.store.catalog.adopt(self.owner, self.epoch, add=new,
+                                              announced=announced)
             except BaseException:
                 self._done_adopting(todo)
                 raise
@@ -500,7 +512,7 @@ class Coordinator:
         _check_id("worker_id", worker_id)
         if not isinstance(max_tasks, int) or max_tasks < 1:
             raise ValueError("max_tasks must be a positive int")
-        with self._mutex:
+        with self.journal.incoming(), self._mutex:
             self._check_usable()
             last = self._expire_due()
             st = self.state
@@ -594,16 +606,29 @@ class Coordinator:
         if not isinstance(lease, Lease):
             raise TypeError(f"expected a Lease, got {type(lease).__name__}")
         key = [lease.task_id, lease.attempt, list(_ref_tuple(ref))]
+        # siblings: announced to the catalog and the journal, so that concurrent
+        # completions share one catalog fsync and one journal sync (group commit)
+        with self.journal.incoming(), self.store.catalog.adopting_soon() as announced:
+            seq, done, adopted = self._complete(lease, submission_id, ref, key, announced)
+        self._wait(seq, adopted)
+        if done is not None:
+            return done
+        return self._receipt(self.state.submissions[submission_id])
+
+    def _complete(self, lease: Lease, submission_id: str, ref: RecordSetRef,
+                  key: list[Any], announced: Announcement
+                  ) -> tuple[int, Receipt | None, list[Extent]]:
+        """complete_task up to the enqueue: (sequence number to wait for, the original
+        receipt of a retry or None, the extents adopted)."""
         with self._mutex:
             self._check_usable()
             done = self._completed_receipt(submission_id, key)
             if done is None:
                 self._check_lease(lease, allow_expired=True)
         if done is not None:
-            self._wait(self._last_seq)
-            return done
+            return self._last_seq, done, []
         self._check_result_names_attempt(ref, lease)
-        adopted = self._adopt([(ref.path, ref.offset)])
+        adopted = self._adopt([(ref.path, ref.offset)], announced)
         try:
             with self._mutex:
                 self._check_usable()
@@ -619,11 +644,7 @@ class Coordinator:
                     seq = self._last_seq
         finally:
             self._done_adopting(adopted)
-        self._wait(seq, adopted)
-        if done is not None:
-            return done
-        receipt = self._receipt(self.state.submissions[submission_id])
-        return receipt
+        return seq, done, adopted
 
     def _completed_receipt(self, submission_id: str, key: list[Any]) -> Receipt | None:
         pos = self.state.submissions.get(submission_id)
@@ -1036,14 +1057,9 @@ class Coordinator:
         self.close()
 
 
-def _unpack_snapshot(data: bytes) -> dict[str, Any]:
-    enabled = gc.isenabled()
-    gc.disable()  # see QueueState.from_snapshot
-    try:
+def _unpack_snapshot(data: bytes | memoryview) -> dict[str, Any]:
+    with bulk_objects():  # see QueueState.from_snapshot
         return msgpack.unpackb(data, raw=False)  # type: ignore[no-any-return]
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _check_id(name: str, value: object) -> None:

@@ -181,7 +181,9 @@ def snapshot_name(epoch: int, seg: int, offset: int) -> str:
 class Recovered:
     """What ``recover`` found; pass it to ``Journal`` to start the next epoch."""
 
-    snapshot: bytes | None  # state bytes of the newest valid snapshot
+    # state bytes of the newest valid snapshot: a read-only view into the file as read
+    # (tens of MiB are not copied); msgpack and bytes() take it as it is
+    snapshot: bytes | memoryview | None
     transactions: list[bytes]  # committed transactions after it, in order
     last_epoch: int  # highest epoch with any file (0 if none): the next must be higher
     cutoffs: dict[int, Cutoff]  # what the next epoch's start record will say
@@ -248,6 +250,18 @@ def _decode_batch(body: bytes, where: str) -> list[bytes]:
 
 # --- recovery ------------------------------------------------------------------------------
 
+_FIRST_READ = 1 << 20  # first read of a snapshot file: header, metadata, often all of it
+
+
+def _frame_length(data: bytearray) -> int:
+    """Length of the frame starting ``data`` by its header; 0 if the header does not
+    decode (whoever decodes the frame reports why)."""
+    try:
+        return framing.decode_header(data).frame_length
+    except (framing.TornFrame, StrawError):
+        return 0
+
+
 class _Reader:
     """File reads for recovery, counted in ``stats``."""
 
@@ -282,6 +296,38 @@ class _Reader:
         self.stats["files_read"] += 1
         self.stats["bytes_read"] += len(data)
         return data
+
+    def read_one_frame(self, name: str) -> memoryview | None:
+        """``read`` for a file that holds one frame (a snapshot, tens of MiB), into ONE
+        buffer and without copying it: the first read shows the frame header, whose length
+        sizes the buffer for the rest, plus one byte to notice anything after the frame.
+        Still read until a short read (if the header does not decode, or more follows, the
+        buffer doubles); the caller checks the frame.  None if the file does not exist."""
+        path = os.path.join(self.dir, name)
+        try:
+            fd = self.fs.open(path)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise storage_error(e, f"cannot open journal file {path}") from e
+        try:
+            buf = bytearray(_FIRST_READ)
+            n = self.fs.readinto(fd, buf, 0)
+            while n == len(buf):  # not the end yet
+                bigger = bytearray(max(_frame_length(buf) + 1, 2 * len(buf)))
+                bigger[:n] = buf
+                buf = bigger
+                n += self.fs.readinto(fd, memoryview(buf)[n:], n)
+        except OSError as e:
+            raise storage_error(e, f"cannot read journal file {path}") from e
+        finally:
+            try:
+                self.fs.close(fd)
+            except OSError:
+                pass
+        self.stats["files_read"] += 1
+        self.stats["bytes_read"] += n
+        return memoryview(buf)[:n].toreadonly()
 
     def exists(self, name: str) -> bool:
         """Probe by ``open`` (a fresh lookup; a listing or stat may be cached)."""
@@ -404,7 +450,7 @@ def recover(fs: Filesystem, directory: str) -> Recovered:
         if lim is None or (p[1], p[2]) <= lim:
             snap_pos = p
             break
-    state: bytes | None = None
+    state: memoryview | None = None
     seq = 0
     if snap_pos is not None:
         state, seq = _read_snapshot(rd, snap_pos)
@@ -514,10 +560,10 @@ def _apply_frames(frames: list[framing.ScannedFrame], start: int, epoch: int, se
     return seq
 
 
-def _read_snapshot(rd: _Reader, pos: Position) -> tuple[bytes, int]:
+def _read_snapshot(rd: _Reader, pos: Position) -> tuple[memoryview, int]:
     name = snapshot_name(*pos)
     where = f"{rd.dir}/{name}"
-    data = rd.read(name)
+    data = rd.read_one_frame(name)
     if data is None:
         raise CorruptData(f"{where}: snapshot listed but missing")
     rd.stats["snapshot_bytes"] = len(data)
@@ -541,7 +587,7 @@ def _read_snapshot(rd: _Reader, pos: Position) -> tuple[bytes, int]:
         raise UnsupportedSchema(f"{where}: snapshot format version {meta['v']}; upgrade straw")
     if (meta.get("epoch"), meta.get("seg"), meta.get("offset")) != pos:
         raise CorruptData(f"{where}: snapshot metadata names another position")
-    return bytes(body[4 + mlen:]), int(meta["seq"])
+    return body[4 + mlen:], int(meta["seq"])  # a view: tens of MiB are not copied
 
 
 # --- the writer ---------------------------------------------------------------------------

@@ -34,16 +34,40 @@ commit log exactly once per task (a task leaves ``leased`` on completion); a tas
 most one lease; leases carry the epoch that granted them and an ``epoch`` record revokes
 every older one; scheduling order is priority desc, key asc, FIFO; read roots (D5) end only
 by ``reads``/``retire`` or the reader's own complete/fail/yield/release.
+
+Recovery cost (D9).  A snapshot of a long-lived queue is mostly history: terminal tasks and
+the commit log.  ``from_snapshot`` decodes them into compact tuples (in C, by msgpack) and
+builds the indexes (task ids, submission ids) eagerly, but makes a ``Task`` of a terminal
+task only when something reads it (``TaskTable``), and a ``CommitRecord`` only for the rows
+read (``CommitLog``).  The decoded objects go straight to the garbage collector's oldest
+generation (``bulk_objects``), so no young collection has to traverse them.  What callers
+observe is unchanged.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import functools
 import gc
 import heapq
+import itertools
+import operator
+from collections.abc import (
+    Callable,
+    ItemsView,
+    Iterable,
+    Iterator,
+    MutableMapping,
+    Sequence,
+    ValuesView,
+)
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast, overload
 
 import msgpack
+
+from .errors import CorruptData
 
 RefTuple = tuple[str, int, int, str, str, int]
 
@@ -88,6 +112,193 @@ class CommitRecord(NamedTuple):
     metadata: Any
 
 
+# a snapshot task row: Task's fields in order (metadata None: it is kept apart)
+_TASK_FIELDS = [f.name for f in dataclasses.fields(Task)]
+TASK_ROW_FIELDS = len(_TASK_FIELDS)
+_STATUS = _TASK_FIELDS.index("status")
+_MISSING: Any = object()
+# a CommitRecord from a decoded row, in C (no per-row Python frame)
+_record = cast(Callable[[Iterable[Any]], CommitRecord],
+               functools.partial(tuple.__new__, CommitRecord))
+
+
+@contextlib.contextmanager
+def bulk_objects() -> Iterator[None]:
+    """Around building many long-lived objects at once (recovery): the cyclic garbage
+    collector is off meanwhile (it would rescan them many times over; none of them forms a
+    cycle), and afterwards everything built goes straight to the oldest generation
+    (``gc.freeze`` then ``gc.unfreeze``: two list splices), so the next young collections
+    do not traverse it either (with 100,000 completed tasks that first traversal alone
+    took about 0.1 s, more than half of the decoding).  Skipped if the application keeps
+    frozen objects of its own (``gc.freeze``, e.g. before forking): unfreezing would hand
+    them back to the collector.  Nested use only counts at the outermost level."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        if gc.get_freeze_count() == 0:
+            gc.freeze()
+            gc.unfreeze()
+        gc.enable()
+
+
+class TaskTable(MutableMapping[str, Task]):
+    """The queue's tasks by id, in insertion order: a ``dict[str, Task]`` to its users.
+
+    Tasks recovered from a snapshot in a terminal status stay their decoded snapshot row
+    until something reads them; then the row becomes a ``Task``, in place and once (every
+    later read gets the same object).  Every task not in a terminal status is always a
+    ``Task`` already (``loaded``), so scheduling, leases and retention never load history.
+    """
+
+    __slots__ = ("_map", "_rows", "_meta")
+
+    def __init__(self) -> None:
+        # a Task, or the index of its row in _rows/_meta (not loaded yet: terminal)
+        self._map: dict[str, Task | int] = {}
+        self._rows: Sequence[Sequence[Any]] = ()
+        self._meta: Sequence[Any] = ()
+
+    @classmethod
+    def from_rows(cls, rows: Sequence[Sequence[Any]], meta: Sequence[Any]
+                  ) -> tuple[TaskTable, list[Task]]:
+        """A table over snapshot rows (``to_snapshot_rows``) and their metadata; also
+        returns the tasks not in a terminal status (loaded), in order."""
+        if len(meta) != len(rows):
+            raise CorruptData(f"queue snapshot: {len(rows)} task rows but {len(meta)} "
+                              "metadata entries")
+        if any(n != TASK_ROW_FIELDS for n in set(map(len, rows))):
+            raise CorruptData(f"queue snapshot: task rows must have {TASK_ROW_FIELDS} fields")
+        table = cls()
+        ids = list(map(operator.itemgetter(0), rows))
+        table._map = dict(zip(ids, range(len(rows)), strict=True))
+        if len(table._map) != len(rows):
+            raise CorruptData("queue snapshot: a task id appears twice")
+        table._rows, table._meta = rows, meta
+        # the rows not in a terminal status, found without a Python loop over history
+        live = itertools.compress(range(len(rows)), map(
+            operator.not_, map(TERMINAL.__contains__, map(operator.itemgetter(_STATUS), rows))))
+        return table, [table._load(ids[i], i) for i in live]
+
+    def _load(self, task_id: str, i: int) -> Task:
+        task = Task(*self._rows[i])
+        task.metadata = self._meta[i]
+        self._map[task_id] = task
+        return task
+
+    def _load_all(self) -> None:
+        if self._rows:
+            for task_id, i in [kv for kv in self._map.items() if isinstance(kv[1], int)]:
+                self._load(task_id, cast(int, i))
+            self._rows = self._meta = ()
+
+    def __getitem__(self, task_id: str) -> Task:
+        v = self._map[task_id]
+        return self._load(task_id, v) if isinstance(v, int) else v
+
+    def get(self, task_id: str, default: Any = None) -> Any:
+        v = self._map.get(task_id, _MISSING)
+        if v is _MISSING:
+            return default
+        return self._load(task_id, v) if isinstance(v, int) else v
+
+    def __contains__(self, task_id: object) -> bool:
+        return task_id in self._map
+
+    def __setitem__(self, task_id: str, task: Task) -> None:
+        self._map[task_id] = task
+
+    def __delitem__(self, task_id: str) -> None:
+        del self._map[task_id]
+
+    def __len__(self) -> int:
+        return len(self._map)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._map)
+
+    def values(self) -> ValuesView[Task]:
+        self._load_all()
+        return cast(ValuesView[Task], self._map.values())
+
+    def items(self) -> ItemsView[str, Task]:
+        self._load_all()
+        return cast(ItemsView[str, Task], self._map.items())
+
+    def loaded(self) -> Iterator[Task]:
+        """The tasks that are ``Task`` objects: every non-terminal one (and terminal ones
+        read since recovery), without loading anything."""
+        for v in self._map.values():
+            if not isinstance(v, int):
+                yield v
+
+    def to_snapshot_rows(self) -> tuple[list[Sequence[Any]], list[Any]]:
+        """(rows, metadata) in order; rows not loaded are written back as they were read."""
+        rows: list[Sequence[Any]] = []
+        meta: list[Any] = []
+        for v in self._map.values():
+            if isinstance(v, int):
+                rows.append(self._rows[v])
+                meta.append(self._meta[v])
+            else:
+                rows.append((v.task_id, v.input, None, v.priority, v.key, v.max_attempts,
+                             v.control, v.fifo, v.status, v.attempt, v.failures, v.lease,
+                             v.position, v.last_error))
+                meta.append(v.metadata)
+        return rows, meta
+
+    def __repr__(self) -> str:
+        return f"TaskTable({len(self._map)} tasks)"
+
+
+class CommitLog(Sequence[CommitRecord]):
+    """The commit log, append-only: a ``list[CommitRecord]`` to its readers.  Rows recovered
+    from a snapshot stay the decoded tuples; reading makes ``CommitRecord``s (immutable, so
+    a fresh one per read is indistinguishable)."""
+
+    __slots__ = ("_rows",)
+
+    def __init__(self, rows: Iterable[Sequence[Any]] = ()) -> None:
+        self._rows: list[Sequence[Any]] = list(rows)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    @overload
+    def __getitem__(self, i: int) -> CommitRecord: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[CommitRecord]: ...
+
+    def __getitem__(self, i: int | slice) -> CommitRecord | list[CommitRecord]:
+        if isinstance(i, slice):
+            return list(map(_record, self._rows[i]))
+        return _record(self._rows[i])
+
+    def __iter__(self) -> Iterator[CommitRecord]:
+        return map(_record, self._rows)
+
+    def append(self, record: CommitRecord) -> None:
+        self._rows.append(record)
+
+    def rows(self) -> list[Sequence[Any]]:
+        """The rows as stored (tuples in CommitRecord field order): do not modify."""
+        return self._rows
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, CommitLog):
+            return NotImplemented
+        return list(map(tuple, self._rows)) == list(map(tuple, other._rows))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"CommitLog({len(self._rows)} commits)"
+
+
 @dataclass
 class Consumer:
     token: int = 0
@@ -107,8 +318,8 @@ class Batch:
 @dataclass
 class QueueState:
     epoch: int = 0
-    tasks: dict[str, Task] = field(default_factory=dict)
-    commits: list[CommitRecord] = field(default_factory=list)
+    tasks: TaskTable = field(default_factory=TaskTable)
+    commits: CommitLog = field(default_factory=CommitLog)
     submissions: dict[str, int] = field(default_factory=dict)  # completion id -> position
     requests: dict[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
     producers: dict[str, Any] = field(default_factory=dict)
@@ -279,7 +490,7 @@ class QueueState:
         self.epoch = txn["epoch"]
         if self.leased_count == 0:
             return
-        for task in self.tasks.values():
+        for task in list(self.tasks.loaded()):  # leased tasks are loaded
             if task.status == LEASED:
                 self._leave(task)
                 self._make_pending(task)
@@ -321,7 +532,7 @@ class QueueState:
 
     def live_refs(self, consumer: str) -> set[RefTuple]:
         refs: set[RefTuple] = set()
-        for task in self.tasks.values():
+        for task in self.tasks.loaded():  # the others are terminal
             if task.status not in TERMINAL and task.input is not None:
                 refs.add(task.input)
         refs.update(self.reads.values())
@@ -340,18 +551,16 @@ class QueueState:
 
     # --- snapshots ------------------------------------------------------------------------
     def to_snapshot(self) -> dict[str, Any]:
+        rows, meta = self.tasks.to_snapshot_rows()
         return {
             "epoch": self.epoch, "fifo": self.fifo, "sealed": self.sealed,
             # task rows as one blob decoded as tuples (Task fields in order, metadata left
             # out: user JSON must come back with lists, so it is a separate list)
-            "tasks": msgpack.packb(
-                [(t.task_id, t.input, None, t.priority, t.key, t.max_attempts, t.control,
-                  t.fifo, t.status, t.attempt, t.failures, t.lease, t.position, t.last_error)
-                 for t in self.tasks.values()], use_bin_type=True),
-            "task_meta": [t.metadata for t in self.tasks.values()],
+            "tasks": msgpack.packb(rows, use_bin_type=True),
+            "task_meta": meta,
             # the commit log is most of a snapshot: one blob, decoded as tuples (several
             # times faster than lists, and rows become CommitRecords without conversion)
-            "commits": msgpack.packb([tuple(c) for c in self.commits], use_bin_type=True),
+            "commits": msgpack.packb(self.commits.rows(), use_bin_type=True),
             "requests": [[k, d, list(ids)] for k, (d, ids) in self.requests.items()],
             "producers": self.producers,
             "reads": [[w, t, a, r] for (w, t, a), r in self.reads.items()],
@@ -364,35 +573,30 @@ class QueueState:
 
     @classmethod
     def from_snapshot(cls, snap: dict[str, Any]) -> QueueState:
-        # Hundreds of thousands of small objects at once: the cyclic garbage collector
-        # would rescan them many times over (none of them forms a cycle).
-        enabled = gc.isenabled()
-        gc.disable()
-        try:
+        # Hundreds of thousands of small objects at once: see ``bulk_objects``.
+        with bulk_objects():
             return cls._from_snapshot(snap)
-        finally:
-            if enabled:
-                gc.enable()
 
     @classmethod
     def _from_snapshot(cls, snap: dict[str, Any]) -> QueueState:
         st = cls(epoch=snap["epoch"], fifo=snap["fifo"], sealed=snap["sealed"])
         rows = msgpack.unpackb(snap["tasks"], raw=False, use_list=False)
-        tasks = [Task(*row) for row in rows]
-        for task, meta in zip(tasks, snap["task_meta"], strict=True):
-            task.metadata = meta
-        st.tasks = {t.task_id: t for t in tasks}
-        for task in tasks:
+        st.tasks, live = TaskTable.from_rows(rows, snap["task_meta"])
+        for task in live:
             if task.status == PENDING:
                 st.pending_count += 1
-                heapq.heappush(st.lanes.setdefault(task.control, []),
-                               (task.order(), task.task_id))
+                st.lanes.setdefault(task.control, []).append((task.order(), task.task_id))
             elif task.status == LEASED:
                 st.leased_count += 1
-        make = CommitRecord._make
+        for heap in st.lanes.values():
+            heapq.heapify(heap)
         rows = msgpack.unpackb(snap["commits"], raw=False, use_list=False)
-        st.commits = [make(row) for row in rows]
-        st.submissions = {c.submission_id: i for i, c in enumerate(st.commits)}
+        if any(n != len(CommitRecord._fields) for n in set(map(len, rows))):
+            raise CorruptData(f"queue snapshot: commit rows must have "
+                              f"{len(CommitRecord._fields)} fields")
+        st.commits = CommitLog(rows)
+        subs = map(operator.itemgetter(CommitRecord._fields.index("submission_id")), rows)
+        st.submissions = dict(zip(subs, range(len(rows)), strict=True))
         st.requests = {k: (d, tuple(ids)) for k, d, ids in snap["requests"]}
         st.producers = dict(snap["producers"])
         st.reads = {(w, t, a): tuple(r) for w, t, a, r in snap["reads"]}  # type: ignore[misc]

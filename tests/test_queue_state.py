@@ -1,0 +1,177 @@
+"""QueueState snapshots (D9): a state recovered from a snapshot behaves exactly as the state
+that wrote it, although terminal tasks and commit rows are loaded only when read."""
+
+from __future__ import annotations
+
+import gc
+from typing import Any
+
+import msgpack
+import pytest
+
+from straw.errors import CorruptData
+from straw.queue_state import (
+    CANCELLED,
+    COMPLETED,
+    FAILED,
+    LEASED,
+    PENDING,
+    CommitRecord,
+    QueueState,
+    Task,
+    TaskTable,
+    bulk_objects,
+)
+
+
+def _ref(i: int) -> list[Any]:
+    return [f"runs/r/pack-{i % 3}.strw", 100 * i, 50, f"c{i}", f"d{i}", 1]
+
+
+def _fields(t: Task) -> tuple[Any, ...]:
+    return (t.task_id, t.input, t.metadata, t.priority, t.key, t.max_attempts, t.control,
+            t.fifo, t.status, t.attempt, t.failures, t.lease, t.position, t.last_error)
+
+
+def _busy_state() -> QueueState:
+    """Every status, two lanes, requeued and yielded tasks, readers, a consumer, a batch
+    and a checkpoint."""
+    st = QueueState()
+    st.apply({"t": "submit", "req": "r1", "digest": "x", "producer": ["p", {"n": [1, 2]}],
+              "tasks": [[f"t{i:02d}", _ref(i) if i % 2 else None, {"i": i, "l": [i]},
+                         i % 3, i % 4, 2, "ctl" if i % 5 == 0 else None]
+                        for i in range(30)]})
+    st.apply({"t": "lease", "epoch": 1, "worker": "w",
+              "grants": [[f"t{i:02d}", 1] for i in range(30) if i % 5]})
+    for i in range(1, 30, 5):  # completed
+        st.apply({"t": "complete", "task": f"t{i:02d}", "attempt": 1, "sub": f"s{i}",
+                  "result": _ref(100 + i), "digest": f"d{100 + i}", "epoch": 1,
+                  "meta": {"m": i} if i % 2 else None})
+    st.apply({"t": "fail", "task": "t02", "attempt": 1, "error": "boom", "final": True})
+    st.apply({"t": "fail", "task": "t03", "attempt": 1, "error": "again", "final": False})
+    st.apply({"t": "expire", "task": "t04", "attempt": 1})
+    st.apply({"t": "cancel", "task": "t07"})
+    st.apply({"t": "yield", "req": "y", "digest": "z",
+              "updates": [["t08", 1, _ref(8), 5, 0, {"y": 1}]]})
+    st.apply({"t": "release", "leases": [["t09", 1]]})
+    st.apply({"t": "cons_open", "consumer": "training", "token": 1})
+    st.apply({"t": "batch_plan", "batch": "b", "positions": [0, 1]})
+    st.apply({"t": "cons_save", "consumer": "training", "token": 1, "fetch": 3,
+              "processed": 2, "state": _ref(7), "finished": []})
+    st.apply({"t": "ckpt", "id": "k", "ref": _ref(9), "cursor": 1})
+    return st
+
+
+def _recovered(st: QueueState) -> QueueState:
+    data = msgpack.packb(st.to_snapshot(), use_bin_type=True)
+    return QueueState.from_snapshot(msgpack.unpackb(data, raw=False))
+
+
+def _observable(st: QueueState) -> dict[str, Any]:
+    return {
+        "tasks": {tid: _fields(t) for tid, t in st.tasks.items()},
+        "commits": list(st.commits), "submissions": dict(st.submissions),
+        "pending": st.pending_in_order(), "requests": st.requests, "reads": st.reads,
+        "counts": (st.pending_count, st.leased_count, st.fifo, st.epoch, st.sealed),
+        "live_refs": st.live_refs("training"), "retired": st.retirement_cursor("training"),
+    }
+
+
+def test_recovered_state_is_the_state_that_wrote_the_snapshot() -> None:
+    st = _busy_state()
+    statuses = {t.status for t in st.tasks.values()}
+    assert statuses == {PENDING, LEASED, COMPLETED, FAILED, CANCELLED}
+    rec = _recovered(st)
+    # written back before anything was read: the very same snapshot
+    assert msgpack.packb(rec.to_snapshot()) == msgpack.packb(st.to_snapshot())
+    assert _observable(rec) == _observable(st)
+    assert msgpack.packb(rec.to_snapshot()) == msgpack.packb(st.to_snapshot())
+    assert rec.tasks == st.tasks and rec.commits == st.commits  # heaps differ: stale entries
+    # and both go on identically
+    for s in (st, rec):
+        s.apply({"t": "epoch", "epoch": 2})
+        s.apply({"t": "submit", "req": "r2", "digest": "x", "producer": None,
+                 "tasks": [["n1", None, {}, 9, 0, 1, None]]})
+        s.apply({"t": "lease", "epoch": 2, "worker": "v", "grants": [["n1", 1]]})
+        s.apply({"t": "complete", "task": "n1", "attempt": 1, "sub": "sn", "result": _ref(1),
+                 "digest": "d1", "epoch": 2, "meta": None})
+    assert _observable(rec) == _observable(st)
+
+
+def test_terminal_tasks_load_once_and_stay_loaded() -> None:
+    rec = _recovered(_busy_state())
+    table = rec.tasks
+    loaded = {t.task_id for t in table.loaded()}
+    assert all(table[tid].status not in (COMPLETED, FAILED, CANCELLED) for tid in loaded)
+    assert "t01" not in loaded and "t01" in table and "nope" not in table
+    t = table["t01"]
+    assert t.status == COMPLETED and t.metadata == {"i": 1, "l": [1]}
+    assert table.get("t01") is t and table["t01"] is t  # the same object from now on
+    assert table.get("nope") is None and table.get("nope", 0) == 0
+    with pytest.raises(KeyError):
+        table["nope"]
+    assert len(table) == 30 and list(table) == [f"t{i:02d}" for i in range(30)]
+    t.last_error = "changed"  # a change to a loaded task is kept
+    assert table["t01"].last_error == "changed"
+    assert len(list(table.values())) == 30 and len(list(table.loaded())) == 30
+
+
+def test_commit_log_reads_as_records() -> None:
+    st = _busy_state()
+    rec = _recovered(st)
+    assert len(rec.commits) == len(st.commits) == 6
+    assert rec.commits[2] == st.commits[2] and isinstance(rec.commits[2], CommitRecord)
+    assert rec.commits[-1].task_id == st.commits[-1].task_id
+    assert rec.commits[1:4] == st.commits[1:4]
+    assert all(isinstance(c, CommitRecord) for c in rec.commits[:])
+    assert rec.submissions == {f"s{i}": n for n, i in enumerate(range(1, 30, 5))}
+
+
+def test_malformed_snapshot_rows_are_corrupt_data() -> None:
+    snap = _busy_state().to_snapshot()
+    bad = dict(snap, task_meta=snap["task_meta"][:-1])
+    with pytest.raises(CorruptData, match="metadata"):
+        QueueState.from_snapshot(msgpack.unpackb(msgpack.packb(bad), raw=False))
+    rows = msgpack.unpackb(snap["commits"])
+    bad = dict(snap, commits=msgpack.packb([r[:-1] for r in rows]))
+    with pytest.raises(CorruptData, match="commit rows"):
+        QueueState.from_snapshot(msgpack.unpackb(msgpack.packb(bad), raw=False))
+    rows = msgpack.unpackb(snap["tasks"])
+    bad = dict(snap, tasks=msgpack.packb(rows + rows[:1]),
+               task_meta=snap["task_meta"] + [None])
+    with pytest.raises(CorruptData, match="twice"):
+        QueueState.from_snapshot(msgpack.unpackb(msgpack.packb(bad), raw=False))
+
+
+def test_empty_table() -> None:
+    table = TaskTable()
+    assert len(table) == 0 and table.get("x") is None and list(table.values()) == []
+    assert table.to_snapshot_rows() == ([], [])
+
+
+def test_bulk_objects_restores_the_collector() -> None:
+    assert gc.isenabled()
+    with bulk_objects():
+        assert not gc.isenabled()
+        with bulk_objects():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    # an application's frozen objects stay frozen
+    keep = [[] for _ in range(10)]
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with bulk_objects():
+            pass
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
+    gc.disable()
+    try:
+        with bulk_objects():
+            pass
+        assert not gc.isenabled()  # left as it was
+    finally:
+        gc.enable()
+    del keep
