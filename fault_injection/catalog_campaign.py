@@ -239,7 +239,8 @@ def recover_and_check(sim: SimFS, d: Driver) -> None:
             return frozenset((d.refs[n].path, d.refs[n].offset) for n in names)
 
         for owner in set(d.pre.owners) | set(d.post.owners):
-            got = st.owners.get(owner)
+            roots = st.owners.get(owner)
+            got = None if roots is None else frozenset(roots)
             allowed = {ext(d.pre.owners.get(owner)), ext(d.post.owners.get(owner))}
             if got not in allowed:
                 raise Violation(f"owner {owner!r} has roots {got}; committed "

@@ -89,7 +89,9 @@ class CatalogState:
 
     packs: dict[str, PackInfo] = field(default_factory=dict)
     edges: dict[Extent, tuple[Extent, ...]] = field(default_factory=dict)
-    owners: dict[str, frozenset[Extent]] = field(default_factory=dict)
+    # updated in place: a queue adds roots one completion group at a time, and copying
+    # its whole root set per adopt made replay and the completion path quadratic
+    owners: dict[str, set[Extent]] = field(default_factory=dict)
     owner_epochs: dict[str, int] = field(default_factory=dict)
 
     def apply(self, op: dict[str, Any]) -> None:
@@ -114,7 +116,7 @@ class CatalogState:
                 if src[1] not in info.offsets:
                     del self.edges[src]
         elif kind == "retain":
-            self.owners[op["owner"]] = frozenset((p, o) for p, o in op["roots"])
+            self.owners[op["owner"]] = {(p, o) for p, o in op["roots"]}
         elif kind == "release":
             self.owners.pop(op["owner"], None)
         elif kind == "adopt":
@@ -123,10 +125,10 @@ class CatalogState:
                 return  # a fenced (older) coordinator: ignored by every client alike
             self.owner_epochs[owner] = epoch
             if op.get("replace") is not None:
-                roots = frozenset((p, o) for p, o in op["replace"])
+                roots = self.owners[owner] = {(p, o) for p, o in op["replace"]}
             else:
-                roots = self.owners.get(owner, frozenset())
-            self.owners[owner] = roots | frozenset((p, o) for p, o in op.get("add", ()))
+                roots = self.owners.setdefault(owner, set())
+            roots.update((p, o) for p, o in op.get("add", ()))
             for p, o in op.get("unstage", ()):
                 self.packs.setdefault(p, PackInfo()).unstaged.add(o)
         elif kind == "unstage":

@@ -552,14 +552,7 @@ class Coordinator:
                 if task.status == PENDING and task.control == control and len(out) < n:
                     out.append(task)
             return out
-        taken: set[str] = set()
-        while len(out) < n:
-            task = self.state.next_pending(control, prefix, taken)
-            if task is None:
-                break
-            taken.add(task.task_id)
-            out.append(task)
-        return out
+        return self.state.best_pending(control, n, prefix)
 
     def _idle_status(self) -> str:
         st = self.state

@@ -359,29 +359,30 @@ class QueueState:
         task = self.tasks.get(entry[1])
         return task is not None and task.status == PENDING and task.order() == entry[0]
 
-    def next_pending(self, control: str | None, prefix: str | None = None,
-                     exclude: set[str] | None = None) -> Task | None:
-        """The best pending task of a lane: O(log n) amortised (stale heap entries are
-        dropped as they surface); with a prefix, entries that do not match are skipped
-        and put back."""
+    def best_pending(self, control: str | None, n: int = 1,
+                     prefix: str | None = None) -> list[Task]:
+        """Up to ``n`` best pending tasks of a lane, in scheduling order, without changing
+        them (choosing is not leasing: the lease transaction does that).  O(k log n) for
+        the k heap entries surfaced: stale entries are dropped as they surface, live ones
+        are put back.  With a prefix, entries that do not match are surfaced and put back
+        too (so a prefix matching nothing near the top costs a scan of the lane)."""
         heap = self.lanes.get(control)
         if not heap:
-            return None
-        skipped = []
-        found = None
-        while heap:
-            entry = heap[0]
-            if not self._live_entry(entry):
-                heapq.heappop(heap)
-                continue
-            if (prefix is None or entry[1].startswith(prefix)) and \
-                    (exclude is None or entry[1] not in exclude):
-                found = self.tasks[entry[1]]
-                break
-            skipped.append(heapq.heappop(heap))
-        for entry in skipped:
+            return []
+        out: list[Task] = []
+        chosen: set[str] = set()
+        keep = []
+        while heap and len(out) < n:
+            entry = heapq.heappop(heap)
+            if not self._live_entry(entry) or entry[1] in chosen:
+                continue  # stale, or the duplicate entry of a requeued task
+            keep.append(entry)
+            if prefix is None or entry[1].startswith(prefix):
+                chosen.add(entry[1])
+                out.append(self.tasks[entry[1]])
+        for entry in keep:
             heapq.heappush(heap, entry)
-        return found
+        return out
 
     def pending_in_order(self, limit: int | None = None) -> list[str]:
         """Pending task ids in scheduling order across lanes (inspection only)."""

@@ -175,3 +175,22 @@ def test_bulk_objects_restores_the_collector() -> None:
     finally:
         gc.enable()
     del keep
+
+
+def test_best_pending_takes_k_distinct_tasks_in_order_and_keeps_the_heap():
+    """Q4 in bulk: acquire(max_tasks=k) surfaces k entries (O(k log n)), never the same
+    task twice (a requeued task has a duplicate entry), and choosing changes nothing."""
+    st = QueueState()
+    st.apply({"t": "submit", "req": "r", "digest": "x", "producer": None,
+              "tasks": [[f"t{i}", None, {}, i % 3, -i, 3, None] for i in range(50)]})
+    want = st.pending_in_order()
+    st.apply({"t": "lease", "epoch": 1, "worker": "w", "grants": [[want[0], 1]]})
+    st.apply({"t": "release", "leases": [[want[0], 1]]})  # requeued: same position
+    assert st.pending_in_order() == want
+    for prefix in (None, "t1"):
+        expect = [t for t in want if prefix is None or t.startswith(prefix)]
+        for k in (1, 7, 50, 80):
+            got = [t.task_id for t in st.best_pending(None, k, prefix)]
+            assert got == expect[:k]
+    assert st.best_pending("other-lane", 5) == []
+    assert st.pending_in_order() == want  # nothing was taken
