@@ -86,19 +86,24 @@ def _client_process(conn: Connection, root: str, worker: str) -> None:
         conn.send(("bye", done))
 
 
-def _serve(q: Coordinator, conn: Connection) -> None:
-    """The coordinator's side of one client connection (one thread per client)."""
+def _serve(q: Coordinator, conn: Connection, errors: list[BaseException]) -> None:
+    """The coordinator's side of one client connection (one thread per client).  An error
+    is kept for the caller, and the client is told to stop (``None``) instead of hanging."""
     while True:
         msg = conn.recv()
-        if msg[0] == "acquire":
-            got = q.acquire(msg[1])
-            conn.send(got.assignments[0].lease if got.assignments else None)
-        elif msg[0] == "complete":
-            _, lease, sub, ref = msg
-            q.complete_task(lease, submission_id=sub, result_ref=ref)
-            conn.send(True)
-        else:
-            return
+        try:
+            if msg[0] == "acquire":
+                got = q.acquire(msg[1])
+                conn.send(got.assignments[0].lease if got.assignments else None)
+            elif msg[0] == "complete":
+                _, lease, sub, ref = msg
+                q.complete_task(lease, submission_id=sub, result_ref=ref)
+                conn.send(True)
+            else:
+                return
+        except Exception as e:  # noqa: BLE001 - reported by clients()
+            errors.append(e)
+            conn.send(None)
 
 
 def clients(root: str, n: int, nclients: int) -> dict[str, float]:
@@ -119,7 +124,9 @@ def clients(root: str, n: int, nclients: int) -> dict[str, float]:
     for c in conns:
         if c.recv() != "ready":
             raise RuntimeError("a bench client failed to start")
-    threads = [threading.Thread(target=_serve, args=(q, c), daemon=True) for c in conns]
+    errors: list[BaseException] = []
+    threads = [threading.Thread(target=_serve, args=(q, c, errors), daemon=True)
+               for c in conns]
     for t in threads:
         t.start()
     before = sum(counting.calls.get(op, 0) for op in SYNCS)
@@ -135,6 +142,8 @@ def clients(root: str, n: int, nclients: int) -> dict[str, float]:
         pr.join(timeout=30)
     q.close()
     coord_store.close()
+    if errors:
+        raise RuntimeError(f"the coordinator failed serving a client: {errors[0]!r}")
     if done != n:
         raise RuntimeError(f"{done} of {n} tasks completed")
     return {"rate": done / wall, "syncs_per_completion": syncs / done, "completed": done}

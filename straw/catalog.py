@@ -421,7 +421,7 @@ class Catalog:
     def adopting_soon(self) -> Iterator[Announcement]:
         """Announce a plain ``adopt`` this thread is about to make (pass the yielded
         announcement to it): a thread writing pending adopts meanwhile waits for it."""
-        a = Announcement()
+        a = Announcement(self)
         with self._pending_lock:
             self._incoming += 1
         try:
@@ -433,6 +433,8 @@ class Catalog:
     def _arrived(self, a: Announcement | None) -> None:
         """With ``_pending_lock`` held: the announced caller queued (or gave up)."""
         if a is not None and not a.arrived:
+            if a.catalog is not self:
+                raise ValueError("an Announcement must go to the Catalog that made it")
             a.arrived = True
             self._incoming -= 1
             if self._incoming == 0:
@@ -543,7 +545,9 @@ class Catalog:
 class Announcement:
     """An adopt announced by ``Catalog.adopting_soon`` (``arrived`` once it is queued)."""
 
-    arrived: bool = False
+    def __init__(self, catalog: Catalog) -> None:
+        self.catalog = catalog
+        self.arrived = False
 
 
 @dataclass

@@ -140,6 +140,7 @@ class Coordinator:
         self.limits = limits or Limits()
         self.consumer_id = consumer_id
         self.snapshot_every = snapshot_every
+        self.segment_target_bytes = segment_target_bytes
         self.group_wait = group_wait
         self.dir = os.path.join(store.root, "queues", namespace, queue_id)
         self.epochs_dir = os.path.join(self.dir, "epochs")
@@ -228,6 +229,7 @@ class Coordinator:
         self.journal = journal_mod.Journal(
             self.fs, self.journal_dir, epoch=self.epoch, recovered=recovered,
             clock=self.clock, fence=self._fence_check, group_wait=self.group_wait,
+            segment_target_bytes=self.segment_target_bytes,
         )
         # D9: revoke older leases, durably, before serving anyone
         self._commit_now({"t": "epoch", "epoch": self.epoch})
@@ -478,21 +480,24 @@ class Coordinator:
                 self._check_usable()
                 known = self.state.requests.get(request_id)
                 if known is not None:
-                    return self._replay_request(request_id, digest, known)
-                if self.state.sealed:
+                    seq = -1  # a concurrent retry got there first: replayed below
+                elif self.state.sealed:
                     raise ValueError(f"queue {self.owner}: input is sealed; no more tasks")
-                for r in rows:
-                    if r[0] in self.state.tasks:
-                        raise ValueError(f"queue {self.owner}: task id {r[0]!r} already "
-                                         "exists (submitted by another request)")
-                if self.state.pending_count + len(rows) > self.limits.max_pending_tasks:
-                    raise ResourceLimitExceeded(
-                        f"queue {self.owner} holds {self.state.pending_count} pending tasks; "
-                        f"the limit is {self.limits.max_pending_tasks}")
-                seq = self._enqueue({"t": "submit", "req": request_id, "digest": digest,
-                                     "tasks": rows, "producer": producer})
+                else:
+                    for r in rows:
+                        if r[0] in self.state.tasks:
+                            raise ValueError(f"queue {self.owner}: task id {r[0]!r} already "
+                                             "exists (submitted by another request)")
+                    if self.state.pending_count + len(rows) > self.limits.max_pending_tasks:
+                        raise ResourceLimitExceeded(
+                            f"queue {self.owner} holds {self.state.pending_count} pending "
+                            f"tasks; the limit is {self.limits.max_pending_tasks}")
+                    seq = self._enqueue({"t": "submit", "req": request_id, "digest": digest,
+                                         "tasks": rows, "producer": producer})
         finally:
             self._done_adopting(adopted)
+        if known is not None:  # outside the mutex: replaying waits for the original
+            return self._replay_request(request_id, digest, known)
         self._wait(seq, adopted)
         return SubmitResult(request_id, tuple(r[0] for r in rows))
 
@@ -547,7 +552,7 @@ class Coordinator:
         n = min(n, room)
         out: list[Any] = []
         if task_ids is not None:
-            for tid in task_ids:
+            for tid in dict.fromkeys(task_ids):  # a repeated id is one task, leased once
                 task = self._task(tid)
                 if task.status == PENDING and task.control == control and len(out) < n:
                     out.append(task)
@@ -1022,7 +1027,7 @@ class Coordinator:
     def metrics(self) -> dict[str, Any]:
         with self._mutex:
             st = self.state
-            counts = Counter(t.status for t in st.tasks.values())
+            counts = st.tasks.status_counts()  # never loads recovered history
             return {
                 "queue": self.owner, "epoch": self.epoch,
                 "pending": st.pending_count, "leased": st.leased_count,

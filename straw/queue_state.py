@@ -53,6 +53,7 @@ import gc
 import heapq
 import itertools
 import operator
+from collections import Counter
 from collections.abc import (
     Callable,
     ItemsView,
@@ -194,6 +195,13 @@ class TaskTable(MutableMapping[str, Task]):
             for task_id, i in [kv for kv in self._map.items() if isinstance(kv[1], int)]:
                 self._load(task_id, cast(int, i))
             self._rows = self._meta = ()
+
+    def status_counts(self) -> Counter[str]:
+        """How many tasks are in each status, without loading history (an unloaded row is
+        terminal: its status cannot change before it is loaded)."""
+        rows = self._rows
+        return Counter(rows[v][_STATUS] if isinstance(v, int) else v.status
+                       for v in self._map.values())
 
     def __getitem__(self, task_id: str) -> Task:
         v = self._map[task_id]

@@ -6,7 +6,9 @@ extent against the checksum the reference names; ``manifest`` checks the manifes
 present is ``CorruptData`` at once, never retried.  Bytes that are *missing* (the file is
 shorter than the extent, or still reads as zeros, wholly or on one side of a page boundary,
 or the file is not visible yet) may be another client's visibility lag: the read reopens
-the file and retries a bounded number of times, then raises ``StorageUnavailable``.
+the file and retries a bounded number of times, then raises ``StorageUnavailable`` — except
+a frame header zeroed on one side of a page boundary, whose bytes are present: if it
+stays damaged through every retry it is ``CorruptData``.
 
 A reference is followed only after ``check_pack_path`` accepted its shape and the
 resolved path (symlinks included) stayed inside the pool root.
@@ -333,6 +335,10 @@ class ReadSession:
                 if frame and buf[:framing.HEADER_SIZE] == _ZERO_HEADER:
                     raise _Lag("the extent still reads as zeros")
                 if frame and _partial_header(buf[:framing.HEADER_SIZE], offset):
+                    if attempt == self.retries:
+                        # Bytes present that stayed wrong through every retry are not
+                        # lag: the caller's header check reports CorruptData (D6).
+                        return buf
                     raise _Lag("the frame header is only partly visible")
                 return buf
             except FileNotFoundError:

@@ -152,6 +152,17 @@ def test_lease_expiry_budget_and_stale_attempts(store, clock):
     q.close()
 
 
+def test_acquire_by_ids_leases_a_repeated_id_once_and_many_in_order(store):
+    q = _coord(store)
+    q.submit_tasks("r", [TaskSpec(f"t{i}", priority=i % 2) for i in range(6)])
+    got = q.acquire("w", max_tasks=5, task_ids=["t1", "t1", "t2"]).assignments
+    assert [a.lease.task_id for a in got] == ["t1", "t2"]
+    assert q.task_status("t1").attempt == 1
+    rest = q.acquire("w", max_tasks=10).assignments  # Q4 in bulk: priority, then FIFO
+    assert [a.lease.task_id for a in rest] == ["t3", "t5", "t0", "t4"]
+    q.close()
+
+
 def test_fail_release_yield_cancel(store):
     q = _coord(store)
     q.submit_tasks("r", [TaskSpec("a", max_attempts=2), TaskSpec("b"), TaskSpec("c")])

@@ -4,6 +4,7 @@ that wrote it, although terminal tasks and commit rows are loaded only when read
 from __future__ import annotations
 
 import gc
+from collections import Counter
 from typing import Any
 
 import msgpack
@@ -194,3 +195,12 @@ def test_best_pending_takes_k_distinct_tasks_in_order_and_keeps_the_heap():
             assert got == expect[:k]
     assert st.best_pending("other-lane", 5) == []
     assert st.pending_in_order() == want  # nothing was taken
+
+
+def test_status_counts_do_not_load_history():
+    st = _busy_state()
+    want = Counter(t.status for t in st.tasks.values())
+    back = QueueState.from_snapshot(msgpack.unpackb(msgpack.packb(st.to_snapshot())))
+    before = len(list(back.tasks.loaded()))
+    assert back.tasks.status_counts() == want
+    assert len(list(back.tasks.loaded())) == before < len(back.tasks)
