@@ -53,7 +53,7 @@ def _work(store: SharedFilesystemStore, q: Coordinator, worker: str, n: int) -> 
 
 
 def one_client(root: str, n: int) -> float:
-    with SharedFilesystemStore(root, "bench", writer_id="w0", reserve_bytes=0) as store:
+    with SharedFilesystemStore(root, "bench", writer_id="w0") as store:
         q = Coordinator(store, queue_id="one")
         q.submit_tasks("r", [TaskSpec(f"t{i}") for i in range(n)])
         t0 = time.perf_counter()
@@ -67,7 +67,7 @@ def _client_process(conn: Connection, root: str, worker: str) -> None:
     """One client in its own process (workers run on other machines in production): it
     publishes into its own store and calls the coordinator over ``conn``.  Control
     messages only (leases and references) cross the pipe, as they would cross Ray."""
-    with SharedFilesystemStore(root, "bench", writer_id=worker, reserve_bytes=0) as store:
+    with SharedFilesystemStore(root, "bench", writer_id=worker) as store:
         payload = os.urandom(256)
         conn.send("ready")
         conn.recv()  # go
@@ -111,8 +111,7 @@ def clients(root: str, n: int, nclients: int) -> dict[str, float]:
     thread per client): tasks/s and coordinator syncs per completion."""
     ctx = mp.get_context("spawn")
     counting = CountingFS(PosixFS())
-    coord_store = SharedFilesystemStore(root, "bench", writer_id="coord", fs=counting,
-                                        reserve_bytes=0)
+    coord_store = SharedFilesystemStore(root, "bench", writer_id="coord", fs=counting)
     q = Coordinator(coord_store, queue_id="many")
     q.submit_tasks("r", [TaskSpec(f"t{i}") for i in range(n)])
     pairs = [ctx.Pipe() for _ in range(nclients)]
@@ -150,7 +149,7 @@ def clients(root: str, n: int, nclients: int) -> dict[str, float]:
 
 
 def reopen(root: str, n: int) -> dict[str, float]:
-    with SharedFilesystemStore(root, "bench", writer_id="w", reserve_bytes=0) as store:
+    with SharedFilesystemStore(root, "bench", writer_id="w") as store:
         q = Coordinator(store, queue_id="big", snapshot_every=5_000,
                         limits=Limits(max_leases_per_worker=10**6))
         batch = min(5_000, n)
@@ -182,7 +181,7 @@ import sys, time
 from straw import SharedFilesystemStore
 from straw.coordinator import Coordinator
 t0 = time.perf_counter()
-with SharedFilesystemStore(sys.argv[1], "bench", writer_id="fresh", reserve_bytes=0) as s:
+with SharedFilesystemStore(sys.argv[1], "bench", writer_id="fresh") as s:
     Coordinator(s, queue_id="big", recover=True).close()
 print(time.perf_counter() - t0)
 """

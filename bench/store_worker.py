@@ -22,8 +22,7 @@ The queue workloads (issue 6): for straw they are ``bench.queue_bench``'s own
 is written here against its API (``Coordinator(store, queue_id=..., exclusive_owner=...)``,
 ``acquire`` -> ``publish`` one 256 B record naming the lease's task and attempt ->
 ``complete_task(..., result_digest=ref.digest)``).  Settings: straw-queue uses its
-defaults; straw's one-client store has ``reserve_bytes=0`` (no space reserved ahead: each
-publish extends the pack, the slower path), and its history queue snapshots every 5,000
+defaults; so do straw's stores, and its history queue snapshots every 5,000
 transactions (default 20,000) with ``max_leases_per_worker`` raised so one worker can hold
 a 5,000-task batch; straw-queue builds its history in batches of 256, its in-flight limit.
 """
