@@ -369,7 +369,8 @@ class QueueState:
 
     def best_pending(self, control: str | None, n: int = 1,
                      prefix: str | None = None) -> list[Task]:
-        """Up to ``n`` best pending tasks of a lane, in scheduling order, without changing
+        """Q4: up to ``n`` best pending tasks of a lane, in scheduling order (priority
+        descending, scheduling key ascending, then FIFO), without changing
         them (choosing is not leasing: the lease transaction does that).  O(k log n) for
         the k heap entries surfaced: stale entries are dropped as they surface, live ones
         are put back.  With a prefix, entries that do not match are surfaced and put back

@@ -184,13 +184,12 @@ def test_leader_waits_for_an_announced_sibling_and_shares_its_sync(tmp_path):
     assert announced.wait(10)
     seqs["a"] = j.enqueue(b"a")
     leader = threading.Thread(target=lambda: j.wait(seqs["a"]))
-    t0 = time.monotonic()
     leader.start()
     _wait_for(lambda: j.metrics()["sibling_waits"] == 1, "the leader to wait for its sibling")
     go.set()
     for th in (leader, t):
         th.join(10)
-    assert time.monotonic() - t0 < 10  # woken by the arrival, not by the 30 s bound
+    assert not leader.is_alive()  # woken by the arrival, long before the 30 s bound
     m = j.metrics()
     assert _ops(fs, "fdatasync") - before == 1 and m["max_group"] == 2
     j.close()
@@ -200,9 +199,8 @@ def test_leader_waits_for_an_announced_sibling_and_shares_its_sync(tmp_path):
 def test_sibling_wait_is_bounded_and_ends_when_the_sibling_gives_up(tmp_path):
     j = _open(PosixFS(), str(tmp_path), group_wait=0.05)
     with j.incoming():  # announced by this very thread, which never enqueues inside
-        t0 = time.monotonic()
-        j.commit(b"x")  # leads: waits for the sibling at most group_wait
-        assert 0.04 <= time.monotonic() - t0 < 5
+        j.commit(b"x")  # leads: waits for the sibling at most group_wait, then syncs
+        assert j.metrics()["sibling_waits"] == 1 and j.seq == 1
     j2 = _open(PosixFS(), str(tmp_path / "j2"), group_wait=30.0)
     gave_up = threading.Event()
 
@@ -220,11 +218,10 @@ def test_sibling_wait_is_bounded_and_ends_when_the_sibling_gives_up(tmp_path):
     leader = threading.Thread(target=lambda: j2.wait(seq))
     leader.start()
     _wait_for(lambda: j2.metrics()["sibling_waits"] == 1, "the leader to wait")
-    t0 = time.monotonic()
     gave_up.set()
     leader.join(10)
     t.join(10)
-    assert not leader.is_alive() and time.monotonic() - t0 < 10
+    assert not leader.is_alive()  # the give-up woke it, long before the 30 s bound
     assert j2.seq == seq
     j.close()
     j2.close()
