@@ -26,8 +26,6 @@ buffer.  This is a benchmark: it reports MISS, it never fails a build.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
 import shutil
 import sys
@@ -46,9 +44,11 @@ from .report import (
     fmt,
     fmt_summary,
     machine,
-    others_cpu,
+    machine_after,
     summary,
     table,
+    utc_iso,
+    write_json,
 )
 
 MiB = 1024 * 1024
@@ -247,15 +247,11 @@ def main(argv: list[str] | None = None) -> int:
     per = ", ".join(f"{k} {fmt(v / p['small_count'])}" for k, v in calls.items())
     print(f"\nsteady-state filesystem calls per {human_bytes(p['small_size'])} publication "
           f"(last round): {per}")
-    after = machine()
-    after["others_cpu_cores"] = others_cpu(cpu0, cpu_snapshot(), duration)
-    print(f"{duration:.0f} s; load {before['loadavg']} -> {after['loadavg']}; other processes "
-          f"kept {after['others_cpu_cores']:.2f} of {after['cpus']} cores busy on average")
+    after = machine_after(before, cpu0, duration)
     if args.json:
         doc = {
             "tool": "bench.bench",
-            "started": datetime.datetime.fromtimestamp(started, datetime.timezone.utc)
-            .isoformat(timespec="seconds"),
+            "started": utc_iso(started),
             "duration_s": duration,
             "quick": args.quick,
             "params": p,
@@ -273,10 +269,7 @@ def main(argv: list[str] | None = None) -> int:
             "rounds": rounds,
             "warmup": warmup,
         }
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=2)
-            f.write("\n")
-        print(f"wrote {args.json}")
+        write_json(args.json, doc)
     return 0
 
 

@@ -25,7 +25,6 @@ implementation.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import re
@@ -44,9 +43,11 @@ from .report import (
     fmt,
     fmt_summary,
     machine,
-    others_cpu,
+    machine_after,
     summary,
     table,
+    utc_iso,
+    write_json,
 )
 
 PEER_VENV = os.path.join(REPO, ".venv-peer")
@@ -394,25 +395,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"sync syscalls per {human_bytes(p['small_size'])} publication, {impl}: "
                   + ", ".join(f"{k} {fmt(v / res['publications'])}"
                               for k, v in sorted(res["calls"].items())))
-    after = machine()
-    after["others_cpu_cores"] = others_cpu(cpu0, cpu_snapshot(), duration)
-    print(f"{duration:.0f} s; load {before['loadavg']} -> {after['loadavg']}; other processes "
-          f"kept {after['others_cpu_cores']:.2f} of {after['cpus']} cores busy on average")
+    after = machine_after(before, cpu0, duration)
     if args.json:
         doc = {
             "tool": "bench.peer",
-            "started": datetime.datetime.fromtimestamp(started, datetime.timezone.utc)
-            .isoformat(timespec="seconds"),
+            "started": utc_iso(started),
             "duration_s": duration, "quick": args.quick, "params": p, "dir": work,
             "filesystem": fs_info, "machine_before": before, "machine_after": after,
             "workers": {k: w.hello for k, w in workers.items()},
             "figures": figures, "tensor_figures": tensor_figures, "queue_figures": queue,
             "syscalls": syscalls, "rounds": rounds, "queue_reopen": reopens,
         }
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=2)
-            f.write("\n")
-        print(f"wrote {args.json}")
+        write_json(args.json, doc)
     return 0
 
 

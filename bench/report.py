@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime
+import json
 import os
 import statistics
 from collections.abc import Sequence
@@ -89,3 +91,27 @@ def others_cpu(before: tuple[float, float], after: tuple[float, float], wall: fl
     if not before[0] or wall <= 0:
         return 0.0
     return max(0.0, ((after[0] - before[0]) - (after[1] - before[1])) / wall)
+
+
+def machine_after(before: dict[str, Any], cpu0: tuple[float, float],
+                  duration: float) -> dict[str, Any]:
+    """``machine()`` at the end of a run, with ``others_cpu_cores`` since ``cpu0``; prints
+    the closing line (duration, load before and after, the other processes' CPU)."""
+    after = machine()
+    after["others_cpu_cores"] = others_cpu(cpu0, cpu_snapshot(), duration)
+    print(f"{duration:.0f} s; load {before['loadavg']} -> {after['loadavg']}; other processes "
+          f"kept {after['others_cpu_cores']:.2f} of {after['cpus']} cores busy on average")
+    return after
+
+
+def utc_iso(t: float) -> str:
+    """A ``time.time()`` value as an ISO 8601 UTC time to the second."""
+    return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def write_json(path: str, doc: dict[str, Any]) -> None:
+    """Write ``doc`` as indented JSON to ``path`` and say so."""
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=2)
+        f.write("\n")
+    print(f"wrote {path}")

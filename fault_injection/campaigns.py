@@ -42,11 +42,10 @@ Exit status 1 on any violation or on any negative control that was not caught.
 from __future__ import annotations
 
 import argparse
-import random
+import functools
 import re
 import sys
 import time
-import traceback
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -60,9 +59,8 @@ from fault_injection.journal_campaign import run_journal_campaign, run_journal_c
 from fault_injection.queue_campaign import FULL_MODES as QUEUE_FULL_MODES
 from fault_injection.queue_campaign import QUICK_MODES as QUEUE_QUICK_MODES
 from fault_injection.queue_campaign import run_queue_campaign, run_queue_controls
-from fault_injection.rules import SimulatedCrash
 from fault_injection.simfs import SimFS
-from fault_injection.sweep import WorkloadReport, crash_points, state_seed, sweep
+from fault_injection.sweep import WorkloadReport, crash_points, run_crash_state, state_seed, sweep
 from fault_injection.workloads import (
     Driver,
     Violation,
@@ -105,56 +103,10 @@ def run_state(wl: Workload, nth: int | None, when: str, mode: str, key: str) -> 
     if nth is not None:
         sim.crash_at(nth, when=when)
     d = Driver(sim, wl.params)
-    stage = "workload"
-    try:
-        try:
-            wl.run(d)
-        except SimulatedCrash:
-            pass
-        parts = mode.split("/")
-        if parts[0] == "power":
-            stage = f"power loss ({parts[1]})"
-            sim.crash(parts[1])
-            stage = "recovery"
-            log = recover_and_check(sim, wl.params, d.log)
-        elif parts[0] in ("kill", "kill+power"):
-            sim.kill_client("main")
-            stage = "recovery after kill"
-            log = recover_and_check(sim, wl.params, d.log)
-            if parts[0] == "kill+power":
-                stage = f"power loss ({parts[1]}) after recovery"
-                sim.crash(parts[1])
-                stage = "second recovery"
-                log = recover_and_check(sim, wl.params, log, fresh_tag="fresh2")
-        elif parts[0] == "power+recrash":
-            # power loss, a crash at a seeded op of the recovery itself, power loss again
-            stage = f"power loss ({parts[1]})"
-            sim.crash(parts[1])
-            nth = random.Random(key).randint(1, RECRASH_WINDOW)
-            point = sim.crash_at(nth)
-            stage = f"recovery (crash at its op #{nth})"
-            out = d.log.copy()
-            try:
-                recover_and_check(sim, wl.params, d.log, out=out)
-            except SimulatedCrash:
-                pass
-            point.fired = True  # disarmed if the recovery finished before it
-            stage = f"second power loss ({parts[1]})"
-            sim.crash(parts[1])
-            stage = "second recovery"
-            log = recover_and_check(sim, wl.params, out, fresh_tag="fresh2")
-        else:
-            raise ValueError(f"unknown mode {mode!r}")
-        # a clean restart must change nothing: same lookups, same refs, same bytes
-        stage = "clean restart after recovery"
-        recover_and_check(sim, wl.params, log, fresh_tag="fresh-again")
-    except (Violation, Exception, SimulatedCrash) as e:
-        kind = "violation" if isinstance(e, Violation) else f"raised {type(e).__name__}"
-        tb = "" if isinstance(e, Violation) else "\n" + "".join(
-            traceback.format_exception(type(e), e, e.__traceback__, limit=-4))
-        return (f"[{key}] {stage}: {kind}: {e}{tb}\n  replay: python -m "
-                f"fault_injection.campaigns --replay {key}\n  {sim.describe()}")
-    return None
+    return run_crash_state(sim, key, mode, lambda: wl.run(d), d.log,
+                           functools.partial(recover_and_check, sim, wl.params), kill=("main",),
+                           recrash_window=RECRASH_WINDOW, violation=Violation,
+                           module="fault_injection.campaigns")
 
 
 def run_workload(wl: Workload, reserve: int, modes: Sequence[str], *,

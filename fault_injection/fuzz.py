@@ -44,9 +44,9 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from straw import (
     Publication,
@@ -64,6 +64,7 @@ if TYPE_CHECKING:
 
 RUN = "fuzz"
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+T = TypeVar("T")
 READER_STATUS = "reader.status.json"
 VIOLATIONS = "violations.jsonl"
 
@@ -149,20 +150,25 @@ def _orphaned() -> bool:
     return os.getppid() != _PARENT
 
 
-def _open_store(root: str, writer_id: str) -> SharedFilesystemStore:
-    store = SharedFilesystemStore(root, RUN, writer_id=writer_id, reserve_bytes=4 << 20,
-                                  segment_target_bytes=16 << 20)
-    # take the writer lock now; a killed predecessor's lock may take a moment to go away
-    # on a network filesystem
+def _until_unlocked(open_: Callable[[], T]) -> T:
+    """``open_()``, retried for up to 30 s while it raises ``UnsafeRecovery``: a killed
+    predecessor's lock may take a moment to go away on a network filesystem.  (Also used
+    by ``fault_injection.queue_fuzz``.)"""
     deadline = time.monotonic() + 30
     while True:
         try:
-            store.lookup_submission("-")
-            return store
+            return open_()
         except UnsafeRecovery:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
+
+
+def _open_store(root: str, writer_id: str) -> SharedFilesystemStore:
+    store = SharedFilesystemStore(root, RUN, writer_id=writer_id, reserve_bytes=4 << 20,
+                                  segment_target_bytes=16 << 20)
+    _until_unlocked(lambda: store.lookup_submission("-"))  # take the writer lock now
+    return store
 
 
 def writer_main(root: str, acks: str, logdir: str, writer_id: str, seed: int,
@@ -321,6 +327,39 @@ class _Proc:
             return ""
 
 
+def _stop_all(procs: Sequence[_Proc]) -> list[str]:
+    """SIGCONT and SIGTERM every process still running, then wait for each (SIGKILL after
+    60 s).  Returns violations: a process that did not stop, or ended with another status
+    than 0 or SIGTERM.  (Also used by ``fault_injection.queue_fuzz``.)"""
+    violations = []
+    for proc in procs:
+        assert proc.p is not None
+        if proc.p.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.p.send_signal(signal.SIGTERM)
+    for proc in procs:
+        assert proc.p is not None
+        try:
+            rc = proc.p.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.p.kill()
+            rc = proc.p.wait()
+            violations.append(f"{proc.name} did not stop within 60 s of SIGTERM")
+        if rc not in (0, -signal.SIGTERM):
+            violations.append(f"{proc.name} ended with rc={rc}:\n{proc.tail()}")
+    return violations
+
+
+def _logged_violations(logdir: str) -> list[str]:
+    """What the processes reported with ``_report`` in ``logdir``."""
+    vpath = os.path.join(logdir, VIOLATIONS)
+    if not os.path.exists(vpath):
+        return []
+    with open(vpath) as f:
+        return [json.loads(line)["who"] + ": " + json.loads(line)["message"]
+                for line in f if line.strip()]
+
+
 def _role_argv(role: str, *args: str) -> list[str]:
     return [sys.executable, "-m", "fault_injection.fuzz", "--role", role, *args]
 
@@ -382,26 +421,8 @@ def run_target(target: str, write_base: str, read_base: str, logdir: str, *,
                 os.kill(victim.pid, signal.SIGCONT)
                 s.stops += 1
     finally:
-        for proc in everyone:
-            assert proc.p is not None
-            if proc.p.poll() is None:
-                os.kill(proc.pid, signal.SIGCONT)
-                proc.p.send_signal(signal.SIGTERM)
-        for proc in everyone:
-            assert proc.p is not None
-            try:
-                rc = proc.p.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.p.kill()
-                rc = proc.p.wait()
-                s.violations.append(f"{proc.name} did not stop within 60 s of SIGTERM")
-            if rc not in (0, -signal.SIGTERM):
-                s.violations.append(f"{proc.name} ended with rc={rc}:\n{proc.tail()}")
-    vpath = os.path.join(logdir, VIOLATIONS)
-    if os.path.exists(vpath):
-        with open(vpath) as f:
-            s.violations += [json.loads(line)["who"] + ": " + json.loads(line)["message"]
-                             for line in f if line.strip()]
+        s.violations += _stop_all(everyone)
+    s.violations += _logged_violations(logdir)
     try:
         with open(os.path.join(logdir, READER_STATUS)) as f:
             s.reader_verified = json.load(f)["verified"]

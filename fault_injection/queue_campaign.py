@@ -43,19 +43,26 @@ SimFS seeded from its key, so ``--replay KEY`` reproduces a violation.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
+import functools
 import random
 import sys
-import time
-import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from fault_injection.rules import SimulatedCrash
 from fault_injection.simfs import SimFS
-from fault_injection.sweep import WorkloadReport, crash_points, run_all, state_seed, sweep
+from fault_injection.sweep import (
+    WorkloadReport,
+    campaign_main,
+    catch_controls,
+    crash_points,
+    run_all,
+    run_crash_state,
+    state_seed,
+    sweep,
+)
 from straw import Record, RecordSetRef, SharedFilesystemStore
 from straw.catalog import Catalog
 from straw.clock import ManualClock
@@ -381,71 +388,18 @@ def _ops_of(wl: Workload) -> int:
     return probe.op_count
 
 
-def _revive(sim: SimFS) -> None:
-    sim.kill_client("main")
-    sim.kill_client("old")
-
-
 def run_state(wl: Workload, nth: int | None, when: str, mode: str, key: str) -> str | None:
-    """One crash state; returns a violation message or None."""
+    """One crash state; returns a violation message or None.  A crash inside a journal
+    sync reaches the driver as the coordinator's ``IndeterminateCommit``: ``crash_in``."""
     sim = SimFS(state_seed(key), record_trace=False)
     if nth is not None:
         sim.crash_at(nth, when=when)
     d = Driver(sim)
-    stage = "workload"
-    try:
-        try:
-            wl.run(d)
-        except SimulatedCrash:
-            pass
-        except Exception as e:
-            if crash_in(e) is None:
-                raise
-        parts = mode.split("/")
-        if parts[0] == "power":
-            stage = f"power loss ({parts[1]})"
-            sim.crash(parts[1])
-            stage = "recovery"
-            log = recover_and_check(sim, d.log)
-        elif parts[0] in ("kill", "kill+power"):
-            _revive(sim)
-            stage = "recovery after kill"
-            log = recover_and_check(sim, d.log)
-            if parts[0] == "kill+power":
-                stage = f"power loss ({parts[1]}) after recovery"
-                sim.crash(parts[1])
-                stage = "second recovery"
-                log = recover_and_check(sim, log, fresh_tag="fresh2")
-        elif parts[0] == "power+recrash":
-            stage = f"power loss ({parts[1]})"
-            sim.crash(parts[1])
-            nth2 = random.Random(key).randint(1, RECRASH_WINDOW)
-            point = sim.crash_at(nth2)
-            stage = f"recovery (crash at its op #{nth2})"
-            out = d.log.copy()
-            try:
-                recover_and_check(sim, d.log, out=out)
-            except SimulatedCrash:
-                pass
-            except Exception as e:
-                if crash_in(e) is None:
-                    raise
-            point.fired = True  # disarmed if the recovery finished before it
-            stage = f"second power loss ({parts[1]})"
-            sim.crash(parts[1])
-            stage = "second recovery"
-            log = recover_and_check(sim, out, fresh_tag="fresh2")
-        else:
-            raise ValueError(f"unknown mode {mode!r}")
-        stage = "clean restart after recovery"
-        recover_and_check(sim, log, fresh_tag="fresh-again")
-    except (Violation, Exception, SimulatedCrash) as e:
-        kind = "violation" if isinstance(e, Violation) else f"raised {type(e).__name__}"
-        tb = "" if isinstance(e, Violation) else "\n" + "".join(
-            traceback.format_exception(type(e), e, e.__traceback__, limit=-4))
-        return (f"[{key}] {stage}: {kind}: {e}{tb}\n  replay: python -m "
-                f"fault_injection.queue_campaign --replay {key}\n  {sim.describe()}")
-    return None
+    return run_crash_state(sim, key, mode, lambda: wl.run(d), d.log,
+                           functools.partial(recover_and_check, sim), kill=("main", "old"),
+                           recrash_window=RECRASH_WINDOW, violation=Violation,
+                           module="fault_injection.queue_campaign",
+                           is_crash=lambda e: crash_in(e) is not None)
 
 
 def run_workload(wl: Workload, modes: Sequence[str], *, stop_at_first: bool = False,
@@ -522,56 +476,19 @@ QUEUE_CONTROLS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]]
 def run_queue_controls(modes: Sequence[str] = QUICK_MODES, *,
                        max_points: int | None = None,
                        log: Callable[[str], None] = print) -> dict[str, str | None]:
-    """Each control against the campaign; returns name -> first violation (None: MISSED)."""
-    out: dict[str, str | None] = {}
-    for name, control in QUEUE_CONTROLS.items():
-        t0 = time.perf_counter()
-        found: list[str] = []
-        for wl in ("takeover", "basic", "lifecycle"):  # the takeover catches most at once
-            with control():
-                reports = run_queue_campaign(modes, only=[wl], stop_at_first=True,
-                                             max_points=max_points, log=lambda _m: None)
-            found = [v for r in reports for v in r.violations]
-            if found:
-                break
-        out[name] = found[0] if found else None
-        log(f"  {'caught' if found else 'MISSED':<7} {name:<32} {time.perf_counter() - t0:5.1f}s"
-            f"  {found[0].splitlines()[0][:100] if found else ''}")
-    return out
+    """Each control against the campaign; returns name -> first violation (None: MISSED).
+    The takeover workload catches most at once, so it runs first."""
+    return catch_controls(QUEUE_CONTROLS, [
+        functools.partial(run_queue_campaign, modes, only=[wl], stop_at_first=True,
+                          max_points=max_points, log=lambda _m: None)
+        for wl in ("takeover", "basic", "lifecycle")], log)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m fault_injection.queue_campaign",
-                                 description=__doc__.split("\n\n")[0] if __doc__ else None)
-    ap.add_argument("--quick", action="store_true", help="fewer modes per crash point")
-    ap.add_argument("--workload", action="append", help="only these workloads (repeatable)")
-    ap.add_argument("--max-points", type=int, default=None,
-                    help="sample at most this many crash points per workload")
-    ap.add_argument("--replay", metavar="KEY", help="rerun one crash state and print it")
-    ap.add_argument("--no-controls", action="store_true", help="skip the negative controls")
-    args = ap.parse_args(argv)
-    if args.replay:
-        msg = replay(args.replay)
-        print(msg or f"{args.replay}: no violation")
-        return 1 if msg else 0
-    modes = QUICK_MODES if args.quick else FULL_MODES
-    t0 = time.perf_counter()
-    print(f"coordinator crash campaign: {len(modes)} modes per crash point")
-    reports = run_queue_campaign(modes, only=args.workload, max_points=args.max_points)
-    violations = [v for r in reports for v in r.violations]
-    missed: list[str] = []
-    if not args.no_controls:
-        print("negative controls (each must be caught):")
-        controls = run_queue_controls(QUICK_MODES, max_points=args.max_points)
-        missed = [k for k, v in controls.items() if v is None]
-    for v in violations[:20]:
-        print("\nVIOLATION " + v)
-    print(f"\nsummary: {sum(r.crash_points for r in reports)} crash points, "
-          f"{sum(r.states for r in reports)} states, {len(violations)} violations; "
-          f"{time.perf_counter() - t0:.1f}s")
-    if missed:
-        print("MISSED negative controls: " + ", ".join(missed))
-    return 1 if violations or missed else 0
+    return campaign_main(argv, prog="fault_injection.queue_campaign", doc=__doc__,
+                         title="coordinator", full_modes=FULL_MODES, quick_modes=QUICK_MODES,
+                         run_campaign=run_queue_campaign, run_controls=run_queue_controls,
+                         replay=replay)
 
 
 if __name__ == "__main__":

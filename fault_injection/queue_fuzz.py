@@ -44,7 +44,6 @@ import json
 import os
 import random
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -54,7 +53,15 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Client, Connection, Listener
 from typing import Any
 
-from straw import Record, RecordSetRef, SharedFilesystemStore, UnsafeRecovery
+from fault_injection.fuzz import (
+    _logged_violations,
+    _orphaned,
+    _Proc,
+    _report,
+    _stop_all,
+    _until_unlocked,
+)
+from straw import Record, RecordSetRef, SharedFilesystemStore
 from straw.coordinator import Coordinator
 from straw.fs import PosixFS
 from straw.publication_log import AckLog
@@ -63,7 +70,6 @@ from straw.queue_types import Lease, TaskSpec
 RUN = "qfuzz"
 QUEUE = "fuzzq"
 LEASE_SECONDS = 2.0
-VIOLATIONS = "violations.jsonl"
 REFUSALS = {"IndeterminateCommit", "Fenced"}
 EXPECTED = REFUSALS | {"StaleAttempt", "LeaseExpired"}
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -74,45 +80,18 @@ def payload(sid: str) -> bytes:
     return f"result {sid}|".encode() + r.randbytes(r.choice((0, 64, 256, 3000)))
 
 
-def _report(logdir: str, who: str, message: str) -> None:
-    with open(os.path.join(logdir, VIOLATIONS), "a") as f:
-        f.write(json.dumps({"who": who, "message": message}) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
-_PARENT = os.getppid()
-
-
-def _orphaned() -> bool:
-    return os.getppid() != _PARENT
-
-
 def _open_store(root: str, writer_id: str) -> SharedFilesystemStore:
     store = SharedFilesystemStore(root, RUN, writer_id=writer_id, reserve_bytes=1 << 20,
                                   segment_target_bytes=8 << 20)
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            store.lookup_submission("-")  # takes the writer lock
-            return store
-        except UnsafeRecovery:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
+    _until_unlocked(lambda: store.lookup_submission("-"))  # takes the writer lock
+    return store
 
 
 def _open_coordinator(store: SharedFilesystemStore, *, recover: bool,
                       takeover: bool = False) -> Coordinator:
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            return Coordinator(store, queue_id=QUEUE, recover=recover, takeover=takeover,
-                               lease_seconds=LEASE_SECONDS, snapshot_every=64)
-        except UnsafeRecovery:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
+    return _until_unlocked(lambda: Coordinator(
+        store, queue_id=QUEUE, recover=recover, takeover=takeover,
+        lease_seconds=LEASE_SECONDS, snapshot_every=64))
 
 
 # --- the coordinator process -----------------------------------------------------------------
@@ -423,8 +402,6 @@ def run_queue(base: str, *, seconds: float, n_workers: int, seed: int,
     one volume (JuiceFS clients a and b): the pool lives there, workers use client a,
     coordinators alternate between the clients (so a takeover crosses clients) and the
     checker uses client b; logs and sockets stay under ``base``."""
-    from fault_injection.fuzz import _Proc  # the store harness's process wrapper
-
     roots = (os.path.join(base, "pool"),) * 2 if shared is None else tuple(
         os.path.join(m, "queue-pool") for m in shared)
     root = roots[0]
@@ -518,24 +495,8 @@ def run_queue(base: str, *, seconds: float, n_workers: int, seed: int,
                 old.p.wait()
                 old_coords.append(old)
     finally:
-        for proc in [*workers.values(), coord]:
-            if proc.p.poll() is None:
-                os.kill(proc.pid, signal.SIGCONT)
-                proc.p.send_signal(signal.SIGTERM)
-        for proc in [*workers.values(), coord]:
-            try:
-                rc = proc.p.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.p.kill()
-                rc = proc.p.wait()
-                s.violations.append(f"{proc.name} did not stop within 60 s of SIGTERM")
-            if rc not in (0, -signal.SIGTERM):
-                s.violations.append(f"{proc.name} ended with rc={rc}:\n{proc.tail()}")
-    vpath = os.path.join(logdir, VIOLATIONS)
-    if os.path.exists(vpath):
-        with open(vpath) as f:
-            s.violations += [json.loads(line)["who"] + ": " + json.loads(line)["message"]
-                             for line in f if line.strip()]
+        s.violations += _stop_all([*workers.values(), coord])
+    s.violations += _logged_violations(logdir)
     check_queue(roots[1], acks, logdir, names, s)
     return s
 

@@ -1,13 +1,32 @@
 """What every crash campaign repeats: the crash points of a workload (before and after each
-of its ops, plus "ran to completion"), optional even sampling of them, and the sweep of
-points x modes into a report.  A campaign supplies only how to run one crash state."""
+of its ops, plus "ran to completion"), optional even sampling of them, the sweep of
+points x modes into a report, the crash modes themselves (``run_crash_state``), the
+negative-control loop (``catch_controls``) and the command line of the journal and
+coordinator campaigns (``campaign_main``).  A campaign supplies its workloads, its driver
+and its check."""
 
 from __future__ import annotations
 
+import argparse
+import random
 import time
+import traceback
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
+
+from fault_injection.rules import SimulatedCrash
+from fault_injection.simfs import SimFS
+
+L = TypeVar("L", bound="AckLog")
+
+
+class AckLog(Protocol):
+    """A workload driver's acknowledgement log."""
+
+    def copy(self: L) -> L: ...
 
 
 @dataclass
@@ -76,3 +95,143 @@ def run_all(names: Sequence[str], run_one: Callable[[str], WorkloadReport], *,
         if stop_at_first and r.violations:
             break
     return reports
+
+
+def is_simulated_crash(exc: BaseException) -> bool:
+    return isinstance(exc, SimulatedCrash)
+
+
+def run_crash_state(sim: SimFS, key: str, mode: str, run: Callable[[], object], log: L,
+                    check: Callable[[L, str, L | None], L], *, kill: Sequence[str],
+                    recrash_window: int, violation: type[Exception], module: str,
+                    is_crash: Callable[[BaseException], bool] = is_simulated_crash
+                    ) -> str | None:
+    """One crash state: ``run`` the workload on ``sim`` (its crash point already armed;
+    ``log`` is the driver's acknowledgement log, which the workload updates in place),
+    apply ``mode``, check what survived with ``check(log, fresh_tag, out)``, then check
+    once more after a clean restart.  Returns a violation message or None.
+
+    Modes: ``power/<variant>/<k>`` (power loss), ``kill`` (the ``kill`` clients are
+    killed: the page cache survives), ``kill+power/<variant>/<k>`` (kill, recovery +
+    check, power loss, check again), ``power+recrash/<variant>/<k>`` (power loss, a crash
+    at a seeded op among the first ``recrash_window`` of the recovery and its check, power
+    loss, check again).  A crash counts as one where ``is_crash`` says so; ``violation``
+    is the campaign's violation class and ``module`` names it in the replay line."""
+    stage = "workload"
+    try:
+        try:
+            run()
+        except (SimulatedCrash, Exception) as e:
+            if not is_crash(e):
+                raise
+        parts = mode.split("/")
+        if parts[0] == "power":
+            stage = f"power loss ({parts[1]})"
+            sim.crash(parts[1])
+            stage = "recovery"
+            log = check(log, "fresh", None)
+        elif parts[0] in ("kill", "kill+power"):
+            for client in kill:
+                sim.kill_client(client)
+            stage = "recovery after kill"
+            log = check(log, "fresh", None)
+            if parts[0] == "kill+power":
+                stage = f"power loss ({parts[1]}) after recovery"
+                sim.crash(parts[1])
+                stage = "second recovery"
+                log = check(log, "fresh2", None)
+        elif parts[0] == "power+recrash":
+            stage = f"power loss ({parts[1]})"
+            sim.crash(parts[1])
+            nth = random.Random(key).randint(1, recrash_window)
+            point = sim.crash_at(nth)
+            stage = f"recovery (crash at its op #{nth})"
+            out = log.copy()
+            try:
+                check(log, "fresh", out)
+            except (SimulatedCrash, Exception) as e:
+                if not is_crash(e):
+                    raise
+            point.fired = True  # disarmed if the recovery finished before it
+            stage = f"second power loss ({parts[1]})"
+            sim.crash(parts[1])
+            stage = "second recovery"
+            log = check(out, "fresh2", None)
+        else:
+            raise ValueError(f"unknown mode {mode!r}")
+        # a clean restart must change nothing
+        stage = "clean restart after recovery"
+        check(log, "fresh-again", None)
+    except (violation, Exception, SimulatedCrash) as e:
+        kind = "violation" if isinstance(e, violation) else f"raised {type(e).__name__}"
+        tb = "" if isinstance(e, violation) else "\n" + "".join(
+            traceback.format_exception(type(e), e, e.__traceback__, limit=-4))
+        return (f"[{key}] {stage}: {kind}: {e}{tb}\n  replay: python -m "
+                f"{module} --replay {key}\n  {sim.describe()}")
+    return None
+
+
+Control = Callable[[], AbstractContextManager[None]]
+
+
+def catch_controls(controls: Mapping[str, Control],
+                   runs: Sequence[Callable[[], list[WorkloadReport]]],
+                   log: Callable[[str], None] = print) -> dict[str, str | None]:
+    """Each negative control against the campaign: the ``runs`` in turn, each under the
+    control, until one reports a violation; returns name -> first violation (None:
+    MISSED), logging one line per control."""
+    out: dict[str, str | None] = {}
+    for name, control in controls.items():
+        t0 = time.perf_counter()
+        found: list[str] = []
+        for run in runs:
+            with control():
+                reports = run()
+            found = [v for r in reports for v in r.violations]
+            if found:
+                break
+        out[name] = found[0] if found else None
+        log(f"  {'caught' if found else 'MISSED':<7} {name:<32} {time.perf_counter() - t0:5.1f}s"
+            f"  {found[0].splitlines()[0][:100] if found else ''}")
+    return out
+
+
+def campaign_main(argv: Sequence[str] | None, *, prog: str, doc: str | None, title: str,
+                  full_modes: Sequence[str], quick_modes: Sequence[str],
+                  run_campaign: Callable[..., list[WorkloadReport]],
+                  run_controls: Callable[..., dict[str, str | None]],
+                  replay: Callable[[str], str | None]) -> int:
+    """The command line of a crash campaign (``python -m <prog>``): ``run_campaign(modes,
+    only=..., max_points=...)``, then ``run_controls(quick_modes, max_points=...)``, or
+    ``replay(key)``.  Exit status 1 on any violation or missed negative control."""
+    ap = argparse.ArgumentParser(prog=f"python -m {prog}",
+                                 description=doc.split("\n\n")[0] if doc else None)
+    ap.add_argument("--quick", action="store_true", help="fewer modes per crash point")
+    ap.add_argument("--workload", action="append", help="only these workloads (repeatable)")
+    ap.add_argument("--max-points", type=int, default=None,
+                    help="sample at most this many crash points per workload")
+    ap.add_argument("--replay", metavar="KEY", help="rerun one crash state and print it")
+    ap.add_argument("--no-controls", action="store_true", help="skip the negative controls")
+    args = ap.parse_args(argv)
+    if args.replay:
+        msg = replay(args.replay)
+        print(msg or f"{args.replay}: no violation")
+        return 1 if msg else 0
+    modes = quick_modes if args.quick else full_modes
+    t0 = time.perf_counter()
+    print(f"{title} crash campaign: {len(modes)} modes per crash point")
+    reports = run_campaign(modes, only=args.workload, max_points=args.max_points)
+    violations = [v for r in reports for v in r.violations]
+    missed: list[str] = []
+    if not args.no_controls:
+        print("negative controls (each must be caught):")
+        controls = run_controls(quick_modes, max_points=args.max_points)
+        missed = [k for k, v in controls.items() if v is None]
+    for v in violations[:20]:
+        print("\nVIOLATION " + v)
+    print(f"\nsummary: {sum(r.crash_points for r in reports)} crash points, "
+          f"{sum(r.states for r in reports)} states, {len(violations)} violations; "
+          f"{time.perf_counter() - t0:.1f}s")
+    if missed:
+        print("MISSED negative controls: " + ", ".join(missed))
+    return 1 if violations or missed else 0
