@@ -89,6 +89,8 @@ class CatalogState:
 
     packs: dict[str, PackInfo] = field(default_factory=dict)
     edges: dict[Extent, tuple[Extent, ...]] = field(default_factory=dict)
+    # the edge sources of each pack, so sealing a pack touches only its own edges
+    edge_offsets: dict[str, set[int]] = field(default_factory=dict)
     # updated in place: a queue adds roots one completion group at a time, and copying
     # its whole root set per adopt made replay and the completion path quadratic
     owners: dict[str, set[Extent]] = field(default_factory=dict)
@@ -105,16 +107,19 @@ class CatalogState:
         elif kind == "open":
             self.packs.setdefault(op["path"], PackInfo())
         elif kind == "edges":
-            self.edges[(op["src"][0], op["src"][1])] = tuple((p, o) for p, o in op["deps"])
+            path, off = op["src"]
+            self.edges[(path, off)] = tuple((p, o) for p, o in op["deps"])
+            self.edge_offsets.setdefault(path, set()).add(off)
         elif kind == "sealed":
             info = self.packs.setdefault(op["path"], PackInfo())
             info.state = "sealed"
             info.offsets = frozenset(op["offsets"])
             info.unstaged.update(op["unstage"])
             # edges recorded for extents that never made it into the pack are dead
-            for src in [s for s in self.edges if s[0] == op["path"]]:
-                if src[1] not in info.offsets:
-                    del self.edges[src]
+            srcs = self.edge_offsets.get(op["path"], set())
+            for off in [o for o in srcs if o not in info.offsets]:
+                srcs.discard(off)
+                del self.edges[(op["path"], off)]
         elif kind == "retain":
             self.owners[op["owner"]] = {(p, o) for p, o in op["roots"]}
         elif kind == "release":
