@@ -645,6 +645,8 @@ class Journal:
         self._durable = recovered.seq  # last sequence number known durable (and unfenced)
         self._mu = threading.Lock()
         self._cond = threading.Condition(self._mu)
+        # a leader waiting for siblings waits here, so arrivals wake only it
+        self._gather = threading.Condition(self._mu)
         self._pending: list[_Request] = []
         self._busy = False  # a leader (or a snapshot) is doing I/O outside the mutex
         self._broken: tuple[type[StrawError], str] | None = None
@@ -729,10 +731,10 @@ class Journal:
         try:
             yield
         finally:
-            with self._cond:
+            with self._mu:
                 self._incoming -= 1
                 if self._incoming == 0:
-                    self._cond.notify_all()
+                    self._gather.notify()
 
     def wait(self, seq: int) -> int:
         """Return ``seq`` once every transaction up to it is durable.  If no sync is in
@@ -836,7 +838,7 @@ class Journal:
             deadline = time.monotonic() + self.group_wait
             try:
                 while self._incoming and (left := deadline - time.monotonic()) > 0:
-                    self._cond.wait(left)
+                    self._gather.wait(left)
             except BaseException:  # e.g. KeyboardInterrupt: never leave _busy stuck
                 self._busy = False
                 self._cond.notify_all()
