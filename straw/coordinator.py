@@ -218,7 +218,9 @@ class Coordinator:
                 f"{self.epoch} at the same time; only one may recover"
             ) from None
         recovered = journal_mod.recover(self.fs, self.journal_dir)
-        with bulk_objects():  # snapshot and suffix: many long-lived objects at once
+        # snapshot and suffix: many long-lived objects at once (promoted if many)
+        large = recovered.snapshot is not None and len(recovered.snapshot) >= 1 << 20
+        with bulk_objects(promote=large):
             if recovered.snapshot is not None:
                 self.state = QueueState.from_snapshot(_unpack_snapshot(recovered.snapshot))
             else:

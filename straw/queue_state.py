@@ -124,23 +124,29 @@ _record = cast(Callable[[Iterable[Any]], CommitRecord],
 
 
 @contextlib.contextmanager
-def bulk_objects() -> Iterator[None]:
+def bulk_objects(promote: bool = False) -> Iterator[None]:
     """Around building many long-lived objects at once (recovery): the cyclic garbage
     collector is off meanwhile (it would rescan them many times over; none of them forms a
-    cycle), and afterwards everything built goes straight to the oldest generation
-    (``gc.freeze`` then ``gc.unfreeze``: two list splices), so the next young collections
-    do not traverse it either (with 100,000 completed tasks that first traversal alone
-    took about 0.1 s, more than half of the decoding).  Skipped if the application keeps
-    frozen objects of its own (``gc.freeze``, e.g. before forking): unfreezing would hand
-    them back to the collector.  Nested use only counts at the outermost level."""
+    cycle).  With ``promote`` (a large state), afterwards everything built goes straight
+    to the oldest generation (``gc.freeze`` then ``gc.unfreeze``: two list splices), so the
+    next young collections do not traverse it either (with 100,000 completed tasks that
+    first traversal alone took about 0.1 s, more than half of the decoding).  The young
+    generations are collected first: objects moved this way are not counted towards the
+    next full collection, so garbage moved with them would stay until then (recovering
+    thousands of small queues in a crash campaign ran out of memory that way — hence
+    also only for large states).  Promotion is skipped if the application keeps frozen
+    objects of its own (``gc.freeze``, e.g. before forking): unfreezing would hand them
+    back to the collector.  Nested use only counts at the outermost level."""
     if not gc.isenabled():
         yield
         return
+    if promote:
+        gc.collect(1)  # young garbage is not promoted with what we build
     gc.disable()
     try:
         yield
     finally:
-        if gc.get_freeze_count() == 0:
+        if promote and gc.get_freeze_count() == 0:
             gc.freeze()
             gc.unfreeze()
         gc.enable()

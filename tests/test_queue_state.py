@@ -152,9 +152,9 @@ def test_empty_table() -> None:
 
 def test_bulk_objects_restores_the_collector() -> None:
     assert gc.isenabled()
-    with bulk_objects():
+    with bulk_objects(promote=True):
         assert not gc.isenabled()
-        with bulk_objects():
+        with bulk_objects(promote=True):
             assert not gc.isenabled()
         assert not gc.isenabled()
     assert gc.isenabled() and gc.get_freeze_count() == 0
@@ -163,7 +163,7 @@ def test_bulk_objects_restores_the_collector() -> None:
     gc.freeze()
     try:
         frozen = gc.get_freeze_count()
-        with bulk_objects():
+        with bulk_objects(promote=True):
             pass
         assert gc.get_freeze_count() == frozen
     finally:
@@ -204,3 +204,21 @@ def test_status_counts_do_not_load_history():
     before = len(list(back.tasks.loaded()))
     assert back.tasks.status_counts() == want
     assert len(list(back.tasks.loaded())) == before < len(back.tasks)
+
+
+class _Node:
+    other: object = None
+
+
+def test_promotion_does_not_carry_young_garbage_to_the_oldest_generation():
+    """Garbage moved by freeze/unfreeze would wait for a full collection (uncounted):
+    recovering thousands of small queues in the crash campaign ran out of memory."""
+    import weakref
+
+    a = _Node()
+    a.other = a  # a cycle: only the collector frees it
+    dead = weakref.ref(a)
+    del a
+    with bulk_objects(promote=True):
+        pass
+    assert dead() is None
