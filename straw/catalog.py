@@ -49,7 +49,6 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,10 +59,10 @@ from . import framing
 from .errors import CorruptData, InvalidReference, UnsafeRecovery, UnsupportedSchema
 from .fs import Filesystem
 from .pack import storage_error
+from .siblings import Siblings
 
 CATALOG_NAME = "CATALOG"
 CATALOG_VERSION = 1
-DEFAULT_GROUP_WAIT = 0.0005  # see Catalog._incoming
 
 Extent = tuple[str, int]  # (pack path relative to the pool root, extent offset)
 
@@ -222,14 +221,11 @@ class Catalog:
         self._offset = 0  # how far this client has replayed
         self._lock_fd: int | None = None
         self._mutex = threading.Lock()
-        self._pending_lock = threading.Condition(threading.Lock())
+        self._pending_lock = threading.Lock()
         self._pending: list[_AdoptRequest] = []
-        # Siblings, as in the journal: callers that announced an adopt (``adopting_soon``)
-        # and have not queued it yet.  The thread writing the pending adopts waits for
-        # them at most ``group_wait`` seconds (wall clock: tuning, not protocol time).
-        self._incoming = 0
-        self.group_wait = DEFAULT_GROUP_WAIT
-        self.sibling_waits = 0
+        # callers that announced an adopt (``adopting_soon``) and have not queued it yet:
+        # the thread writing the pending adopts waits for them (``straw.siblings``)
+        self.siblings = Siblings(self._pending_lock)
 
     def close(self) -> None:
         with self._mutex:
@@ -428,7 +424,7 @@ class Catalog:
         announcement to it): a thread writing pending adopts meanwhile waits for it."""
         a = Announcement(self)
         with self._pending_lock:
-            self._incoming += 1
+            self.siblings.announce()
         try:
             yield a
         finally:
@@ -441,9 +437,7 @@ class Catalog:
             if a.catalog is not self:
                 raise ValueError("an Announcement must go to the Catalog that made it")
             a.arrived = True
-            self._incoming -= 1
-            if self._incoming == 0:
-                self._pending_lock.notify_all()
+            self.siblings.arrive()
 
     def _adopt_combined(self, owner: str, epoch: int, add: list[Extent],
                         announced: Announcement | None) -> bool:
@@ -458,11 +452,7 @@ class Catalog:
 
     def _write_pending(self, req: _AdoptRequest) -> bool:
         with self._pending_lock:
-            if self._incoming and self.group_wait > 0:
-                self.sibling_waits += 1
-                deadline = time.monotonic() + self.group_wait
-                while self._incoming and (left := deadline - time.monotonic()) > 0:
-                    self._pending_lock.wait(left)
+            self.siblings.gather()
         with self._flocked() as st:
             with self._pending_lock:
                 batch, self._pending = self._pending, []

@@ -89,6 +89,7 @@ from .queue_types import (
     TaskStatus,
 )
 from .refs import NAME_RE, RecordSetRef, canonical_metadata
+from .siblings import DEFAULT_GROUP_WAIT
 from .store import SharedFilesystemStore
 
 _EPOCH_RE = re.compile(r"^e-([0-9]{6,})$")
@@ -120,7 +121,7 @@ class Coordinator:
         consumer_id: str = DEFAULT_CONSUMER,
         snapshot_every: int = 20_000,
         segment_target_bytes: int = 64 << 20,
-        group_wait: float = journal_mod.DEFAULT_GROUP_WAIT,
+        group_wait: float = DEFAULT_GROUP_WAIT,
     ) -> None:
         if not isinstance(store, SharedFilesystemStore):
             raise TypeError(f"store must be a SharedFilesystemStore, got {type(store).__name__}")

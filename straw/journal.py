@@ -78,12 +78,9 @@ the leader: it takes everything pending, writes it with ONE ``writev`` (all fram
 write group: same group start) and ONE ``fdatasync``, calls ``fence()``, and wakes
 everybody.  A lone caller never waits for anything (no timers, no sleeps; the bounded
 wait for announced siblings below needs someone else in flight).  Requests that
-arrive during a sync are taken by the next leader.  Siblings (PostgreSQL's commit_delay
-with commit_siblings): a caller that is about to enqueue can announce itself
-(``incoming()``); while any announced caller has not enqueued yet, a leader waits for it,
-at most ``group_wait`` seconds, so that its transaction joins the group instead of paying
-a sync of its own.  Nobody announced (a lone caller) means no wait at all.  The wait is
-wall-clock performance tuning, not protocol time, so it does not use the injected clock.
+arrive during a sync are taken by the next leader.  A caller about to enqueue can
+announce itself (``incoming()``): a leader waits for announced callers, at most
+``group_wait`` seconds, so their transactions join its group (``straw.siblings``).
 If the write, the sync or ``fence()``
 fails, every waiter of that batch gets ``IndeterminateCommit`` (cause chained) and the
 journal is unusable: later calls raise ``Fenced`` (when ``fence`` raised ``Fenced``) or
@@ -147,11 +144,10 @@ from .errors import (
 )
 from .fs import Buffer, Filesystem
 from .pack import storage_error
+from .siblings import DEFAULT_GROUP_WAIT, Siblings
 
 JOURNAL_VERSION = 1
 DEFAULT_SEGMENT_TARGET = 64 << 20
-# A leader waits at most this long for announced siblings (3-5 small syncs on this ext4)
-DEFAULT_GROUP_WAIT = 0.0005
 DEFAULT_RESERVE = 1 << 20  # reserved ahead of the writes; at most this much zero tail to scan
 
 REC_TXN = 0x01
@@ -638,15 +634,12 @@ class Journal:
         self.segment_target_bytes = segment_target_bytes
         self.reserve_bytes = max(0, reserve_bytes)
         self.fence = fence
-        self.group_wait = max(0.0, group_wait)
-        self._incoming = 0  # announced callers that have not enqueued yet (siblings)
         self.cutoffs = dict(recovered.cutoffs)
         self._next_seq = recovered.seq  # last sequence number handed out by enqueue
         self._durable = recovered.seq  # last sequence number known durable (and unfenced)
         self._mu = threading.Lock()
         self._cond = threading.Condition(self._mu)
-        # a leader waiting for siblings waits here, so arrivals wake only it
-        self._gather = threading.Condition(self._mu)
+        self._siblings = Siblings(self._mu, group_wait)  # announced, not enqueued yet
         self._pending: list[_Request] = []
         self._busy = False  # a leader (or a snapshot) is doing I/O outside the mutex
         self._broken: tuple[type[StrawError], str] | None = None
@@ -658,7 +651,6 @@ class Journal:
         self._data_start = 0  # end of the current segment's header
         self._reserved = 0
         self._m = {"commits": 0, "frames": 0, "groups": 0, "fsyncs": 0, "dir_fsyncs": 0,
-                   "sibling_waits": 0,
                    "bytes": 0, "max_group": 0, "rotations": 0, "snapshots": 0,
                    "snapshot_bytes": 0, "deleted_files": 0, "cleanup_errors": 0}
         self.last_cleanup_error: str | None = None
@@ -693,6 +685,7 @@ class Journal:
     def metrics(self) -> dict[str, Any]:
         with self._mu:
             out: dict[str, Any] = dict(self._m)
+            out["sibling_waits"] = self._siblings.waits
             out["position"] = (self.epoch, self._seg, self._end)
             out["seq"] = self._durable
             out["pending"] = len(self._pending)
@@ -727,14 +720,12 @@ class Journal:
         """Announce a transaction about to be enqueued inside this block: a leader
         syncing meanwhile waits (at most ``group_wait``) for it to join its group."""
         with self._mu:
-            self._incoming += 1
+            self._siblings.announce()
         try:
             yield
         finally:
             with self._mu:
-                self._incoming -= 1
-                if self._incoming == 0:
-                    self._gather.notify()
+                self._siblings.arrive()
 
     def wait(self, seq: int) -> int:
         """Return ``seq`` once every transaction up to it is durable.  If no sync is in
@@ -832,13 +823,9 @@ class Journal:
         ``gather``: first wait for announced siblings (not when the caller holds a lock
         they need — a snapshot, a close — where waiting could only waste the bound)."""
         self._busy = True
-        if gather and self._incoming and self.group_wait > 0:
-            # siblings are about to enqueue: let them join this group (bounded wait)
-            self._m["sibling_waits"] += 1
-            deadline = time.monotonic() + self.group_wait
+        if gather:
             try:
-                while self._incoming and (left := deadline - time.monotonic()) > 0:
-                    self._gather.wait(left)
+                self._siblings.gather()
             except BaseException:  # e.g. KeyboardInterrupt: never leave _busy stuck
                 self._busy = False
                 self._cond.notify_all()

@@ -284,7 +284,7 @@ def test_announced_adopts_share_one_catalog_transaction(tmp_path):
 
     fs = FaultyFS(PosixFS())
     cat = Catalog(fs, str(tmp_path))
-    cat.group_wait = 30.0
+    cat.siblings.group_wait = 30.0
     with cat.locked():
         pass  # creates the catalog
 
@@ -306,16 +306,16 @@ def test_announced_adopts_share_one_catalog_transaction(tmp_path):
     leader = threading.Thread(target=lambda: cat.adopt("queue:d/q", 1, add=[("p/a", 0)]))
     leader.start()
     deadline = time.monotonic() + 10
-    while cat.sibling_waits == 0 and time.monotonic() < deadline:
+    while cat.siblings.waits == 0 and time.monotonic() < deadline:
         time.sleep(0.001)
     go.set()
     for th in (leader, t):
         th.join(10)
-    assert not leader.is_alive() and cat.sibling_waits == 1  # woken by the arrival
+    assert not leader.is_alive() and cat.siblings.waits == 1  # woken by the arrival
     assert fsyncs() - before == 1
     with cat.locked() as st:
         assert st.owners["queue:d/q"] == {("p/a", 0), ("p/b", 0)}
     # a lone adopt never waits
     cat.adopt("queue:d/q", 1, add=[("p/c", 0)])
-    assert cat.sibling_waits == 1
+    assert cat.siblings.waits == 1
     cat.close()
