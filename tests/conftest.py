@@ -14,5 +14,6 @@ settings.register_profile(
 )
 settings.load_profile(os.environ.get("STRAW_HYPOTHESIS_PROFILE", "ci"))
 
-# JuiceFS two-mount fixtures (`juicefs_mounts`, `juicefs_dirs`) for every test module.
-pytest_plugins = ["tests.juicefs_fixture"]
+# JuiceFS two-mount fixtures (`juicefs_mounts`, `juicefs_dirs`) and a small tmpfs for the
+# full-disk cases (`small_tmpfs`) for every test module.
+pytest_plugins = ["tests.juicefs_fixture", "tests.tmpfs_fixture"]
