@@ -164,7 +164,7 @@ def reopen(root: str, n: int) -> dict[str, float]:
             for a, r in zip(got.assignments, refs, strict=True):
                 q.complete_task(a.lease, submission_id=f"done-{a.lease.task_id}", result_ref=r)
         q.close()
-        jdir = os.path.join(root, "queues", "default", "big", "journal")
+        jdir = q.journal_dir
         control = sum(os.path.getsize(os.path.join(jdir, f)) for f in os.listdir(jdir))
         t0 = time.perf_counter()
         q2 = Coordinator(store, queue_id="big", recover=True)

@@ -239,13 +239,13 @@ def recover_and_check(sim: SimFS, d: Driver) -> None:
             return frozenset((d.refs[n].path, d.refs[n].offset) for n in names)
 
         for owner in set(d.pre.owners) | set(d.post.owners):
-            roots = st.owners.get(owner)
+            roots = st.run_owners(RUN).get(owner)
             got = None if roots is None else frozenset(roots)
             allowed = {ext(d.pre.owners.get(owner)), ext(d.post.owners.get(owner))}
             if got not in allowed:
                 raise Violation(f"owner {owner!r} has roots {got}; committed "
                                 f"{ext(d.pre.owners.get(owner))}")
-        stray = set(st.owners) - set(d.pre.owners) - set(d.post.owners)
+        stray = set(st.run_owners(RUN)) - set(d.pre.owners) - set(d.post.owners)
         if stray:
             raise Violation(f"owners nobody committed: {sorted(stray)}")
         for name in sorted(set(d.refs) - d.pre.staged - d.post.staged):

@@ -18,9 +18,9 @@ Operations (the state they build is ``CatalogState``)::
                                           bytes are written (D1/D4: deps retained first)
     sealed   {path, offsets, unstage}     the pack is complete: these extents exist; the
                                           listed ones are not staged (recovery of a crash)
-    retain   {owner, roots}               replaces the owner's root extents
-    release  {owner}
-    adopt    {owner, epoch, add, replace, unstage}
+    retain   {run, owner, roots}          replaces the owner's root extents
+    release  {run, owner}
+    adopt    {run, owner, epoch, add, replace, unstage}
                                           a queue coordinator's update of its owner: add
                                           roots (before journaling, D2), or replace them
                                           all, and drop staging it took over.  Fenced:
@@ -32,13 +32,32 @@ Operations (the state they build is ``CatalogState``)::
     tombstone {paths}                     durable mark before unlink (D3)
     unlinked {paths}                      the files are gone
 
+Owners belong to a run.  An owner is keyed by ``(run, name)`` (``OwnerKey``): the ``run``
+field of retain/release/adopt names the run of the store that wrote it, so runs sharing a
+root may use the same owner names (``checkpoint-7``, the ``queue:<ns>/<id>`` of a
+coordinator, pins) without touching each other's roots or epochs.  A ``Catalog`` client
+acts for one run (``run_id``); an observer opened without one only reads.
+
+Format versions.  Version 2 (this straw) added the ``run`` field.  A version-1 catalog's
+owner operations have none; they stay readable without losing retention: such an
+operation belongs to the run that its roots' pack paths name (``runs/<run>/...``; a v1
+store could only retain references of its own run), and one that names no roots (a
+release, a queue's first claim, a retain of nothing) to the run the v1 owner name already
+had.  A v1 owner whose roots name no run, or several, is kept under the run ``""``
+(``LEGACY_RUN``, which no run id can be): it protects its roots, and no run lists or
+releases it.
+
 Staging: every extent of an open pack, and every extent of a sealed pack that was not
 unstaged, protects itself and (through its edges) its dependencies — a fresh publication
 costs no catalog write unless it has external dependencies.
 
-Reachability (D4): live extents are the closure, through edges, of owner roots (pins are
-owners too) and staged extents.  A pack is live if it is open, or holds a live extent; one
-live extent keeps its whole pack.  Collection tombstones sealed packs that are not live,
+Reachability (D4) is pool-wide: live extents are the closure, through edges, of every
+run's owner roots (pins are owners too) and staged extents.  A pack is live if it is open,
+or holds a live extent; one live extent keeps its whole pack.  So no run can reclaim what
+another run retains.  A store's collection (``collect``) is moreover scoped to its own run:
+it tombstones and unlinks only packs under ``runs/<its run>/``, so one run's collection
+never deletes another run's files, even unreferenced ones; ``collect_pool`` is the
+operator's pool-wide collection.  Collection tombstones sealed packs that are not live,
 makes the tombstones durable, then unlinks (ENOENT is success: another client may have
 finished it); a collection interrupted between tombstone and unlink is finished by the next
 one.  A tombstoned path is never retained, reopened or reused (D3).
@@ -62,9 +81,22 @@ from .pack import storage_error
 from .siblings import Siblings
 
 CATALOG_NAME = "CATALOG"
-CATALOG_VERSION = 1
+CATALOG_VERSION = 2  # 2: owner operations carry their run (1: owner names were global)
 
 Extent = tuple[str, int]  # (pack path relative to the pool root, extent offset)
+OwnerKey = tuple[str, str]  # (run id, owner name): owners belong to a run
+LEGACY_RUN = ""  # the run of a version-1 owner whose roots name no single run
+
+
+def run_of(path: str) -> str | None:
+    """The run a pack path belongs to (``runs/<run>/...``), or None."""
+    parts = path.split("/", 2)
+    return parts[1] if len(parts) == 3 and parts[0] == "runs" and parts[1] else None
+
+
+def run_prefix(run: str) -> str:
+    """The pack paths of ``run`` start with this (run ids contain no '/')."""
+    return f"runs/{run}/"
 
 
 @dataclass
@@ -92,8 +124,10 @@ class CatalogState:
     edge_offsets: dict[str, set[int]] = field(default_factory=dict)
     # updated in place: a queue adds roots one completion group at a time, and copying
     # its whole root set per adopt made replay and the completion path quadratic
-    owners: dict[str, set[Extent]] = field(default_factory=dict)
-    owner_epochs: dict[str, int] = field(default_factory=dict)
+    owners: dict[OwnerKey, set[Extent]] = field(default_factory=dict)
+    owner_epochs: dict[OwnerKey, int] = field(default_factory=dict)
+    # version-1 owner operations (no run field): the key each v1 owner name resolved to
+    v1_owners: dict[str, OwnerKey] = field(default_factory=dict)
 
     def apply(self, op: dict[str, Any]) -> None:
         kind = op["op"]
@@ -120,13 +154,14 @@ class CatalogState:
                 srcs.discard(off)
                 del self.edges[(op["path"], off)]
         elif kind == "retain":
-            self.owners[op["owner"]] = {(p, o) for p, o in op["roots"]}
+            self.owners[self._owner_key(op, op["roots"])] = {(p, o) for p, o in op["roots"]}
         elif kind == "release":
-            self.owners.pop(op["owner"], None)
+            self.owners.pop(self._current_key(op), None)
         elif kind == "adopt":
-            owner, epoch = op["owner"], op["epoch"]
-            if epoch < self.owner_epochs.get(owner, 0):
+            epoch = op["epoch"]
+            if epoch < self.owner_epochs.get(self._current_key(op), 0):
                 return  # a fenced (older) coordinator: ignored by every client alike
+            owner = self._owner_key(op, [*op.get("add", ()), *(op.get("replace") or ())])
             self.owner_epochs[owner] = epoch
             if op.get("replace") is not None:
                 roots = self.owners[owner] = {(p, o) for p, o in op["replace"]}
@@ -146,6 +181,39 @@ class CatalogState:
                 self.packs.setdefault(p, PackInfo(state="sealed")).unlinked = True
         else:
             raise UnsupportedSchema(f"catalog operation {kind!r} is unknown; upgrade straw")
+
+    def _current_key(self, op: dict[str, Any]) -> OwnerKey:
+        """The owner an operation names as it stands (a v1 name: where it resolved)."""
+        if "run" in op:
+            return (op["run"], op["owner"])
+        return self.v1_owners.get(op["owner"], (LEGACY_RUN, op["owner"]))
+
+    def _owner_key(self, op: dict[str, Any], roots: Iterable[Any]) -> OwnerKey:
+        """The owner an operation acts on: ``(run, owner)``; for a version-1 operation
+        (no run field) the run its roots' paths name, else the run the v1 name already
+        had (module docstring).  A v1 owner whose run becomes known moves to it."""
+        name = op["owner"]
+        if "run" in op:
+            return (op["run"], name)
+        runs = {run_of(p) for p, _ in roots}
+        prev = self.v1_owners.get(name)
+        if not runs:
+            key = prev or (LEGACY_RUN, name)
+        elif len(runs) == 1 and None not in runs:
+            key = (runs.pop() or LEGACY_RUN, name)
+        else:  # roots of no run, or of several: nobody's to release
+            key = (LEGACY_RUN, name)
+        if prev is not None and prev != key:
+            if prev in self.owners:
+                self.owners[key] = self.owners.pop(prev)
+            if prev in self.owner_epochs:
+                self.owner_epochs[key] = self.owner_epochs.pop(prev)
+        self.v1_owners[name] = key
+        return key
+
+    def run_owners(self, run: str) -> dict[str, set[Extent]]:
+        """The owners of ``run`` by name, with their roots (a new dict, same sets)."""
+        return {name: roots for (r, name), roots in self.owners.items() if r == run}
 
     # --- reachability (D4) --------------------------------------------------------------
     def staged_extents(self) -> set[Extent]:
@@ -196,14 +264,16 @@ class CatalogState:
                 live.add(path)
         return live
 
-    def collectable(self) -> list[str]:
-        """Sealed, untombstoned packs that nothing reaches."""
+    def collectable(self, prefix: str = "") -> list[str]:
+        """Sealed, untombstoned packs under ``prefix`` that nothing (of any run) reaches."""
         live = self.live_packs()
         return sorted(p for p, i in self.packs.items()
-                      if i.state == "sealed" and not i.tombstoned and p not in live)
+                      if p.startswith(prefix) and i.state == "sealed" and not i.tombstoned
+                      and p not in live)
 
-    def tombstoned_not_unlinked(self) -> list[str]:
-        return sorted(p for p, i in self.packs.items() if i.tombstoned and not i.unlinked)
+    def tombstoned_not_unlinked(self, prefix: str = "") -> list[str]:
+        return sorted(p for p, i in self.packs.items()
+                      if p.startswith(prefix) and i.tombstoned and not i.unlinked)
 
     def is_tombstoned(self, path: str) -> bool:
         info = self.packs.get(path)
@@ -211,11 +281,14 @@ class CatalogState:
 
 
 class Catalog:
-    """A client of the pool's catalog.  Thread-safe; one per store."""
+    """A client of the pool's catalog acting for run ``run_id`` (its owners, its packs'
+    collection).  Thread-safe; one per store.  Without ``run_id`` it only observes (and
+    ``collect_pool`` collects pool-wide, for an operator)."""
 
-    def __init__(self, fs: Filesystem, root: str) -> None:
+    def __init__(self, fs: Filesystem, root: str, run_id: str | None = None) -> None:
         self.fs = fs
         self.root = root
+        self.run_id = run_id
         self.path = os.path.join(root, CATALOG_NAME)
         self.state = CatalogState()
         self._offset = 0  # how far this client has replayed
@@ -367,7 +440,15 @@ class Catalog:
             self.append([{"op": "edges", "src": list(src), "deps": [list(d) for d in deps]}
                          for src, deps in edges])
 
+    def _run(self) -> str:
+        """The run whose owners this client changes (owners belong to a run)."""
+        if self.run_id is None:
+            raise ValueError(f"catalog {self.path} was opened without a run: it can only "
+                             "observe; open it with run_id to change owners")
+        return self.run_id
+
     def retain(self, owner: str, roots: Iterable[Extent]) -> None:
+        run = self._run()
         roots = sorted(set(roots))
         with self.locked() as st:
             dead = st.tombstoned_dependency(roots)
@@ -376,13 +457,16 @@ class Catalog:
                     f"cannot retain for owner {owner!r}: the extent at {dead[0]} offset "
                     f"{dead[1]} (a root or one of its dependencies) was reclaimed (tombstoned)"
                 )
-            self.append([{"op": "retain", "owner": owner, "roots": [list(r) for r in roots]}])
+            self.append([{"op": "retain", "run": run, "owner": owner,
+                          "roots": [list(r) for r in roots]}])
 
     def release(self, owner: str) -> bool:
+        """Drop this run's owner ``owner``; False if this run has none of that name."""
+        run = self._run()
         with self.locked() as st:
-            if owner not in st.owners:
+            if (run, owner) not in st.owners:
                 return False
-            self.append([{"op": "release", "owner": owner}])
+            self.append([{"op": "release", "run": run, "owner": owner}])
             return True
 
     def adopt(self, owner: str, epoch: int, *, add: Iterable[Extent] = (),
@@ -394,6 +478,7 @@ class Catalog:
         Plain additions from concurrent threads are combined: whichever thread gets the
         catalog first writes every pending addition in ONE transaction (one lock, one
         fsync) and the others find their request done — group commit for the catalog."""
+        run = self._run()
         add = sorted(set(add))
         if replace is None and not unstage:
             return self._adopt_combined(owner, epoch, add, announced)
@@ -401,7 +486,7 @@ class Catalog:
             with self._pending_lock:
                 self._arrived(announced)
         with self.locked() as st:
-            if epoch < st.owner_epochs.get(owner, 0):
+            if epoch < st.owner_epochs.get((run, owner), 0):
                 return False
             dead = st.tombstoned_dependency(
                 add + (sorted(set(replace)) if replace is not None else []))
@@ -410,7 +495,7 @@ class Catalog:
                     f"cannot adopt for {owner!r}: the extent at {dead[0]} offset {dead[1]} (or "
                     "a dependency of what was given) was reclaimed (tombstoned)"
                 )
-            op: dict[str, Any] = {"op": "adopt", "owner": owner, "epoch": epoch,
+            op: dict[str, Any] = {"op": "adopt", "run": run, "owner": owner, "epoch": epoch,
                                   "add": [list(e) for e in add],
                                   "unstage": [list(e) for e in sorted(set(unstage))]}
             if replace is not None:
@@ -441,7 +526,7 @@ class Catalog:
 
     def _adopt_combined(self, owner: str, epoch: int, add: list[Extent],
                         announced: Announcement | None) -> bool:
-        req = _AdoptRequest(owner, epoch, add)
+        req = _AdoptRequest(self._run(), owner, epoch, add)
         with self._pending_lock:
             self._pending.append(req)
             self._arrived(announced)
@@ -459,7 +544,7 @@ class Catalog:
             ops = []
             for r in batch:
                 r.done = True
-                if r.epoch < st.owner_epochs.get(r.owner, 0):
+                if r.epoch < st.owner_epochs.get((r.run, r.owner), 0):
                     r.result = False
                     continue
                 dead = st.tombstoned_dependency(r.add)
@@ -468,7 +553,7 @@ class Catalog:
                         f"cannot adopt for {r.owner!r}: the extent at {dead[0]} offset "
                         f"{dead[1]} (given, or a dependency) was reclaimed (tombstoned)")
                     continue
-                ops.append({"op": "adopt", "owner": r.owner, "epoch": r.epoch,
+                ops.append({"op": "adopt", "run": r.run, "owner": r.owner, "epoch": r.epoch,
                             "add": [list(e) for e in r.add], "unstage": []})
             if ops:
                 try:
@@ -494,10 +579,19 @@ class Catalog:
             return len(todo)
 
     def collect(self) -> dict[str, Any]:
-        """One collection: tombstone what nothing reaches, make it durable, unlink (D3/D4)."""
+        """One collection of this run's packs: tombstone what nothing (of any run) reaches,
+        make it durable, unlink (D3/D4).  Other runs' files are never touched."""
+        return self._collect(self._run())
+
+    def collect_pool(self) -> dict[str, Any]:
+        """The operator's pool-wide collection: every run's unreachable packs."""
+        return self._collect(None)
+
+    def _collect(self, run: str | None) -> dict[str, Any]:
+        prefix = "" if run is None else run_prefix(run)
         with self.locked() as st:
-            unfinished = st.tombstoned_not_unlinked()
-            victims = st.collectable()
+            unfinished = st.tombstoned_not_unlinked(prefix)
+            victims = st.collectable(prefix)
             sizes: dict[str, int] = {}
             for p in victims + unfinished:
                 try:
@@ -531,9 +625,10 @@ class Catalog:
                 "reclaimed_bytes": sum(sizes.get(p, 0) for p in gone),
                 "tombstoned": victims,
                 "finished_interrupted": unfinished,
-                "retained_packs": sorted(p for p in live if not st.packs.get(
-                    p, PackInfo()).tombstoned),
-                "owners": sorted(st.owners),
+                "retained_packs": sorted(p for p in live if p.startswith(prefix) and
+                                         not st.packs.get(p, PackInfo()).tombstoned),
+                "owners": sorted(st.run_owners(run) if run is not None else
+                                 (f"{r}/{name}" for r, name in st.owners)),
             }
 
 
@@ -547,6 +642,7 @@ class Announcement:
 
 @dataclass
 class _AdoptRequest:
+    run: str
     owner: str
     epoch: int
     add: list[Extent]
@@ -575,4 +671,4 @@ def _decode_ops(body: Any, where: str) -> list[dict[str, Any]]:
     return ops
 
 
-__all__ = ["Catalog", "CatalogState", "PackInfo"]
+__all__ = ["Catalog", "CatalogState", "OwnerKey", "PackInfo"]

@@ -1,12 +1,18 @@
 """``Coordinator``: the single writer of one queue's journal.
 
-Layout under the pool root::
+Layout under the pool root (``Q`` = ``runs/<run_id>/queues/<namespace>/<queue_id>``)::
 
-    queues/<namespace>/<queue_id>/epochs/e-<n> one file per epoch, created exclusively
-    queues/<namespace>/<queue_id>/epochs/e-<n>.lock
-                                               flocked by epoch n's coordinator while it
-                                               lives; its text names it (host, pid, since)
-    queues/<namespace>/<queue_id>/journal/     segments and snapshots (straw.journal)
+    Q/epochs/e-<n>          one file per epoch, created exclusively
+    Q/epochs/e-<n>.lock     flocked by epoch n's coordinator while it lives; its text names
+                            it (host, pid, since)
+    Q/journal/              segments and snapshots (straw.journal)
+
+A queue belongs to the run of its store, like its catalog owner ``queue:<ns>/<id>`` (an
+owner of that run): coordinators of runs sharing a root with the same ``queue_id`` serve
+different queues, and no run can recover, lease or fence another run's queue.  (Before,
+queues lived at ``queues/<namespace>/<queue_id>`` for the whole root; a coordinator that
+finds such a directory and no queue of its run refuses to start rather than silently
+open an empty queue beside it.)
 
 Every call follows the same path: check the arguments; adopt any data the transaction
 names under the queue's owner in the catalog (D2: retain before journal); then, under the
@@ -60,6 +66,7 @@ from .errors import (
     StaleAttempt,
     StorageUnavailable,
     UnsafeRecovery,
+    UnsupportedSchema,
 )
 from .pack import storage_error
 from .queue_state import (
@@ -94,6 +101,11 @@ from .store import SharedFilesystemStore
 
 _EPOCH_RE = re.compile(r"^e-([0-9]{6,})$")
 DEFAULT_CONSUMER = "training"
+
+
+def queue_dir(root: str, run_id: str, namespace: str, queue_id: str) -> str:
+    """The directory of a run's queue (queues belong to a run)."""
+    return os.path.join(root, "runs", run_id, "queues", namespace, queue_id)
 
 
 def _ref_tuple(ref: RecordSetRef) -> RefTuple:
@@ -143,7 +155,7 @@ class Coordinator:
         self.snapshot_every = snapshot_every
         self.segment_target_bytes = segment_target_bytes
         self.group_wait = group_wait
-        self.dir = os.path.join(store.root, "queues", namespace, queue_id)
+        self.dir = queue_dir(store.root, store.run_id, namespace, queue_id)
         self.epochs_dir = os.path.join(self.dir, "epochs")
         self.journal_dir = os.path.join(self.dir, "journal")
         self._mutex = threading.RLock()
@@ -158,6 +170,7 @@ class Coordinator:
         self._durable_commits = 0
         self._since_snapshot = 0
         self.snapshot_failures = 0
+        self._refuse_legacy_layout()
         try:
             self.fs.makedirs_durable(self.epochs_dir)
             self.fs.makedirs_durable(self.journal_dir)
@@ -169,6 +182,18 @@ class Coordinator:
         except BaseException:
             self._release_lock()
             raise
+
+    def _refuse_legacy_layout(self) -> None:
+        """A queue of the former root-wide layout is nobody's run's: refuse to start an
+        empty queue of this run beside it (its owner keeps its data retained)."""
+        old = os.path.join(self.store.root, "queues", self.namespace, self.queue_id)
+        if self.fs.exists(self.epochs_dir) or not self.fs.exists(old):
+            return
+        raise UnsupportedSchema(
+            f"queue {self.namespace}/{self.queue_id} exists at {old}, the root-wide layout of "
+            f"an older straw; queues now belong to a run. If it is run {self.store.run_id!r}'s "
+            f"queue, stop its coordinators and move the directory to {self.dir}"
+        )
 
     # --- exclusivity, epochs, recovery (D8, D9) ------------------------------------------
     def _check_latest_is_dead(self, latest: int, takeover: bool) -> None:
@@ -244,7 +269,7 @@ class Coordinator:
         if not self.store.catalog.adopt(self.owner, self.epoch, add=()):
             raise Fenced(f"queue {self.owner} was taken over by a newer coordinator")
         with self.store.catalog.locked() as st:
-            self._rooted = set(st.owners.get(self.owner, ()))
+            self._rooted = set(st.owners.get((self.store.run_id, self.owner), ()))
         self._retired = self.state.retirement_cursor(self.consumer_id)
 
     def _fence_check(self) -> None:

@@ -4,7 +4,14 @@ checked, from any client of the pool.
 Pool layout::
 
     <root>/POOL                  format marker (UnsupportedSchema if newer)
-    <root>/runs/<run_id>/...     writers, their incarnations and packs (straw.writer)
+    <root>/runs/<run_id>/...     writers, their incarnations and packs (straw.writer),
+                                 queues (straw.coordinator)
+    <root>/CATALOG               owners, packs, tombstones of every run (straw.catalog)
+
+Several runs may share one root and are isolated: owners (and pins, and queues) belong to
+a run, so a store sees and changes only its own run's owners, and its ``collect_garbage``
+reclaims only its own run's packs; reachability is pool-wide, so no run reclaims what
+another retains.
 
 The store validates every input before any byte is written, lays publications out as
 extents (``straw.pack``), writes a ``publish_many`` batch with one ``writev`` and one data
@@ -108,7 +115,7 @@ class SharedFilesystemStore:
                                     visibility_backoff=visibility_backoff)
         self._writer: WriterIncarnation | None = None
         self._write_lock = threading.Lock()
-        self.catalog = Catalog(self.fs, self.root)
+        self.catalog = Catalog(self.fs, self.root, self.run_id)  # owners belong to the run
         self.closed = False
 
     # --- pool ---------------------------------------------------------------------------
@@ -359,15 +366,17 @@ class SharedFilesystemStore:
     # --- retention (D1-D4) ----------------------------------------------------------------
     def retain(self, owner: str, refs: Iterable[RecordSetRef | RecordRef]) -> None:
         """Make ``refs`` (and, transitively, their dependencies) the durable roots of
-        ``owner``, replacing its previous roots.  ``InvalidReference`` if one was already
+        this run's ``owner``, replacing its previous roots (another run's owner of the same
+        name is a different owner).  ``InvalidReference`` if one was already
         reclaimed.  Retain a successor before releasing its predecessor."""
         self._check_open()
         check_owner(owner)
         self.catalog.retain(owner, self._extents(refs, "refs"))
 
     def release(self, owner: str) -> bool:
-        """Drop ``owner``'s roots.  Returns False (and changes nothing) if no such owner
-        exists.  Pins left behind by a crashed reader (``pin:...``) can be released here."""
+        """Drop this run's ``owner``.  Returns False (and changes nothing) if this run has
+        no such owner (another run's owner of that name is never touched).  Pins left
+        behind by a crashed reader of this run (``pin:...``) can be released here."""
         self._check_open()
         if not isinstance(owner, str):
             raise TypeError(f"owner must be a str, got {type(owner).__name__}")
@@ -389,17 +398,18 @@ class SharedFilesystemStore:
         return Pin(self, self._extents(refs, "refs"))
 
     def collect_garbage(self) -> dict[str, Any]:
-        """Reclaim sealed packs that no owner, pin or staged publication reaches (D4):
-        tombstone them durably, then unlink them (D3).  Returns the reclaimed files and
-        bytes, the tombstoned paths, interrupted collections it finished, and what is
-        still retained."""
+        """Reclaim this run's sealed packs that no owner, pin or staged publication of any
+        run reaches (D4): tombstone them durably, then unlink them (D3).  Packs of other
+        runs sharing the root are never touched.  Returns the reclaimed files and bytes,
+        the tombstoned paths, interrupted collections it finished, and this run's packs
+        and owners still retained."""
         self._check_open()
         return self.catalog.collect()
 
     def owners(self) -> list[str]:
-        """The names of the pool's owners (applications', pins, queues)."""
+        """The names of this run's owners (applications', pins, queues)."""
         with self.catalog.locked() as st:
-            return sorted(st.owners)
+            return sorted(st.run_owners(self.run_id))
 
     def _extents(self, refs: Iterable[Any], where: str) -> list[Extent]:
         if isinstance(refs, (RecordSetRef, RecordRef, str, bytes)):

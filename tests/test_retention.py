@@ -283,7 +283,7 @@ def test_announced_adopts_share_one_catalog_transaction(tmp_path):
     from straw.catalog import Catalog
 
     fs = FaultyFS(PosixFS())
-    cat = Catalog(fs, str(tmp_path))
+    cat = Catalog(fs, str(tmp_path), "run")
     cat.siblings.group_wait = 30.0
     with cat.locked():
         pass  # creates the catalog
@@ -314,7 +314,7 @@ def test_announced_adopts_share_one_catalog_transaction(tmp_path):
     assert not leader.is_alive() and cat.siblings.waits == 1  # woken by the arrival
     assert fsyncs() - before == 1
     with cat.locked() as st:
-        assert st.owners["queue:d/q"] == {("p/a", 0), ("p/b", 0)}
+        assert st.owners[("run", "queue:d/q")] == {("p/a", 0), ("p/b", 0)}
     # a lone adopt never waits
     cat.adopt("queue:d/q", 1, add=[("p/c", 0)])
     assert cat.siblings.waits == 1

@@ -326,7 +326,7 @@ class QueueConformance(RuleBasedStateMachine):
                 named.append(ts.input_ref)
         named += [c.result_ref for c in self.coord.read_commits(0, 100).commits]
         with self.store.catalog.locked() as cst:
-            roots = cst.owners.get(self.coord.owner, frozenset())
+            roots = cst.owners.get((self.store.run_id, self.coord.owner), frozenset())
         for ref in named:
             if (ref.path, ref.offset) not in roots:
                 raise Disagreement(f"D2 (engine): {self._ename(ref)} named by the journal of "

@@ -93,6 +93,7 @@ from tests.conformance.harness import (
     OBSERVER,
     READERS,
     ROOT,
+    RUN,
     STATS,
     WRITERS,
     observe_catalog,
@@ -439,7 +440,7 @@ class RetentionConformance(RuleBasedStateMachine):
             self._spec(A.retain, 0, e)
             return
         dead = self._recover(c, crash)
-        roots = observe_catalog(self.sim).owners.get("app")
+        roots = observe_catalog(self.sim).run_owners(RUN).get("app")
         if roots == self._extents(new) and not usable:
             self._known_bug_or_fail(e, restore, f"after an interrupted retain the catalog "
                                     f"retains {self.cfg.ename(e)}, which the spec refuses")
@@ -465,7 +466,7 @@ class RetentionConformance(RuleBasedStateMachine):
                 self._spec(A.release, 0)
             return
         dead = self._recover(c, crash)
-        if had and "app" not in observe_catalog(self.sim).owners:
+        if had and "app" not in observe_catalog(self.sim).run_owners(RUN):
             self._spec(A.release, 0)
         self._writer_crashes(dead)
 
@@ -537,10 +538,10 @@ class RetentionConformance(RuleBasedStateMachine):
             self.pins[(r, e)] = (pin, c, self.gen[c])
             return
         dead = self._recover(c, crash)
-        if pin.owner in observe_catalog(self.sim).owners and not usable:
+        if pin.owner in observe_catalog(self.sim).run_owners(RUN) and not usable:
             self._known_bug_or_fail(e, restore, f"after an interrupted pin the catalog pins "
                                     f"{self.cfg.ename(e)}, which the spec refuses")
-        elif pin.owner in observe_catalog(self.sim).owners:
+        elif pin.owner in observe_catalog(self.sim).run_owners(RUN):
             self._spec(A.pin, r, e, why="the catalog shows the pin")
             self.pins[(r, e)] = (pin, c, -1)
         self._writer_crashes(dead)
@@ -570,7 +571,7 @@ class RetentionConformance(RuleBasedStateMachine):
             del self.pins[(r, e)]
             return
         dead = self._recover(c, crash)
-        if pin.owner not in observe_catalog(self.sim).owners:
+        if pin.owner not in observe_catalog(self.sim).run_owners(RUN):
             self._spec(A.unpin, r, e, why="the catalog no longer shows the pin")
             del self.pins[(r, e)]
         self._writer_crashes(dead)
@@ -701,8 +702,8 @@ class RetentionConformance(RuleBasedStateMachine):
             want_owners["app"] = self._extents(s.roots[0])
         for r, e in s.pins:
             want_owners[self.pins[(r, e)][0].owner] = self._extents({e})
-        if dict(cat.owners) != want_owners:
-            self._fail(f"catalog owners {dict(cat.owners)}; spec {want_owners}")
+        if cat.run_owners(RUN) != want_owners:
+            self._fail(f"catalog owners {cat.run_owners(RUN)}; spec {want_owners}")
         # staging and liveness
         for e, ext in enumerate(s.extents):
             if ext != ExtentStatus.DURABLE or cfg.extents[e].pack in s.tombstones:
