@@ -18,6 +18,12 @@ Store controls (caught by the store crash campaign):
 * ``index-forgets-predecessors`` -- a new writer incarnation does not rebuild the
   idempotency index of the earlier ones (breaks D7).
 
+Shared-root controls (caught by the shared-root fuzz scenario, ``fault_injection.runs_fuzz``):
+
+* ``runs-share-owners`` -- the former behaviour: owner names are global to the root (an
+  owner is keyed by its name alone) and a store's collection is pool-wide, so one run's
+  retain replaces another run's roots of the same name and its collection reclaims them.
+
 Frame controls (caught by the frame campaign):
 
 * ``decode-skips-body-checksum`` -- ``decode_frame`` does not verify the body.
@@ -33,6 +39,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from straw import framing, pack, writer
+from straw.catalog import LEGACY_RUN, Catalog, CatalogState
 from straw.errors import CorruptData
 
 
@@ -187,6 +194,21 @@ STORE_CONTROLS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]]
     "scanner-accepts-garbage": _scanner_accepts_garbage,
     "recovery-trusts-unsynced": _recovery_trusts_unsynced,
     "index-forgets-predecessors": _index_forgets_predecessors,
+}
+
+@contextlib.contextmanager
+def _runs_share_owners() -> Iterator[None]:
+    def by_name(_self: CatalogState, op: dict[str, Any], *_roots: Any) -> tuple[str, str]:
+        return (LEGACY_RUN, op["owner"])
+
+    with _patched(CatalogState, "_owner_key", by_name), \
+            _patched(CatalogState, "_current_key", by_name), \
+            _patched(Catalog, "collect", Catalog.collect_pool):
+        yield
+
+
+RUNS_CONTROLS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
+    "runs-share-owners": _runs_share_owners,
 }
 
 FRAME_CONTROLS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {

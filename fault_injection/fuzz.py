@@ -22,12 +22,23 @@ Prints a summary per filesystem (kills, stops, restarts, publications verified, 
 exits non-zero on any violation (a mismatch, an unexpected exception, a writer or reader
 that died on its own).
 
+With ``retention`` (the shared-root scenario, ``fault_injection.runs_fuzz``) each writer
+also retains its latest acknowledged submissions under the owner ``keep-<writer>`` (a
+name every run uses), then drops the staging of all it acknowledged (the older ones become
+garbage), and collects garbage now and then (and when it stops); it
+logs each step in ``ret-<writer>.log`` (the intent before, the retain after), so the
+checker knows which submissions may be reclaimed and which roots the owner must hold.
+The reader pins what it reads.
+
 ``--scenario`` picks the store scenario above, the queue scenarios
 (``fault_injection.queue_fuzz``: a coordinator process and worker processes, SIGKILLed,
 SIGSTOPped and taken over, checked against the workers' receipt logs; on the local
 directory and on JuiceFS, coordinators alternating between the two clients and
 ``--queue-seconds`` split between the filesystems; ``--no-queue-juicefs`` keeps them on
-the local directory) or ``all`` (the default).  ``--juicefs no`` skips JuiceFS for both.
+the local directory), the shared-root scenario ``runs`` (``fault_injection.runs_fuzz``:
+two runs in one root, each with retaining writers and a queue of the same id;
+``--runs-seconds`` split between the filesystems) or ``all`` (the default).  ``--juicefs
+no`` skips JuiceFS for all.
 """
 
 from __future__ import annotations
@@ -49,6 +60,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from straw import (
+    InvalidReference,
     Publication,
     Record,
     RecordSetRef,
@@ -61,6 +73,7 @@ from straw.publication_log import AckLog
 
 if TYPE_CHECKING:
     from fault_injection.queue_fuzz import QueueSummary
+    from fault_injection.runs_fuzz import RunsSummary
 
 RUN = "fuzz"
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -164,31 +177,120 @@ def _until_unlocked(open_: Callable[[], T]) -> T:
             time.sleep(0.1)
 
 
-def _open_store(root: str, writer_id: str) -> SharedFilesystemStore:
-    store = SharedFilesystemStore(root, RUN, writer_id=writer_id, reserve_bytes=4 << 20,
+def _open_store(root: str, writer_id: str, run: str = RUN) -> SharedFilesystemStore:
+    store = SharedFilesystemStore(root, run, writer_id=writer_id, reserve_bytes=4 << 20,
                                   segment_target_bytes=16 << 20)
     _until_unlocked(lambda: store.lookup_submission("-"))  # take the writer lock now
     return store
 
 
+# --- retention (the shared-root scenario) -------------------------------------------------
+
+RETAIN_WINDOW = 4  # the latest acknowledged submissions a writer's owner holds
+
+
+def _ret_log(acks: str, writer_id: str) -> AckLog:
+    return AckLog(PosixFS(), os.path.join(acks, f"ret-{writer_id}.log"))
+
+
+@dataclass
+class RetentionLog:
+    """What a writer's retention log says: the submissions whose staging may have been
+    dropped (``unstaged``), the window of its last completed retain (``done``) and of the
+    intents since (a retain that a kill cut short may or may not have happened): the
+    owner's roots are one of those windows."""
+
+    unstaged: set[int] = field(default_factory=set)
+    done: list[int] | None = None
+    intents: list[list[int]] = field(default_factory=list)
+
+    @classmethod
+    def read(cls, acks: str, writer_id: str) -> RetentionLog:
+        out = cls()
+        for e in _ret_log(acks, writer_id).read():
+            if e["kind"] == "retain-intent":
+                out.intents.append(e["seqs"])
+            elif e["kind"] == "retain":
+                out.done, out.intents = e["seqs"], []
+            elif e["kind"] == "unstage-intent":
+                out.unstaged.update(e["seqs"])
+        return out
+
+    def windows(self) -> list[list[int] | None]:
+        return [self.done, *self.intents]
+
+
+class Retention:
+    """A writer's retention steps: retain the latest ``RETAIN_WINDOW`` acknowledged
+    submissions under ``keep-<writer>`` (replacing the previous window), drop the staging
+    of all acknowledged so far, and now and then collect garbage; each step logged before
+    it is taken."""
+
+    def __init__(self, acks: str, writer_id: str) -> None:
+        self.log = _ret_log(acks, writer_id)
+        self.owner = f"keep-{writer_id}"
+        self.unstaged = RetentionLog.read(acks, writer_id).unstaged
+
+    def step(self, store: SharedFilesystemStore, by_seq: dict[int, dict[str, Any]],
+             r: random.Random) -> None:
+        x = r.random()
+        if x < 0.2:
+            self.retain(store, by_seq)
+        elif x < 0.26:
+            store.collect_garbage()
+
+    def retain(self, store: SharedFilesystemStore, by_seq: dict[int, dict[str, Any]]) -> None:
+        """Retain the latest window, then drop the staging of everything acknowledged so
+        far (what is not in the window becomes collectable)."""
+        window = sorted(by_seq)[-RETAIN_WINDOW:]
+        self.log.append({"kind": "retain-intent", "seqs": window})
+        store.retain(self.owner, [ref for q in window for ref in _entry_refs(by_seq[q])])
+        self.log.append({"kind": "retain", "seqs": window})
+        staged = [q for q in sorted(by_seq) if q not in self.unstaged]
+        self.log.append({"kind": "unstage-intent", "seqs": staged})
+        self.unstaged.update(staged)
+        store.release_publications([ref for q in staged for ref in _entry_refs(by_seq[q])])
+
+    def finish(self, store: SharedFilesystemStore, by_seq: dict[int, dict[str, Any]]) -> None:
+        """A job's clean end (SIGTERM): seal, retain the last window, collect."""
+        store.seal()
+        if by_seq:
+            self.retain(store, by_seq)
+        store.collect_garbage()
+
+    def close(self) -> None:
+        self.log.close()
+
+
 def writer_main(root: str, acks: str, logdir: str, writer_id: str, seed: int,
-                control: str | None = None) -> int:
+                control: str | None = None, run: str = RUN, retention: bool = False,
+                finish: bool = False) -> int:
+    """``finish``: only the job's clean end (with ``retention``): publish once, retain the
+    last window, collect, exit."""
+    global _stop
     signal.signal(signal.SIGTERM, _on_term)
+    _stop = _stop or finish
     if control:  # a negative control: a deliberately broken engine in this writer
-        from fault_injection.controls import STORE_CONTROLS
-        with STORE_CONTROLS[control]():
-            return _writer_loop(root, acks, logdir, writer_id, seed)
-    return _writer_loop(root, acks, logdir, writer_id, seed)
+        from fault_injection.controls import RUNS_CONTROLS, STORE_CONTROLS
+        with {**STORE_CONTROLS, **RUNS_CONTROLS}[control]():
+            return _writer_loop(root, acks, logdir, writer_id, seed, run, retention)
+    return _writer_loop(root, acks, logdir, writer_id, seed, run, retention)
 
 
-def _writer_loop(root: str, acks: str, logdir: str, writer_id: str, seed: int) -> int:
+def _writer_loop(root: str, acks: str, logdir: str, writer_id: str, seed: int,
+                 run: str = RUN, retention: bool = False) -> int:
     log = AckLog(PosixFS(), os.path.join(acks, f"acks-{writer_id}.log"))
     by_seq = {e["seq"]: e for e in log.read()}
     seq = max(by_seq, default=-1) + 1
-    store = _open_store(root, writer_id)
+    ret = Retention(acks, writer_id) if retention else None
+    store = _open_store(root, writer_id, run)
     r = random.Random(f"{seed}:{writer_id}:{seq}:ops")
+    # a retaining writer publishes at least once per process: the retry of what was in
+    # flight when its predecessor died is acknowledged (else it stays staged for good)
+    must_publish = ret is not None
     try:
-        while not _stop and not _orphaned():
+        while (not _stop or must_publish) and not _orphaned():
+            must_publish = False
             payload_seed = f"{seed}:{writer_id}:{seq}"
             sid = f"{writer_id}-{seq}"
             pubs = content(payload_seed, _entry_dep(by_seq, seq))
@@ -200,8 +302,11 @@ def _writer_loop(root: str, acks: str, logdir: str, writer_id: str, seed: int) -
             seq += 1
             time.sleep(r.random() * 0.004)  # leave the shared machine some room
             x = r.random()
-            if x < 0.05 and len(by_seq) > 1:  # an earlier submission: lookup and retry
-                old = by_seq[r.choice(sorted(by_seq))]
+            # reclaimable (released) submissions have no lookup or retry to check
+            kept = sorted(by_seq) if ret is None else [
+                s for s in sorted(by_seq) if s not in ret.unstaged]
+            if x < 0.05 and len(kept) > 1:  # an earlier submission: lookup and retry
+                old = by_seq[r.choice(kept)]
                 want = _entry_refs(old)
                 got = store.lookup_submission(old["sid"])
                 again = store.publish_many(
@@ -215,7 +320,11 @@ def _writer_loop(root: str, acks: str, logdir: str, writer_id: str, seed: int) -
                 store.seal()
             elif x < 0.08:  # a clean in-process restart
                 store.close()
-                store = _open_store(root, writer_id)
+                store = _open_store(root, writer_id, run)
+            if ret is not None:
+                ret.step(store, by_seq, r)
+        if ret is not None and _stop:
+            ret.finish(store, by_seq)
     except Exception:
         _report(logdir, writer_id, "writer raised:\n" + traceback.format_exc())
         return 2
@@ -223,14 +332,17 @@ def _writer_loop(root: str, acks: str, logdir: str, writer_id: str, seed: int) -
         if not store.closed:
             store.close()
         log.close()
+        if ret is not None:
+            ret.close()
     return 0
 
 
 # --- reader process -------------------------------------------------------------------------
 
-def reader_main(root: str, acks: str, logdir: str, writers: Sequence[str]) -> int:
+def reader_main(root: str, acks: str, logdir: str, writers: Sequence[str], run: str = RUN,
+                retention: bool = False) -> int:
     signal.signal(signal.SIGTERM, _on_term)
-    store = SharedFilesystemStore(root, RUN, writer_id="reader")  # reads only: no lock
+    store = SharedFilesystemStore(root, run, writer_id="reader")  # reads only: no lock
     verified: dict[str, int] = dict.fromkeys(writers, 0)
     lagging = 0
     status = os.path.join(logdir, READER_STATUS)
@@ -250,8 +362,18 @@ def reader_main(root: str, acks: str, logdir: str, writers: Sequence[str]) -> in
                     if _stop:
                         break
                     try:
-                        check_read(store, _entry_refs(e),
-                                   content(e["payload_seed"], _entry_dep(by_seq, e["seq"])))
+                        pubs = content(e["payload_seed"], _entry_dep(by_seq, e["seq"]))
+                        if retention:  # a pin protects what we read from collection
+                            with store.pin(_entry_refs(e)):
+                                check_read(store, _entry_refs(e), pubs)
+                        else:
+                            check_read(store, _entry_refs(e), pubs)
+                    except InvalidReference as exc:
+                        if retention and e["seq"] in RetentionLog.read(acks, w).unstaged:
+                            verified[w] += 1  # released and reclaimed before we got to it
+                            continue
+                        _report(logdir, "reader", f"{e['sid']}: {type(exc).__name__}: {exc}")
+                        return 3
                     except StorageUnavailable:
                         lagging += 1  # visibility lag on another client: retried later
                         break
@@ -286,6 +408,7 @@ class Summary:
     bytes_verified: int = 0
     retries_checked: int = 0
     reader_verified: int = 0
+    retained_verified: int = 0  # submissions of the owners' final windows (retention)
     violations: list[str] = field(default_factory=list)
 
     def line(self) -> str:
@@ -350,6 +473,23 @@ def _stop_all(procs: Sequence[_Proc]) -> list[str]:
     return violations
 
 
+def _wait_all(procs: Sequence[_Proc], timeout: float) -> list[str]:
+    """Wait for processes that end by themselves; violations: a status other than 0, or
+    still running after ``timeout`` seconds (then SIGKILLed)."""
+    violations = []
+    for proc in procs:
+        assert proc.p is not None
+        try:
+            rc = proc.p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.p.kill()
+            rc = proc.p.wait()
+            violations.append(f"{proc.name} did not end within {timeout:.0f} s")
+        if rc != 0:
+            violations.append(f"{proc.name} ended with rc={rc}:\n{proc.tail()}")
+    return violations
+
+
 def _logged_violations(logdir: str) -> list[str]:
     """What the processes reported with ``_report`` in ``logdir``."""
     vpath = os.path.join(logdir, VIOLATIONS)
@@ -365,31 +505,42 @@ def _role_argv(role: str, *args: str) -> list[str]:
 
 
 def run_target(target: str, write_base: str, read_base: str, logdir: str, *,
-               seconds: float, n_writers: int, seed: int, control: str | None = None
-               ) -> Summary:
+               seconds: float, n_writers: int, seed: int, control: str | None = None,
+               run: str = RUN, pools: tuple[str, str] | None = None,
+               retention: bool = False, pace: float = 1.0,
+               before_check: Callable[[], object] | None = None) -> Summary:
     """One fuzz run.  ``write_base`` and ``read_base`` name the same directory as seen by
     the writers and by the reader/checker (two JuiceFS clients, or the same path);
-    ``logdir`` is local (process logs, reported violations, reader status)."""
-    write_root, read_root = os.path.join(write_base, "pool"), os.path.join(read_base, "pool")
+    ``logdir`` is local (process logs, reported violations, reader status).  ``pools``:
+    the pool root as seen by the writers and by the reader/checker, if not under the bases
+    (runs sharing a root); ``run``: the run id; ``retention``: see the module docstring;
+    ``pace`` stretches the time between the supervisor's actions (a busier machine);
+    ``before_check`` is called after every process ended, before the checker runs."""
+    write_root, read_root = pools or (os.path.join(write_base, "pool"),
+                                      os.path.join(read_base, "pool"))
+    run_args = ("--run", run, *(("--retention",) if retention else ()))
+
+    def writer_argv(w: str, *extra: str) -> list[str]:
+        return _role_argv("writer", "--root", write_root, "--acks", acks_w, "--logdir",
+                          logdir, "--writer-id", w, "--seed", str(seed), *run_args, *extra,
+                          *(("--control", control) if control else ()))
+
     acks_w, acks_r = os.path.join(write_base, "acks"), os.path.join(read_base, "acks")
     os.makedirs(acks_w, exist_ok=True)
     os.makedirs(logdir, exist_ok=True)
     s = Summary(target, seed, seconds, n_writers)
     rng = random.Random(seed)
     names = [f"w{i}" for i in range(n_writers)]
-    writers = {w: _Proc(w, _role_argv("writer", "--root", write_root, "--acks", acks_w,
-                                      "--logdir", logdir, "--writer-id", w,
-                                      "--seed", str(seed),
-                                      *(("--control", control) if control else ())), logdir)
-               for w in names}
+    writers = {w: _Proc(w, writer_argv(w), logdir) for w in names}
     reader = _Proc("reader", _role_argv("reader", "--root", read_root, "--acks", acks_r,
-                                        "--logdir", logdir, "--writer-ids", ",".join(names)),
+                                        "--logdir", logdir, "--writer-ids", ",".join(names),
+                                        *run_args),
                    logdir)
     everyone = [*writers.values(), reader]
     t_end = time.monotonic() + seconds
     try:
         while time.monotonic() < t_end:
-            time.sleep(rng.uniform(0.1, 0.6))
+            time.sleep(rng.uniform(0.1, 0.6) * pace)
             for proc in everyone:
                 assert proc.p is not None
                 rc = proc.p.poll()
@@ -422,19 +573,27 @@ def run_target(target: str, write_base: str, read_base: str, logdir: str, *,
                 s.stops += 1
     finally:
         s.violations += _stop_all(everyone)
+    if retention:  # the job's clean end, in fresh processes (a SIGTERM may come too early)
+        s.violations += _wait_all([_Proc(f"{w}-finish", writer_argv(w, "--finish"), logdir)
+                                   for w in names], timeout=120)
     s.violations += _logged_violations(logdir)
     try:
         with open(os.path.join(logdir, READER_STATUS)) as f:
             s.reader_verified = json.load(f)["verified"]
     except (OSError, ValueError):
         pass
-    check(read_root, acks_r, names, s)
+    if before_check is not None:
+        before_check()
+    check(read_root, acks_r, names, s, run=run, retention=retention)
     return s
 
 
-def check(root: str, acks: str, writers: Sequence[str], s: Summary) -> None:
+def check(root: str, acks: str, writers: Sequence[str], s: Summary, *, run: str = RUN,
+          retention: bool = False) -> None:
     """Every acknowledged reference reads back as its payload seed says; each writer's
-    lookup (and a retry) of every acknowledged submission returns the same refs."""
+    lookup (and a retry) of every acknowledged submission returns the same refs.  With
+    ``retention``, submissions whose staging was dropped are exempt, and instead each
+    writer's owner holds exactly its last retained window, which reads back."""
     for w in writers:
         entries = AckLog(PosixFS(), os.path.join(acks, f"acks-{w}.log")).read()
         by_seq: dict[int, dict[str, Any]] = {}
@@ -444,12 +603,15 @@ def check(root: str, acks: str, writers: Sequence[str], s: Summary) -> None:
                 s.violations.append(f"{e['sid']} acknowledged twice with different refs")
             by_seq[e["seq"]] = e
         try:
-            store = SharedFilesystemStore(root, RUN, writer_id=w)
+            store = SharedFilesystemStore(root, run, writer_id=w)
         except Exception as exc:
             s.violations.append(f"checker cannot open writer {w}: {exc!r}")
             continue
+        exempt: set[int] = set()
         try:
-            for seq in sorted(by_seq):
+            if retention:
+                exempt = _check_retained(store, acks, w, by_seq, s)
+            for seq in sorted(set(by_seq) - exempt):
                 e = by_seq[seq]
                 refs = _entry_refs(e)
                 pubs = content(e["payload_seed"], _entry_dep(by_seq, seq))
@@ -469,6 +631,41 @@ def check(root: str, acks: str, writers: Sequence[str], s: Summary) -> None:
                 s.retries_checked += 1
         finally:
             store.close()
+
+
+def _check_retained(store: SharedFilesystemStore, acks: str, writer_id: str,
+                    by_seq: dict[int, dict[str, Any]], s: Summary) -> set[int]:
+    """The writer's owner holds the refs of its last completed retain or of a retain
+    intended since (nothing of another run), and they read back.  Returns the submissions whose
+    staging may have been dropped (not checked further)."""
+    ret = RetentionLog.read(acks, writer_id)
+    owner = f"keep-{writer_id}"
+    store.collect_garbage()  # whatever the owner holds must survive one more collection
+    with store.catalog.locked() as st:
+        got = st.run_owners(store.run_id).get(owner)
+    roots = None if got is None else frozenset(got)
+
+    def extents(seqs: list[int] | None) -> frozenset[tuple[str, int]] | None:
+        if seqs is None:
+            return None
+        return frozenset((r.path, r.offset) for q in seqs for r in _entry_refs(by_seq[q]))
+
+    allowed = {extents(w): w for w in ret.windows()}
+    if roots not in allowed:
+        s.violations.append(f"checker: owner {owner!r} of run {store.run_id!r} holds {roots}; "
+                            f"its last retains were {ret.windows()}")
+        return ret.unstaged
+    for q in allowed[roots] or ():
+        e = by_seq[q]
+        try:
+            s.bytes_verified += check_read(store, _entry_refs(e), content(
+                e["payload_seed"], _entry_dep(by_seq, q)))
+            s.retained_verified += 1
+        except Exception as exc:
+            s.violations.append(f"checker: retained {e['sid']} of run {store.run_id!r}: "
+                                f"{type(exc).__name__}: {exc}")
+            break  # one is enough (and each costs the visibility retries)
+    return ret.unstaged
 
 
 @contextlib.contextmanager
@@ -502,11 +699,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="negative control: run the writers on a deliberately broken engine "
                          "(a name from fault_injection.controls.STORE_CONTROLS), or the "
                          "coordinators of the queue scenarios (queue_campaign.QUEUE_CONTROLS, "
-                         "e.g. queue-no-fencing); the run must then report violations")
-    ap.add_argument("--scenario", choices=("store", "queue", "all"), default="all",
+                         "e.g. queue-no-fencing), or the writers of the shared-root scenario "
+                         "(controls.RUNS_CONTROLS, e.g. runs-share-owners); the run must then "
+                         "report violations")
+    ap.add_argument("--scenario", choices=("store", "queue", "runs", "all"), default="all",
                     help="store: writer/reader processes (per filesystem); queue: a "
                          "coordinator process and worker processes, killed, paused and taken "
-                         "over (fault_injection.queue_fuzz); all: both")
+                         "over (fault_injection.queue_fuzz); runs: two runs in one root, each "
+                         "with retaining writers and a queue of the same id "
+                         "(fault_injection.runs_fuzz); all: all three")
     ap.add_argument("--queue-seconds", type=float, default=None,
                     help="total duration of the queue scenarios, split between the local "
                          "directory and JuiceFS when it runs (default: --seconds)")
@@ -515,15 +716,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="run the queue scenarios on JuiceFS too (coordinators alternating "
                          "between the two clients), unless --juicefs no; "
                          "--no-queue-juicefs keeps them on the local directory")
+    ap.add_argument("--runs-seconds", type=float, default=None,
+                    help="total duration of the shared-root scenario, split between the "
+                         "local directory and JuiceFS when it runs (default: --seconds)")
+    ap.add_argument("--runs-writers", type=int, default=2,
+                    help="store writers (and queue workers) per run in the shared-root "
+                         "scenario")
     ap.add_argument("--role", choices=("writer", "reader"), help=argparse.SUPPRESS)
     for hidden in ("--root", "--acks", "--logdir", "--writer-id", "--writer-ids"):
         ap.add_argument(hidden, help=argparse.SUPPRESS)
+    ap.add_argument("--run", default=RUN, help=argparse.SUPPRESS)
+    ap.add_argument("--retention", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--finish", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.role == "writer":
         return writer_main(args.root, args.acks, args.logdir, args.writer_id, args.seed,
-                           args.control)
+                           args.control, args.run, args.retention, args.finish)
     if args.role == "reader":
-        return reader_main(args.root, args.acks, args.logdir, args.writer_ids.split(","))
+        return reader_main(args.root, args.acks, args.logdir, args.writer_ids.split(","),
+                           args.run, args.retention)
 
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
     base = args.dir or tempfile.mkdtemp(prefix="straw-fuzz-")
@@ -533,9 +744,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     notes: list[str] = []
     store_part = args.scenario in ("store", "all")
     store_control = args.control if args.control and not args.control.startswith(
-        "queue-") else None
+        ("queue-", "runs-")) else None
     queue_part = args.scenario in ("queue", "all")
     queue_total = args.queue_seconds if args.queue_seconds is not None else args.seconds
+    runs_part = args.scenario in ("runs", "all")
+    runs_total = args.runs_seconds if args.runs_seconds is not None else args.seconds
+    runs_summaries: list[RunsSummary] = []
 
     def run_queue_on(target: str, shared: tuple[str, str] | None, seconds: float) -> None:
         from fault_injection.queue_campaign import QUEUE_CONTROLS
@@ -546,15 +760,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         queue_summaries.append(qs)
         print(qs.line(), flush=True)
 
+    def run_runs_on(target: str, shared: tuple[str, str] | None, seconds: float) -> None:
+        from fault_injection.controls import RUNS_CONTROLS
+        from fault_injection.runs_fuzz import run_runs
+        rs = run_runs(os.path.join(base, f"runs-{target}"), seconds=seconds,
+                      n_writers=args.runs_writers, n_workers=args.runs_writers, seed=seed,
+                      shared=shared, target=target,
+                      control=args.control if args.control in RUNS_CONTROLS else None)
+        runs_summaries.append(rs)
+        print(rs.line(), flush=True)
+
     try:
         store_jfs = store_part and args.juicefs != "no"
         queue_jfs = queue_part and args.queue_juicefs and args.juicefs != "no"
-        want_jfs = store_jfs or queue_jfs
+        runs_jfs = runs_part and args.juicefs != "no"
+        want_jfs = store_jfs or queue_jfs or runs_jfs
         mounting = _juicefs(base) if want_jfs else contextlib.nullcontext("")
         with mounting as mounts:
-            # the queue scenarios' time is split between the filesystems they run on
+            # the queue and shared-root scenarios' time is split between the filesystems
             queue_jfs = queue_jfs and not isinstance(mounts, str)
             queue_seconds = queue_total / 2 if queue_jfs else queue_total
+            runs_jfs = runs_jfs and not isinstance(mounts, str)
+            runs_seconds = runs_total / 2 if runs_jfs else runs_total
             if store_part:
                 local = os.path.join(base, "local")
                 summaries.append(run_target("local", local, local,
@@ -564,6 +791,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(summaries[-1].line(), flush=True)
             if queue_part:
                 run_queue_on("local", None, queue_seconds)
+            if runs_part:
+                run_runs_on("local", None, runs_seconds)
             if isinstance(mounts, str):
                 if want_jfs:
                     notes.append(f"JuiceFS skipped: {(mounts.splitlines() or [''])[0]}")
@@ -580,6 +809,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     print(s.line(), flush=True)
                 if queue_jfs:
                     run_queue_on("juicefs", (a, b), queue_seconds)
+                if runs_jfs:
+                    run_runs_on("juicefs", (a, b), runs_seconds)
     finally:
         if not args.keep and args.dir is None:
             shutil.rmtree(base, ignore_errors=True)
@@ -587,12 +818,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(n)
     bad = [v for s in summaries for v in s.violations]
     bad += [v for q in queue_summaries for v in q.violations]
+    bad += [v for r in runs_summaries for v in r.all_violations()]
     for v in bad[:20]:
         print("VIOLATION " + v)
     queue_text = "".join(
         f", queue/{q.target}: {q.worker_kills + q.coordinator_kills} kills, "
         f"{q.worker_stops + q.coordinator_stops} stops, {q.takeovers} takeovers, "
         f"{q.receipts} receipts verified" for q in queue_summaries)
+    queue_text += "".join(
+        f", runs/{r.target}: {sum(s.retained_verified for s in r.stores)} retained "
+        f"submissions and {sum(q.receipts for q in r.queues)} receipts verified in two runs"
+        for r in runs_summaries)
     print(f"fuzz summary: seed={seed}, {len(summaries)} filesystem(s), "
           f"{sum(s.kills for s in summaries)} kills, {sum(s.stops for s in summaries)} stops, "
           f"{sum(s.restarts for s in summaries)} restarts, "

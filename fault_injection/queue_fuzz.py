@@ -34,7 +34,9 @@ Role: verification layer 7 of DESIGN.md for the queue (``straw.coordinator``).
   none accepted twice (each task id at most once in ``read_commits``, no position given to
   two submissions), no stale acknowledgement (no success reply from an epoch-E coordinator
   to a request sent after a newer epoch started serving), and every acknowledged
-  submission's tasks exist.
+  submission's tasks exist.  Task ids start with the run id, so the checker also proves
+  that every commit is of its own run's tasks and results (``run``, ``roots``: runs that
+  share one root with a queue of the same id, ``fault_injection.runs_fuzz``).
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Client, Connection, Listener
 from typing import Any
@@ -80,8 +82,8 @@ def payload(sid: str) -> bytes:
     return f"result {sid}|".encode() + r.randbytes(r.choice((0, 64, 256, 3000)))
 
 
-def _open_store(root: str, writer_id: str) -> SharedFilesystemStore:
-    store = SharedFilesystemStore(root, RUN, writer_id=writer_id, reserve_bytes=1 << 20,
+def _open_store(root: str, writer_id: str, run: str = RUN) -> SharedFilesystemStore:
+    store = SharedFilesystemStore(root, run, writer_id=writer_id, reserve_bytes=1 << 20,
                                   segment_target_bytes=8 << 20)
     _until_unlocked(lambda: store.lookup_submission("-"))  # takes the writer lock
     return store
@@ -139,17 +141,17 @@ def _serve(q: Coordinator, conn: Connection) -> None:
 
 
 def coordinator_main(root: str, logdir: str, gen: int, takeover: bool,
-                     control: str | None = None) -> int:
+                     control: str | None = None, run: str = RUN) -> int:
     if control:  # a negative control: a deliberately broken coordinator
         from fault_injection.queue_campaign import QUEUE_CONTROLS
         with QUEUE_CONTROLS[control]():
-            return _coordinator(root, logdir, gen, takeover)
-    return _coordinator(root, logdir, gen, takeover)
+            return _coordinator(root, logdir, gen, takeover, run)
+    return _coordinator(root, logdir, gen, takeover, run)
 
 
-def _coordinator(root: str, logdir: str, gen: int, takeover: bool) -> int:
+def _coordinator(root: str, logdir: str, gen: int, takeover: bool, run: str = RUN) -> int:
     signal.signal(signal.SIGTERM, _exit)
-    store = SharedFilesystemStore(root, RUN, writer_id=f"coord{gen}")
+    store = SharedFilesystemStore(root, run, writer_id=f"coord{gen}")
     q = None
     try:
         q = _open_coordinator(store, recover=gen > 0, takeover=takeover)
@@ -241,10 +243,11 @@ def _on_term(_sig: int, _frame: object) -> None:
     _stop = True
 
 
-def worker_main(root: str, acks: str, logdir: str, worker_id: str, seed: int) -> int:
+def worker_main(root: str, acks: str, logdir: str, worker_id: str, seed: int,
+                run: str = RUN) -> int:
     signal.signal(signal.SIGTERM, _on_term)
     log = AckLog(PosixFS(), os.path.join(acks, f"q-{worker_id}.log"))
-    store = _open_store(root, worker_id)
+    store = _open_store(root, worker_id, run)
     inc = f"{time.time_ns():x}"
     r = random.Random(f"{seed}:{worker_id}:{inc}")
     c = _Conn(logdir)
@@ -264,7 +267,7 @@ def worker_main(root: str, acks: str, logdir: str, worker_id: str, seed: int) ->
                     continue
                 res = rep[1]
                 if not res.assignments:
-                    tasks = [TaskSpec(f"{worker_id}.{inc}.{n_sub}.{i}",
+                    tasks = [TaskSpec(f"{run}.{worker_id}.{inc}.{n_sub}.{i}",
                                       metadata={"by": worker_id},
                                       priority=r.randint(0, 2), max_attempts=50)
                              for i in range(r.randint(1, 4))]
@@ -396,14 +399,21 @@ def _wait_serving(logdir: str, gen: int, proc: Any, timeout: float) -> bool:
 
 def run_queue(base: str, *, seconds: float, n_workers: int, seed: int,
               control: str | None = None, shared: tuple[str, str] | None = None,
-              target: str = "local") -> QueueSummary:
+              target: str = "local", run: str = RUN,
+              roots: tuple[str, str] | None = None, pace: float = 1.0,
+              before_check: Callable[[], object] | None = None) -> QueueSummary:
     """One run; ``control``: a name from ``queue_campaign.QUEUE_CONTROLS`` to run every
     coordinator broken (the run must then report violations).  ``shared``: two mounts of
     one volume (JuiceFS clients a and b): the pool lives there, workers use client a,
     coordinators alternate between the clients (so a takeover crosses clients) and the
-    checker uses client b; logs and sockets stay under ``base``."""
-    roots = (os.path.join(base, "pool"),) * 2 if shared is None else tuple(
-        os.path.join(m, "queue-pool") for m in shared)
+    checker uses client b; logs and sockets stay under ``base``.  ``roots``: the pool as
+    seen through the two clients, if not the default (runs sharing a root); ``run``: the
+    run id of every process; ``pace`` stretches the time between the supervisor's actions
+    (a busier machine); ``before_check`` is called after every process ended, before the
+    checker runs."""
+    if roots is None:
+        roots = (os.path.join(base, "pool"),) * 2 if shared is None else (
+            os.path.join(shared[0], "queue-pool"), os.path.join(shared[1], "queue-pool"))
     root = roots[0]
     acks = os.path.join(base, "acks")
     logdir = os.path.join(base, "logs")
@@ -415,7 +425,7 @@ def run_queue(base: str, *, seconds: float, n_workers: int, seed: int,
 
     def start_coord(g: int, takeover: bool) -> Any:
         return _Proc(f"coord{g}", _argv("coordinator", "--root", roots[g % 2], "--logdir",
-                                        logdir,
+                                        logdir, "--run", run,
                                         "--gen", str(g),
                                         *(("--takeover",) if takeover else ()),
                                         *(("--control", control) if control else ())), logdir)
@@ -426,13 +436,13 @@ def run_queue(base: str, *, seconds: float, n_workers: int, seed: int,
     names = [f"qw{i}" for i in range(n_workers)]
     workers: dict[str, Any] = {
         w: _Proc(w, _argv("worker", "--root", root, "--acks", acks, "--logdir", logdir,
-                          "--worker-id", w, "--seed", str(seed)), logdir)
+                          "--worker-id", w, "--seed", str(seed), "--run", run), logdir)
         for w in names}
     old_coords: list[Any] = []
     t_end = time.monotonic() + seconds
     try:
         while time.monotonic() < t_end:
-            time.sleep(rng.uniform(0.2, 0.7))
+            time.sleep(rng.uniform(0.2, 0.7) * pace)
             for proc in workers.values():
                 rc = proc.p.poll()
                 if rc is not None:
@@ -497,7 +507,9 @@ def run_queue(base: str, *, seconds: float, n_workers: int, seed: int,
     finally:
         s.violations += _stop_all([*workers.values(), coord])
     s.violations += _logged_violations(logdir)
-    check_queue(roots[1], acks, logdir, names, s)
+    if before_check is not None:
+        before_check()
+    check_queue(roots[1], acks, logdir, names, s, run=run)
     return s
 
 
@@ -510,7 +522,7 @@ def _coordinators(logdir: str) -> list[dict[str, Any]]:
 
 
 def check_queue(root: str, acks: str, logdir: str, workers: Sequence[str],
-                s: QueueSummary) -> None:
+                s: QueueSummary, *, run: str = RUN) -> None:
     """See the module docstring."""
     entries = []
     for w in workers:
@@ -534,7 +546,7 @@ def check_queue(root: str, acks: str, logdir: str, workers: Sequence[str],
         if other != e["sid"]:
             s.violations.append(f"position {e['position']} acknowledged to {other} and "
                                 f"{e['sid']}")
-    store = SharedFilesystemStore(root, RUN, writer_id="checker")
+    store = SharedFilesystemStore(root, run, writer_id="checker")
     try:
         q = _open_coordinator(store, recover=True)
     except Exception as exc:
@@ -567,6 +579,9 @@ def check_queue(root: str, acks: str, logdir: str, workers: Sequence[str],
             if not page.commits:
                 break
             for cm in page.commits:
+                if not cm.task_id.startswith(f"{run}.") or cm.result_ref.run_id != run:
+                    s.violations.append(f"queue of run {run!r} committed task {cm.task_id} "
+                                        f"with result of run {cm.result_ref.run_id!r}")
                 if cm.task_id in seen:
                     s.violations.append(f"task {cm.task_id} accepted twice (positions "
                                         f"{seen[cm.task_id]} and {cm.position})")
@@ -597,10 +612,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--takeover", action="store_true")
     ap.add_argument("--control", default=None)
+    ap.add_argument("--run", default=RUN)
     args = ap.parse_args(argv)
     if args.role == "coordinator":
-        return coordinator_main(args.root, args.logdir, args.gen, args.takeover, args.control)
-    return worker_main(args.root, args.acks, args.logdir, args.worker_id, args.seed)
+        return coordinator_main(args.root, args.logdir, args.gen, args.takeover, args.control,
+                                args.run)
+    return worker_main(args.root, args.acks, args.logdir, args.worker_id, args.seed, args.run)
 
 
 if __name__ == "__main__":
