@@ -19,7 +19,11 @@ Checked with the acknowledgement logs, per run: nothing acknowledged is lost (ev
 submission that was never released reads back; every logged receipt is found; each
 owner holds exactly its run's last retained window, which reads back), nothing accepted
 twice, every commit is of the run's own tasks and results; and, across the runs, every
-root of every owner of a run lies in that run's packs.
+root of every owner of a run lies in that run's packs.  The checkers run only after every
+process of both runs ended (a late collection of one run must not delete what the other's
+checker already verified).  The negative control ``runs-share-owners``
+(``controls.RUNS_CONTROLS``: owner names global to the root, collection pool-wide) must
+make the run report a lost retained window.
 """
 
 from __future__ import annotations
