@@ -24,11 +24,12 @@ that died on its own).
 
 With ``retention`` (the shared-root scenario, ``fault_injection.runs_fuzz``) each writer
 also retains its latest acknowledged submissions under the owner ``keep-<writer>`` (a
-name every run uses), then drops the staging of all it acknowledged (the older ones become
-garbage), and collects garbage now and then (and when it stops); it
-logs each step in ``ret-<writer>.log`` (the intent before, the retain after), so the
-checker knows which submissions may be reclaimed and which roots the owner must hold.
-The reader pins what it reads.
+name every run uses), then drops the staging of all it acknowledged (the older ones
+become garbage), and collects garbage now and then and at its clean end (run in a fresh
+process after the others stopped); it logs each step in ``ret-<writer>.log`` (the intent
+before, the retain after), so the checker knows which submissions may be reclaimed and
+which roots the owner must hold.  The reader pins what it reads, and passes over what
+was released and reclaimed before it got to it.
 
 ``--scenario`` picks the store scenario above, the queue scenarios
 (``fault_injection.queue_fuzz``: a coordinator process and worker processes, SIGKILLed,
@@ -370,7 +371,7 @@ def reader_main(root: str, acks: str, logdir: str, writers: Sequence[str], run: 
                             check_read(store, _entry_refs(e), pubs)
                     except InvalidReference as exc:
                         if retention and e["seq"] in RetentionLog.read(acks, w).unstaged:
-                            verified[w] += 1  # released and reclaimed before we got to it
+                            verified[w] += 1  # passed over: released and reclaimed first
                             continue
                         _report(logdir, "reader", f"{e['sid']}: {type(exc).__name__}: {exc}")
                         return 3
@@ -636,8 +637,8 @@ def check(root: str, acks: str, writers: Sequence[str], s: Summary, *, run: str 
 def _check_retained(store: SharedFilesystemStore, acks: str, writer_id: str,
                     by_seq: dict[int, dict[str, Any]], s: Summary) -> set[int]:
     """The writer's owner holds the refs of its last completed retain or of a retain
-    intended since (nothing of another run), and they read back.  Returns the submissions whose
-    staging may have been dropped (not checked further)."""
+    intended since (nothing of another run), and they read back.  Returns the submissions
+    whose staging may have been dropped (not checked further)."""
     ret = RetentionLog.read(acks, writer_id)
     owner = f"keep-{writer_id}"
     store.collect_garbage()  # whatever the owner holds must survive one more collection

@@ -64,9 +64,9 @@ class RunsSummary:
 
     def line(self) -> str:
         parts = [f"{run}: {s.kills} writer kills, {q.worker_kills + q.coordinator_kills} queue "
-                 f"kills, {q.takeovers} takeovers; {s.reader_verified} submissions verified "
-                 f"live (pinned), {s.retained_verified} retained at the end and "
-                 f"{s.submissions} still staged verified, {q.receipts} receipts verified"
+                 f"kills, {q.takeovers} takeovers; {s.reader_verified} submissions followed "
+                 f"live by the reader, {s.retained_verified} retained at the end verified, "
+                 f"{q.receipts} receipts verified"
                  for run, s, q in zip(RUNS, self.stores, self.queues, strict=False)]
         return (f"fuzz [runs/{self.target}] seed={self.seed} {self.seconds:.0f}s, two runs "
                 f"in one root: {'; '.join(parts)}; {len(self.all_violations())} violations")
