@@ -42,6 +42,12 @@ live extent keeps its whole pack.  Collection tombstones sealed packs that are n
 makes the tombstones durable, then unlinks (ENOENT is success: another client may have
 finished it); a collection interrupted between tombstone and unlink is finished by the next
 one.  A tombstoned path is never retained, reopened or reused (D3).
+
+A ``Catalog`` handle belongs to the process that opened it (``straw.process``): its lock
+descriptor shares the parent's open file description after a fork (the child would pass
+the parent's pool lock, and its unlock would release it) and its replayed state is the
+parent's.  In a forked child every operation raises ``ForkedProcess`` before taking any
+lock; ``close()`` only closes the child's copy of the descriptor.
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ from . import framing
 from .errors import CorruptData, InvalidReference, UnsafeRecovery, UnsupportedSchema
 from .fs import Filesystem
 from .pack import storage_error
+from .process import ProcessBound, close_quietly
 from .siblings import Siblings
 
 CATALOG_NAME = "CATALOG"
@@ -210,10 +217,13 @@ class CatalogState:
         return info is not None and info.tombstoned
 
 
-class Catalog:
+class Catalog(ProcessBound):
     """A client of the pool's catalog.  Thread-safe; one per store."""
 
+    _process_state = "its pool lock descriptor and catalog position"
+
     def __init__(self, fs: Filesystem, root: str) -> None:
+        self._bind_process()
         self.fs = fs
         self.root = root
         self.path = os.path.join(root, CATALOG_NAME)
@@ -227,7 +237,19 @@ class Catalog:
         # the thread writing the pending adopts waits for them (``straw.siblings``)
         self.siblings = Siblings(self._pending_lock)
 
+    def _process_subject(self) -> str:
+        return f"catalog handle of pool {self.root}"
+
+    def _drop_inherited(self) -> None:
+        fd, self._lock_fd = self._lock_fd, None
+        close_quietly(self.fs, fd)
+
     def close(self) -> None:
+        """Close the lock descriptor.  In a forked child: only the child's copy, taking no
+        lock and never unlocking (``straw.process``)."""
+        if self._in_forked_child():
+            self._drop_inherited()
+            return
         with self._mutex:
             if self._lock_fd is not None:
                 self.fs.close(self._lock_fd)
@@ -238,12 +260,14 @@ class Catalog:
     def locked(self) -> Iterator[CatalogState]:
         """Hold the pool lock with an up-to-date state.  The data is read through a handle
         opened *after* the lock was taken (close-to-open visibility across clients)."""
+        self._check_process()  # before the mutex: another thread may have held it at fork
         with self._mutex, self._flocked() as st:
             yield st
 
     @contextlib.contextmanager
     def _flocked(self) -> Iterator[CatalogState]:
         """The cross-client lock and a refreshed state (``_mutex`` already held)."""
+        self._check_process()  # every catalog read and change passes here
         try:
             if self._lock_fd is None:
                 self._lock_fd = self._open_lock_file()
@@ -309,6 +333,7 @@ class Catalog:
         """Durably append one transaction (call inside ``locked``), then apply it exactly
         as every other client will when it replays it (we hold the lock: nothing else
         was appended since our refresh)."""
+        self._check_process()
         fd = self.fs.open(self.path, write=True)
         try:
             n = self._append_fd(fd, ops)
@@ -368,6 +393,7 @@ class Catalog:
                          for src, deps in edges])
 
     def retain(self, owner: str, roots: Iterable[Extent]) -> None:
+        self._check_process()
         roots = sorted(set(roots))
         with self.locked() as st:
             dead = st.tombstoned_dependency(roots)
@@ -394,6 +420,7 @@ class Catalog:
         Plain additions from concurrent threads are combined: whichever thread gets the
         catalog first writes every pending addition in ONE transaction (one lock, one
         fsync) and the others find their request done — group commit for the catalog."""
+        self._check_process()  # before the pending lock and the mutex
         add = sorted(set(add))
         if replace is None and not unstage:
             return self._adopt_combined(owner, epoch, add, announced)
@@ -422,6 +449,7 @@ class Catalog:
     def adopting_soon(self) -> Iterator[Announcement]:
         """Announce a plain ``adopt`` this thread is about to make (pass the yielded
         announcement to it): a thread writing pending adopts meanwhile waits for it."""
+        self._check_process()
         a = Announcement(self)
         with self._pending_lock:
             self.siblings.announce()
