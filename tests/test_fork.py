@@ -482,3 +482,45 @@ def test_tensor_ref_pickled_into_a_child_reads_through_its_own_store(tmp_path):
             return {"pickled": ref.load().tolist(), "bound": _outcome(tensor.load)}
 
         assert in_child(child) == {"pickled": list(range(6)), "bound": "ForkedProcess"}
+
+
+# --- the remedy: worker processes forked from a process with a store open ----------------
+
+_worker_store: SharedFilesystemStore | None = None
+
+
+def _worker_init(root: str) -> None:
+    """A worker_init_fn: each forked worker opens a store of its own."""
+    global _worker_store
+    _worker_store = _store(root, f"worker-{os.getpid()}")
+
+
+def _worker_task(tensor: TensorRef) -> dict[str, Any]:
+    """Load a tensor sent pickled, publish a result under the worker's own writer id."""
+    assert _worker_store is not None
+    total = float(tensor.load().sum())
+    ref = _worker_store.publish(_rec(repr(total)), submission_id=f"sum-{tensor.name}")
+    return {"total": total, "ref": ref.to_dict()}
+
+
+def test_fork_pool_workers_with_their_own_stores(tmp_path):
+    """A multiprocessing pool forked (like DataLoader workers) from a process with a store
+    open, after it loaded large tensors with its thread pool: each worker opens its own
+    store, loads pickled TensorRefs and publishes; the parent's store goes on."""
+    import multiprocessing
+
+    store = _store(tmp_path)
+    arrays = {f"t{i}": np.full(3 << 20, i, dtype=np.float32) for i in range(3)}  # 12 MiB
+    tensors = publish_tensors(store, arrays, submission_id="tensors")
+    assert all(np.array_equal(t.load(), arrays[t.name]) for t in tensors)  # pool threads up
+    with multiprocessing.get_context("fork").Pool(2, _worker_init, (str(tmp_path),)) as pool:
+        results = pool.map_async(_worker_task, tensors).get(timeout=DEADLOCK_GUARD)
+    assert [r["total"] for r in results] == [float(i * (3 << 20)) for i in range(3)]
+    after = store.publish(_rec("parent after"), submission_id="after")
+    assert _lock_is_held(tmp_path, "parent")
+    store.close()
+    with _store(tmp_path, "reader") as s:
+        for r in results:
+            assert bytes(s.read(RecordSetRef.from_dict(r["ref"]))[0].payload) == \
+                repr(r["total"]).encode()
+        assert bytes(s.read(after)[0].payload) == b"parent after"
