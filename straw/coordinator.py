@@ -71,7 +71,7 @@ from .errors import (
     UnsafeRecovery,
 )
 from .pack import storage_error
-from .process import ProcessBound, close_quietly
+from .process import OPEN_QUEUE_IN_CHILD, ProcessBound, close_quietly
 from .queue_state import (
     COMPLETED,
     LEASED,
@@ -118,10 +118,7 @@ class Coordinator(ProcessBound):
     """The coordinator of queue ``queue_id`` in ``namespace`` of ``store``'s pool."""
 
     _process_state = "its epoch lock, journal and queue state"
-    _process_remedy = (
-        "A queue has one coordinator: call the parent's (e.g. over a pipe or Ray), or, once "
-        "it is closed, open a new SharedFilesystemStore and Coordinator(recover=True) in "
-        "the child")
+    _process_remedy = OPEN_QUEUE_IN_CHILD
 
     def __init__(
         self,

@@ -149,7 +149,7 @@ from .errors import (
 )
 from .fs import Buffer, Filesystem
 from .pack import storage_error
-from .process import ProcessBound, close_quietly
+from .process import OPEN_QUEUE_IN_CHILD, ProcessBound, close_quietly
 from .siblings import DEFAULT_GROUP_WAIT, Siblings
 
 JOURNAL_VERSION = 1
@@ -622,10 +622,7 @@ class Journal(ProcessBound):
     """
 
     _process_state = "its open segment and pending group commits"
-    _process_remedy = (
-        "A queue has one coordinator: call the parent's (e.g. over a pipe or Ray), or, once "
-        "it is closed, open a new SharedFilesystemStore and Coordinator(recover=True) in "
-        "the child")
+    _process_remedy = OPEN_QUEUE_IN_CHILD
 
     def __init__(self, fs: Filesystem, directory: str, *, epoch: int, recovered: Recovered,
                  clock: Clock | None = None, segment_target_bytes: int = DEFAULT_SEGMENT_TARGET,

@@ -48,6 +48,12 @@ OPEN_STORE_IN_CHILD = (
     "e.g. in a DataLoader worker_init_fn"
 )
 
+# ... and a usable coordinator (the one a queue may have is the parent's)
+OPEN_QUEUE_IN_CHILD = (
+    "A queue has one coordinator: call the parent's (e.g. over a pipe or Ray), or, once it "
+    "is closed, open a new SharedFilesystemStore and Coordinator(recover=True) in the child"
+)
+
 _generation = 0  # bumped in every forked child, before any Python code of the child runs
 _live: weakref.WeakSet[ProcessBound] = weakref.WeakSet()
 
@@ -115,4 +121,5 @@ def close_quietly(fs: Filesystem, fd: int | None) -> None:
         pass
 
 
-__all__ = ["ProcessBound", "ForkedProcess", "OPEN_STORE_IN_CHILD", "close_quietly"]
+__all__ = ["ProcessBound", "ForkedProcess", "OPEN_STORE_IN_CHILD", "OPEN_QUEUE_IN_CHILD",
+           "close_quietly"]
