@@ -339,6 +339,25 @@ def test_fork_child_exiting_through_with_store_touches_nothing(tmp_path):
         assert bytes(s.read(second)[0].payload) == b"second"
 
 
+def test_fork_child_leaving_a_pin_block_keeps_the_parents_pin(tmp_path):
+    """A child forked inside ``with store.pin(refs):`` that leaves the block does not
+    release the parent's (durable) pin: collection still cannot reclaim the pack."""
+    with _store(tmp_path) as store:
+        ref = store.publish(_rec("pinned"), submission_id="pinned")
+        store.seal()
+        store.release_publications([ref])  # only the pin protects it now
+        with store.pin([ref]) as pin:
+
+            def child() -> str:
+                return _outcome(lambda: pin.__exit__(None, None, None))
+
+            assert in_child(child) == "returned"
+            assert pin.owner in store.owners()
+            assert store.collect_garbage()["reclaimed_files"] == 0
+            assert bytes(store.read(ref)[0].payload) == b"pinned"
+        assert pin.owner not in store.owners()
+
+
 def test_fork_child_does_not_keep_parent_locks(tmp_path):
     """A child that outlives its SIGKILLed parent holds none of the parent's locks: the
     parent's writer id restarts and its queue recovers while the child still runs."""
