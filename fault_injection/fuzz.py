@@ -10,13 +10,24 @@ two clients of one volume, when one can be mounted):
   the writer appends ``{sid, seq, payload_seed, refs}`` to its own fsynced ``AckLog``.  A
   restarted writer continues after the last acknowledged ``seq``: it first retries the
   one that was in flight when it died, with the same content, so D7 is exercised too.
-* A reader process (on the other JuiceFS client) follows every writer's ack log and
-  verifies each acknowledged reference as it appears.
+* Writers fork mid-run (issue 11, finding 1; after the first submission of every
+  incarnation, then now and then): the forked child first tries the inherited
+  store (a publication, a lookup, a read) and must get ``ForkedProcess`` every time (else
+  a violation); then it opens its own store under its own writer id
+  (``<writer>.f<seq>``), publishes a few submissions and logs them in its own ack log like
+  any writer, and exits; the parent goes on publishing with the store it forked with.  A
+  child whose parent is killed stops at once (orphaned).  Each child holds an ``flock`` on
+  ``<logdir>/forks/<id>.alive`` while it lives; the supervisor waits for all of them
+  before checking.
+* A reader process (on the other JuiceFS client) follows every writer's ack log (forked
+  children's included, found by listing the ack directory) and verifies each
+  acknowledged reference as it appears.
 * A seeded supervisor sends random SIGKILL to writers (and restarts them with the same
   writer id) and SIGSTOP/SIGCONT to writers and the reader, for ``--seconds``.
 * Afterwards the checker verifies every acknowledged reference (the bytes match the
   payload seed) and that each writer's ``lookup_submission`` of every acknowledged
-  submission id returns the same refs, and a retry of it too.
+  submission id returns the same refs, and a retry of it too (forked children's writer
+  ids included: 0 lost, 0 acknowledged twice differently).
 
 Prints a summary per filesystem (kills, stops, restarts, publications verified, seed) and
 exits non-zero on any violation (a mismatch, an unexpected exception, a writer or reader
@@ -46,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import json
 import os
 import random
@@ -61,6 +73,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from straw import (
+    ForkedProcess,
     InvalidReference,
     Publication,
     Record,
@@ -81,6 +94,9 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 T = TypeVar("T")
 READER_STATUS = "reader.status.json"
 VIOLATIONS = "violations.jsonl"
+FORKS = "forks"  # in logdir: one <writer id>.alive per forked child, flocked while it lives
+FORK_RATE = 0.01  # per submission of an original writer (besides its first)
+FORK_BUDGET = (1, 4)  # submissions a forked child publishes before it exits
 
 
 # --- content ------------------------------------------------------------------------------
@@ -279,7 +295,10 @@ def writer_main(root: str, acks: str, logdir: str, writer_id: str, seed: int,
 
 
 def _writer_loop(root: str, acks: str, logdir: str, writer_id: str, seed: int,
-                 run: str = RUN, retention: bool = False) -> int:
+                 run: str = RUN, retention: bool = False, budget: int | None = None) -> int:
+    """Publish until stopped (``budget``: at most that many submissions; a forked child).
+    An original writer (no budget) of the plain scenario forks children now and then
+    (``_fork_child``); a retaining writer (the shared-root scenario) does not fork."""
     log = AckLog(PosixFS(), os.path.join(acks, f"acks-{writer_id}.log"))
     by_seq = {e["seq"]: e for e in log.read()}
     seq = max(by_seq, default=-1) + 1
@@ -289,9 +308,14 @@ def _writer_loop(root: str, acks: str, logdir: str, writer_id: str, seed: int,
     # a retaining writer publishes at least once per process: the retry of what was in
     # flight when its predecessor died is acknowledged (else it stays staged for good)
     must_publish = ret is not None
+    children: list[int] = []
+    done = 0  # submissions of this incarnation
     try:
-        while (not _stop or must_publish) and not _orphaned():
+        while (not _stop or must_publish) and not _orphaned() and \
+                (budget is None or budget > 0):
             must_publish = False
+            if budget is not None:
+                budget -= 1
             payload_seed = f"{seed}:{writer_id}:{seq}"
             sid = f"{writer_id}-{seq}"
             pubs = content(payload_seed, _entry_dep(by_seq, seq))
@@ -324,6 +348,13 @@ def _writer_loop(root: str, acks: str, logdir: str, writer_id: str, seed: int,
                 store = _open_store(root, writer_id, run)
             if ret is not None:
                 ret.step(store, by_seq, r)
+            done += 1
+            # an original writer forks after its first submission (with a pack open and
+            # its lock held; so that every run forks), then at random
+            if budget is None and ret is None and (done == 1 or r.random() < FORK_RATE):
+                children.append(_fork_child(store, root, acks, logdir, writer_id, seed, seq,
+                                            by_seq, run))
+            _reap(children, logdir, writer_id, block=False)
         if ret is not None and _stop:
             ret.finish(store, by_seq)
     except Exception:
@@ -335,7 +366,79 @@ def _writer_loop(root: str, acks: str, logdir: str, writer_id: str, seed: int,
         log.close()
         if ret is not None:
             ret.close()
+        for pid in children:  # stop the forked children (they finish their submission)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        _reap(children, logdir, writer_id, block=True)
     return 0
+
+
+def _fork_child(store: SharedFilesystemStore, root: str, acks: str, logdir: str,
+                writer_id: str, seed: int, seq: int, by_seq: dict[int, dict[str, Any]],
+                run: str = RUN) -> int:
+    """Fork; the child checks that the inherited store refuses, then publishes as writer
+    ``<writer_id>.f<seq>`` (its own store, its own ack log) and exits.  Returns its pid."""
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 5
+    try:
+        code = _forked_child_main(store, root, acks, logdir, writer_id, seed, seq, by_seq,
+                                  run)
+    except BaseException:  # noqa: BLE001 - the child must never return into the parent's loop
+        with contextlib.suppress(Exception):
+            _report(logdir, f"{writer_id}.f{seq}", "forked child raised:\n"
+                    + traceback.format_exc())
+    finally:
+        os._exit(code)
+
+
+def _forked_child_main(store: SharedFilesystemStore, root: str, acks: str, logdir: str,
+                       writer_id: str, seed: int, seq: int,
+                       by_seq: dict[int, dict[str, Any]], run: str = RUN) -> int:
+    global _PARENT
+    _PARENT = os.getppid()  # orphaned = the writer that forked us is gone
+    child_id = f"{writer_id}.f{seq}"
+    os.makedirs(os.path.join(logdir, FORKS), exist_ok=True)
+    alive = open(os.path.join(logdir, FORKS, f"{child_id}.alive"), "a")  # noqa: SIM115
+    fcntl.flock(alive, fcntl.LOCK_EX)  # held until this process is gone, however it ends
+    last = by_seq.get(max(by_seq)) if by_seq else None
+    inherited = {
+        "publish": lambda: store.publish_many(content(f"{seed}:{child_id}:inherited", None),
+                                              submission_id=f"{child_id}-inherited"),
+        "lookup_submission": lambda: store.lookup_submission(f"{writer_id}-0"),
+        "read": lambda: store.read(_entry_refs(last)[0]) if last else store.seal(),
+    }
+    for name, call in inherited.items():
+        try:
+            call()
+        except ForkedProcess:
+            continue
+        except Exception as exc:
+            _report(logdir, child_id, f"inherited store: {name} raised {exc!r}, not "
+                    "ForkedProcess")
+            return 4
+        _report(logdir, child_id, f"inherited store: {name} worked in the forked child")
+        return 4
+    store.close()  # harmless in the child: touches nothing of the parent's
+    budget = random.Random(f"{seed}:{child_id}:budget").randint(*FORK_BUDGET)
+    return _writer_loop(root, acks, logdir, child_id, seed, run, budget=budget)
+
+
+def _reap(children: list[int], logdir: str, writer_id: str, *, block: bool) -> None:
+    """Collect finished forked children; one that failed is a violation."""
+    for pid in list(children):
+        try:
+            done, status = os.waitpid(pid, 0 if block else os.WNOHANG)
+        except ChildProcessError:
+            children.remove(pid)
+            continue
+        if not done:
+            continue
+        children.remove(pid)
+        rc = os.waitstatus_to_exitcode(status)
+        if rc not in (0, -signal.SIGTERM):
+            _report(logdir, writer_id, f"forked child {pid} ended with rc={rc}")
 
 
 # --- reader process -------------------------------------------------------------------------
@@ -356,7 +459,8 @@ def reader_main(root: str, acks: str, logdir: str, writers: Sequence[str], run: 
 
     try:
         while not _stop and not _orphaned():
-            for w in writers:
+            for w in _writer_ids(acks, writers):
+                verified.setdefault(w, 0)
                 entries = AckLog(PosixFS(), os.path.join(acks, f"acks-{w}.log")).read()
                 by_seq = {e["seq"]: e for e in entries}
                 for e in entries[verified[w]:]:
@@ -393,6 +497,38 @@ def reader_main(root: str, acks: str, logdir: str, writers: Sequence[str], run: 
     return 0
 
 
+def _writer_ids(acks: str, writers: Sequence[str]) -> list[str]:
+    """The original writers and every forked child that logged an acknowledgement."""
+    found = set(writers)
+    with contextlib.suppress(FileNotFoundError):
+        for name in os.listdir(acks):
+            if name.startswith("acks-") and name.endswith(".log"):
+                found.add(name[len("acks-"):-len(".log")])
+    return sorted(found)
+
+
+def _wait_for_forked_children(logdir: str, timeout: float = 60.0) -> tuple[int, list[str]]:
+    """Wait until every forked child is gone (each held the flock of its alive file);
+    returns how many there were, and a violation per child still alive at ``timeout``."""
+    d = os.path.join(logdir, FORKS)
+    names = sorted(os.listdir(d)) if os.path.isdir(d) else []
+    deadline = time.monotonic() + timeout
+    late = []
+    for name in names:
+        with open(os.path.join(d, name), "a") as f:
+            while True:
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        late.append(f"forked child {name} still runs {timeout:.0f} s after "
+                                    "the run")
+                        break
+                    time.sleep(0.05)
+    return len(names), late
+
+
 # --- supervisor -----------------------------------------------------------------------------
 
 @dataclass
@@ -401,6 +537,7 @@ class Summary:
     seed: int
     seconds: float
     writers: int
+    forks: int = 0
     kills: int = 0
     stops: int = 0
     restarts: int = 0
@@ -415,7 +552,8 @@ class Summary:
     def line(self) -> str:
         return (f"fuzz [{self.target}] seed={self.seed} {self.seconds:.0f}s, "
                 f"{self.writers} writers: {self.kills} kills, {self.stops} stops, "
-                f"{self.restarts} restarts; {self.submissions} acknowledged submissions = "
+                f"{self.restarts} restarts, {self.forks} forked children; "
+                f"{self.submissions} acknowledged submissions = "
                 f"{self.publications} publications ({self.bytes_verified / 1e6:.1f} MB) "
                 f"verified by the checker, {self.retries_checked} lookups+retries checked, "
                 f"{self.reader_verified} verified live by the reader; "
@@ -574,6 +712,8 @@ def run_target(target: str, write_base: str, read_base: str, logdir: str, *,
                 s.stops += 1
     finally:
         s.violations += _stop_all(everyone)
+        s.forks, late = _wait_for_forked_children(logdir)
+        s.violations += late
     if retention:  # the job's clean end, in fresh processes (a SIGTERM may come too early)
         s.violations += _wait_all([_Proc(f"{w}-finish", writer_argv(w, "--finish"), logdir)
                                    for w in names], timeout=120)
@@ -585,7 +725,7 @@ def run_target(target: str, write_base: str, read_base: str, logdir: str, *,
         pass
     if before_check is not None:
         before_check()
-    check(read_root, acks_r, names, s, run=run, retention=retention)
+    check(read_root, acks_r, _writer_ids(acks_r, names), s, run=run, retention=retention)
     return s
 
 

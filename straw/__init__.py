@@ -7,6 +7,7 @@ The public API keeps straw-queue's vocabulary (see DESIGN.md).  File I/O goes th
 from .errors import (
     CorruptData,
     Fenced,
+    ForkedProcess,
     IdempotencyConflict,
     IndeterminateCommit,
     InvalidReference,
@@ -56,4 +57,5 @@ __all__ = [
     "UnsafeRecovery",
     "ResourceLimitExceeded",
     "Fenced",
+    "ForkedProcess",
 ]

@@ -61,6 +61,12 @@ operator's pool-wide collection.  Collection tombstones sealed packs that are no
 makes the tombstones durable, then unlinks (ENOENT is success: another client may have
 finished it); a collection interrupted between tombstone and unlink is finished by the next
 one.  A tombstoned path is never retained, reopened or reused (D3).
+
+A ``Catalog`` handle belongs to the process that opened it (``straw.process``): its lock
+descriptor shares the parent's open file description after a fork (the child would pass
+the parent's pool lock, and its unlock would release it) and its replayed state is the
+parent's.  In a forked child every operation raises ``ForkedProcess`` before taking any
+lock; ``close()`` only closes the child's copy of the descriptor.
 """
 
 from __future__ import annotations
@@ -78,6 +84,7 @@ from . import framing
 from .errors import CorruptData, InvalidReference, UnsafeRecovery, UnsupportedSchema
 from .fs import Filesystem
 from .pack import storage_error
+from .process import ProcessBound, close_quietly
 from .siblings import Siblings
 
 CATALOG_NAME = "CATALOG"
@@ -280,12 +287,15 @@ class CatalogState:
         return info is not None and info.tombstoned
 
 
-class Catalog:
+class Catalog(ProcessBound):
     """A client of the pool's catalog acting for run ``run_id`` (its owners, its packs'
     collection).  Thread-safe; one per store.  Without ``run_id`` it only observes (and
     ``collect_pool`` collects pool-wide, for an operator)."""
 
+    _process_state = "its pool lock descriptor and catalog position"
+
     def __init__(self, fs: Filesystem, root: str, run_id: str | None = None) -> None:
+        self._bind_process()
         self.fs = fs
         self.root = root
         self.run_id = run_id
@@ -300,7 +310,19 @@ class Catalog:
         # the thread writing the pending adopts waits for them (``straw.siblings``)
         self.siblings = Siblings(self._pending_lock)
 
+    def _process_subject(self) -> str:
+        return f"catalog handle of pool {self.root}"
+
+    def _drop_inherited(self) -> None:
+        fd, self._lock_fd = self._lock_fd, None
+        close_quietly(self.fs, fd)
+
     def close(self) -> None:
+        """Close the lock descriptor.  In a forked child: only the child's copy, taking no
+        lock and never unlocking (``straw.process``)."""
+        if self._in_forked_child():
+            self._drop_inherited()
+            return
         with self._mutex:
             if self._lock_fd is not None:
                 self.fs.close(self._lock_fd)
@@ -311,12 +333,14 @@ class Catalog:
     def locked(self) -> Iterator[CatalogState]:
         """Hold the pool lock with an up-to-date state.  The data is read through a handle
         opened *after* the lock was taken (close-to-open visibility across clients)."""
+        self._check_process()  # before the mutex: another thread may have held it at fork
         with self._mutex, self._flocked() as st:
             yield st
 
     @contextlib.contextmanager
     def _flocked(self) -> Iterator[CatalogState]:
         """The cross-client lock and a refreshed state (``_mutex`` already held)."""
+        self._check_process()  # every catalog read and change passes here
         try:
             if self._lock_fd is None:
                 self._lock_fd = self._open_lock_file()
@@ -382,6 +406,7 @@ class Catalog:
         """Durably append one transaction (call inside ``locked``), then apply it exactly
         as every other client will when it replays it (we hold the lock: nothing else
         was appended since our refresh)."""
+        self._check_process()
         fd = self.fs.open(self.path, write=True)
         try:
             n = self._append_fd(fd, ops)
@@ -448,6 +473,7 @@ class Catalog:
         return self.run_id
 
     def retain(self, owner: str, roots: Iterable[Extent]) -> None:
+        self._check_process()
         run = self._run()
         roots = sorted(set(roots))
         with self.locked() as st:
@@ -478,6 +504,7 @@ class Catalog:
         Plain additions from concurrent threads are combined: whichever thread gets the
         catalog first writes every pending addition in ONE transaction (one lock, one
         fsync) and the others find their request done — group commit for the catalog."""
+        self._check_process()  # before the pending lock and the mutex
         run = self._run()
         add = sorted(set(add))
         if replace is None and not unstage:
@@ -507,6 +534,7 @@ class Catalog:
     def adopting_soon(self) -> Iterator[Announcement]:
         """Announce a plain ``adopt`` this thread is about to make (pass the yielded
         announcement to it): a thread writing pending adopts meanwhile waits for it."""
+        self._check_process()
         a = Announcement(self)
         with self._pending_lock:
             self.siblings.announce()

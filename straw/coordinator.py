@@ -37,6 +37,15 @@ epoch, which the catalog ignores.
 
 Leases carry the epoch; deadlines are in memory (recovery revokes all leases anyway).
 Expired leases are journaled as ``expire`` when noticed (acquire, heartbeat, complete).
+
+Fork safety (``straw.process``).  A coordinator belongs to the process that opened it: its
+epoch lock, its journal and its in-memory queue state are the parent's after a fork (the
+child's copy of the lock descriptor shares the parent's open file description: it would
+not keep the child out, and its unlock would release the parent's lock).  In a forked
+child every method raises ``ForkedProcess`` before taking any lock; ``close()`` only
+closes the child's copies of the descriptors.  Opening a coordinator in a child on a
+store the child inherited is refused before anything is created (a new epoch file would
+fence the parent).
 """
 
 from __future__ import annotations
@@ -69,6 +78,7 @@ from .errors import (
     UnsupportedSchema,
 )
 from .pack import storage_error
+from .process import OPEN_QUEUE_IN_CHILD, ProcessBound, close_quietly
 from .queue_state import (
     COMPLETED,
     LEASED,
@@ -116,8 +126,11 @@ def _digest(value: Any) -> str:
     return xxhash.xxh3_128_hexdigest(msgpack.packb(value, use_bin_type=True))
 
 
-class Coordinator:
+class Coordinator(ProcessBound):
     """The coordinator of queue ``queue_id`` in ``namespace`` of ``store``'s pool."""
+
+    _process_state = "its epoch lock, journal and queue state"
+    _process_remedy = OPEN_QUEUE_IN_CHILD
 
     def __init__(
         self,
@@ -135,8 +148,10 @@ class Coordinator:
         segment_target_bytes: int = 64 << 20,
         group_wait: float = DEFAULT_GROUP_WAIT,
     ) -> None:
+        self._bind_process()
         if not isinstance(store, SharedFilesystemStore):
             raise TypeError(f"store must be a SharedFilesystemStore, got {type(store).__name__}")
+        store._check_process()  # an inherited store: refused before any epoch is created
         for name, value in (("queue_id", queue_id), ("namespace", namespace)):
             if not isinstance(value, str) or not NAME_RE.match(value):
                 raise ValueError(f"{name} {value!r} must be 1-128 letters, digits, '.', '_' "
@@ -211,6 +226,14 @@ class Coordinator:
         holder.release(self.fs, self._lock_fd)
         self._lock_fd = None
 
+    def _process_subject(self) -> str:
+        epoch = getattr(self, "epoch", "?")
+        return f"Coordinator of queue {self.namespace}/{self.queue_id} (epoch {epoch})"
+
+    def _drop_inherited(self) -> None:
+        fd, self._lock_fd = getattr(self, "_lock_fd", None), None
+        close_quietly(self.fs, fd)
+
     def _epoch_path(self, epoch: int) -> str:
         return os.path.join(self.epochs_dir, f"e-{epoch:06d}")
 
@@ -282,6 +305,7 @@ class Coordinator:
 
     # --- the commit path ----------------------------------------------------------------
     def _check_usable(self) -> None:
+        self._check_process()
         if self._closed:
             raise ValueError(f"coordinator of {self.owner} is closed")
         if self._broken is not None:
@@ -369,6 +393,7 @@ class Coordinator:
 
     def snapshot(self) -> None:
         """Write a snapshot now (recovery then reads it plus a short journal suffix)."""
+        self._check_process()
         with self._mutex:
             self._check_usable()
             state = msgpack.packb(self.state.to_snapshot(), use_bin_type=True)
@@ -464,6 +489,7 @@ class Coordinator:
         """Submit tasks atomically.  A retry with the same ``request_id`` and content
         returns the original result; different content raises ``IdempotencyConflict``.
         ``producer_state`` (small JSON) is saved in the same transaction."""
+        self._check_process()
         _check_id("request_id", request_id)
         if isinstance(tasks, TaskSpec) or not isinstance(tasks, Sequence):
             raise TypeError("tasks must be a list of TaskSpec")
@@ -542,6 +568,7 @@ class Coordinator:
                 task_ids: Sequence[str] | None = None,
                 control: str | None = None) -> AcquireResult:
         """Lease up to ``max_tasks`` pending tasks in scheduling order."""
+        self._check_process()
         _check_id("worker_id", worker_id)
         if not isinstance(max_tasks, int) or max_tasks < 1:
             raise ValueError("max_tasks must be a positive int")
@@ -598,6 +625,7 @@ class Coordinator:
     def heartbeat(self, leases: Sequence[Lease]) -> list[Lease]:
         """Renew leases; returns them with new deadlines.  ``StaleAttempt`` (or
         ``LeaseExpired``) if any is no longer current — the others are renewed first."""
+        self._check_process()
         renewed, stale = [], []
         try:
             self._fence_check()  # a fenced coordinator must not keep workers busy
@@ -624,6 +652,7 @@ class Coordinator:
         lease ended; different content raises ``IdempotencyConflict``.  The result's
         records must name the lease's task and attempt in their metadata
         (``task_id``, ``attempt``)."""
+        self._check_process()
         _check_id("submission_id", submission_id)
         ref = self._check_ref(result_ref, "result_ref")
         if result_digest is not None and result_digest != ref.digest:
@@ -711,6 +740,7 @@ class Coordinator:
                   retry: bool = True) -> TaskStatus:
         """The attempt failed: the task returns to the queue while its attempt budget
         lasts (``retry=False`` fails it for good)."""
+        self._check_process()
         if error is not None and not isinstance(error, str):
             raise TypeError("error must be a str")
         with self._mutex:
@@ -728,6 +758,7 @@ class Coordinator:
         """Return leased tasks with continuation inputs, atomically for the batch, without
         spending a retry.  Each update: ``lease``, ``input_ref``, and optionally
         ``priority``, ``scheduling_key``, ``metadata``."""
+        self._check_process()
         _check_id("request_id", request_id)
         rows = []
         for i, u in enumerate(updates):
@@ -774,6 +805,7 @@ class Coordinator:
 
     def release_tasks(self, leases: Sequence[Lease]) -> None:
         """Give leased tasks back unfinished, without spending a retry."""
+        self._check_process()
         with self._mutex:
             self._check_usable()
             rows = [[self._check_lease(lease, allow_expired=True).task_id, lease.attempt]
@@ -788,6 +820,7 @@ class Coordinator:
     def cancel_task(self, task_id: str) -> bool:
         """Cancel a pending or leased task (its lease can no longer commit; a reader keeps
         its protection, D5).  Returns False if the task was already terminal."""
+        self._check_process()
         with self._mutex:
             self._check_usable()
             task = self._task(task_id)
@@ -800,6 +833,7 @@ class Coordinator:
 
     def seal_input(self) -> None:
         """No more submissions: ``acquire`` answers ``end_of_input`` once all are done."""
+        self._check_process()
         with self._mutex:
             self._check_usable()
             if self.state.sealed:
@@ -810,6 +844,7 @@ class Coordinator:
     # --- reading ------------------------------------------------------------------------
     def read_commits(self, cursor: int = 0, limit: int = 100) -> CommitPage:
         """Accepted results from position ``cursor`` on (only durable ones)."""
+        self._check_process()
         if not isinstance(cursor, int) or cursor < 0:
             raise ValueError("cursor must be a non-negative int")
         if not isinstance(limit, int) or limit < 1:
@@ -827,6 +862,7 @@ class Coordinator:
 
     def lookup_submission(self, submission_id: str) -> Receipt | None:
         """The receipt of a completion by its submission id (after a lost reply)."""
+        self._check_process()
         _check_id("submission_id", submission_id)
         with self._mutex:
             pos = self.state.submissions.get(submission_id)
@@ -835,6 +871,7 @@ class Coordinator:
             return self._receipt(pos)
 
     def task_status(self, task_id: str) -> TaskStatus:
+        self._check_process()
         with self._mutex:
             task = self._task(task_id)
             return TaskStatus(task.task_id, task.status, task.attempt, task.failures,
@@ -844,11 +881,13 @@ class Coordinator:
 
     def pending_tasks(self, limit: int | None = None) -> list[str]:
         """Pending task ids in scheduling order."""
+        self._check_process()
         with self._mutex:
             return self.state.pending_in_order(limit)
 
     # --- readers (D5) -------------------------------------------------------------------
     def outstanding_reads(self) -> list[ReadLease]:
+        self._check_process()
         with self._mutex:
             out = []
             for (w, t, a), ref in sorted(self.state.reads.items()):
@@ -859,6 +898,7 @@ class Coordinator:
 
     def release_task_reads(self, task_id: str, attempt: int | None = None) -> int:
         """A supervisor confirmed these readers finished: drop their protection."""
+        self._check_process()
         with self._mutex:
             self._check_usable()
             self._task(task_id)
@@ -872,6 +912,7 @@ class Coordinator:
 
     def retire_worker(self, worker_id: str) -> int:
         """The worker is confirmed dead or finished: drop all its read protections."""
+        self._check_process()
         _check_id("worker_id", worker_id)
         with self._mutex:
             self._check_usable()
@@ -885,6 +926,7 @@ class Coordinator:
     # --- consumers ----------------------------------------------------------------------
     def open_consumer(self, consumer_id: str = DEFAULT_CONSUMER) -> ConsumerToken:
         """Open (or take over) a consumer: the new token makes older ones stale."""
+        self._check_process()
         _check_id("consumer_id", consumer_id)
         with self._mutex:
             self._check_usable()
@@ -898,6 +940,7 @@ class Coordinator:
                             processed_cursor: int, state_ref: RecordSetRef | None = None,
                             finished_batches: Sequence[str] = ()) -> ConsumerState:
         """Durably record how far the consumer fetched and processed, and its state."""
+        self._check_process()
         if not isinstance(token, ConsumerToken):
             raise TypeError(f"expected a ConsumerToken, got {type(token).__name__}")
         ref = None if state_ref is None else self._check_ref(state_ref, "state_ref")
@@ -938,6 +981,7 @@ class Coordinator:
         return state
 
     def load_consumer_state(self, consumer_id: str = DEFAULT_CONSUMER) -> ConsumerState | None:
+        self._check_process()
         with self._mutex:
             c = self.state.consumers.get(consumer_id)
             if c is None:
@@ -947,6 +991,7 @@ class Coordinator:
 
     # --- batches and checkpoints --------------------------------------------------------
     def plan_batch(self, batch_id: str, positions: Sequence[int]) -> BatchInfo:
+        self._check_process()
         _check_id("batch_id", batch_id)
         pos = [int(p) for p in positions]
         with self._mutex:
@@ -969,6 +1014,7 @@ class Coordinator:
         return self.get_batch(batch_id)
 
     def batch_ready(self, batch_id: str, batch_ref: RecordSetRef) -> BatchInfo:
+        self._check_process()
         ref = self._check_ref(batch_ref, "batch_ref")
         with self._mutex:
             b = self.state.batches.get(batch_id)
@@ -990,6 +1036,7 @@ class Coordinator:
         return self.get_batch(batch_id)
 
     def get_batch(self, batch_id: str) -> BatchInfo:
+        self._check_process()
         with self._mutex:
             b = self.state.batches.get(batch_id)
             if b is None:
@@ -1002,6 +1049,7 @@ class Coordinator:
         """Keep ``ref`` and every result from commit ``cursor`` on until released (a
         consumer may rewind to ``cursor`` when it restores this checkpoint).  Registering
         the same id again replaces it (retain the new one before the old goes)."""
+        self._check_process()
         _check_id("checkpoint_id", checkpoint_id)
         r = None if ref is None else self._check_ref(ref, "ref")
         adopted = self._adopt([(r.path, r.offset)] if r else [])
@@ -1023,6 +1071,7 @@ class Coordinator:
         self._wait(seq, adopted)
 
     def release_checkpoint(self, checkpoint_id: str) -> bool:
+        self._check_process()
         with self._mutex:
             self._check_usable()
             if checkpoint_id not in self.state.checkpoints:
@@ -1039,6 +1088,7 @@ class Coordinator:
         """Retire the roots of acknowledged history (results processed by the consumer and
         not kept by a checkpoint, inputs of finished tasks without readers), drop the
         staging of adopted data, then collect the pool."""
+        self._check_process()
         with self._mutex:
             self._check_usable()
             live = self._live_extents() | set(self._adding)
@@ -1053,6 +1103,7 @@ class Coordinator:
         return self.store.collect_garbage()
 
     def metrics(self) -> dict[str, Any]:
+        self._check_process()
         with self._mutex:
             st = self.state
             counts = st.tasks.status_counts()  # never loads recovered history
@@ -1067,16 +1118,23 @@ class Coordinator:
             }
 
     def close(self) -> None:
-        """Stop serving (leases stay until a recovery revokes them).  Idempotent."""
+        """Stop serving (leases stay until a recovery revokes them).  Idempotent.  In a
+        forked child it does not raise and only closes the child's copies of the
+        descriptors (the epoch lock and the journal are the parent's)."""
         if self._closed:
             return
         self._closed = True
+        if self._in_forked_child():
+            self._drop_inherited()
+            self.journal.close()  # child-safe: closes only its copy too
+            return
         try:
             self.journal.close()
         finally:
             self._release_lock()
 
     def __enter__(self) -> Coordinator:
+        self._check_process()
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -75,6 +75,12 @@ class Fenced(StrawError):
     Stop using this object; open a new one."""
 
 
+class ForkedProcess(StrawError):
+    """This object was opened by another process, of which this one is a forked child.
+    Its locks, open files and in-memory position belong to the parent: the child must
+    not use them.  Open a new store (or coordinator) in the child instead."""
+
+
 __all__ = [
     "StrawError",
     "CorruptData",
@@ -89,4 +95,5 @@ __all__ = [
     "UnsafeRecovery",
     "ResourceLimitExceeded",
     "Fenced",
+    "ForkedProcess",
 ]

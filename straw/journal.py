@@ -116,6 +116,11 @@ What the coordinator must guarantee (see also ``Journal``):
   lock/epoch file) BEFORE calling ``recover``; then a fenced coordinator's snapshot either
   is seen and used by the takeover's recovery or is ignored, and its deletions never
   remove segments the new epoch needs.
+
+Fork safety (``straw.process``): a ``Journal`` belongs to the process that opened it.  In
+a forked child every method raises ``ForkedProcess`` before taking the mutex (another
+thread may have held it at the fork), and ``close()`` only closes the child's copy of the
+segment descriptor: it never leads a group, writes or trims the parent's segment.
 """
 
 from __future__ import annotations
@@ -144,6 +149,7 @@ from .errors import (
 )
 from .fs import Buffer, Filesystem
 from .pack import storage_error
+from .process import OPEN_QUEUE_IN_CHILD, ProcessBound, close_quietly
 from .siblings import DEFAULT_GROUP_WAIT, Siblings
 
 JOURNAL_VERSION = 1
@@ -597,7 +603,7 @@ class _Request:
         self.ntx = ntx
 
 
-class Journal:
+class Journal(ProcessBound):
     """The writer of one epoch of a queue journal.  Thread-safe.
 
     ``Journal(fs, directory, epoch=E, recovered=recover(fs, directory), clock=...,
@@ -615,11 +621,15 @@ class Journal:
     It runs outside the journal's mutex, in the leading thread.
     """
 
+    _process_state = "its open segment and pending group commits"
+    _process_remedy = OPEN_QUEUE_IN_CHILD
+
     def __init__(self, fs: Filesystem, directory: str, *, epoch: int, recovered: Recovered,
                  clock: Clock | None = None, segment_target_bytes: int = DEFAULT_SEGMENT_TARGET,
                  reserve_bytes: int = DEFAULT_RESERVE,
                  fence: Callable[[], None] | None = None,
                  group_wait: float = DEFAULT_GROUP_WAIT) -> None:
+        self._bind_process()
         if epoch <= recovered.last_epoch:
             raise Fenced(f"journal {directory}: cannot start epoch {epoch}, epoch "
                          f"{recovered.last_epoch} already exists there; a newer coordinator "
@@ -673,16 +683,19 @@ class Journal:
     @property
     def position(self) -> Position:
         """(epoch, segment, offset) just after the last durable record."""
+        self._check_process()
         with self._mu:
             return (self.epoch, self._seg, self._end)
 
     @property
     def seq(self) -> int:
         """Sequence number of the last durable (acknowledgeable) transaction."""
+        self._check_process()
         with self._mu:
             return self._durable
 
     def metrics(self) -> dict[str, Any]:
+        self._check_process()
         with self._mu:
             out: dict[str, Any] = dict(self._m)
             out["sibling_waits"] = self._siblings.waits
@@ -697,20 +710,24 @@ class Journal:
         failed (it may or may not be durable; the journal is then unusable);
         ``Fenced``/``StorageUnavailable`` if it was never written (the journal was or
         became unusable first)."""
+        self._check_process()
         return self.wait(self.enqueue(txn))
 
     def commit_many(self, txns: Sequence[Buffer]) -> int:
         """Append several transactions atomically (one frame: after a crash, all or none
         of them are recovered); returns the sequence number of the last one."""
+        self._check_process()
         return self.wait(self.enqueue_many(txns))
 
     def enqueue(self, txn: Buffer) -> int:
         """Queue one transaction for the next group and return its sequence number at
         once (nothing is durable yet: ``wait`` for it before acknowledging)."""
+        self._check_process()
         return self._enqueue(_Request([_TAG_TXN, txn], 1))
 
     def enqueue_many(self, txns: Sequence[Buffer]) -> int:
         """``enqueue`` for an atomic batch (one frame); returns the last sequence number."""
+        self._check_process()
         if not txns:
             raise ValueError("enqueue_many needs at least one transaction")
         return self._enqueue(_Request(_batch_body(txns), len(txns)))
@@ -719,6 +736,7 @@ class Journal:
     def incoming(self) -> Iterator[None]:
         """Announce a transaction about to be enqueued inside this block: a leader
         syncing meanwhile waits (at most ``group_wait``) for it to join its group."""
+        self._check_process()
         with self._mu:
             self._siblings.announce()
         try:
@@ -732,6 +750,7 @@ class Journal:
         flight, the caller leads the next group (writes everything pending); otherwise it
         waits for the group in flight and then, if still needed, leads.  Raises as
         ``commit``."""
+        self._check_process()
         with self._cond:
             self._drive(seq)
         return seq
@@ -744,6 +763,7 @@ class Journal:
         could not be written (the journal stays usable) or the rotation failed (the
         journal is unusable); ``Fenced`` if ``fence()`` raised (nothing deleted, the
         journal unusable); errors of the flush as ``wait``."""
+        self._check_process()
         with self._cond:
             self._check_usable()
             while True:
@@ -763,7 +783,13 @@ class Journal:
 
     def close(self) -> None:
         """Make what was enqueued durable (best effort: waiters see any error), trim the
-        reserved tail and close.  Later calls raise ``StorageUnavailable``.  Idempotent."""
+        reserved tail and close.  Later calls raise ``StorageUnavailable``.  Idempotent.
+        In a forked child: only closes the child's copy of the segment descriptor, taking
+        no lock (the pending transactions and the segment are the parent's)."""
+        if self._in_forked_child():
+            self._drop_inherited()
+            self._closed = True
+            return
         with self._cond:
             while self._busy:
                 self._cond.wait()
@@ -776,10 +802,18 @@ class Journal:
         self._abandon_fd(trim=True)
 
     def __enter__(self) -> Journal:
+        self._check_process()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _process_subject(self) -> str:
+        return f"journal {self.dir} (epoch {self.epoch})"
+
+    def _drop_inherited(self) -> None:
+        fd, self._fd = getattr(self, "_fd", None), None
+        close_quietly(self.fs, fd)
 
     # --- group commit --------------------------------------------------------------------
     def _check_usable(self) -> None:

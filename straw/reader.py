@@ -16,6 +16,11 @@ resolved path (symlinks included) stayed inside the pool root.
 A session caches open files and checked manifests; it is not an ownership pin.  (A pack
 reclaimed while a session holds it open may still read back, intact, through that handle:
 what guarantees a read is a durable owner or pin, never such luck.)
+
+A session belongs to the process that opened it (``straw.process``): in a forked child
+every read raises ``ForkedProcess`` before touching a file or taking a lock, ``close()``
+only closes the child's copies of the cached descriptors, and the fork itself already
+closed them.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from .clock import Clock
 from .errors import CorruptData, InvalidReference, StorageUnavailable
 from .fs import Filesystem
 from .pack import EXTENT_PREFIX, decode_manifest, manifest_size
+from .process import ProcessBound, close_quietly
 from .refs import (
     Manifest,
     Record,
@@ -87,11 +93,14 @@ class _Lag(Exception):
     """Bytes not (yet) visible: retry after reopening."""
 
 
-class ReadSession:
+class ReadSession(ProcessBound):
     """Checked reads with a cache of open packs and authenticated manifests."""
+
+    _process_state = "its open pack files"
 
     def __init__(self, fs: Filesystem, root: str, run_id: str, clock: Clock, *,
                  visibility_retries: int = 8, visibility_backoff: float = 0.05) -> None:
+        self._bind_process()
         self.fs = fs
         self.root = root
         self.real_root = fs.realpath(root)
@@ -104,14 +113,31 @@ class ReadSession:
         self._lock = threading.Lock()
         self.closed = False
 
+    def _process_subject(self) -> str:
+        return f"read session of run {self.run_id!r} at {self.root}"
+
+    def _drop_inherited(self) -> None:
+        fds = list(self._fds.values())
+        self._fds.clear()
+        self._manifests.clear()
+        for fd in fds:
+            close_quietly(self.fs, fd)
+
     # --- context manager ------------------------------------------------------------
     def __enter__(self) -> ReadSession:
+        self._check_process()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
     def close(self) -> None:
+        """Close the cached files.  In a forked child: only the child's copies, taking no
+        lock (``straw.process``)."""
+        if self._in_forked_child():
+            self._drop_inherited()
+            self.closed = True
+            return
         with self._lock:
             for fd in self._fds.values():
                 try:
@@ -125,6 +151,7 @@ class ReadSession:
     # --- public reads -----------------------------------------------------------------
     def read(self, ref: RecordSetRef) -> list[Record]:
         """The publication's records in order, payloads as read-only memoryviews."""
+        self._check_process()
         manifest, body, payload_start = self._read_extent(ref)
         out = []
         pos = payload_start
@@ -136,10 +163,12 @@ class ReadSession:
 
     def validate(self, ref: RecordSetRef) -> tuple[RecordRef, ...]:
         """Check the whole extent; returns the checked references of its records."""
+        self._check_process()
         manifest, _, _ = self._read_extent(ref)
         return manifest.record_refs
 
     def manifest(self, ref: RecordSetRef) -> Manifest:
+        self._check_process()
         self._check_ref(ref)
         cached = self._manifests.get(ref)
         if cached is not None:
@@ -160,6 +189,7 @@ class ReadSession:
 
     def read_record(self, record_ref: RecordRef) -> Record:
         """One record, reading and checking only the manifest and that record."""
+        self._check_process()
         info = self._record_info(record_ref)
         data = self._read_exact(record_ref.record_set.path, record_ref.offset,
                                 record_ref.length)
@@ -175,6 +205,7 @@ class ReadSession:
                    into: Any = None) -> memoryview:
         """Unchecked bytes [start, stop) of a record, read into ``into`` if given.  The
         caller verifies them against its own finer-grained checksums (tensor chunks)."""
+        self._check_process()
         self._record_info(record_ref)
         if not 0 <= start <= stop <= record_ref.length:
             raise ValueError(f"range [{start}, {stop}) outside record of {record_ref.length}")
@@ -286,6 +317,7 @@ class ReadSession:
         return m
 
     def _fd(self, path: str) -> int:
+        self._check_process()  # every file access passes here (tensor reads included)
         with self._lock:
             if self.closed:
                 raise ValueError("read session is closed")

@@ -23,6 +23,15 @@ restarts (``straw.writer``).  Reads go through ``straw.reader.ReadSession`` (D6)
 Writing is lazy: a store that only reads takes no writer lock and creates nothing.
 Publishing is serialised per store (one write in flight); use one store per writer
 thread or process, each with its own ``writer_id``.
+
+Fork safety (``straw.process``).  A store belongs to the process that opened it.  In a
+forked child every method raises ``ForkedProcess`` before it takes a lock or touches a
+file: the writer lock, the open pack and the catalog position are the parent's, and
+using them would overwrite the parent's publications and corrupt the catalog.
+``close()``/``__exit__`` in a child do not raise and touch nothing of the parent's (no
+seal, no unlock, no write); the child's copies of the descriptors are closed already at
+the fork.  A store opened in the child (with its own ``writer_id`` if it publishes)
+works normally.
 """
 
 from __future__ import annotations
@@ -43,6 +52,7 @@ from .clock import Clock, SystemClock
 from .errors import IdempotencyConflict, InvalidReference, StorageUnavailable, UnsupportedSchema
 from .fs import Filesystem, PosixFS
 from .pack import encode_extent, storage_error
+from .process import ProcessBound
 from .reader import ReadSession
 from .refs import (
     NAME_RE,
@@ -65,7 +75,7 @@ DEFAULT_RESERVE = 64 * 1024 * 1024
 _Normalized = tuple[list[tuple[str, str, str, "int | None", memoryview, bytes]], list[Any], bytes]
 
 
-class SharedFilesystemStore:
+class SharedFilesystemStore(ProcessBound):
     """A pool client: publishes as writer ``writer_id`` and reads anything of its run.
 
     Parameters: ``root`` (pool directory, created if missing), ``run_id`` (the job),
@@ -76,6 +86,8 @@ class SharedFilesystemStore:
     ``Filesystem``, default ``PosixFS``), ``clock``, ``reserve_bytes`` (space reserved
     ahead in packs; 0 disables), ``visibility_retries``/``visibility_backoff`` (bounded
     retries when another client's data is not visible yet)."""
+
+    _process_state = "its writer lock, open pack, catalog position and open files"
 
     def __init__(
         self,
@@ -91,6 +103,7 @@ class SharedFilesystemStore:
         visibility_retries: int = 8,
         visibility_backoff: float = 0.05,
     ) -> None:
+        self._bind_process()
         self.run_id = check_name("run_id", run_id)
         self.writer_id = check_name("writer_id", writer_id)
         if isinstance(segment_target_bytes, bool) or not isinstance(segment_target_bytes, int) \
@@ -175,18 +188,34 @@ class SharedFilesystemStore:
                 f"up to {POOL_FORMAT}. Upgrade straw"
             )
 
+    # --- fork safety (straw.process) ---------------------------------------------------
+    def _process_subject(self) -> str:
+        return (f"SharedFilesystemStore of run {self.run_id!r} (writer {self.writer_id!r}) "
+                f"at {self.root}")
+
+    def _drop_inherited(self) -> None:
+        for part in (self._writer, self._session, self.catalog):
+            if part is not None:
+                part._drop_inherited()
+
     # --- context manager ----------------------------------------------------------------
     def __enter__(self) -> SharedFilesystemStore:
+        self._check_process()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
     def close(self) -> None:
-        """Seal the open pack, release the writer, close files.  Idempotent."""
+        """Seal the open pack, release the writer, close files.  Idempotent.  In a forked
+        child it does not raise and only closes the child's copies of the descriptors:
+        the pack, the writer lock and the catalog are the parent's."""
         if self.closed:
             return
         self.closed = True
+        if self._in_forked_child():
+            self._drop_inherited()  # no lock taken: another thread may have held it
+            return
         try:
             with self._write_lock:
                 if self._writer is not None:
@@ -198,6 +227,7 @@ class SharedFilesystemStore:
 
     def seal(self) -> None:
         """Seal the current pack (the next publication opens a new one)."""
+        self._check_process()
         with self._write_lock:
             self._check_open()
             if self._writer is not None:
@@ -207,6 +237,7 @@ class SharedFilesystemStore:
     def publish(self, records: Sequence[Record], *, submission_id: str,
                 dependencies: Sequence[RecordSetRef] = ()) -> RecordSetRef:
         """Publish one set of records durably; returns its reference (D1, D7)."""
+        self._check_process()
         for i, d in enumerate(dependencies):
             if isinstance(d, int) and not isinstance(d, bool):
                 raise ValueError(f"dependencies[{i}] is an index; index dependencies only "
@@ -218,6 +249,7 @@ class SharedFilesystemStore:
                      submission_id: str) -> list[RecordSetRef]:
         """Several publications in one durable write, one reference each.  A dependency
         is a ``RecordSetRef`` or the index of an earlier publication of this call."""
+        self._check_process()
         self._check_submission_id(submission_id)
         if isinstance(publications, (str, bytes)) or not isinstance(publications, Sequence):
             raise TypeError("publications must be a list of straw.Publication")
@@ -243,6 +275,7 @@ class SharedFilesystemStore:
     def lookup_submission(self, submission_id: str) -> list[RecordSetRef] | None:
         """The references published under ``submission_id`` by this writer id (across its
         restarts), or None."""
+        self._check_process()
         self._check_submission_id(submission_id)
         with self._write_lock:
             self._check_open()
@@ -292,6 +325,7 @@ class SharedFilesystemStore:
         return self._writer
 
     def _check_open(self) -> None:
+        self._check_process()  # first: a forked child is refused before any lock
         if self.closed:
             raise ValueError(f"store of run {self.run_id!r} at {self.root} is closed")
 
@@ -408,6 +442,7 @@ class SharedFilesystemStore:
 
     def owners(self) -> list[str]:
         """The names of this run's owners (applications', pins, queues)."""
+        self._check_process()
         with self.catalog.locked() as st:
             return sorted(st.run_owners(self.run_id))
 
@@ -430,19 +465,24 @@ class SharedFilesystemStore:
     # --- reading ------------------------------------------------------------------------
     def read(self, ref: RecordSetRef) -> list[Record]:
         """The publication's records, checked against the reference (D6)."""
+        self._check_process()
         return self._session.read(ref)
 
     def read_record(self, record_ref: RecordRef) -> Record:
+        self._check_process()
         return self._session.read_record(record_ref)
 
     def manifest(self, ref: RecordSetRef) -> Manifest:
+        self._check_process()
         return self._session.manifest(ref)
 
     def validate(self, ref: RecordSetRef) -> tuple[RecordRef, ...]:
+        self._check_process()
         return self._session.validate(ref)
 
     def read_session(self) -> ReadSession:
         """A scoped reader with its own cache of open packs and checked manifests."""
+        self._check_process()
         retries, backoff = self._visibility
         return ReadSession(self.fs, self.root, self.run_id, self.clock,
                            visibility_retries=retries, visibility_backoff=backoff)
@@ -450,6 +490,7 @@ class SharedFilesystemStore:
     # --- inspection ---------------------------------------------------------------------
     def disk_usage(self) -> dict[str, int]:
         """Pack files and bytes of this run on disk (for demos and operators)."""
+        self._check_process()
         files = 0
         total = 0
         run_dir = os.path.join(self.root, "runs", self.run_id)
@@ -471,6 +512,7 @@ class SharedFilesystemStore:
         return {"pack_files": files, "bytes": total}
 
     def writer_info(self) -> Mapping[str, Any] | None:
+        self._check_process()
         return self._writer.describe() if self._writer else None
 
 
@@ -502,12 +544,14 @@ class Pin:
         self.held = False
 
     def __enter__(self) -> Pin:
+        self.store._check_process()
         self.store.catalog.retain(self.owner, self.extents)
         self.held = True
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.held:
+        # a forked child leaving the block leaves the parent's pin alone (straw.process)
+        if self.held and not self.store._in_forked_child():
             self.store.catalog.release(self.owner)
             self.held = False
 

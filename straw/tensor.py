@@ -45,6 +45,13 @@ size, and the pool root as the publisher saw it.  A ref returned by ``publish_te
 or ``from_record_set_many`` is bound to that store; ``ref.using(store)`` binds a
 deserialised ref; an unbound ref opens (once per process) a read-only store at ``root``.
 
+After ``fork()`` (``straw.process``): a ref bound to a store of the parent raises
+``ForkedProcess`` in the child (rebind it with ``ref.using(store)`` to a store opened in
+the child, or send it pickled: pickling drops the binding); an unbound ref reads through
+a store of the child's own.  The module's thread pool, locks and store cache are reset in
+the child (the parent's threads do not exist there, and a lock another thread held at the
+fork would stay held forever).
+
 torch is optional: this module imports it lazily, and works on NumPy alone.
 """
 
@@ -63,7 +70,8 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from .errors import CorruptData, InvalidReference, UnsupportedSchema
+from .errors import CorruptData, ForkedProcess, InvalidReference, UnsupportedSchema
+from .process import ProcessBound
 from .reader import ReadSession
 from .refs import Record, RecordInfo, RecordRef, RecordSetRef
 
@@ -363,6 +371,21 @@ _auto_stores: dict[tuple[str, str], Any] = {}
 _auto_lock = threading.Lock()
 
 
+def _reset_after_fork() -> None:
+    """In a forked child: the parent's pool threads do not exist there (work submitted to
+    its pool would never run), a lock another thread held at the fork stays held, and the
+    cached stores are the parent's (they refuse use in the child)."""
+    global _pool, _pool_lock, _auto_stores, _auto_lock
+    _pool = None  # never shut down: it is the parent's
+    _pool_lock = threading.Lock()
+    _auto_stores = {}
+    _auto_lock = threading.Lock()
+    _buffers.lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
+
+
 def _session_of(reader: Any) -> ReadSession:
     if isinstance(reader, ReadSession):
         return reader
@@ -464,6 +487,12 @@ class TensorRef:
     def _session(self) -> ReadSession:
         reader = getattr(self, "_reader", None)
         if reader is not None:
+            if isinstance(reader, ProcessBound) and reader._in_forked_child():
+                raise ForkedProcess(
+                    f"tensor {self.name!r} is bound to a reader of another process: "
+                    f"{reader._forked_message()}; then rebind the reference with "
+                    "ref.using(store), or send it to the child pickled (an unpickled "
+                    "TensorRef reads through a store of its own process)")
             return _session_of(reader)
         run_id = self.record.record_set.run_id
         key = (self.root, run_id)

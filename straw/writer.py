@@ -17,6 +17,13 @@ unacknowledged ones stay staged until a retry finds them and the caller releases
 A publish_many batch counts only when all its extents survived.  Packs left open by a
 killed predecessor may hold data that reached the page cache but was never synced: they
 are fsynced before their extents are trusted (D1).
+
+An incarnation belongs to the process that opened it (``straw.process``).  After a fork
+the child's copy of the ``LOCK`` descriptor shares the parent's open file description, so
+the lock would not keep the child out, and its unlock would release the parent's lock.
+In a forked child every method raises ``ForkedProcess`` before touching anything, and
+``close()``/``release()`` only close the child's copies of the lock and pack descriptors:
+never seal, write or unlock.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ from .pack import (
     scan_pack,
     storage_error,
 )
+from .process import ProcessBound, close_quietly
 from .refs import RecordSetRef
 
 _INC_RE = re.compile(r"^i([0-9]{6,})$")
@@ -84,9 +92,13 @@ def _complete_batch(items: Sequence[tuple[str, ExtentEntry]]
     return found
 
 
-class WriterIncarnation:
+class WriterIncarnation(ProcessBound):
+    _process_state = "its writer lock and open pack"
+
     def __init__(self, fs: Filesystem, root: str, run_id: str, writer_id: str, clock: Clock,
                  catalog: Catalog, *, segment_target_bytes: int, reserve_bytes: int) -> None:
+        self._bind_process()
+        self.pack: PackWriter | None = None
         self.fs = fs
         self.catalog = catalog
         self.root = root
@@ -113,7 +125,6 @@ class WriterIncarnation:
         except BaseException:
             self.release()
             raise
-        self.pack: PackWriter | None = None
         self.pack_rel = ""
         self.pack_no = 0
         self.sealed_packs: list[str] = []
@@ -129,8 +140,21 @@ class WriterIncarnation:
         return fd
 
     def release(self) -> None:
+        if self._in_forked_child():
+            self._drop_inherited()
+            return
         holder.release(self.fs, self._lock_fd)
         self._lock_fd = None
+
+    def _process_subject(self) -> str:
+        return f"writer {self.writer_id!r} of run {self.run_id!r} at {self.root}"
+
+    def _drop_inherited(self) -> None:
+        fd, self._lock_fd = getattr(self, "_lock_fd", None), None
+        pack, self.pack = self.pack, None
+        close_quietly(self.fs, fd)
+        if pack is not None and not pack.broken:  # a broken pack's fd is closed already
+            close_quietly(self.fs, pack.fd)
 
     # --- the idempotency index of earlier incarnations ------------------------------
     def _incarnations(self) -> list[int]:
@@ -203,6 +227,7 @@ class WriterIncarnation:
         """Where an extent group of ``size`` bytes will go; rotates first if the open pack
         has data and the group would pass the segment target (an oversized group stays
         contiguous in one pack)."""
+        self._check_process()
         if self.pack is not None and self.pack.entries and \
                 self.pack.data_end + size > self.segment_target_bytes:
             self.seal()
@@ -223,6 +248,7 @@ class WriterIncarnation:
         )
 
     def append(self, extents: Sequence[EncodedExtent]) -> list[RecordSetRef]:
+        self._check_process()
         assert self.pack is not None
         self.pack.append_group(extents)
         return [ref_from_entry(self.run_id, self.pack_rel, e.entry) for e in extents]
@@ -230,6 +256,7 @@ class WriterIncarnation:
     def seal(self) -> None:
         """Seal the open pack: the file first (durable), then the catalog.  A crash in
         between leaves the catalog saying "open"; the next incarnation seals it there."""
+        self._check_process()
         pack, self.pack = self.pack, None
         if pack is not None and not pack.broken:
             pack.seal()
@@ -237,12 +264,16 @@ class WriterIncarnation:
             self.sealed_packs.append(self.pack_rel)
 
     def close(self) -> None:
+        if self._in_forked_child():  # the pack and the lock are the parent's
+            self._drop_inherited()
+            return
         try:
             self.seal()
         finally:
             self.release()
 
     def describe(self) -> dict[str, Any]:
+        self._check_process()
         return {"writer_id": self.writer_id, "incarnation": self.incarnation,
                 "pack": self.pack_rel if self.pack else None}
 

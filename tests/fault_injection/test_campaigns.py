@@ -86,6 +86,9 @@ def test_fuzz_short_run_on_a_temp_dir(tmp_path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "0 violations" in proc.stdout
     assert re.search(r"[1-9]\d* acknowledged publications verified", proc.stdout), proc.stdout
+    # writers forked mid-run; each child found its inherited store refusing (else a
+    # violation) and published under its own writer id, checked like the others
+    assert re.search(r"[1-9]\d* forked children", proc.stdout), proc.stdout
 
 
 # --- reproductions of engine bugs the campaigns found (now fixed) ---
