@@ -20,7 +20,6 @@ what guarantees a read is a durable owner or pin, never such luck.)
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from collections import OrderedDict
@@ -41,6 +40,7 @@ from .refs import (
     RecordRef,
     RecordSetRef,
     check_pack_path,
+    parse_metadata,
 )
 
 _FIRST_READ = 64 * 1024
@@ -271,7 +271,8 @@ class ReadSession:
         rrefs = []
         pos = ref.offset + framing.HEADER_SIZE + payload_start
         for i, (rid, codec, meta, tokens, length, h) in enumerate(raw["recs"]):
-            infos.append(RecordInfo(rid, codec, json.loads(meta), tokens, length, h.hex()))
+            meta = parse_metadata(meta, f"{ref.path} offset {ref.offset} record {i}")
+            infos.append(RecordInfo(rid, codec, meta, tokens, length, h.hex()))
             rrefs.append(RecordRef(ref, rid, i, pos, length, h.hex()))
             pos += length
         deps = tuple(
