@@ -334,10 +334,10 @@ def _check_meta(meta: Mapping[str, Any], length: int, where: str) -> tuple[str, 
     except (KeyError, TypeError):
         raise UnsupportedSchema(f"{where}: tensor.v1 metadata lacks dtype/shape/source/"
                                 "chunk_bytes/chunks") from None
-    if dtype not in DTYPES:
+    if not isinstance(dtype, str) or dtype not in DTYPES:  # (a list would be unhashable)
         raise UnsupportedSchema(f"{where}: tensor dtype {dtype!r} is unknown to this straw "
                                 f"(knows {', '.join(DTYPES)})")
-    if source not in SOURCES:
+    if not isinstance(source, str) or source not in SOURCES:
         raise UnsupportedSchema(f"{where}: tensor source {source!r} is unknown")
     if (not isinstance(shape, list) or len(shape) > MAX_DIMS
             or any(not isinstance(d, int) or isinstance(d, bool) or d < 0 for d in shape)):
