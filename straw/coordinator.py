@@ -53,7 +53,7 @@ import xxhash
 from . import holder
 from . import journal as journal_mod
 from .catalog import Announcement, Extent
-from .checks import check_count, check_int, check_seconds
+from .checks import check_count, check_int, check_seconds, short_repr
 from .clock import Clock
 from .errors import (
     Fenced,
@@ -132,8 +132,8 @@ class Coordinator:
             raise TypeError(f"store must be a SharedFilesystemStore, got {type(store).__name__}")
         for name, value in (("queue_id", queue_id), ("namespace", namespace)):
             if not isinstance(value, str) or not NAME_RE.match(value):
-                raise ValueError(f"{name} {value!r} must be 1-128 letters, digits, '.', '_' "
-                                 "or '-'")
+                raise ValueError(f"{name} {short_repr(value)} must be 1-128 letters, digits, "
+                                 "'.', '_' or '-'")
         check_seconds("lease_seconds", lease_seconds, positive=True)
         check_seconds("group_wait", group_wait, positive=False)
         check_count("snapshot_every", snapshot_every, minimum=1)
@@ -618,6 +618,9 @@ class Coordinator:
         (``task_id``, ``attempt``)."""
         _check_id("submission_id", submission_id)
         ref = self._check_ref(result_ref, "result_ref")
+        if result_digest is not None and not isinstance(result_digest, str):
+            raise TypeError(f"result_digest must be None or a str, got "
+                            f"{type(result_digest).__name__}")
         if result_digest is not None and result_digest != ref.digest:
             raise ValueError(f"result_digest {result_digest!r} differs from the reference's "
                              f"digest {ref.digest!r}")

@@ -210,7 +210,7 @@ class SegmentRef:
         try:
             run_id, path = value["run_id"], value["path"]
         except (KeyError, TypeError):
-            raise InvalidReference(f"not a SegmentRef dict: {value!r}") from None
+            raise InvalidReference(f"not a SegmentRef dict: {short_repr(value)}") from None
         check_pack_path(path, run_id)
         return cls(run_id, path)
 
@@ -254,7 +254,7 @@ class RecordSetRef:
                 value["checksum"], value["digest"], value["records"],
             )
         except (KeyError, TypeError):
-            raise InvalidReference(f"not a RecordSetRef dict: {value!r}") from None
+            raise InvalidReference(f"not a RecordSetRef dict: {short_repr(value)}") from None
         ref.check()
         return ref
 
@@ -303,7 +303,7 @@ class RecordRef:
                 value["index"], value["offset"], value["length"], value["checksum"],
             )
         except (KeyError, TypeError):
-            raise InvalidReference(f"not a RecordRef dict: {value!r}") from None
+            raise InvalidReference(f"not a RecordRef dict: {short_repr(value)}") from None
         rs = ref.record_set
         for name in ("index", "offset", "length"):
             v = getattr(ref, name)
