@@ -158,33 +158,34 @@ def decode_manifest(body_prefix: Any, where: str) -> tuple[dict[str, Any], int]:
 
 
 def _is_count(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+    return type(v) is int and v >= 0  # msgpack ints fit in 64 bits; bools are not counts
 
 
 def _is_hash(v: object) -> bool:
-    return isinstance(v, bytes) and len(v) == 16
+    return type(v) is bytes and len(v) == 16
 
 
 def _check_manifest_shape(m: dict[str, Any], where: str) -> None:
     """The shape every reader of a manifest relies on.  The manifest passed its checksum,
     so a wrong shape was crafted or written by a broken writer: ``CorruptData`` naming
     the field, not a KeyError or ValueError deep inside a reader."""
-    if not isinstance(m.get("run"), str) or not isinstance(m.get("sub"), str):
+    if type(m.get("run")) is not str or type(m.get("sub")) is not str:
         raise CorruptData(f"{where}: manifest lacks its run or submission id")
     if not (_is_count(m.get("idx")) and _is_count(m.get("n")) and _is_hash(m.get("digest"))):
         raise CorruptData(f"{where}: manifest batch position or digest is malformed")
     deps, recs = m.get("deps"), m.get("recs")
-    if not isinstance(deps, list) or not all(
-            isinstance(d, list) and len(d) == 6 and isinstance(d[0], str) and _is_count(d[1])
-            and _is_count(d[2]) and _is_hash(d[3]) and _is_hash(d[4]) and _is_count(d[5])
-            for d in deps):
-        raise CorruptData(f"{where}: manifest dependencies are malformed")
-    if not isinstance(recs, list) or not all(
-            isinstance(r, list) and len(r) == 6 and isinstance(r[0], str)
-            and isinstance(r[1], str) and isinstance(r[2], str)
-            and (r[3] is None or _is_count(r[3])) and _is_count(r[4]) and _is_hash(r[5])
-            for r in recs):
-        raise CorruptData(f"{where}: manifest records are malformed")
+    if type(deps) is not list or type(recs) is not list:
+        raise CorruptData(f"{where}: manifest dependencies or records are not lists")
+    for d in deps:
+        if not (type(d) is list and len(d) == 6 and type(d[0]) is str and _is_count(d[1])
+                and _is_count(d[2]) and _is_hash(d[3]) and _is_hash(d[4])
+                and _is_count(d[5])):
+            raise CorruptData(f"{where}: manifest dependency {d!r:.200} is malformed")
+    for r in recs:
+        if not (type(r) is list and len(r) == 6 and type(r[0]) is str and type(r[1]) is str
+                and type(r[2]) is str and (r[3] is None or _is_count(r[3]))
+                and _is_count(r[4]) and _is_hash(r[5])):
+            raise CorruptData(f"{where}: manifest record {r!r:.200} is malformed")
 
 
 def manifest_size(body_prefix: Any) -> int:
