@@ -46,6 +46,7 @@ import msgpack
 import xxhash
 
 from . import framing
+from .checks import short_repr
 from .errors import CorruptData, QuotaExceeded, StorageUnavailable, UnsupportedSchema
 from .fs import Filesystem
 
@@ -180,12 +181,12 @@ def _check_manifest_shape(m: dict[str, Any], where: str) -> None:
         if not (type(d) is list and len(d) == 6 and type(d[0]) is str and _is_count(d[1])
                 and _is_count(d[2]) and _is_hash(d[3]) and _is_hash(d[4])
                 and _is_count(d[5])):
-            raise CorruptData(f"{where}: manifest dependency {d!r:.200} is malformed")
+            raise CorruptData(f"{where}: manifest dependency {short_repr(d)} is malformed")
     for r in recs:
         if not (type(r) is list and len(r) == 6 and type(r[0]) is str and type(r[1]) is str
                 and type(r[2]) is str and (r[3] is None or _is_count(r[3]))
                 and _is_count(r[4]) and _is_hash(r[5])):
-            raise CorruptData(f"{where}: manifest record {r!r:.200} is malformed")
+            raise CorruptData(f"{where}: manifest record {short_repr(r)} is malformed")
 
 
 def manifest_size(body_prefix: Any) -> int:
