@@ -181,6 +181,16 @@ def register_dataclass(cls: type, name: str | None = None) -> None:
     DEFAULT_REGISTRY.register_dataclass(cls, name)
 
 
+def _registry(registry: object) -> Registry:
+    """The registry a call uses: the default one, or the caller's (checked)."""
+    if registry is None:
+        return DEFAULT_REGISTRY
+    if not isinstance(registry, Registry):
+        raise TypeError(f"registry must be a straw.codec.Registry, got "
+                        f"{type(registry).__name__}")
+    return registry
+
+
 # --- encoding ---------------------------------------------------------------------------
 
 
@@ -311,7 +321,7 @@ def encode_sample(store: Any, sample: Any, *, submission_id: str,
                   registry: Registry | None = None) -> RecordSetRef:
     """Publish ``sample`` as one publication (see the module docstring); returns its
     reference.  Idempotent per ``submission_id`` (D7)."""
-    enc = _Encoder(registry or DEFAULT_REGISTRY)
+    enc = _Encoder(_registry(registry))
     body = msgpack.packb(enc.enc(sample, "sample", 0), use_bin_type=True)
     meta = {"format": FORMAT, "tensors": len(enc.tensors)}
     deps = list(dependencies) + [d for d in enc.deps if d not in dependencies]
@@ -464,9 +474,7 @@ def decode_sample(store: Any, ref: RecordSetRef, *, lazy_tensors_over: int | Non
     ``lazy_tensors_over`` bytes stay lazy ``TensorRef``s."""
     if lazy_tensors_over is not None:
         check_count("lazy_tensors_over", lazy_tensors_over)
-    if registry is not None and not isinstance(registry, Registry):
-        raise TypeError(f"registry must be a straw.codec.Registry, got "
-                        f"{type(registry).__name__}")
+    registry = _registry(registry)
     manifest = store.manifest(ref)
     if not manifest.records or manifest.records[0].codec != CODEC:
         raise UnsupportedSchema(f"{ref!r} is not a {CODEC} publication (record 0 is "
@@ -476,7 +484,7 @@ def decode_sample(store: Any, ref: RecordSetRef, *, lazy_tensors_over: int | Non
         raise UnsupportedSchema(f"{ref!r}: sample format {fmt!r}; this straw reads {FORMAT}")
     body = store.read_record(manifest.record_refs[0]).payload
     dec = _Decoder(store, TensorRef.from_record_set_many(store, ref), lazy_tensors_over,
-                   registry or DEFAULT_REGISTRY)
+                   registry)
     try:
         sample = msgpack.unpackb(body, raw=False, strict_map_key=False, ext_hook=dec.ext,
                                  list_hook=dec.array, use_list=True)
