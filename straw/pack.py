@@ -20,6 +20,9 @@ Extent body (the publication)::
 
 ``read`` verifies the body checksum (which the reference names); ``read_record`` verifies
 the manifest checksum and that record's own checksum, reading nothing else.
+``decode_manifest`` also checks the manifest's shape (field types, counts, 16-byte
+hashes): a manifest that passes its checksum but was crafted or written by a broken
+writer is ``CorruptData`` naming the field, never a KeyError inside a reader.
 
 Space is reserved ahead with ``posix_fallocate`` (``Filesystem.reserve``) so that a
 publication is one ``writev`` into reserved space plus one ``fdatasync``: the file size
