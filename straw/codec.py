@@ -5,7 +5,9 @@ API::
     ref = encode_sample(store, sample, *, submission_id, dependencies=(), registry=None)
     sample = decode_sample(store, ref, *, lazy_tensors_over=None, registry=None)
     register_type(cls, tag, version, encode, decode)      # the default registry
+    register_dataclass(cls, name=None)                    # the default registry
     Registry().register(cls, tag, version, encode, decode)  # a private one
+    Registry().register_dataclass(cls, name=None)
 
 One publication holds record 0, ``sample`` (codec ``sample.v1``: the structure as
 msgpack), and one ``tensor.v1`` record per distinct tensor (``straw.tensor``: chunk
@@ -18,18 +20,28 @@ checksums, zero-copy writes).  What is encoded:
 * NumPy arrays and torch tensors (the ten ``straw.tensor`` dtypes): tensor records, one per
   distinct object (a tensor referenced twice is stored once and decodes to one object);
   NumPy scalars inline; ``TensorRef``s as references to their publication, which becomes
-  a dependency of the sample's publication (no bytes copied);
+  a dependency of the sample's publication (no bytes copied); ``RecordSetRef``s (a
+  built-in registered type of every ``Registry``, tag ``straw.RecordSetRef``, decoded
+  through ``RecordSetRef.from_dict`` and so checked);
 * PIL images, as PNG (when Pillow is importable);
-* dataclasses, field by field, restored without calling ``__init__`` (the class must be
-  importable, i.e. its module already imported, and have the same fields);
+* registered dataclasses (``register_dataclass(cls)``, in the writer and in every
+  reader), field by field, under a name (default ``"module:qualname"``), restored
+  without calling ``__init__``; the registered class must have the fields the sample
+  has.  An unregistered dataclass is a ``TypeError`` on encode, and a sample naming a
+  dataclass the reader's registry does not hold is ``UnsupportedSchema``: the decoder
+  never looks classes up by name in loaded modules, so a crafted record cannot make it
+  instantiate an arbitrary class;
 * registered types: ``register_type(cls, tag, version, encode, decode)``; ``encode(obj)``
   returns any encodable value, ``decode(value)`` rebuilds the object.  Encoding uses the
   highest version registered for ``cls``; every registered version stays decodable.
 
 Rejections: an unsupported type raises ``TypeError`` naming the field path
 (``sample['obs'][3].foo``); a cycle raises ``ValueError``; nesting deeper than
-``MAX_DEPTH`` containers raises ``ValueError``.  On decode, an unknown tag or version, or
-a structure this version does not know, raises ``UnsupportedSchema``.  Never pickle: the
+``MAX_DEPTH`` containers raises ``ValueError``.  On decode, an unknown ext type, marker
+kind, type tag or version, or dataclass name raises ``UnsupportedSchema``; a structure
+that does not parse (msgpack errors, a truncated or malformed ext payload, a marker out
+of place, a registered decoder failing on its value) raises ``CorruptData`` naming what;
+references inside fail as references do (``InvalidReference``).  Never pickle: the
 decoder only builds the types listed above.
 
 ``lazy_tensors_over=N`` leaves tensors larger than N bytes as lazy ``TensorRef``s (load
@@ -54,7 +66,8 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from .errors import UnsupportedSchema
+from .checks import check_count, short_repr
+from .errors import CorruptData, StrawError, UnsupportedSchema
 from .refs import Record, RecordSetRef
 from .tensor import DTYPES, TensorRef, _is_torch_tensor, _np_dtype, tensor_record
 
@@ -71,11 +84,17 @@ _U32 = struct.Struct("<I")
 
 
 class Registry:
-    """Custom types by class (for encoding) and by (tag, version) (for decoding)."""
+    """Custom types by class (for encoding) and by (tag, version) (for decoding), and
+    dataclasses by class and by name: the only classes the decoder builds."""
 
     def __init__(self) -> None:
         self._by_cls: dict[type, tuple[str, int, Callable[[Any], Any]]] = {}
         self._by_tag: dict[tuple[str, int], Callable[[Any], Any]] = {}
+        self._dataclass_names: dict[type, str] = {}
+        self._dataclasses: dict[str, type] = {}
+        # built in: references decode through their checking constructor
+        self.register(RecordSetRef, "straw.RecordSetRef", 1, RecordSetRef.to_dict,
+                      RecordSetRef.from_dict)
 
     def register(self, cls: type, tag: str, version: int, encode: Callable[[Any], Any],
                  decode: Callable[[Any], Any]) -> None:
@@ -96,6 +115,39 @@ class Registry:
         self._by_tag[(tag, version)] = decode
         if known is None or version > known[1]:
             self._by_cls[cls] = (tag, version, encode)
+
+    def register_dataclass(self, cls: type, name: str | None = None) -> None:
+        """Make dataclass ``cls`` encodable field by field under ``name`` (default
+        ``"module:qualname"``; give the old name when a class moves).  Registering the
+        same class under the same name again is a no-op."""
+        if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+            raise TypeError(f"cls must be a dataclass class, got {cls!r}")
+        name = f"{cls.__module__}:{cls.__qualname__}" if name is None else name
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"name must be a non-empty str, got {name!r}")
+        known = self._dataclasses.get(name)
+        if known is not None and known is not cls:
+            raise ValueError(f"dataclass name {name!r} is already registered for "
+                             f"{known.__module__}.{known.__qualname__}")
+        named = self._dataclass_names.get(cls)
+        if named is not None and named != name:
+            raise ValueError(f"{cls.__qualname__} is already registered as dataclass {named!r}")
+        self._dataclasses[name] = cls
+        self._dataclass_names[cls] = name
+
+    def dataclass_name(self, cls: type) -> str | None:
+        """The name ``cls`` is encoded under, or None if it is not registered (exact
+        class: a subclass needs its own registration, it may have other fields)."""
+        return self._dataclass_names.get(cls)
+
+    def dataclass(self, name: str) -> type:
+        cls = self._dataclasses.get(name)
+        if cls is None:
+            raise UnsupportedSchema(
+                f"sample holds dataclass {name!r}, which is not registered here; register "
+                "it with straw.codec.register_dataclass(cls) (the sample codec only builds "
+                "registered types)")
+        return cls
 
     def encoder(self, cls: type) -> tuple[str, int, Callable[[Any], Any]] | None:
         for base in cls.__mro__:
@@ -122,6 +174,21 @@ def register_type(cls: type, tag: str, version: int, encode: Callable[[Any], Any
                   decode: Callable[[Any], Any]) -> None:
     """Register a custom type in the default registry (see ``Registry.register``)."""
     DEFAULT_REGISTRY.register(cls, tag, version, encode, decode)
+
+
+def register_dataclass(cls: type, name: str | None = None) -> None:
+    """Register a dataclass in the default registry (see ``Registry.register_dataclass``)."""
+    DEFAULT_REGISTRY.register_dataclass(cls, name)
+
+
+def _registry(registry: object) -> Registry:
+    """The registry a call uses: the default one, or the caller's (checked)."""
+    if registry is None:
+        return DEFAULT_REGISTRY
+    if not isinstance(registry, Registry):
+        raise TypeError(f"registry must be a straw.codec.Registry, got "
+                        f"{type(registry).__name__}")
+    return registry
 
 
 # --- encoding ---------------------------------------------------------------------------
@@ -198,6 +265,13 @@ class _Encoder:
         if image is not None and isinstance(x, image):
             return msgpack.ExtType(_IMAGE, _png(x, path))
         if dataclasses.is_dataclass(x) and not isinstance(x, type):
+            name = self.registry.dataclass_name(t)
+            if name is None:
+                raise TypeError(
+                    f"{path} is a {t.__module__}.{t.__qualname__} dataclass, which is not "
+                    "registered with the sample codec; call straw.codec.register_dataclass("
+                    f"{t.__qualname__}) in the writer and in every reader (the decoder only "
+                    "builds registered types)")
             self.enter(x, path, depth)
             try:
                 fields = self.mapping(
@@ -205,7 +279,7 @@ class _Encoder:
                      for f in dataclasses.fields(x)], key)
             finally:
                 del self.active[id(x)]
-            return (_MARKERS[_DATACLASS], f"{t.__module__}:{t.__qualname__}", fields)
+            return (_MARKERS[_DATACLASS], name, fields)
         raise TypeError(
             f"{path} is a {t.__module__}.{t.__qualname__}, which the sample codec cannot "
             "encode; convert it, or register it with straw.codec.register_type(cls, tag, "
@@ -247,7 +321,7 @@ def encode_sample(store: Any, sample: Any, *, submission_id: str,
                   registry: Registry | None = None) -> RecordSetRef:
     """Publish ``sample`` as one publication (see the module docstring); returns its
     reference.  Idempotent per ``submission_id`` (D7)."""
-    enc = _Encoder(registry or DEFAULT_REGISTRY)
+    enc = _Encoder(_registry(registry))
     body = msgpack.packb(enc.enc(sample, "sample", 0), use_bin_type=True)
     meta = {"format": FORMAT, "tensors": len(enc.tensors)}
     deps = list(dependencies) + [d for d in enc.deps if d not in dependencies]
@@ -259,6 +333,10 @@ def encode_sample(store: Any, sample: Any, *, submission_id: str,
 
 
 class _Decoder:
+    """msgpack hooks that rebuild a sample.  Every malformed piece is ``CorruptData``
+    naming it, every unknown kind ``UnsupportedSchema``: the record passed its checksum,
+    so a structure that does not parse was written wrong or crafted."""
+
     def __init__(self, store: Any, tensors: dict[int, TensorRef], lazy_over: int | None,
                  registry: Registry) -> None:
         self.store = store
@@ -266,13 +344,21 @@ class _Decoder:
         self.lazy_over = lazy_over
         self.registry = registry
         self.loaded: dict[int, Any] = {}
+        # markers must each open an array: those seen (ext_hook) minus those consumed
+        # (list_hook) is non-zero when one sits anywhere else
+        self.markers_seen = 0
+        self.markers_used = 0
 
     def ext(self, code: int, data: bytes) -> Any:
         if code in _MARKERS:
             if data:
                 raise UnsupportedSchema(f"sample marker {code} carries data")
+            self.markers_seen += 1
             return _MARKERS[code]
         if code == _TENSOR:
+            if len(data) != _U32.size:
+                raise CorruptData(f"sample tensor entry holds {len(data)} bytes, not "
+                                  f"{_U32.size}")
             (ordinal,) = _U32.unpack(data)
             if ordinal not in self.tensors:
                 raise UnsupportedSchema(f"sample names tensor record {ordinal}, which is not a "
@@ -283,58 +369,100 @@ class _Decoder:
                 self.loaded[ordinal] = ref if lazy else ref.load()
             return self.loaded[ordinal]
         if code == _TENSORREF:
-            return TensorRef.from_dict(msgpack.unpackb(data, raw=False), self.store)
+            return TensorRef.from_dict(_unpack_ext(data, "tensor reference"), self.store)
         if code == _NPSCALAR:
-            name, raw = msgpack.unpackb(data, raw=False)
-            if name not in DTYPES:
-                raise UnsupportedSchema(f"sample holds a NumPy scalar of dtype {name!r}")
-            return np.frombuffer(raw, dtype=_np_dtype(name).newbyteorder("<"))[0]
+            return _np_scalar(_unpack_ext(data, "NumPy scalar"))
         if code == _BIGINT:
-            return int(data.decode())
+            try:
+                return int(data.decode("ascii"))
+            except ValueError:  # UnicodeDecodeError too
+                raise CorruptData(f"sample big int {data[:40]!r} is not a decimal "
+                                  "integer") from None
         if code == _BYTEARRAY:
             return bytearray(data)
         if code == _IMAGE:
-            try:
-                from PIL import Image
-            except ImportError:
-                raise UnsupportedSchema("sample holds a PNG image; install Pillow to decode "
-                                        "it") from None
-            img = Image.open(io.BytesIO(data))
-            img.load()
-            return img
+            return _image(data)
         raise UnsupportedSchema(f"sample holds msgpack ext type {code}, unknown to this straw")
 
     def array(self, items: list[Any]) -> Any:
         if not items or not isinstance(items[0], msgpack.ExtType):
             return items
         code = items[0].code
+        if code not in _MARKERS:
+            raise UnsupportedSchema(f"sample holds a marker array of kind {code}, unknown here")
+        self.markers_used += 1
         if code == _TUPLE:
             return tuple(items[1:])
         if code == _CUSTOM and len(items) == 4:
-            _, tag, version, value = items
-            return self.registry.decoder(tag, version)(value)
+            return self.custom(items[1], items[2], items[3])
         if code == _MAP and len(items) % 2 == 1:
-            return dict(zip(items[1::2], items[2::2], strict=True))
+            try:
+                return dict(zip(items[1::2], items[2::2], strict=True))
+            except TypeError:  # an unhashable key
+                raise CorruptData("sample holds a map marker with an unhashable key") from None
         if code == _DATACLASS and len(items) == 3:
-            return _dataclass(items[1], items[2])
-        raise UnsupportedSchema(f"sample holds a marker array of kind {code}, unknown here")
+            return _dataclass(self.registry, items[1], items[2])
+        raise CorruptData(f"sample holds a marker array of kind {code} with {len(items)} "
+                          "items, which is not how that kind is laid out")
+
+    def custom(self, tag: Any, version: Any, value: Any) -> Any:
+        if not isinstance(tag, str) or isinstance(version, bool) or not isinstance(version, int):
+            raise CorruptData(f"sample holds a registered-type entry with tag {short_repr(tag)} "
+                              f"and version {short_repr(version)}; expected a str and an int")
+        decode = self.registry.decoder(tag, version)
+        try:
+            return decode(value)
+        except StrawError:
+            raise
+        except Exception as e:  # the user's decoder refused the stored value
+            raise CorruptData(f"the decoder registered for type tag {tag!r} version {version} "
+                              f"failed on its stored value: {e!r}") from e
 
 
-def _dataclass(name: Any, fields: Any) -> Any:
-    if not isinstance(name, str) or ":" not in name or not isinstance(fields, dict):
-        raise UnsupportedSchema(f"malformed dataclass entry {name!r}")
-    module, qualname = name.split(":", 1)
-    obj: Any = sys.modules.get(module)  # never import: only classes already loaded
-    for part in qualname.split("."):
-        obj = getattr(obj, part, None)
-    if not (isinstance(obj, type) and dataclasses.is_dataclass(obj)):
-        raise UnsupportedSchema(f"sample holds dataclass {name}, which is not loaded here; "
-                                f"import {module} first")
-    names = [f.name for f in dataclasses.fields(obj)]
-    if sorted(names) != sorted(fields):
+def _unpack_ext(data: bytes, what: str) -> Any:
+    try:
+        return msgpack.unpackb(data, raw=False)
+    except Exception as e:  # msgpack raises several types for malformed input
+        raise CorruptData(f"sample {what} entry does not decode: {e}") from None
+
+
+def _np_scalar(value: Any) -> Any:
+    if not (isinstance(value, list) and len(value) == 2 and isinstance(value[1], bytes)):
+        raise CorruptData(f"sample NumPy scalar entry {short_repr(value)} is not [dtype, bytes]")
+    name, raw = value
+    if not isinstance(name, str) or name not in DTYPES:
+        raise UnsupportedSchema(f"sample holds a NumPy scalar of dtype {short_repr(name)}")
+    if len(raw) != DTYPES[name]:
+        raise CorruptData(f"sample NumPy {name} scalar holds {len(raw)} bytes, not "
+                          f"{DTYPES[name]}")
+    return np.frombuffer(raw, dtype=_np_dtype(name).newbyteorder("<"))[0]
+
+
+def _image(data: bytes) -> Any:
+    try:
+        from PIL import Image
+    except ImportError:
+        raise UnsupportedSchema("sample holds a PNG image; install Pillow to decode "
+                                "it") from None
+    try:
+        img = Image.open(io.BytesIO(data), formats=["PNG"])
+        img.load()
+    except Exception as e:  # PIL raises OSError, ValueError, DecompressionBombError...
+        raise CorruptData(f"sample PNG image does not decode: {e}") from None
+    return img
+
+
+def _dataclass(registry: Registry, name: Any, fields: Any) -> Any:
+    if not isinstance(name, str) or not isinstance(fields, dict) \
+            or not all(isinstance(k, str) for k in fields):
+        raise CorruptData(f"malformed dataclass entry {short_repr(name)}")
+    cls = registry.dataclass(name)  # only registered classes, never a lookup by name
+    names = [f.name for f in dataclasses.fields(cls)]
+    if set(names) != set(fields):
         raise UnsupportedSchema(f"dataclass {name} now has fields {names}, the sample "
                                 f"{sorted(fields)}; register a versioned type for it")
-    inst = obj.__new__(obj)
+    klass: Any = cls
+    inst = klass.__new__(klass)  # restored without calling __init__
     for k, v in fields.items():
         object.__setattr__(inst, k, v)
     return inst
@@ -344,6 +472,9 @@ def decode_sample(store: Any, ref: RecordSetRef, *, lazy_tensors_over: int | Non
                   registry: Registry | None = None) -> Any:
     """The sample published at ``ref``, checked (D6).  Tensors larger than
     ``lazy_tensors_over`` bytes stay lazy ``TensorRef``s."""
+    if lazy_tensors_over is not None:
+        check_count("lazy_tensors_over", lazy_tensors_over)
+    registry = _registry(registry)
     manifest = store.manifest(ref)
     if not manifest.records or manifest.records[0].codec != CODEC:
         raise UnsupportedSchema(f"{ref!r} is not a {CODEC} publication (record 0 is "
@@ -353,15 +484,21 @@ def decode_sample(store: Any, ref: RecordSetRef, *, lazy_tensors_over: int | Non
         raise UnsupportedSchema(f"{ref!r}: sample format {fmt!r}; this straw reads {FORMAT}")
     body = store.read_record(manifest.record_refs[0]).payload
     dec = _Decoder(store, TensorRef.from_record_set_many(store, ref), lazy_tensors_over,
-                   registry or DEFAULT_REGISTRY)
+                   registry)
     try:
-        return msgpack.unpackb(body, raw=False, strict_map_key=False, ext_hook=dec.ext,
-                               list_hook=dec.array, use_list=True)
-    except (UnsupportedSchema, ValueError, TypeError) as e:
-        if isinstance(e, UnsupportedSchema):
-            raise
-        raise UnsupportedSchema(f"{ref!r}: the sample does not decode: {e}") from None
+        sample = msgpack.unpackb(body, raw=False, strict_map_key=False, ext_hook=dec.ext,
+                                 list_hook=dec.array, use_list=True)
+    except StrawError as e:
+        raise type(e)(f"{ref!r}: {e}") from None
+    except Exception as e:  # msgpack raises several types for malformed input
+        raise CorruptData(f"{ref!r}: the sample record does not decode as {CODEC}: "
+                          f"{e}") from None
+    if dec.markers_seen != dec.markers_used:
+        raise CorruptData(f"{ref!r}: the sample record holds a marker outside the first item "
+                          "of an array")
+    return sample
 
 
 __all__ = ["CODEC", "MAX_DEPTH", "Registry", "DEFAULT_REGISTRY", "register_type",
+           "register_dataclass",
            "encode_sample", "decode_sample"]

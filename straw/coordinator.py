@@ -19,7 +19,11 @@ names under the queue's owner in the catalog (D2: retain before journal); then, 
 coordinator's mutex, validate against the state, apply the transaction to the in-memory
 ``QueueState`` and enqueue it in the journal; then wait, outside the mutex, until its
 group is durable (group commit: concurrent calls share one fsync) and reply.  An error
-before the enqueue leaves the journal unchanged.
+before the enqueue leaves the journal unchanged.  Argument checks raise ``TypeError`` or
+``ValueError`` naming the argument (``straw.checks``): everything the journal stores as an
+integer (priorities, scheduling keys, attempts, cursors, tokens, counts) is range-checked
+to 64 bits and refuses bools, and metadata is checked JSON (``canonical_metadata``), all
+before anything is adopted or journaled.
 
 Exclusivity and fencing (D8).  Every coordinator holds the lock of its own epoch for its
 whole life.  A new coordinator looks at the *latest* epoch's lock: held means that
@@ -64,6 +68,7 @@ import xxhash
 from . import holder
 from . import journal as journal_mod
 from .catalog import Announcement, Extent
+from .checks import check_count, check_int, check_seconds, short_repr
 from .clock import Clock
 from .errors import (
     Fenced,
@@ -154,10 +159,15 @@ class Coordinator(ProcessBound):
         store._check_process()  # an inherited store: refused before any epoch is created
         for name, value in (("queue_id", queue_id), ("namespace", namespace)):
             if not isinstance(value, str) or not NAME_RE.match(value):
-                raise ValueError(f"{name} {value!r} must be 1-128 letters, digits, '.', '_' "
-                                 "or '-'")
-        if not lease_seconds > 0:
-            raise ValueError(f"lease_seconds must be positive, got {lease_seconds!r}")
+                raise ValueError(f"{name} {short_repr(value)} must be 1-128 letters, digits, "
+                                 "'.', '_' or '-'")
+        check_seconds("lease_seconds", lease_seconds, positive=True)
+        check_seconds("group_wait", group_wait, positive=False)
+        check_count("snapshot_every", snapshot_every, minimum=1)
+        check_count("segment_target_bytes", segment_target_bytes, minimum=1)
+        _check_id("consumer_id", consumer_id)
+        if limits is not None and not isinstance(limits, Limits):
+            raise TypeError(f"limits must be a straw Limits, got {type(limits).__name__}")
         self.store = store
         self.fs = store.fs
         self.queue_id = queue_id
@@ -428,8 +438,7 @@ class Coordinator(ProcessBound):
 
     def _check_lease(self, lease: object, *, allow_expired: bool = False) -> Any:
         """The task of a current lease (mutex held); StaleAttempt/LeaseExpired otherwise."""
-        if not isinstance(lease, Lease):
-            raise TypeError(f"expected a Lease, got {type(lease).__name__}")
+        lease = _check_lease_fields(lease, "lease")
         if lease.queue_id != self.queue_id:
             raise ValueError(f"lease of queue {lease.queue_id!r} given to queue "
                              f"{self.queue_id!r}")
@@ -511,8 +520,7 @@ class Coordinator(ProcessBound):
                 self._check_ref(spec.input_ref, f"{w}.input_ref"))
             for name in ("priority", "scheduling_key"):
                 _check_int64(f"{w}.{name}", getattr(spec, name))
-            if not isinstance(spec.max_attempts, int) or spec.max_attempts < 1:
-                raise ValueError(f"{w}.max_attempts must be a positive int")
+            check_count(f"{w}.max_attempts", spec.max_attempts, minimum=1)
             if spec.control is not None and not isinstance(spec.control, str):
                 raise TypeError(f"{w}.control must be None or a str")
             rows.append([spec.task_id, list(inp) if inp else None,
@@ -570,8 +578,13 @@ class Coordinator(ProcessBound):
         """Lease up to ``max_tasks`` pending tasks in scheduling order."""
         self._check_process()
         _check_id("worker_id", worker_id)
-        if not isinstance(max_tasks, int) or max_tasks < 1:
-            raise ValueError("max_tasks must be a positive int")
+        check_count("max_tasks", max_tasks, minimum=1)
+        if task_prefix is not None and not isinstance(task_prefix, str):
+            raise TypeError(f"task_prefix must be None or a str, got {type(task_prefix).__name__}")
+        if isinstance(task_ids, (str, bytes)):  # a str would lease its characters
+            raise TypeError("task_ids must be a list of task ids, not one str")
+        if control is not None and not isinstance(control, str):
+            raise TypeError(f"control must be None or a str, got {type(control).__name__}")
         with self.journal.incoming(), self._mutex:
             self._check_usable()
             last = self._expire_due()
@@ -626,6 +639,10 @@ class Coordinator(ProcessBound):
         """Renew leases; returns them with new deadlines.  ``StaleAttempt`` (or
         ``LeaseExpired``) if any is no longer current — the others are renewed first."""
         self._check_process()
+        if isinstance(leases, Lease) or not isinstance(leases, Sequence):
+            raise TypeError("leases must be a list of Lease")
+        for i, lease in enumerate(leases):  # all checked before any deadline moves
+            _check_lease_fields(lease, f"leases[{i}]")
         renewed, stale = [], []
         try:
             self._fence_check()  # a fenced coordinator must not keep workers busy
@@ -655,11 +672,13 @@ class Coordinator(ProcessBound):
         self._check_process()
         _check_id("submission_id", submission_id)
         ref = self._check_ref(result_ref, "result_ref")
+        if result_digest is not None and not isinstance(result_digest, str):
+            raise TypeError(f"result_digest must be None or a str, got "
+                            f"{type(result_digest).__name__}")
         if result_digest is not None and result_digest != ref.digest:
             raise ValueError(f"result_digest {result_digest!r} differs from the reference's "
                              f"digest {ref.digest!r}")
-        if not isinstance(lease, Lease):
-            raise TypeError(f"expected a Lease, got {type(lease).__name__}")
+        _check_lease_fields(lease, "lease")
         key = [lease.task_id, lease.attempt, list(_ref_tuple(ref))]
         # siblings: announced to the catalog and the journal, so that concurrent
         # completions share one catalog fsync and one journal sync (group commit)
@@ -765,13 +784,16 @@ class Coordinator(ProcessBound):
             w = f"updates[{i}]"
             if not isinstance(u, Mapping):
                 raise TypeError(f"{w} must be a dict")
-            lease = u.get("lease")
-            if not isinstance(lease, Lease):
-                raise TypeError(f"{w}['lease'] must be a Lease")
+            lease = _check_lease_fields(u.get("lease"), f"{w}['lease']")
             inp = u.get("input_ref")
             ref = None if inp is None else self._check_ref(inp, f"{w}['input_ref']")
-            rows.append((lease, ref, u.get("priority"), u.get("scheduling_key"),
-                         u.get("metadata")))
+            # everything that enters the digest is checked first (no OverflowError there)
+            prio, key, meta = u.get("priority"), u.get("scheduling_key"), u.get("metadata")
+            for name, v in (("priority", prio), ("scheduling_key", key)):
+                if v is not None:
+                    check_int(f"{w}[{name!r}]", v)
+            meta = None if meta is None else self._meta(meta, w)
+            rows.append((lease, ref, prio, key, meta))
         digest = _digest([[r[0].task_id, r[0].attempt, list(_ref_tuple(r[1])) if r[1] else None,
                            r[2], r[3], r[4]] for r in rows])
         with self._mutex:
@@ -784,13 +806,11 @@ class Coordinator(ProcessBound):
             with self._mutex:
                 self._check_usable()
                 txn_rows = []
-                for i, (lease, ref, prio, key, meta) in enumerate(rows):
+                for lease, ref, prio, key, meta in rows:
                     task = self._check_lease(lease)
                     prio = task.priority if prio is None else prio
                     key = task.key if key is None else key
-                    _check_int64(f"updates[{i}]['priority']", prio)
-                    _check_int64(f"updates[{i}]['scheduling_key']", key)
-                    meta = task.metadata if meta is None else self._meta(meta, f"updates[{i}]")
+                    meta = task.metadata if meta is None else meta
                     new_input = list(_ref_tuple(ref)) if ref is not None else (
                         list(task.input) if task.input else None)
                     txn_rows.append([task.task_id, lease.attempt, new_input, prio, key, meta])
@@ -806,6 +826,8 @@ class Coordinator(ProcessBound):
     def release_tasks(self, leases: Sequence[Lease]) -> None:
         """Give leased tasks back unfinished, without spending a retry."""
         self._check_process()
+        if isinstance(leases, Lease) or not isinstance(leases, Sequence):
+            raise TypeError("leases must be a list of Lease")
         with self._mutex:
             self._check_usable()
             rows = [[self._check_lease(lease, allow_expired=True).task_id, lease.attempt]
@@ -845,10 +867,8 @@ class Coordinator(ProcessBound):
     def read_commits(self, cursor: int = 0, limit: int = 100) -> CommitPage:
         """Accepted results from position ``cursor`` on (only durable ones)."""
         self._check_process()
-        if not isinstance(cursor, int) or cursor < 0:
-            raise ValueError("cursor must be a non-negative int")
-        if not isinstance(limit, int) or limit < 1:
-            raise ValueError("limit must be a positive int")
+        check_count("cursor", cursor)
+        check_count("limit", limit, minimum=1)
         with self._mutex:
             end = self._durable_commits
             recs = self.state.commits[cursor:min(end, cursor + limit)]
@@ -882,6 +902,8 @@ class Coordinator(ProcessBound):
     def pending_tasks(self, limit: int | None = None) -> list[str]:
         """Pending task ids in scheduling order."""
         self._check_process()
+        if limit is not None:
+            check_count("limit", limit)
         with self._mutex:
             return self.state.pending_in_order(limit)
 
@@ -899,6 +921,8 @@ class Coordinator(ProcessBound):
     def release_task_reads(self, task_id: str, attempt: int | None = None) -> int:
         """A supervisor confirmed these readers finished: drop their protection."""
         self._check_process()
+        if attempt is not None:
+            check_count("attempt", attempt)
         with self._mutex:
             self._check_usable()
             self._task(task_id)
@@ -943,10 +967,15 @@ class Coordinator(ProcessBound):
         self._check_process()
         if not isinstance(token, ConsumerToken):
             raise TypeError(f"expected a ConsumerToken, got {type(token).__name__}")
+        _check_id("token.consumer_id", token.consumer_id)
+        check_count("token.token", token.token)
         ref = None if state_ref is None else self._check_ref(state_ref, "state_ref")
         for name, v in (("fetch_cursor", fetch_cursor), ("processed_cursor", processed_cursor)):
-            if not isinstance(v, int) or v < 0:
-                raise ValueError(f"{name} must be a non-negative int")
+            check_count(name, v)
+        if isinstance(finished_batches, (str, bytes)):
+            raise TypeError("finished_batches must be a list of batch ids, not one str")
+        for i, b in enumerate(finished_batches):
+            _check_id(f"finished_batches[{i}]", b)
         if processed_cursor > fetch_cursor:
             raise ValueError("processed_cursor cannot pass fetch_cursor")
         adopted = self._adopt([(ref.path, ref.offset)] if ref else [])
@@ -993,7 +1022,9 @@ class Coordinator(ProcessBound):
     def plan_batch(self, batch_id: str, positions: Sequence[int]) -> BatchInfo:
         self._check_process()
         _check_id("batch_id", batch_id)
-        pos = [int(p) for p in positions]
+        if isinstance(positions, (str, bytes)) or not isinstance(positions, Sequence):
+            raise TypeError("positions must be a list of commit positions")
+        pos = [check_count(f"positions[{i}]", p) for i, p in enumerate(positions)]
         with self._mutex:
             self._check_usable()
             if batch_id in self.state.batches:
@@ -1015,6 +1046,7 @@ class Coordinator(ProcessBound):
 
     def batch_ready(self, batch_id: str, batch_ref: RecordSetRef) -> BatchInfo:
         self._check_process()
+        _check_id("batch_id", batch_id)
         ref = self._check_ref(batch_ref, "batch_ref")
         with self._mutex:
             b = self.state.batches.get(batch_id)
@@ -1051,6 +1083,7 @@ class Coordinator(ProcessBound):
         the same id again replaces it (retain the new one before the old goes)."""
         self._check_process()
         _check_id("checkpoint_id", checkpoint_id)
+        check_count("cursor", cursor)
         r = None if ref is None else self._check_ref(ref, "ref")
         adopted = self._adopt([(r.path, r.offset)] if r else [])
         try:
@@ -1154,8 +1187,21 @@ def _check_id(name: str, value: object) -> None:
 
 
 def _check_int64(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not INT64[0] <= value <= INT64[1]:
-        raise ValueError(f"{name} must be a signed 64-bit int, got {value!r}")
+    check_int(name, value, *INT64)
+
+
+def _check_lease_fields(lease: object, where: str) -> Lease:
+    """A Lease whose fields have the types leases have (what a caller may have rebuilt
+    from a dict): TypeError/ValueError naming the field otherwise."""
+    if not isinstance(lease, Lease):
+        raise TypeError(f"{where} must be a Lease, got {type(lease).__name__}")
+    for name in ("queue_id", "task_id", "worker_id"):
+        if not isinstance(getattr(lease, name), str):
+            raise TypeError(f"{where}.{name} must be a str, got "
+                            f"{type(getattr(lease, name)).__name__}")
+    check_count(f"{where}.attempt", lease.attempt)
+    check_count(f"{where}.epoch", lease.epoch)
+    return lease
 
 
 __all__ = ["Coordinator", "StorageUnavailable"]

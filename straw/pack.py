@@ -20,6 +20,9 @@ Extent body (the publication)::
 
 ``read`` verifies the body checksum (which the reference names); ``read_record`` verifies
 the manifest checksum and that record's own checksum, reading nothing else.
+``decode_manifest`` also checks the manifest's shape (field types, counts, 16-byte
+hashes): a manifest that passes its checksum but was crafted or written by a broken
+writer is ``CorruptData`` naming the field, never a KeyError inside a reader.
 
 Space is reserved ahead with ``posix_fallocate`` (``Filesystem.reserve``) so that a
 publication is one ``writev`` into reserved space plus one ``fdatasync``: the file size
@@ -46,6 +49,7 @@ import msgpack
 import xxhash
 
 from . import framing
+from .checks import short_repr
 from .errors import CorruptData, QuotaExceeded, StorageUnavailable, UnsupportedSchema
 from .fs import Filesystem
 
@@ -153,7 +157,39 @@ def decode_manifest(body_prefix: Any, where: str) -> tuple[dict[str, Any], int]:
         raise UnsupportedSchema(
             f"{where}: manifest version {version!r}; this straw reads {MANIFEST_VERSION}"
         )
+    _check_manifest_shape(manifest, where)
     return manifest, end
+
+
+def _is_count(v: object) -> bool:
+    return type(v) is int and v >= 0  # msgpack ints fit in 64 bits; bools are not counts
+
+
+def _is_hash(v: object) -> bool:
+    return type(v) is bytes and len(v) == 16
+
+
+def _check_manifest_shape(m: dict[str, Any], where: str) -> None:
+    """The shape every reader of a manifest relies on.  The manifest passed its checksum,
+    so a wrong shape was crafted or written by a broken writer: ``CorruptData`` naming
+    the field, not a KeyError or ValueError deep inside a reader."""
+    if type(m.get("run")) is not str or type(m.get("sub")) is not str:
+        raise CorruptData(f"{where}: manifest lacks its run or submission id")
+    if not (_is_count(m.get("idx")) and _is_count(m.get("n")) and _is_hash(m.get("digest"))):
+        raise CorruptData(f"{where}: manifest batch position or digest is malformed")
+    deps, recs = m.get("deps"), m.get("recs")
+    if type(deps) is not list or type(recs) is not list:
+        raise CorruptData(f"{where}: manifest dependencies or records are not lists")
+    for d in deps:
+        if not (type(d) is list and len(d) == 6 and type(d[0]) is str and _is_count(d[1])
+                and _is_count(d[2]) and _is_hash(d[3]) and _is_hash(d[4])
+                and _is_count(d[5])):
+            raise CorruptData(f"{where}: manifest dependency {short_repr(d)} is malformed")
+    for r in recs:
+        if not (type(r) is list and len(r) == 6 and type(r[0]) is str and type(r[1]) is str
+                and type(r[2]) is str and (r[3] is None or _is_count(r[3]))
+                and _is_count(r[4]) and _is_hash(r[5])):
+            raise CorruptData(f"{where}: manifest record {short_repr(r)} is malformed")
 
 
 def manifest_size(body_prefix: Any) -> int:

@@ -3,6 +3,10 @@
 All are frozen dataclasses; references inside are ``RecordSetRef``s.  Scheduling order is
 priority descending, then ``scheduling_key`` ascending, then FIFO (the order in which tasks
 became pending: submission, or their return after yield/release/expiry).
+
+``Limits`` checks its fields when built and ``Lease.from_dict`` checks the dict's keys
+(``TypeError``/``ValueError`` naming the field); the coordinator checks the rest when a
+value is handed to it.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .checks import check_count
 from .refs import RecordSetRef
 
 INT64 = (-(2**63), 2**63 - 1)
@@ -49,8 +54,16 @@ class Lease:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Lease:
-        return cls(d["queue_id"], d["task_id"], d["attempt"], d["worker_id"], d["epoch"],
-                   d["deadline"])
+        if not isinstance(d, Mapping):
+            raise TypeError(f"a Lease dict must be a mapping, got {type(d).__name__}")
+        missing = [k for k in _LEASE_FIELDS if k not in d]
+        if missing:
+            raise ValueError(f"not a Lease dict: it lacks {', '.join(missing)} (expected the "
+                             "keys of Lease.to_dict())")
+        return cls(*(d[k] for k in _LEASE_FIELDS))
+
+
+_LEASE_FIELDS = ("queue_id", "task_id", "attempt", "worker_id", "epoch", "deadline")
 
 
 @dataclass(frozen=True)
@@ -169,3 +182,10 @@ class Limits:
     max_unconsumed_results: int | None = None  # acquire backpressure when the consumer lags
     max_metadata_bytes: int = 64 * 1024
     max_ready_batches: int = 10_000
+
+    def __post_init__(self) -> None:
+        for name in ("max_pending_tasks", "max_tasks_per_request", "max_leases_per_worker",
+                     "max_metadata_bytes", "max_ready_batches"):
+            check_count(f"Limits.{name}", getattr(self, name))
+        if self.max_unconsumed_results is not None:
+            check_count("Limits.max_unconsumed_results", self.max_unconsumed_results)

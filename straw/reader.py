@@ -25,7 +25,6 @@ closed them.
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from collections import OrderedDict
@@ -47,6 +46,7 @@ from .refs import (
     RecordRef,
     RecordSetRef,
     check_pack_path,
+    parse_metadata,
 )
 
 _FIRST_READ = 64 * 1024
@@ -302,7 +302,8 @@ class ReadSession(ProcessBound):
         rrefs = []
         pos = ref.offset + framing.HEADER_SIZE + payload_start
         for i, (rid, codec, meta, tokens, length, h) in enumerate(raw["recs"]):
-            infos.append(RecordInfo(rid, codec, json.loads(meta), tokens, length, h.hex()))
+            meta = parse_metadata(meta, f"{ref.path} offset {ref.offset} record {i}")
+            infos.append(RecordInfo(rid, codec, meta, tokens, length, h.hex()))
             rrefs.append(RecordRef(ref, rid, i, pos, length, h.hex()))
             pos += length
         deps = tuple(

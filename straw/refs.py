@@ -4,6 +4,15 @@ References are small, frozen, hashable, and serialise with ``to_dict``/``from_di
 ``dataclasses.asdict``).  They hold only paths *relative to the pool root*, in one fixed
 shape (``runs/<run>/writers/<writer>/i<incarnation>/pack-<n>.strw``); ``check_pack_path``
 refuses anything else, so a reference can never make straw open a file outside the pool.
+A reference's offsets, sizes and counts are ints in 0..2**63-1 (``InvalidReference``
+otherwise): what a file offset can be.
+
+Record metadata is JSON (``canonical_metadata``): dicts with str keys, lists, str, bool,
+None, finite floats, and integers that fit in 64 bits (-2**63..2**64-1, what msgpack
+carries: the coordinator journals metadata as msgpack), nested at most
+``MAX_METADATA_DEPTH`` containers deep and without cycles.  Anything else is a
+``TypeError``/``ValueError`` naming the path of the offending value, never an
+``OverflowError`` or ``RecursionError``.
 """
 
 from __future__ import annotations
@@ -15,7 +24,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import InvalidReference
+from .checks import INT64_MAX, INT64_MIN, UINT64_MAX, short_repr
+from .errors import CorruptData, InvalidReference
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 PACK_PATH_RE = re.compile(
@@ -23,6 +33,7 @@ PACK_PATH_RE = re.compile(
     r"/i[0-9]{6,}/pack-[0-9]{6,}\.strw$"
 )
 _HEX32 = re.compile(r"^[0-9a-f]{32}$")
+MAX_METADATA_DEPTH = 100  # nested containers in record/task metadata, the top dict included
 
 
 def check_name(kind: str, value: object) -> str:
@@ -114,24 +125,45 @@ def payload_view(payload: object, where: str) -> memoryview:
     return mv.cast("B") if (mv.ndim != 1 or mv.format != "B") else mv
 
 
-def _check_json(value: Any, where: str) -> None:
+def _check_json(value: Any, where: str, depth: int = 0,
+                active: set[int] | None = None) -> None:
+    """Refuse what JSON (or the msgpack journal) cannot carry.  ``depth`` counts the
+    containers around ``value``; ``active`` holds the ids of those containers, so that a
+    cycle is a ValueError naming where it closes (the recursion stays below
+    ``MAX_METADATA_DEPTH`` frames, never near Python's recursion limit)."""
     if value is None or isinstance(value, (bool, str)):
         return
     if isinstance(value, int):
+        if not INT64_MIN <= value <= UINT64_MAX:
+            raise ValueError(f"{where} is {short_repr(value)}, which does not fit in 64 bits; "
+                             "metadata integers must lie in -2**63..2**64-1 (store larger "
+                             "numbers as str)")
         return
     if isinstance(value, float):
         if not math.isfinite(value):
             raise ValueError(f"{where} is {value!r}; metadata numbers must be finite")
         return
-    if isinstance(value, Mapping):
-        for k, v in value.items():
-            if not isinstance(k, str):
-                raise TypeError(f"{where} has key {k!r}; JSON metadata keys must be str")
-            _check_json(v, f"{where}[{k!r}]")
-        return
-    if isinstance(value, (list, tuple)):
-        for i, v in enumerate(value):
-            _check_json(v, f"{where}[{i}]")
+    if isinstance(value, (Mapping, list, tuple)):
+        if depth >= MAX_METADATA_DEPTH:
+            raise ValueError(f"{where}: metadata nests deeper than {MAX_METADATA_DEPTH} "
+                             "containers; flatten it, or put the structure in a payload")
+        active = set() if active is None else active
+        if id(value) in active:
+            raise ValueError(f"{where} refers back to a container that encloses it: "
+                             "metadata must not contain cycles")
+        active.add(id(value))
+        try:
+            if isinstance(value, Mapping):
+                for k, v in value.items():
+                    if not isinstance(k, str):
+                        raise TypeError(f"{where} has key {short_repr(k)}; JSON metadata keys must "
+                                        "be str")
+                    _check_json(v, f"{where}[{k!r}]", depth + 1, active)
+            else:
+                for i, v in enumerate(value):
+                    _check_json(v, f"{where}[{i}]", depth + 1, active)
+        finally:
+            active.discard(id(value))
         return
     raise TypeError(
         f"{where} is a {type(value).__name__}; metadata must be JSON (dict, list, str, "
@@ -145,6 +177,19 @@ def canonical_metadata(metadata: object, where: str) -> str:
         raise TypeError(f"{where}.metadata must be a dict, got {type(metadata).__name__}")
     _check_json(metadata, f"{where}.metadata")
     return json.dumps(metadata, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def parse_metadata(text: str, where: str) -> dict[str, Any]:
+    """Stored metadata text back as a dict.  It passed its checksum, so text that is not
+    a JSON object was crafted or written wrong: ``CorruptData`` naming ``where``."""
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError) as e:  # RecursionError: nesting past the C parser
+        raise CorruptData(f"{where}: stored metadata is not JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise CorruptData(f"{where}: stored metadata is a {type(value).__name__}, not a "
+                          "JSON object")
+    return value
 
 
 # --- references -------------------------------------------------------------------------
@@ -165,7 +210,7 @@ class SegmentRef:
         try:
             run_id, path = value["run_id"], value["path"]
         except (KeyError, TypeError):
-            raise InvalidReference(f"not a SegmentRef dict: {value!r}") from None
+            raise InvalidReference(f"not a SegmentRef dict: {short_repr(value)}") from None
         check_pack_path(path, run_id)
         return cls(run_id, path)
 
@@ -209,7 +254,7 @@ class RecordSetRef:
                 value["checksum"], value["digest"], value["records"],
             )
         except (KeyError, TypeError):
-            raise InvalidReference(f"not a RecordSetRef dict: {value!r}") from None
+            raise InvalidReference(f"not a RecordSetRef dict: {short_repr(value)}") from None
         ref.check()
         return ref
 
@@ -220,8 +265,9 @@ class RecordSetRef:
         check_pack_path(self.path, self.run_id)
         for name in ("offset", "size", "records"):
             v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise InvalidReference(f"{self!r}: {name} must be a non-negative int")
+            if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= INT64_MAX:
+                raise InvalidReference(f"reference to {self.path}: {name} must be an int in "
+                                       f"0..2**63-1, got {short_repr(v)}")
         for name in ("checksum", "digest"):
             v = getattr(self, name)
             if not isinstance(v, str) or not _HEX32.match(v):
@@ -257,8 +303,14 @@ class RecordRef:
                 value["index"], value["offset"], value["length"], value["checksum"],
             )
         except (KeyError, TypeError):
-            raise InvalidReference(f"not a RecordRef dict: {value!r}") from None
+            raise InvalidReference(f"not a RecordRef dict: {short_repr(value)}") from None
         rs = ref.record_set
+        for name in ("index", "offset", "length"):
+            v = getattr(ref, name)
+            if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= INT64_MAX:
+                raise InvalidReference(f"reference to record {short_repr(ref.record_id)} of "
+                                       f"{rs.path}: {name} must be an int in 0..2**63-1, got "
+                                       f"{short_repr(v)}")
         if not (rs.offset <= ref.offset and ref.offset + ref.length <= rs.offset + rs.size):
             raise InvalidReference(f"{ref!r}: record range lies outside its publication")
         return ref

@@ -13,7 +13,9 @@ a run, so a store sees and changes only its own run's owners, and its ``collect_
 reclaims only its own run's packs; reachability is pool-wide, so no run reclaims what
 another retains.
 
-The store validates every input before any byte is written, lays publications out as
+The store validates every input before any byte is written (``TypeError``/``ValueError``
+naming the field; counts and sizes are ints within 64 bits, bools refused, see
+``straw.checks``), lays publications out as
 extents (``straw.pack``), writes a ``publish_many`` batch with one ``writev`` and one data
 sync, and returns references only after that sync (D1).  Submission ids are the
 idempotency ids (D7): a retry with the same id and content returns the original
@@ -48,6 +50,7 @@ import msgpack
 import xxhash
 
 from .catalog import Catalog, Extent
+from .checks import check_count, check_seconds
 from .clock import Clock, SystemClock
 from .errors import IdempotencyConflict, InvalidReference, StorageUnavailable, UnsupportedSchema
 from .fs import Filesystem, PosixFS
@@ -106,10 +109,10 @@ class SharedFilesystemStore(ProcessBound):
         self._bind_process()
         self.run_id = check_name("run_id", run_id)
         self.writer_id = check_name("writer_id", writer_id)
-        if isinstance(segment_target_bytes, bool) or not isinstance(segment_target_bytes, int) \
-                or segment_target_bytes <= 0:
-            raise ValueError(f"segment_target_bytes must be a positive int, got "
-                             f"{segment_target_bytes!r}")
+        check_count("segment_target_bytes", segment_target_bytes, minimum=1)
+        check_count("reserve_bytes", reserve_bytes)
+        check_count("visibility_retries", visibility_retries)
+        check_seconds("visibility_backoff", visibility_backoff, positive=False)
         if isinstance(codecs, str):
             raise TypeError("codecs must be an iterable of codec names, not one str")
         extra = set()
@@ -366,9 +369,8 @@ class SharedFilesystemStore(ProcessBound):
                     f"{rw}.codec {r.codec!r} is not registered{hint}; open the store with "
                     f"codecs=({r.codec!r},) (built-ins: {', '.join(BUILTIN_CODECS)})"
                 )
-            if r.tokens is not None and (isinstance(r.tokens, bool) or
-                                         not isinstance(r.tokens, int) or r.tokens < 0):
-                raise ValueError(f"{rw}.tokens must be None or a non-negative int")
+            if r.tokens is not None:  # None means "no token count"
+                check_count(f"{rw}.tokens", r.tokens)
             meta = canonical_metadata(r.metadata, rw)
             view = payload_view(r.payload, rw)
             h = xxhash.xxh3_128_digest(view)

@@ -70,6 +70,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
+from .checks import check_count, short_repr
 from .errors import CorruptData, ForkedProcess, InvalidReference, UnsupportedSchema
 from .process import ProcessBound
 from .reader import ReadSession
@@ -214,8 +215,7 @@ _buffers = _BufferCache(512 << 20)
 
 def set_load_buffer_cache(max_bytes: int) -> None:
     """Bound (in bytes) the memory of recycled ``load()`` buffers; 0 disables the cache."""
-    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
-        raise ValueError(f"max_bytes must be a non-negative int, got {max_bytes!r}")
+    check_count("max_bytes", max_bytes)
     with _buffers.lock:
         _buffers.max_bytes = max_bytes
         if max_bytes == 0:
@@ -291,8 +291,7 @@ def publish_tensors(store: Any, tensors: Mapping[str, Any], *, submission_id: st
     """Publish ``{name: tensor}`` as one publication; one ``TensorRef`` per tensor in the
     mapping's order, bound to ``store``.  Idempotent per ``submission_id`` (D7).
     ``chunk_bytes`` is the checksum granularity (default ``CHUNK_BYTES``)."""
-    if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes <= 0:
-        raise ValueError(f"chunk_bytes must be a positive int, got {chunk_bytes!r}")
+    check_count("chunk_bytes", chunk_bytes, minimum=1)
     if not isinstance(tensors, Mapping):
         raise TypeError(f"tensors must be a mapping of name to tensor, got "
                         f"{type(tensors).__name__}")
@@ -342,10 +341,10 @@ def _check_meta(meta: Mapping[str, Any], length: int, where: str) -> tuple[str, 
     except (KeyError, TypeError):
         raise UnsupportedSchema(f"{where}: tensor.v1 metadata lacks dtype/shape/source/"
                                 "chunk_bytes/chunks") from None
-    if dtype not in DTYPES:
+    if not isinstance(dtype, str) or dtype not in DTYPES:  # (a list would be unhashable)
         raise UnsupportedSchema(f"{where}: tensor dtype {dtype!r} is unknown to this straw "
                                 f"(knows {', '.join(DTYPES)})")
-    if source not in SOURCES:
+    if not isinstance(source, str) or source not in SOURCES:
         raise UnsupportedSchema(f"{where}: tensor source {source!r} is unknown")
     if (not isinstance(shape, list) or len(shape) > MAX_DIMS
             or any(not isinstance(d, int) or isinstance(d, bool) or d < 0 for d in shape)):
@@ -456,12 +455,12 @@ class TensorRef:
             ref = cls(rref, value["name"], tuple(value["shape"]), value["dtype"],
                       value["source"], value["chunk_bytes"], value.get("root", ""))
         except (KeyError, TypeError):
-            raise InvalidReference(f"not a TensorRef dict: {value!r}") from None
+            raise InvalidReference(f"not a TensorRef dict: {short_repr(value)}") from None
         if (ref.dtype not in DTYPES or ref.source not in SOURCES
                 or not isinstance(ref.chunk_bytes, int) or ref.chunk_bytes <= 0
                 or any(not isinstance(d, int) or d < 0 for d in ref.shape)
                 or ref.nbytes != rref.length):
-            raise InvalidReference(f"not a valid TensorRef dict: {value!r}")
+            raise InvalidReference(f"not a valid TensorRef dict: {short_repr(value)}")
         return ref._bound(store) if store is not None else ref
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:  # pickling (Ray) drops the binding

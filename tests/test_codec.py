@@ -6,7 +6,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
-import sys
 
 import msgpack
 import numpy as np
@@ -94,6 +93,10 @@ class Key:
     b: tuple
 
 
+C.register_dataclass(Step)  # the codec builds only registered dataclasses
+C.register_dataclass(Key)
+
+
 def test_dataclasses_and_frozen_dataclass_keys(store):
     step = Step(np.arange(3.0), -0.5, {"k": [1, (2, 3)]})
     step.derived = 9
@@ -105,19 +108,21 @@ def test_dataclasses_and_frozen_dataclass_keys(store):
     assert out["list"] == [Key(3, ())]
 
 
-def test_dataclass_not_loaded_or_changed_is_unsupported(store, monkeypatch):
+def test_dataclass_not_registered_or_changed_is_unsupported(store):
     ref = encode_sample(store, Key(1, ()), submission_id=sid())
 
     @dataclasses.dataclass(frozen=True)
     class Other:
         a: int
 
-    monkeypatch.setattr(sys.modules[__name__], "Key", Other)
+    changed = Registry()
+    changed.register_dataclass(Other, name=f"{__name__}:Key")  # Key, moved and changed
     with pytest.raises(UnsupportedSchema, match="fields"):
-        decode_sample(store, ref)
-    monkeypatch.delattr(sys.modules[__name__], "Key")
-    with pytest.raises(UnsupportedSchema, match="not loaded"):
-        decode_sample(store, ref)
+        decode_sample(store, ref, registry=changed)
+    with pytest.raises(UnsupportedSchema, match="not registered"):
+        decode_sample(store, ref, registry=Registry())
+    with pytest.raises(TypeError, match="register_dataclass"):
+        encode_sample(store, Key(1, ()), submission_id=sid(), registry=Registry())
 
 
 def test_shared_tensor_stored_once_and_decoded_as_one_object(store):
