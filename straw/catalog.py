@@ -414,19 +414,21 @@ class Catalog:
                 last_ops = _decode_ops(f.body, f"{self.path} offset {f.offset}")
                 for op in last_ops:
                     self.state.apply(op)
-            if scan.torn:
-                # a client died mid-append (or a power loss tore the unsynced group): cut
-                # its torn transaction off, under the lock
-                self._cut(fd, scan.end, data[scan.end - base:])
             if new:
                 f = new[-1]
                 self._tail_start = f.offset
                 self._tail = data[f.offset - base:f.offset - base + f.header.frame_length]
                 self._offset = scan.end
+                # the next transaction joins the group of a trailing confirm
                 self._group_start = f.offset if not last_ops else scan.end
-                if last_ops:
-                    # its writer died before its confirm: confirm it now (D6), best effort
-                    self._confirm(fd)
+            if scan.torn:
+                # a client died mid-append (or a power loss tore the unsynced group): cut
+                # its torn transaction off, under the lock
+                self._cut(fd, scan.end, data[scan.end - base:])
+            if last_ops:
+                # the last transaction's writer died before its confirm: confirm it now
+                # (D6; best effort, like every confirm)
+                self._confirm(fd)
             if self._offset == 0:
                 self._write_txn(fd, [{"op": "init", "v": CATALOG_VERSION}])
         except framing.DamagedFrame as e:

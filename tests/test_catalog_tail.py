@@ -196,6 +196,38 @@ def test_power_loss_tearing_the_unsynced_catalog_group_is_recovered(variant):
         again.close()
 
 
+def test_writer_killed_before_its_confirm_is_confirmed_by_the_next_client():
+    sim = SimFS(3)
+
+    def open_store(name: str) -> SharedFilesystemStore:
+        return SharedFilesystemStore("/pool", "run", fs=sim.client(name), clock=ManualClock(),
+                                     writer_id=name, reserve_bytes=0, visibility_retries=1)
+
+    store = open_store("w")
+    a = _pub(store, "a")
+    store.seal()
+    store.release_publications([a])
+    # the retain's frame is written and synced; the process dies before its confirm
+    sim.crash_at(2, ops="writev", path="CATALOG$", client="w")
+    with pytest.raises(SimulatedCrash):
+        store.retain("keep", [a])
+    sim.kill_client("w")  # process death: the written bytes stay intact
+    other = open_store("other")
+    assert other.owners() == ["keep"]  # replayed, and now followed by a confirm
+    path = "/pool/CATALOG"
+    data = sim.files()[path]
+    frames = _frames(data)
+    retain = next(f for f in frames if any(o["op"] == "retain" for o in _ops(f)))
+    assert frames[-1].offset > retain.offset and _ops(frames[-1]) == []
+    i = retain.offset + fr.HEADER_SIZE + 2
+    fd = sim.open(path, write=True)
+    sim.writev(fd, [bytes([data[i] ^ 0x01])], i)
+    sim.fsync(fd)
+    sim.close(fd)
+    with pytest.raises(CorruptData, match="repair_catalog"):
+        open_store("third").owners()
+
+
 def _fill_with_publications(store: SharedFilesystemStore) -> list:  # type: ignore[type-arg]
     """Publish ever smaller publications until even a tiny one is refused."""
     refs = []
