@@ -441,9 +441,10 @@ class Catalog:
             self.fs.close(fd)
 
     def _cut(self, fd: int, end: int, rest: bytes) -> None:
-        """Truncate a torn tail at ``end``.  A complete frame there (all its bytes present,
-        a checksum wrong) is copied aside first; the reserved space is restored after."""
-        if _complete_frame(rest):
+        """Truncate a torn tail at ``end``.  If the bytes cut off hold a complete frame (all
+        its bytes present, checksums right or wrong) they are copied aside first; the
+        reserved space is restored after."""
+        if _holds_complete_frame(rest):
             self._keep_aside("torn", end, rest.rstrip(b"\0"))
         self.fs.truncate(fd, end)
         if self._reserving and self._size > end:
@@ -880,13 +881,18 @@ _CONFIRM_LENGTH = len(framing.encode_frame(
                                         use_bin_type=True), group_start=0))
 
 
-def _complete_frame(buf: bytes) -> bool:
-    """Does ``buf`` start with a whole frame (valid header, all its bytes present)?"""
-    try:
-        header = framing.decode_header(buf)
-    except (framing.TornFrame, CorruptData, UnsupportedSchema):
-        return False
-    return len(buf) >= header.frame_length
+def _holds_complete_frame(buf: bytes) -> bool:
+    """Does ``buf`` hold a whole frame anywhere (a valid header, all its bytes present)?"""
+    i = buf.find(framing.MAGIC)
+    while i >= 0:
+        try:
+            header = framing.decode_header(buf[i:i + framing.HEADER_SIZE])
+        except (framing.TornFrame, CorruptData, UnsupportedSchema):
+            header = None
+        if header is not None and len(buf) - i >= header.frame_length:
+            return True
+        i = buf.find(framing.MAGIC, i + 1)
+    return False
 
 
 def _filler(at: int, length: int, ops: list[dict[str, Any]]) -> bytes | None:

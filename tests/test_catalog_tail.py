@@ -43,7 +43,11 @@ def _frames(data: bytes) -> list[fr.ScannedFrame]:
 
 
 def _ops(f: fr.ScannedFrame) -> list[dict]:  # type: ignore[type-arg]
-    return msgpack.unpackb(f.body, raw=False)["ops"]
+    return _ops_of(f.body)
+
+
+def _ops_of(body) -> list[dict]:  # type: ignore[no-untyped-def, type-arg]
+    return msgpack.unpackb(body, raw=False)["ops"]
 
 
 def _transaction(path, op: str, owner: str | None = None) -> fr.ScannedFrame:  # type: ignore[no-untyped-def]
@@ -125,6 +129,55 @@ def test_catalog_repair_keeps_damaged_bytes_aside_and_later_transactions_and_sto
         assert fresh.read(a)[0].payload == b"a" * 300
         fresh.release("first")
         assert fresh.collect_garbage()["tombstoned"] == [a.path]
+
+
+def test_repair_of_a_damaged_confirm_keeps_the_transactions_around_it(tmp_path):
+    with _store(tmp_path) as store:
+        a = _pub(store, "a")
+        store.seal()
+        store.release_publications([a])
+        store.retain("one", [a])
+        store.retain("two", [a])
+    cat = tmp_path / "CATALOG"
+    frames = _frames(cat.read_bytes())
+    one = _transaction(cat, "retain", "one")
+    confirm = next(f for f in frames if f.offset > one.offset)
+    assert _ops(confirm) == []
+    _flip(cat, confirm.offset + fr.HEADER_SIZE + 1)
+    with _store(tmp_path) as store:
+        with pytest.raises(CorruptData, match=f"offset {confirm.offset}"):
+            store.owners()
+        # the damaged region (one confirm) is too short for the repair's own frame: the
+        # next transaction is absorbed into it, operations and all
+        [report] = store.repair_catalog()
+        assert report["offset"] == confirm.offset
+        assert report["lost_bytes"] == confirm.header.frame_length
+        assert store.owners() == ["one", "two"]
+        with pytest.raises(UnsafeRecovery):
+            store.collect_garbage()
+        store.confirm_catalog_repair()
+        assert store.collect_garbage()["tombstoned"] == []
+    with _store(tmp_path) as fresh:
+        assert fresh.owners() == ["one", "two"]
+
+
+def test_client_replays_from_the_start_when_the_catalog_was_rewritten_under_it(tmp_path):
+    with _store(tmp_path / "p1") as store:
+        a = _pub(store, "a")
+        store.retain("x", [a])
+    with _store(tmp_path / "p2") as store:
+        b = _pub(store, "b")
+        store.retain("y", [b])
+        store.retain("z", [b])
+    client = _store(tmp_path / "p1")
+    assert client.owners() == ["x"]
+    # the catalog's bytes where this client stopped replaying changed (as a repair that
+    # absorbs frames rewrites them): it must not resume from its old offset
+    target = tmp_path / "p1" / "CATALOG"
+    with open(target, "r+b") as f:
+        f.write((tmp_path / "p2" / "CATALOG").read_bytes())
+    assert client.owners() == ["y", "z"]
+    client.close()
 
 
 def test_torn_last_catalog_transaction_is_still_cut_silently(tmp_path):
@@ -284,3 +337,22 @@ def test_full_pool_frees_itself_through_straw(small_tmpfs):
     with _store(root) as reopened:  # and the catalog replays cleanly afterwards
         assert reopened.owners() == []
         assert reopened.read(ref)[0].payload == b"y" * 10_000
+
+
+def test_repair_filler_fits_every_region_length():
+    """The in-place replacement of a damaged region is one valid frame of exactly its
+    length (msgpack's bin header grows at 256 and 65536 bytes: no length is skipped)."""
+    from straw.catalog import _filler
+
+    op = {"op": "repaired", "at": 12345, "lost": 99, "side": "CATALOG.damaged-12345-0"}
+    lengths = [*range(60, 700), *range(65_500, 65_700), 200_000]
+    for length in lengths:
+        for ops in ([], [op]):
+            frame = _filler(4096, length, ops)
+            if frame is None:
+                body = msgpack.packb({"v": 1, "ops": ops, "pad": b""})
+                assert length < fr.HEADER_SIZE + len(body) + 3, (length, ops)
+                continue
+            assert len(frame) == length
+            header, body = fr.decode_frame(frame)
+            assert header.group_start == 4096 and _ops_of(body) == ops
