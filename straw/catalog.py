@@ -24,11 +24,13 @@ group covered by one fsync.  Through the write-group rule of ``framing.scan_fram
   death does not damage written bytes); the next client that replays it fsyncs it and
   writes the missing confirm.
 
-Blind spot (a double fault): the confirm is not synced on its own, so damage to the last
-transaction together with a power loss that also lost its confirm looks like a torn tail.
-A damaged final confirm is cut like any torn tail; it carries no operation.  Whenever a cut
-would remove a complete frame (all bytes present, checksum wrong) the bytes are first
-copied to a durable side file ``CATALOG.torn-<offset>-<n>``.
+Blind spots: (1) a double fault -- the confirm is not synced on its own, so damage to the
+last transaction together with a power loss that also lost its confirm looks like a torn
+tail; (2) damage that zeroes ``_CLEAN_RUN`` (8 KiB) or more of synced frames reads as the
+reserved tail, the clean end (a flipped byte never does).  A damaged final confirm is cut
+like any torn tail; it carries no operation.  Whenever a cut would remove a complete frame
+(all its bytes present, whether its checksum holds or not) the bytes cut are first copied
+to a durable side file ``CATALOG.torn-<offset>-<n>``.
 
 Fail closed and repair.  A damaged frame followed by a later group makes every catalog
 operation (retain, release, collect, ...) raise ``CorruptData`` naming the offset and
@@ -51,9 +53,12 @@ Appends that free space (release, unstage, sealed, tombstone, unlinked, the repa
 adopt/retain that add no root, confirms) may consume the floor and never need new
 blocks; appends that add retention (open, edges, retain, adopt adding roots, init) need
 the floor intact and raise ``QuotaExceeded`` when extending the reservation fails with
-ENOSPC/EDQUOT.  Replay reads in chunks and stops at the clean end (a run of
-``_CLEAN_RUN`` zero bytes, or a short read: a size cached by another client may be
-stale), so the reserved tail costs one small read per lock, not a read to EOF.
+ENOSPC/EDQUOT.  The floor (64 KiB) holds some 300 freeing transactions; a collection frees
+disk space, from which the next append restores it.  Without ``reserve`` support (the
+filesystem says so) the catalog simply appends and there is no floor.  Replay reads in
+chunks and stops at the clean end (a run of ``_CLEAN_RUN`` zero bytes, or a short read: a
+size cached by another client may be stale), so the reserved tail costs one small read
+per lock, not a read to EOF.
 
 Operations (the state they build is ``CatalogState``)::
 
