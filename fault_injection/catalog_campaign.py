@@ -24,7 +24,12 @@ Then both stores are reopened on what survived and checked against the workload'
 * recovery raises nothing.
 
 Each state runs on a fresh ``SimFS`` seeded from its key, so ``--replay KEY`` reruns it.
-Exit status 1 on any violation.
+
+The damaged-tail check (``check_damaged_tail``, issue 11 finding 3): after each completed
+workload, one byte at a time of the last acknowledged catalog transaction is flipped; a
+fresh client must fail closed with ``CorruptData`` (D6), never cut it off as a torn tail.
+Its negative control (``fault_injection.controls.CATALOG_CONTROLS``: the catalog without
+confirm frames) must be caught.  Exit status 1 on any violation or a missed control.
 """
 
 from __future__ import annotations
@@ -38,10 +43,13 @@ import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+import msgpack
+
+from fault_injection.controls import CATALOG_CONTROLS
 from fault_injection.rules import MUTATING_OPS, SimulatedCrash
 from fault_injection.simfs import SimFS
-from straw import Record, RecordSetRef, SharedFilesystemStore
-from straw.catalog import Catalog, CatalogState
+from straw import CorruptData, Record, RecordSetRef, SharedFilesystemStore, framing
+from straw.catalog import CATALOG_NAME, Catalog, CatalogState
 from straw.clock import ManualClock
 from straw.store import Pin
 
@@ -365,6 +373,77 @@ def run_workload(workload: str, modes: Sequence[str] = MODES,
     return rep
 
 
+# --- the damaged acknowledged tail (D6) ------------------------------------------------------
+
+def check_damaged_tail(workload: str) -> list[str]:
+    """Run ``workload`` to completion, then flip each byte of the catalog's last
+    acknowledged transaction in turn: a fresh client must raise ``CorruptData`` (and
+    leave the bytes in place), never replay as if it were a torn tail.  Returns the
+    violations (the first few)."""
+    sim = SimFS(state_seed(f"{workload}:damaged-tail"))
+    d = Driver(sim)
+    WORKLOADS[workload](d)
+    for s in d.stores.values():
+        s.close()
+    path = f"{ROOT}/{CATALOG_NAME}"
+    good = sim.files()[path]
+    frames = framing.scan_frames(lambda o, n: good[o:o + n], len(good)).frames
+    last = [f for f in frames
+            if msgpack.unpackb(f.body, raw=False, strict_map_key=False)["ops"]][-1]
+    violations = []
+    for i in range(last.offset, last.offset + last.header.frame_length):
+        _write_catalog(sim, path, _flipped(good, i))
+        cat = Catalog(sim.client("checker"), ROOT)
+        try:
+            with cat.locked():
+                pass
+            violations.append(
+                f"[{workload}:damaged-tail] byte {i} of the last acknowledged catalog "
+                f"transaction (offset {last.offset}) flipped: a fresh client replayed "
+                "without CorruptData (cut as a torn tail: the acknowledged transaction is "
+                "silently lost)")
+        except CorruptData:
+            if sim.files()[path] != _flipped(good, i):
+                violations.append(f"[{workload}:damaged-tail] byte {i} flipped: CorruptData, "
+                                  "but the catalog was changed")
+        finally:
+            cat.close()
+        if len(violations) >= 3:
+            break
+    return violations
+
+
+def _flipped(data: bytes, i: int) -> bytes:
+    return data[:i] + bytes([data[i] ^ 0x04]) + data[i + 1:]
+
+
+def _write_catalog(sim: SimFS, path: str, data: bytes) -> None:
+    fd = sim.open(path, write=True)
+    try:
+        sim.truncate(fd, 0)
+        sim.writev(fd, [data], 0)
+        sim.fsync(fd)
+    finally:
+        sim.close(fd)
+
+
+def run_damaged_tail_controls() -> dict[str, str | None]:
+    """Each catalog control against the damaged-tail check: name -> first violation it
+    caused (None: MISSED; a violation the real catalog also shows does not count)."""
+    baseline = {w: set(check_damaged_tail(w)) for w in sorted(WORKLOADS)}
+    out: dict[str, str | None] = {}
+    for name, control in CATALOG_CONTROLS.items():
+        found = None
+        for w in sorted(WORKLOADS):
+            with control():
+                new = [v for v in check_damaged_tail(w) if v not in baseline[w]]
+            if new:
+                found = new[0]
+                break
+        out[name] = found
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m fault_injection.catalog_campaign",
                                  description=(__doc__ or "").split("\n\n")[0])
@@ -388,12 +467,25 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{r.crash_points:>4}  states {r.states:>5}  violations {len(r.violations):>3}  "
               f"{r.seconds:6.1f}s")
     violations = [v for r in reports for v in r.violations]
+    print("damaged acknowledged tail (every byte of the last transaction flipped):")
+    for w in args.workload or sorted(WORKLOADS):
+        found = check_damaged_tail(w)
+        print(f"  {w:<8} violations {len(found):>3}")
+        violations += found
+    print("negative controls (each must be caught):")
+    controls = run_damaged_tail_controls()
+    for name, v in controls.items():
+        print(f"  {'caught' if v else 'MISSED':<7} {name:<27} {(v or '')[:110]}")
+    missed = [name for name, v in controls.items() if v is None]
     for v in violations[:10]:
         print("\nVIOLATION " + v)
     print(f"\nsummary: {sum(r.crash_points for r in reports)} crash points, "
-          f"{sum(r.states for r in reports)} states, {len(violations)} violations, "
+          f"{sum(r.states for r in reports)} states, {len(violations)} violations; "
+          f"negative controls caught {len(controls) - len(missed)}/{len(controls)}; "
           f"{time.perf_counter() - t0:.1f}s")
-    return 1 if violations else 0
+    if missed:
+        print("MISSED negative controls: " + ", ".join(missed))
+    return 1 if violations or missed else 0
 
 
 if __name__ == "__main__":

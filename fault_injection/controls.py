@@ -30,6 +30,13 @@ Frame controls (caught by the frame campaign):
 * ``short-frame-is-corrupt`` -- ``decode_frame`` reports an incomplete frame as corrupt.
 * ``scan-never-corrupt`` -- ``scan_frames`` treats every damaged frame as a torn tail.
 * ``torn-tail-is-corruption`` also breaks the frame campaign's file-level prefix check.
+
+Catalog controls (caught by the catalog campaign's damaged-tail check,
+``fault_injection.catalog_campaign.check_damaged_tail``):
+
+* ``catalog-without-confirm`` -- the catalog writes no confirm frame after a transaction
+  (breaks D6: one flipped byte in the last acknowledged transaction is cut off as a torn
+  tail, silently losing, say, a retain).
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from straw import framing, pack, writer
+from straw import catalog, framing, pack, writer
 from straw.catalog import LEGACY_RUN, Catalog, CatalogState
 from straw.errors import CorruptData
 
@@ -187,6 +194,13 @@ def _scan_never_corrupt() -> contextlib.AbstractContextManager[None]:
     return _patched(framing, "scan_frames", scan_frames)
 
 
+def _catalog_without_confirm() -> contextlib.AbstractContextManager[None]:
+    def confirm(self: catalog.Catalog, fd: int) -> None:
+        return None  # no confirm frame: the last transaction ends the catalog
+
+    return _patched(catalog.Catalog, "_confirm", confirm)
+
+
 STORE_CONTROLS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "reply-before-fsync": _reply_before_fsync,
     "no-dir-fsync-new-pack": _no_dir_fsync_new_pack,
@@ -216,4 +230,8 @@ FRAME_CONTROLS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]]
     "short-frame-is-corrupt": _short_frame_is_corrupt,
     "scan-never-corrupt": _scan_never_corrupt,
     "torn-tail-is-corruption": _torn_tail_is_corruption,
+}
+
+CATALOG_CONTROLS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
+    "catalog-without-confirm": _catalog_without_confirm,
 }

@@ -5,9 +5,60 @@ replaced or renamed), because an ``flock`` on it is also the pool's cross-client
 every catalog change and every collection happens under that lock.  Each transaction is
 one frame (``straw.framing``, kind CATALOG) holding a msgpack list of operations, appended
 and fsynced before the lock is released; a client replays only what was appended since
-it last looked.  A torn final transaction (a client died mid-append) is cut off under the
-lock; a complete frame that fails its checksum followed by later transactions fails
-closed with ``CorruptData`` (D6).
+it last looked (it re-reads the last frame it replayed first: if those bytes changed, a
+repair rewrote the catalog and it replays from the start).
+
+Torn tail versus damaged acknowledged tail (D6): confirm frames.  After a transaction's
+fsync returned, and before the append returns (nothing is acknowledged yet, the lock is
+still held), the appender writes a *confirm*: a catalog frame without operations
+(``ops: []`` plus a random nonce, so replay needs no format change), NOT synced, that
+starts its own write group.  The next transaction, whoever appends it, joins that group
+(its group start is the confirm's offset), so (confirm + next transaction) are one write
+group covered by one fsync.  Through the write-group rule of ``framing.scan_frames``:
+
+* a flipped byte in the last acknowledged transaction is followed by its valid confirm,
+  a frame of a later group: ``CorruptData``, never cut;
+* a power loss that tears the unsynced (confirm + next transaction) group is a torn tail
+  (everything in it is one group), cut off under the lock;
+* a process killed after the fsync but before the confirm left an intact frame (process
+  death does not damage written bytes); the next client that replays it fsyncs it and
+  writes the missing confirm.
+
+Blind spots: (1) a double fault -- the confirm is not synced on its own, so damage to the
+last transaction together with a power loss that also lost its confirm looks like a torn
+tail; (2) damage that zeroes ``_CLEAN_RUN`` (8 KiB) or more of synced frames reads as the
+reserved tail, the clean end (a flipped byte never does).  A damaged final confirm is cut
+like any torn tail; it carries no operation.  Whenever a cut would remove a complete frame
+(all its bytes present, whether its checksum holds or not) the bytes cut are first copied
+to a durable side file ``CATALOG.torn-<offset>-<n>``.
+
+Fail closed and repair.  A damaged frame followed by a later group makes every catalog
+operation (retain, release, collect, ...) raise ``CorruptData`` naming the offset and
+``SharedFilesystemStore.repair_catalog()``.  ``Catalog.repair`` (under the pool lock) copies
+the damaged bytes to ``CATALOG.damaged-<offset>-<n>`` (durable), then overwrites them IN
+PLACE with one valid frame of exactly their length that holds a ``repaired`` operation
+(and, if the damaged region is too short for it, the operations of the frames after it
+that it had to absorb).  Every other frame keeps its offset and bytes, the inode never
+changes (its flock is the pool lock), and a crash during the repair leaves the catalog
+damaged (the repair is simply run again), never silently short.  Only the damaged
+transaction is lost.  Then ``repaired`` is appended once more at the end, so that clients
+that had replayed past the damage learn it too.  From then on ``collect`` refuses
+(``UnsafeRecovery``) until an operator, having re-retained what must live, appends
+``repair_confirmed`` (``SharedFilesystemStore.confirm_catalog_repair()``).
+
+Headroom (a full pool can free itself).  The catalog keeps space reserved at its tail
+(``Filesystem.reserve``; reserved space reads as zeros, the clean end for the scanner): at
+least ``RESERVE_FLOOR`` bytes beyond the end of the data, extended by ``RESERVE_STEP``.
+Appends that free space (release, unstage, sealed, tombstone, unlinked, the repair ops,
+adopt/retain that add no root, confirms) may consume the floor and never need new
+blocks; appends that add retention (open, edges, retain, adopt adding roots, init) need
+the floor intact and raise ``QuotaExceeded`` when extending the reservation fails with
+ENOSPC/EDQUOT.  The floor (64 KiB) holds some 300 freeing transactions; a collection frees
+disk space, from which the next append restores it.  Without ``reserve`` support (the
+filesystem says so) the catalog simply appends and there is no floor.  Replay reads in
+chunks and stops at the clean end (a run of ``_CLEAN_RUN`` zero bytes, or a short read: a
+size cached by another client may be stale), so the reserved tail costs one small read
+per lock, not a read to EOF.
 
 Operations (the state they build is ``CatalogState``)::
 
@@ -31,6 +82,11 @@ Operations (the state they build is ``CatalogState``)::
     unstage  {extents}                    release_publications: staging dropped
     tombstone {paths}                     durable mark before unlink (D3)
     unlinked {paths}                      the files are gone
+    repaired {at, lost, side}             an operator's repair: the damaged frame at ``at``
+                                          (``lost`` bytes, kept in side file ``side``) was
+                                          replaced; collection stops until confirmed
+    repair_confirmed {sides}              the operator confirmed those repairs
+    (none: ``ops: []``)                   a confirm frame (above)
 
 Owners belong to a run.  An owner is keyed by ``(run, name)`` (``OwnerKey``): the ``run``
 field of retain/release/adopt names the run of the store that wrote it, so runs sharing a
@@ -72,6 +128,7 @@ lock; ``close()`` only closes the child's copy of the descriptor.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import threading
 from collections.abc import Iterable, Iterator
@@ -81,7 +138,13 @@ from typing import Any
 import msgpack
 
 from . import framing
-from .errors import CorruptData, InvalidReference, UnsafeRecovery, UnsupportedSchema
+from .errors import (
+    CorruptData,
+    InvalidReference,
+    QuotaExceeded,
+    UnsafeRecovery,
+    UnsupportedSchema,
+)
 from .fs import Filesystem
 from .pack import storage_error
 from .process import ProcessBound, close_quietly
@@ -89,6 +152,15 @@ from .siblings import Siblings
 
 CATALOG_NAME = "CATALOG"
 CATALOG_VERSION = 2  # 2: owner operations carry their run (1: owner names were global)
+RESERVE_STEP = 256 << 10  # the reservation grows in these steps
+RESERVE_FLOOR = 64 << 10  # reserved bytes past the data that only freeing appends may use
+_CLEAN_RUN = 8 << 10  # this many zero bytes after the frames: the clean end of the catalog
+_READ_CHUNK = 16 << 10  # the first read of a refresh (doubled up to _MAX_READ while data)
+_MAX_READ = 1 << 20
+_NONCE = 8  # random bytes in a confirm frame: no two confirms have the same bytes
+# operations that never add retention: they may use the reserved floor on a full disk
+FREEING_OPS = frozenset({"release", "unstage", "sealed", "tombstone", "unlinked",
+                         "repaired", "repair_confirmed"})
 
 Extent = tuple[str, int]  # (pack path relative to the pool root, extent offset)
 OwnerKey = tuple[str, str]  # (run id, owner name): owners belong to a run
@@ -135,6 +207,8 @@ class CatalogState:
     owner_epochs: dict[OwnerKey, int] = field(default_factory=dict)
     # version-1 owner operations (no run field): the key each v1 owner name resolved to
     v1_owners: dict[str, OwnerKey] = field(default_factory=dict)
+    # side files of operator repairs not confirmed yet: collection stops while non-empty
+    unconfirmed_repairs: set[str] = field(default_factory=set)
 
     def apply(self, op: dict[str, Any]) -> None:
         kind = op["op"]
@@ -186,6 +260,10 @@ class CatalogState:
         elif kind == "unlinked":
             for p in op["paths"]:
                 self.packs.setdefault(p, PackInfo(state="sealed")).unlinked = True
+        elif kind == "repaired":
+            self.unconfirmed_repairs.add(op["side"])
+        elif kind == "repair_confirmed":
+            self.unconfirmed_repairs.difference_update(op["sides"])
         else:
             raise UnsupportedSchema(f"catalog operation {kind!r} is unknown; upgrade straw")
 
@@ -286,6 +364,23 @@ class CatalogState:
         info = self.packs.get(path)
         return info is not None and info.tombstoned
 
+    def adds_retention(self, op: dict[str, Any]) -> bool:
+        """Could ``op`` make more extents live (or create a pack)?  Those appends need the
+        catalog's reserved floor intact; the others may use it (a full pool frees itself)."""
+        kind = op["op"]
+        if kind in FREEING_OPS:
+            return False
+        if kind == "retain":
+            return not {(p, o) for p, o in op["roots"]} <= \
+                self.owners.get(self._current_key(op), set())
+        if kind == "adopt":
+            if op.get("add"):
+                return True
+            replace = op.get("replace")
+            return replace is not None and \
+                not {(p, o) for p, o in replace} <= self.owners.get(self._current_key(op), set())
+        return True  # init, open, edges, and anything new
+
 
 class Catalog(ProcessBound):
     """A client of the pool's catalog acting for run ``run_id`` (its owners, its packs'
@@ -301,7 +396,12 @@ class Catalog(ProcessBound):
         self.run_id = run_id
         self.path = os.path.join(root, CATALOG_NAME)
         self.state = CatalogState()
-        self._offset = 0  # how far this client has replayed
+        self._offset = 0  # how far this client has replayed: where the next frame goes
+        self._group_start = 0  # group start of the next frame (a trailing confirm's offset)
+        self._tail_start = 0  # the last frame this client replayed or wrote, and its bytes:
+        self._tail = b""  # re-read first on refresh to notice a rewritten catalog
+        self._size = 0  # the file's size (data + reserved tail) as last seen under the lock
+        self._reserving = True  # False once the filesystem said it cannot reserve
         self._lock_fd: int | None = None
         self._mutex = threading.Lock()
         self._pending_lock = threading.Lock()
@@ -341,6 +441,13 @@ class Catalog(ProcessBound):
     def _flocked(self) -> Iterator[CatalogState]:
         """The cross-client lock and a refreshed state (``_mutex`` already held)."""
         self._check_process()  # every catalog read and change passes here
+        with self._pool_lock():
+            self._refresh()
+            yield self.state
+
+    @contextlib.contextmanager
+    def _pool_lock(self) -> Iterator[None]:
+        """The cross-client lock alone (``_mutex`` already held)."""
         try:
             if self._lock_fd is None:
                 self._lock_fd = self._open_lock_file()
@@ -348,8 +455,7 @@ class Catalog(ProcessBound):
         except OSError as e:
             raise storage_error(e, f"cannot lock catalog {self.path}") from e
         try:
-            self._refresh()
-            yield self.state
+            yield
         finally:
             try:
                 self.fs.unlock(self._lock_fd)
@@ -364,30 +470,72 @@ class Catalog(ProcessBound):
             self.fs.fsync_dir(self.root)  # D1: the catalog's name is durable
             return fd
 
+    def _reset(self) -> None:
+        """Forget what was replayed: the next refresh replays from the start."""
+        self.state = CatalogState()
+        self._offset = self._group_start = self._tail_start = 0
+        self._tail = b""
+
+    def _read_from(self, fd: int, start: int) -> bytes:
+        """The catalog from ``start`` up to its clean end: read in growing chunks until a
+        short read (end of file; a size cached by another client may be stale, so the
+        size is never trusted) or until the data read ends in ``_CLEAN_RUN`` zeros (the
+        reserved tail: not read to its end on every lock)."""
+        out = bytearray()
+        step = _READ_CHUNK
+        while True:
+            chunk = bytearray(step)
+            n = self.fs.readinto(fd, chunk, start + len(out))
+            out += memoryview(chunk)[:n]
+            if n < step or out[-_CLEAN_RUN:] == bytes(_CLEAN_RUN):
+                return bytes(out)
+            step = min(step * 2, _MAX_READ)
+
     def _refresh(self) -> None:
         fd = self.fs.open(self.path, write=True)
         try:
-            data = self.fs.read_to_end(fd, self._offset)
-            if not data and self._offset == 0:
-                self._append_fd(fd, [{"op": "init", "v": CATALOG_VERSION}])
-                data = self.fs.read_to_end(fd, 0)
-            base = self._offset
+            self._size = self.fs.fstat(fd).size
+            base = self._tail_start
+            data = self._read_from(fd, base)
+            if data[:len(self._tail)] != self._tail:
+                # the frame we replayed last is not there any more: a repair rewrote the
+                # catalog (or a damaged final confirm was cut): replay from the start
+                self._reset()
+                base = 0
+                data = self._read_from(fd, 0)
             scan = framing.scan_frames(lambda o, n: data[o - base:o - base + n],
                                        base + len(data), start=base)
-            if scan.frames:
+            new = [f for f in scan.frames if f.offset >= self._offset]
+            if new:
                 # Another client may have died after writing but before its fsync: what we
                 # are about to act on (a tombstone, a release) must be durable first.
                 self.fs.fsync(fd)
-            for f in scan.frames:
+            last_ops: list[dict[str, Any]] | None = None
+            for f in new:
                 if f.header.kind != framing.KIND_CATALOG:
                     raise CorruptData(f"{self.path} offset {f.offset}: not a catalog frame")
-                for op in _decode_ops(f.body, f"{self.path} offset {f.offset}"):
+                last_ops = _decode_ops(f.body, f"{self.path} offset {f.offset}")
+                for op in last_ops:
                     self.state.apply(op)
-            if scan.torn or scan.end < base + len(data):
-                # a client died mid-append: cut its torn transaction off, under the lock
-                self.fs.truncate(fd, scan.end)
-                self.fs.fsync(fd)
-            self._offset = scan.end
+            if new:
+                f = new[-1]
+                self._tail_start = f.offset
+                self._tail = data[f.offset - base:f.offset - base + f.header.frame_length]
+                self._offset = scan.end
+                # the next transaction joins the group of a trailing confirm
+                self._group_start = f.offset if not last_ops else scan.end
+            if scan.torn:
+                # a client died mid-append (or a power loss tore the unsynced group): cut
+                # its torn transaction off, under the lock
+                self._cut(fd, scan.end, data[scan.end - base:])
+            if last_ops:
+                # the last transaction's writer died before its confirm: confirm it now
+                # (D6; best effort, like every confirm)
+                self._confirm(fd)
+            if self._offset == 0:
+                self._write_txn(fd, [{"op": "init", "v": CATALOG_VERSION}])
+        except framing.DamagedFrame as e:
+            raise _CatalogDamaged(self.path, e) from None
         except CorruptData as e:
             raise CorruptData(f"catalog {self.path}: {e}") from None
         except OSError as e:
@@ -395,12 +543,87 @@ class Catalog(ProcessBound):
         finally:
             self.fs.close(fd)
 
-    def _append_fd(self, fd: int, ops: list[dict[str, Any]]) -> int:
+    def _cut(self, fd: int, end: int, rest: bytes) -> None:
+        """Truncate a torn tail at ``end``.  If the bytes cut off hold a complete frame (all
+        its bytes present, checksums right or wrong) they are copied aside first; the
+        reserved space is restored after."""
+        if _holds_complete_frame(rest):
+            self._keep_aside("torn", end, rest.rstrip(b"\0"))
+        self.fs.truncate(fd, end)
+        if self._reserving and self._size > end:
+            try:
+                self.fs.reserve(fd, end, self._size - end)
+            except OSError:
+                self._size = end  # a full disk: the floor is gone until space is freed
+        self.fs.fsync(fd)
+
+    def _keep_aside(self, kind: str, offset: int, data: bytes) -> str:
+        """Write ``data`` durably to a new side file ``CATALOG.<kind>-<offset>-<n>``."""
+        n = 0
+        while self.fs.probe(os.path.join(self.root, f"{CATALOG_NAME}.{kind}-{offset}-{n}")):
+            n += 1
+        name = f"{CATALOG_NAME}.{kind}-{offset}-{n}"
+        self.fs.write_file_durable(os.path.join(self.root, name), data)
+        return name
+
+    def _make_room(self, fd: int, length: int, *, frees: bool) -> None:
+        """Reserve space for ``length`` more bytes (a frame and its confirm), keeping the
+        floor; a full disk fails only appends that add retention (finding 6)."""
+        end = self._offset + length
+        if not self._reserving or end + (0 if frees else RESERVE_FLOOR) <= self._size:
+            return
+        start = max(self._size, self._offset)
+        stepped = -(-(end + RESERVE_FLOOR) // RESERVE_STEP) * RESERVE_STEP
+        for target in (stepped, end + RESERVE_FLOOR):  # a whole step, else what keeps the floor
+            try:
+                ok = self.fs.reserve(fd, start, target - start)
+            except OSError as e:
+                if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                continue
+            if ok:
+                self._size = target
+            else:
+                self._reserving = False  # not supported here: plain appends from now on
+            return
+        if frees:
+            return  # inside the floor (or a plain append past it, which may still fail)
+        raise QuotaExceeded(
+            f"catalog {self.path}: the pool's filesystem is full (the catalog keeps its last "
+            f"{RESERVE_FLOOR} reserved bytes for releases and collection only): release owners "
+            "or publications and collect_garbage to free space, then retry"
+        )
+
+    def _write_txn(self, fd: int, ops: list[dict[str, Any]]) -> None:
+        """Write one transaction durably at the end, then its confirm (D6)."""
         body = msgpack.packb({"v": CATALOG_VERSION, "ops": ops}, use_bin_type=True)
-        frame = framing.encode_frame(framing.KIND_CATALOG, body, group_start=self._offset)
+        frame = framing.encode_frame(framing.KIND_CATALOG, body, group_start=self._group_start)
+        self._make_room(fd, len(frame) + _CONFIRM_LENGTH,
+                        frees=not any(self.state.adds_retention(op) for op in ops))
         self.fs.writev(fd, [frame], self._offset)
         self.fs.fsync(fd)
-        return len(frame)
+        self._tail_start, self._tail = self._offset, frame
+        self._offset += len(frame)
+        self._group_start = self._offset
+        self._size = max(self._size, self._offset)
+        self._confirm(fd)
+
+    def _confirm(self, fd: int) -> None:
+        """Write a confirm frame after the durable last transaction: not synced; it starts
+        the write group the next transaction joins.  Best effort: the transaction is
+        durable either way; without its confirm, damage to it would look torn until the
+        next transaction follows it."""
+        body = msgpack.packb({"v": CATALOG_VERSION, "ops": [], "n": os.urandom(_NONCE)},
+                             use_bin_type=True)
+        frame = framing.encode_frame(framing.KIND_CATALOG, body, group_start=self._offset)
+        try:
+            self.fs.writev(fd, [frame], self._offset)
+        except OSError:
+            return
+        self._tail_start, self._tail = self._offset, frame
+        self._group_start = self._offset
+        self._offset += len(frame)
+        self._size = max(self._size, self._offset)
 
     def append(self, ops: list[dict[str, Any]]) -> None:
         """Durably append one transaction (call inside ``locked``), then apply it exactly
@@ -409,7 +632,7 @@ class Catalog(ProcessBound):
         self._check_process()
         fd = self.fs.open(self.path, write=True)
         try:
-            n = self._append_fd(fd, ops)
+            self._write_txn(fd, ops)
         except OSError as e:
             # the tail may now be torn: the next locker (maybe us) repairs it
             raise storage_error(e, f"catalog append to {self.path} failed") from e
@@ -417,7 +640,81 @@ class Catalog(ProcessBound):
             self.fs.close(fd)
         for op in ops:
             self.state.apply(op)
-        self._offset += n
+
+    # --- operator repair (D6: fail closed, keep the bytes, GC waits for the operator) ----
+    def repair(self) -> list[dict[str, Any]]:
+        """Make a damaged catalog readable again; returns one report per damaged frame
+        (offset, bytes lost, side file) — empty if the catalog was not damaged.
+
+        Under the pool lock, for each damaged frame: its bytes are copied to a durable
+        side file, then overwritten in place by a valid frame of the same length holding a
+        ``repaired`` operation (see the module docstring); finally ``repaired`` is
+        appended at the end for clients that replayed past the damage.  Collection then
+        refuses until ``confirm_repairs``."""
+        self._check_process()  # before the mutex (ProcessBound)
+        done: list[dict[str, Any]] = []
+        with self._mutex, self._pool_lock():
+            self._reset()  # replay everything: this client may have replayed past it
+            for _ in range(_MAX_REPAIRS):
+                try:
+                    self._refresh()
+                    break
+                except _CatalogDamaged as e:
+                    done.append(self._fill(e.offset, e.later))
+                    self._reset()
+            else:
+                raise CorruptData(f"catalog {self.path}: more than {_MAX_REPAIRS} damaged "
+                                  "frames; restore the pool from a backup")
+            ops = [{"op": "repaired", "at": r["offset"], "lost": r["lost_bytes"],
+                    "side": r["side_file"]} for r in done]
+            if ops:
+                self.append(ops)
+        return done
+
+    def _fill(self, at: int, later: list[framing.ScannedFrame]) -> dict[str, Any]:
+        """Replace the damaged bytes at ``at`` (up to the next valid frame) by one valid
+        frame of the same length; absorb following frames (their operations go into it)
+        only if the damaged region is too short to hold the ``repaired`` operation."""
+        lost = later[0].offset - at
+        n = 0
+        while self.fs.probe(os.path.join(self.root, f"{CATALOG_NAME}.damaged-{at}-{n}")):
+            n += 1
+        side = f"{CATALOG_NAME}.damaged-{at}-{n}"
+        repaired = {"op": "repaired", "at": at, "lost": lost, "side": side}
+        absorbed: list[dict[str, Any]] = []
+        end = later[0].offset
+        filler = _filler(at, end - at, [*absorbed, repaired])
+        for f in later:
+            if filler is not None or f.offset != end:
+                break
+            if f.header.kind != framing.KIND_CATALOG:
+                raise CorruptData(f"{self.path} offset {f.offset}: not a catalog frame")
+            absorbed += _decode_ops(f.body, f"{self.path} offset {f.offset}")
+            end = f.offset + f.header.frame_length
+            filler = _filler(at, end - at, [*absorbed, repaired])
+        if filler is None:
+            raise CorruptData(f"catalog {self.path}: cannot repair the damaged frame at "
+                              f"offset {at}; restore the pool from a backup")
+        fd = self.fs.open(self.path, write=True)
+        try:
+            read_at = framing.read_at_fn(self.fs, fd)
+            self.fs.write_file_durable(os.path.join(self.root, side), read_at(at, end - at))
+            self.fs.writev(fd, [filler], at)  # in place: a crash leaves it damaged, not short
+            self.fs.fsync(fd)
+        except OSError as e:
+            raise storage_error(e, f"cannot repair catalog {self.path}") from e
+        finally:
+            self.fs.close(fd)
+        return {"offset": at, "lost_bytes": lost, "side_file": side}
+
+    def confirm_repairs(self) -> list[str]:
+        """The operator's say after a repair: collection may act again.  Returns the side
+        files of the repairs confirmed."""
+        with self.locked() as st:
+            sides = sorted(st.unconfirmed_repairs)
+            if sides:
+                self.append([{"op": "repair_confirmed", "sides": sides}])
+            return sides
 
     # --- operations ---------------------------------------------------------------------
     def pack_open(self, path: str) -> None:
@@ -608,7 +905,9 @@ class Catalog(ProcessBound):
 
     def collect(self) -> dict[str, Any]:
         """One collection of this run's packs: tombstone what nothing (of any run) reaches,
-        make it durable, unlink (D3/D4).  Other runs' files are never touched."""
+        make it durable, unlink (D3/D4).  Other runs' files are never touched.  Refused
+        after an operator repair until it is confirmed (D6: transactions may have been
+        lost with the damaged frame)."""
         return self._collect(self._run())
 
     def collect_pool(self) -> dict[str, Any]:
@@ -618,6 +917,13 @@ class Catalog(ProcessBound):
     def _collect(self, run: str | None) -> dict[str, Any]:
         prefix = "" if run is None else run_prefix(run)
         with self.locked() as st:
+            if st.unconfirmed_repairs:
+                raise UnsafeRecovery(
+                    f"catalog {self.path} was repaired (damaged bytes kept in "
+                    f"{', '.join(sorted(st.unconfirmed_repairs))}): transactions may be lost, "
+                    "so garbage collection is stopped. Re-retain what must live, then confirm "
+                    "with SharedFilesystemStore.confirm_catalog_repair()"
+                )
             unfinished = st.tombstoned_not_unlinked(prefix)
             victims = st.collectable(prefix)
             sizes: dict[str, int] = {}
@@ -682,6 +988,56 @@ class _AdoptRequest:
         if self.error is not None:
             raise self.error
         return self.result
+
+
+class _CatalogDamaged(CorruptData):
+    """The catalog is damaged where it may have been acknowledged: fail closed (D6)."""
+
+    def __init__(self, path: str, e: framing.DamagedFrame) -> None:
+        super().__init__(
+            f"catalog {path}: the frame at offset {e.offset} is damaged and later "
+            "transactions follow it, so it may have been acknowledged: it is never cut off "
+            "(D6). Nothing in this pool can be retained, released or collected until an "
+            "operator repairs it with SharedFilesystemStore.repair_catalog() (the damaged "
+            "bytes are kept aside; garbage collection then waits for "
+            f"confirm_catalog_repair()). Detail: {e}"
+        )
+        self.offset = e.offset
+        self.later = e.later
+
+
+_MAX_REPAIRS = 64
+_CONFIRM_LENGTH = len(framing.encode_frame(
+    framing.KIND_CATALOG, msgpack.packb({"v": CATALOG_VERSION, "ops": [], "n": bytes(_NONCE)},
+                                        use_bin_type=True), group_start=0))
+
+
+def _holds_complete_frame(buf: bytes) -> bool:
+    """Does ``buf`` hold a whole frame anywhere (a valid header, all its bytes present)?"""
+    i = buf.find(framing.MAGIC)
+    while i >= 0:
+        try:
+            header = framing.decode_header(buf[i:i + framing.HEADER_SIZE])
+        except (framing.TornFrame, CorruptData, UnsupportedSchema):
+            header = None
+        if header is not None and len(buf) - i >= header.frame_length:
+            return True
+        i = buf.find(framing.MAGIC, i + 1)
+    return False
+
+
+def _filler(at: int, length: int, ops: list[dict[str, Any]]) -> bytes | None:
+    """A valid catalog frame at ``at`` of exactly ``length`` bytes holding ``ops`` (padded
+    with a ``pad`` field, which replay ignores), or None if ``ops`` do not fit."""
+    for extra in ({}, {"q": 0}):  # "q" bridges the lengths a bin header size change skips
+        txn: dict[str, Any] = {"v": CATALOG_VERSION, "ops": ops, **extra, "pad": b""}
+        want = length - framing.HEADER_SIZE - len(msgpack.packb(txn, use_bin_type=True))
+        for k in range(max(0, want - 4), want + 1):
+            txn["pad"] = b"\xa5" * k  # not zeros: a zero run would read as the clean end
+            body = msgpack.packb(txn, use_bin_type=True)
+            if framing.HEADER_SIZE + len(body) == length:
+                return framing.encode_frame(framing.KIND_CATALOG, body, group_start=at)
+    return None
 
 
 def _decode_ops(body: Any, where: str) -> list[dict[str, Any]]:

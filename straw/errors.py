@@ -17,7 +17,9 @@ class CorruptData(StrawError):
     """A complete frame or extent failed its checksum (D6): fail closed, never retry.
 
     The data on disk is not what was written and acknowledged.  Restore the pool from a
-    replica or backup; straw detects but does not repair corruption."""
+    replica or backup; straw detects but does not repair corruption of data.  A damaged
+    catalog transaction is the exception: ``SharedFilesystemStore.repair_catalog()`` keeps
+    the damaged bytes aside and loses only that transaction (see ``straw.catalog``)."""
 
 
 class InvalidReference(StrawError):

@@ -65,6 +65,18 @@ class TornFrame(Exception):
     """The buffer ends before the frame does (an incomplete write, or a short read)."""
 
 
+class DamagedFrame(CorruptData):
+    """``scan_frames``: the frame at ``offset`` is damaged and a valid frame of a later
+    write group follows (synced data was corrupted).  ``later`` lists every valid frame
+    after ``offset`` (of any group), for tools that keep the damaged bytes aside and
+    repair around them (``straw.catalog``)."""
+
+    def __init__(self, message: str, offset: int, later: list[ScannedFrame]) -> None:
+        super().__init__(message)
+        self.offset = offset
+        self.later = later
+
+
 @dataclass(frozen=True)
 class FrameHeader:
     kind: int
@@ -230,9 +242,9 @@ def scan_frames(read_at: ReadAt, size: int, *, start: int = 0) -> ScanResult:
             return ScanResult(frames, pos, torn=False, sealed=False)
         for f in later:
             if f.header.group_start > pos:
-                raise CorruptData(
+                raise DamagedFrame(
                     f"damaged frame at offset {pos} is followed by a valid frame of a later "
-                    f"write group at offset {f.offset}: synced data was corrupted"
+                    f"write group at offset {f.offset}: synced data was corrupted", pos, later
                 )
         return ScanResult(frames, pos, torn=True, sealed=False)
     return ScanResult(frames, pos, torn=False, sealed=False)

@@ -442,6 +442,27 @@ class SharedFilesystemStore(ProcessBound):
         self._check_open()
         return self.catalog.collect()
 
+    def repair_catalog(self) -> list[dict[str, Any]]:
+        """Operator repair of a damaged catalog (after ``CorruptData`` naming this call).
+
+        Each damaged frame's bytes are copied to a durable side file in the pool root
+        (``CATALOG.damaged-<offset>-<n>``) and replaced in place, so only the damaged
+        transaction is lost; every later transaction is kept.  Returns one report per
+        damaged frame (``offset``, ``lost_bytes``, ``side_file``); empty if nothing was
+        damaged.  Afterwards ``collect_garbage`` raises ``UnsafeRecovery`` on every client
+        until ``confirm_catalog_repair()``: re-retain what must live first (a lost
+        ``retain`` would otherwise let the collector reclaim what it protected)."""
+        self._check_open()
+        return self.catalog.repair()
+
+    def confirm_catalog_repair(self) -> list[str]:
+        """The operator's say that collection may act on the repaired catalog again (a
+        durable catalog operation, so every client sees it; a separate call rather than
+        a ``collect_garbage`` flag, so that no routine collection loop can confirm by
+        accident).  Returns the side files of the repairs confirmed."""
+        self._check_open()
+        return self.catalog.confirm_repairs()
+
     def owners(self) -> list[str]:
         """The names of this run's owners (applications', pins, queues)."""
         self._check_process()

@@ -8,7 +8,14 @@ from __future__ import annotations
 
 import pytest
 
-from fault_injection.catalog_campaign import MODES, WORKLOADS, mutating_ops, run_workload
+from fault_injection.catalog_campaign import (
+    MODES,
+    WORKLOADS,
+    check_damaged_tail,
+    mutating_ops,
+    run_damaged_tail_controls,
+    run_workload,
+)
 
 
 @pytest.mark.parametrize("workload", sorted(WORKLOADS))
@@ -30,3 +37,17 @@ def test_catalog_campaign_catches_collection_that_ignores_dependencies(monkeypat
     monkeypatch.setattr(CatalogState, "live_extents", no_edges)
     report = run_workload("owners", ("power/clear-cache",), max_points=40)
     assert report.violations
+
+
+@pytest.mark.parametrize("workload", sorted(WORKLOADS))
+def test_damaged_acknowledged_catalog_tail_is_corrupt_never_cut(workload: str) -> None:
+    """Every byte of the last acknowledged transaction flipped: CorruptData (D6)."""
+    assert check_damaged_tail(workload) == []
+
+
+def test_catalog_campaign_catches_catalog_without_confirm_frames() -> None:
+    """Negative control: without confirm frames a flipped byte in the last acknowledged
+    transaction is silently cut as a torn tail; the damaged-tail check must flag it."""
+    found = run_damaged_tail_controls()
+    assert set(found) == {"catalog-without-confirm"}
+    assert all(found.values()), found
