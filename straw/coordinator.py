@@ -92,7 +92,7 @@ from .refs import NAME_RE, RecordSetRef, canonical_metadata
 from .siblings import DEFAULT_GROUP_WAIT
 from .store import SharedFilesystemStore
 
-_EPOCH_RE = re.compile(r"^e-([0-9]{6,})$")
+_EPOCH_RE = re.compile(r"^e-([0-9]{6,})\Z")
 DEFAULT_CONSUMER = "training"
 
 

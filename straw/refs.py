@@ -4,6 +4,8 @@ References are small, frozen, hashable, and serialise with ``to_dict``/``from_di
 ``dataclasses.asdict``).  They hold only paths *relative to the pool root*, in one fixed
 shape (``runs/<run>/writers/<writer>/i<incarnation>/pack-<n>.strw``); ``check_pack_path``
 refuses anything else, so a reference can never make straw open a file outside the pool.
+Every name and path pattern is anchored at the very end of the string (not with ``$``,
+which also matches before a final newline).
 """
 
 from __future__ import annotations
@@ -17,12 +19,12 @@ from typing import Any
 
 from .errors import InvalidReference
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
 PACK_PATH_RE = re.compile(
     r"^runs/(?P<run>[A-Za-z0-9][A-Za-z0-9._-]{0,127})/writers/[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
-    r"/i[0-9]{6,}/pack-[0-9]{6,}\.strw$"
+    r"/i[0-9]{6,}/pack-[0-9]{6,}\.strw\Z"
 )
-_HEX32 = re.compile(r"^[0-9a-f]{32}$")
+_HEX32 = re.compile(r"^[0-9a-f]{32}\Z")
 
 
 def check_name(kind: str, value: object) -> str:
