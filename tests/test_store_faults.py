@@ -103,7 +103,7 @@ def test_registered_codec_and_numpy_without_cast(tmp_path):
 # --- references that leave the pool -----------------------------------------------------
 
 class RecordingFS(PosixFS):
-    """PosixFS that remembers every path it opened."""
+    """PosixFS that remembers every path it opened (``open_beneath``: once opened)."""
 
     def __init__(self) -> None:
         self.opened: list[str] = []
@@ -111,6 +111,11 @@ class RecordingFS(PosixFS):
     def open(self, path, **kw):  # type: ignore[no-untyped-def]
         self.opened.append(path)
         return super().open(path, **kw)
+
+    def open_beneath(self, root, rel):  # type: ignore[no-untyped-def]
+        fd = super().open_beneath(root, rel)
+        self.opened.append(os.path.join(root, rel))
+        return fd
 
 
 def test_references_outside_the_pool_are_refused_without_opening(tmp_path):
