@@ -52,6 +52,10 @@ class CountingFS(Filesystem):
         self.calls["open"] += 1
         return self.inner.open(path, write=write, create=create, exclusive=exclusive)
 
+    def open_beneath(self, root: str, rel: str) -> int:
+        self.calls["open_beneath"] += 1
+        return self.inner.open_beneath(root, rel)
+
     def close(self, fd: int) -> None:
         self.calls["close"] += 1
         self.inner.close(fd)

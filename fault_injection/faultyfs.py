@@ -59,6 +59,18 @@ class FaultyFS(Filesystem):
         finally:
             self.plan.end(after, self.name, "open", (path,))
 
+    def open_beneath(self, root: str, rel: str) -> int:
+        path = f"{root.rstrip('/')}/{rel}"
+        rule, after = self.plan.begin(self.name, "open_beneath", (path,))
+        try:
+            if rule is not None:
+                raise_errno(rule.errno, path)
+            fd = self.inner.open_beneath(root, rel)
+            self._paths[fd] = path
+            return fd
+        finally:
+            self.plan.end(after, self.name, "open_beneath", (path,))
+
     def close(self, fd: int) -> None:
         paths = self._fd_paths(fd)
         rule, after = self.plan.begin(self.name, "close", paths)

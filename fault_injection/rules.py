@@ -7,9 +7,9 @@ injected so that a failing run can print its seed and schedule (``FaultPlan.desc
 
 Every ``Filesystem`` primitive call counts as one *op* (global index over all clients,
 starting at 0).  Op names are the method names of ``straw.fs.Filesystem``:
-``open close writev readinto fsync fdatasync truncate fstat reserve lock unlock
-fsync_dir mkdir rename unlink stat listdir realpath``.  Paths are the absolute paths the
-call was made with (for fd calls: the path the handle was opened with; for ``rename``
+``open open_beneath close writev readinto fsync fdatasync truncate fstat reserve lock
+unlock fsync_dir mkdir rename unlink stat listdir realpath``.  Paths are the absolute paths
+the call was made with (for fd calls: the path the handle was opened with; for ``rename``
 both source and destination; a rule matches when its regex ``re.search``-matches any).
 
 Invariants:
@@ -35,7 +35,7 @@ ALL_OPS = frozenset(
     {
         "open", "close", "writev", "readinto", "fsync", "fdatasync", "truncate", "fstat",
         "reserve", "lock", "unlock", "fsync_dir", "mkdir", "rename", "unlink", "stat",
-        "listdir", "realpath",
+        "listdir", "realpath", "open_beneath",
     }
 )  # fmt: skip
 """Every op name a rule may name."""

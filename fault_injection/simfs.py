@@ -61,6 +61,7 @@ the durable-vs-cache bookkeeping and the crash variants live in ``simstate``):
 from __future__ import annotations
 
 import errno
+import posixpath
 import random
 import threading
 from collections.abc import Iterable, Sequence
@@ -82,7 +83,7 @@ from fault_injection.simstate import (
     norm_path,
 )
 from straw.clock import Clock, ManualClock
-from straw.fs import Buffer, FileStat, Filesystem
+from straw.fs import Buffer, FileStat, Filesystem, NotBeneath, beneath_parts
 
 
 class SimDeadlock(RuntimeError):
@@ -171,17 +172,46 @@ class SimClient(Filesystem):
                 if isinstance(node, DirNode):
                     raise_errno(errno.EISDIR, path)
                 assert isinstance(node, FileNode)
-                if node.last_writer == self.name:
-                    frozen = len(node.data)
-                else:
-                    frozen = min(node.flushed_size, len(node.data))
-                fd = sim._next_fd
-                sim._next_fd += 1
-                writable = write or create
-                sim._handles[fd] = _Handle(fd, self.name, node, norm_path(path), writable, frozen)
-                return fd
+                return self._new_handle(node, path, write or create)
             finally:
                 sim.plan.end(after, self.name, "open", (path,))
+
+    def _new_handle(self, node: FileNode, path: str, writable: bool) -> int:
+        """A handle of ``node`` (with ``sim._mu`` held) that sees what close-to-open lets
+        this client see now."""
+        sim = self._sim
+        if node.last_writer == self.name:
+            frozen = len(node.data)
+        else:
+            frozen = min(node.flushed_size, len(node.data))
+        fd = sim._next_fd
+        sim._next_fd += 1
+        sim._handles[fd] = _Handle(fd, self.name, node, norm_path(path), writable, frozen)
+        return fd
+
+    def open_beneath(self, root: str, rel: str) -> int:
+        # SimFS has no symlinks and no special files: walking the namespace is enough;
+        # a file where a directory belongs, or a directory as the file, is refused.
+        sim = self._sim
+        path = posixpath.join(root, *beneath_parts(rel))
+        with sim._mu:
+            rule, after = sim.plan.begin(self.name, "open_beneath", (path,))
+            try:
+                if rule is not None:
+                    raise_errno(rule.errno, path)
+                try:
+                    _, _, node = sim.state.lookup(path)
+                except NotADirectoryError:
+                    raise NotBeneath(errno.ENOTDIR, "a component is not a directory",
+                                     rel) from None
+                if node is None:
+                    raise_errno(errno.ENOENT, path)
+                if not isinstance(node, FileNode):
+                    raise NotBeneath(errno.EINVAL, "it is not a regular file (a directory)",
+                                     rel)
+                return self._new_handle(node, path, False)
+            finally:
+                sim.plan.end(after, self.name, "open_beneath", (path,))
 
     def close(self, fd: int) -> None:
         sim = self._sim

@@ -15,7 +15,10 @@ finds such a directory and no queue of its run refuses to start rather than sile
 open an empty queue beside it.)
 
 Every call follows the same path: check the arguments; adopt any data the transaction
-names under the queue's owner in the catalog (D2: retain before journal); then, under the
+names under the queue's owner in the catalog (D2: retain before journal; a reference must
+name a publication of the pool, ``store.check_published``, so the queue never roots or
+journals a fabricated one — checked at adoption, after an idempotent retry was answered
+from the journal, D7); then, under the
 coordinator's mutex, validate against the state, apply the transaction to the in-memory
 ``QueueState`` and enqueue it in the journal; then wait, outside the mutex, until its
 group is durable (group commit: concurrent calls share one fsync) and reply.  An error
@@ -114,7 +117,7 @@ from .refs import NAME_RE, RecordSetRef, canonical_metadata
 from .siblings import DEFAULT_GROUP_WAIT
 from .store import SharedFilesystemStore
 
-_EPOCH_RE = re.compile(r"^e-([0-9]{6,})$")
+_EPOCH_RE = re.compile(r"^e-([0-9]{6,})\Z")
 DEFAULT_CONSUMER = "training"
 
 
@@ -322,12 +325,16 @@ class Coordinator(ProcessBound):
             raise Fenced(f"coordinator of {self.owner} (epoch {self.epoch}) stopped after "
                          f"{self._broken!r}; open a new one with recover=True")
 
-    def _adopt(self, extents: Iterable[Extent],
+    def _adopt(self, refs: Iterable[RecordSetRef],
                announced: Announcement | None = None) -> list[Extent]:
         """D2: retain data under the queue owner before any transaction naming it is
-        journaled.  Returns the extents this call registered as in flight (release them
-        with ``_done_adopting``)."""
-        todo = list(dict.fromkeys(extents))
+        journaled; each reference must name a publication (``InvalidReference``
+        otherwise: the queue never roots a fabricated one).  Returns the extents this call
+        registered as in flight (release them with ``_done_adopting``)."""
+        refs = list(refs)
+        for ref in refs:
+            self.store.check_published(ref, f"queue {self.owner}")
+        todo = list(dict.fromkeys((r.path, r.offset) for r in refs))
         with self._mutex:
             self._check_usable()
             for e in todo:
@@ -536,7 +543,7 @@ class Coordinator(ProcessBound):
             known = self.state.requests.get(request_id)
         if known is not None:
             return self._replay_request(request_id, digest, known)
-        adopted = self._adopt([(r[1][0], r[1][1]) for r in rows if r[1]])
+        adopted = self._adopt([t.input_ref for t in tasks if t.input_ref is not None])
         try:
             with self._mutex:
                 self._check_usable()
@@ -702,7 +709,7 @@ class Coordinator(ProcessBound):
         if done is not None:
             return self._last_seq, done, []
         self._check_result_names_attempt(ref, lease)
-        adopted = self._adopt([(ref.path, ref.offset)], announced)
+        adopted = self._adopt([ref], announced)
         try:
             with self._mutex:
                 self._check_usable()
@@ -801,7 +808,7 @@ class Coordinator(ProcessBound):
             known = self.state.requests.get(request_id)
         if known is not None:
             return self._replay_request(request_id, digest, known)
-        adopted = self._adopt([(r[1].path, r[1].offset) for r in rows if r[1] is not None])
+        adopted = self._adopt([r[1] for r in rows if r[1] is not None])
         try:
             with self._mutex:
                 self._check_usable()
@@ -978,7 +985,7 @@ class Coordinator(ProcessBound):
             _check_id(f"finished_batches[{i}]", b)
         if processed_cursor > fetch_cursor:
             raise ValueError("processed_cursor cannot pass fetch_cursor")
-        adopted = self._adopt([(ref.path, ref.offset)] if ref else [])
+        adopted = self._adopt([ref] if ref else [])
         try:
             with self._mutex:
                 self._check_usable()
@@ -1056,7 +1063,7 @@ class Coordinator(ProcessBound):
                 if b.ref != _ref_tuple(ref):
                     raise IdempotencyConflict(f"batch {batch_id!r} is ready with another ref")
                 return self.get_batch(batch_id)
-        adopted = self._adopt([(ref.path, ref.offset)])
+        adopted = self._adopt([ref])
         try:
             with self._mutex:
                 self._check_usable()
@@ -1085,7 +1092,7 @@ class Coordinator(ProcessBound):
         _check_id("checkpoint_id", checkpoint_id)
         check_count("cursor", cursor)
         r = None if ref is None else self._check_ref(ref, "ref")
-        adopted = self._adopt([(r.path, r.offset)] if r else [])
+        adopted = self._adopt([r] if r else [])
         try:
             with self._mutex:
                 self._check_usable()

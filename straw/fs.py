@@ -22,6 +22,11 @@ Contract that implementations must keep (SimFS simulates exactly this):
   and abandons the pack).
 * ``lock`` is an advisory, exclusive, cross-process (and on shared filesystems
   cross-client) lock held through an open handle; closing the handle releases it.
+* ``open_beneath(root, rel)`` is how straw opens a file a *reference* names: it never
+  leaves ``root``, whatever other processes do to the directories meanwhile (each
+  component of ``rel`` is resolved relative to the descriptor of its parent, never
+  following a symbolic link), and it never blocks: anything but a regular file (a FIFO,
+  a device, a socket, a directory) is refused at once with ``NotBeneath``.
 """
 
 from __future__ import annotations
@@ -30,11 +35,27 @@ import abc
 import errno
 import fcntl
 import os
+import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 Buffer = Any  # anything exposing the buffer protocol (bytes, memoryview, numpy arrays)
+
+
+class NotBeneath(OSError):
+    """``open_beneath`` refused the path: a component is a symbolic link or not a
+    directory (it could lead outside the root), or the file is not a regular file."""
+
+
+def beneath_parts(rel: str) -> list[str]:
+    """The components of a relative path for ``open_beneath``; ``ValueError`` for an
+    absolute path, ``.``/``..`` or empty components (callers validate paths first: this
+    is the last line of defence)."""
+    parts = rel.split("/")
+    if rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"open_beneath needs a plain relative path, got {rel!r}")
+    return parts
 
 
 @dataclass(frozen=True)
@@ -59,6 +80,13 @@ class Filesystem(abc.ABC):
         """Open ``path``; ``create`` makes it if missing, ``exclusive`` fails if it exists
         (``FileExistsError``).  Never follows a symlink in the last component when
         ``write`` is set."""
+
+    @abc.abstractmethod
+    def open_beneath(self, root: str, rel: str) -> int:
+        """Open the regular file ``rel`` (relative, ``/``-separated) beneath the directory
+        ``root`` for reading, following no symbolic link in any component of ``rel`` and
+        without blocking.  ``FileNotFoundError`` if a component is missing; ``NotBeneath``
+        if one is a symlink or not a directory, or the file is not a regular file."""
 
     @abc.abstractmethod
     def close(self, fd: int) -> None: ...
@@ -242,6 +270,32 @@ class PosixFS(Filesystem):
             flags |= os.O_EXCL
         return os.open(path, flags, 0o644)
 
+    def open_beneath(self, root: str, rel: str) -> int:
+        # Component by component from a descriptor of ``root``: a directory swapped for a
+        # symlink at any moment is met by O_NOFOLLOW (ELOOP or ENOTDIR), never followed,
+        # so there is no window between a check and the open.  O_NONBLOCK: opening a FIFO
+        # must not wait for a writer (it has no effect on regular files).
+        parts = beneath_parts(rel)
+        dir_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            for name in parts[:-1]:
+                nxt = _open_at(name, _DIR_FLAGS, dir_fd, rel)
+                os.close(dir_fd)
+                dir_fd = nxt
+            fd = _open_at(parts[-1], _FILE_FLAGS, dir_fd, rel)
+        finally:
+            os.close(dir_fd)
+        try:
+            mode = os.fstat(fd).st_mode
+        except BaseException:
+            os.close(fd)
+            raise
+        if not stat.S_ISREG(mode):
+            os.close(fd)
+            raise NotBeneath(errno.EINVAL, f"{parts[-1]!r} is not a regular file (a FIFO, "
+                             "device, socket or directory)", rel)
+        return fd
+
     def close(self, fd: int) -> None:
         os.close(fd)
 
@@ -332,13 +386,29 @@ class PosixFS(Filesystem):
         return os.path.realpath(path)
 
 
-def _to_stat(st: os.stat_result) -> FileStat:
-    import stat as _stat
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 
+
+def _open_at(name: str, flags: int, dir_fd: int, rel: str) -> int:
+    try:
+        return os.open(name, flags, dir_fd=dir_fd)
+    except OSError as e:
+        # ELOOP: a symlink met by O_NOFOLLOW; ENOTDIR: a symlink or a file where a
+        # directory belongs; ENXIO: a socket
+        why = {errno.ELOOP: "is a symbolic link",
+               errno.ENOTDIR: "is a symbolic link or not a directory",
+               errno.ENXIO: "is not a regular file (a socket or device)"}.get(e.errno or 0)
+        if why is not None:
+            raise NotBeneath(e.errno, f"{name!r} {why}", rel) from None
+        raise
+
+
+def _to_stat(st: os.stat_result) -> FileStat:
     return FileStat(
         size=st.st_size,
         inode=st.st_ino,
-        is_dir=_stat.S_ISDIR(st.st_mode),
-        is_symlink=_stat.S_ISLNK(st.st_mode),
+        is_dir=stat.S_ISDIR(st.st_mode),
+        is_symlink=stat.S_ISLNK(st.st_mode),
         mtime_ns=st.st_mtime_ns,
     )

@@ -164,8 +164,8 @@ _TAG_BATCH = bytes([REC_BATCH])
 _TAG_SEGMENT = bytes([REC_SEGMENT])
 _U32 = struct.Struct("<I")
 
-_SEG_RE = re.compile(r"^j-(\d{6,})-(\d{6,})\.log$")
-_SNAP_RE = re.compile(r"^s-(\d{6,})-(\d{6,})-(\d{12,})\.snap$")
+_SEG_RE = re.compile(r"^j-(\d{6,})-(\d{6,})\.log\Z")
+_SNAP_RE = re.compile(r"^s-(\d{6,})-(\d{6,})-(\d{12,})\.snap\Z")
 _TMP_MARK = ".snap.tmp-"
 
 Position = tuple[int, int, int]  # (epoch, segment, offset)

@@ -304,8 +304,11 @@ def read_sealed_index(fs: Filesystem, fd: int, size: int) -> list[ExtentEntry] |
     if size < TRAILER.size + framing.HEADER_SIZE:
         return None
     read_at = framing.read_at_fn(fs, fd)
-    seal_offset, magic = TRAILER.unpack(read_at(size - TRAILER.size, TRAILER.size))
-    if magic != TRAILER_MAGIC or seal_offset >= size:
+    trailer = read_at(size - TRAILER.size, TRAILER.size)
+    if len(trailer) != TRAILER.size:  # another client's short view
+        return None
+    seal_offset, magic = TRAILER.unpack(trailer)
+    if magic != TRAILER_MAGIC or seal_offset + framing.HEADER_SIZE > size - TRAILER.size:
         return None
     try:
         header, body = framing.decode_frame(read_at(seal_offset, size - TRAILER.size

@@ -10,8 +10,25 @@ the file and retries a bounded number of times, then raises ``StorageUnavailable
 a frame header zeroed on one side of a page boundary, whose bytes are present: if it
 stays damaged through every retry it is ``CorruptData``.
 
-A reference is followed only after ``check_pack_path`` accepted its shape and the
-resolved path (symlinks included) stayed inside the pool root.
+When the pack is *final* there is no lag to wait for, so nothing is retried: a pack
+whose file ends in a valid SEAL trailer, or that the catalog knows as sealed or
+reclaimed, or that the catalog never heard of (a pack is known to the catalog before its
+file exists) — asked only after a read failed (the store's ``pack_status`` callback),
+then confirmed by one more read through a freshly opened descriptor (close-to-open).  A
+final pack fails at once: ``InvalidReference`` for a reference that cannot be right (no
+publication starts at its offset, its size runs past an intact pack, its pack was
+reclaimed or never written), ``CorruptData`` for damage (a sealed pack truncated or
+zeroed below a published extent, deleted outside straw, a checksum mismatch).
+
+A reference is followed only after ``check_pack_path`` accepted its shape, and its pack
+is opened with ``Filesystem.open_beneath`` from the pool root resolved once when the
+session opened: no component beneath the root is followed through a symbolic link (a
+directory swapped for one while reading included), and anything but a regular file (a
+FIFO would block a read forever) is refused at once, ``InvalidReference``.  No buffer
+larger than one read chunk is allocated for a reference before an authenticated frame
+header at its offset said that the extent has exactly its size and the file was seen to
+hold all of it; every field of a reference (size, checksum, digest, records) must match
+the extent, else ``InvalidReference`` naming the field.
 
 A session caches open files and checked manifests; it is not an ownership pin.  (A pack
 reclaimed while a session holds it open may still read back, intact, through that handle:
@@ -25,9 +42,10 @@ closed them.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -35,9 +53,9 @@ import xxhash
 
 from . import framing
 from .clock import Clock
-from .errors import CorruptData, InvalidReference, StorageUnavailable
-from .fs import Filesystem
-from .pack import EXTENT_PREFIX, decode_manifest, manifest_size
+from .errors import CorruptData, InvalidReference, StorageUnavailable, StrawError
+from .fs import Filesystem, NotBeneath
+from .pack import EXTENT_PREFIX, decode_manifest, manifest_size, read_sealed_index
 from .process import ProcessBound, close_quietly
 from .refs import (
     Manifest,
@@ -89,8 +107,38 @@ def _partial_header(head: memoryview, file_offset: int) -> bool:
     return False
 
 
-class _Lag(Exception):
-    """Bytes not (yet) visible: retry after reopening."""
+@dataclass(frozen=True)
+class PackStatus:
+    """What the pool's catalog knows of a pack: ``state`` is ``"unknown"`` (never
+    opened: a pack is known to the catalog before its file is created), ``"open"``,
+    ``"sealed"`` or ``"tombstoned"`` (reclaimed); ``offsets`` are the extents of a sealed
+    pack."""
+
+    state: str
+    offsets: frozenset[int] = frozenset()
+
+
+PackStatusFn = Callable[[str], "PackStatus | None"]  # None: the catalog cannot tell
+
+
+@dataclass(frozen=True)
+class _Lag:
+    """Bytes not (yet) visible (``kind``: missing, short, zeros, partial): another
+    client's visibility lag unless the pack is final."""
+
+    kind: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class _Final:
+    """A pack whose content cannot change any more (D6: no visibility lag to wait for).
+    ``kind``: ``complete`` (the file ends in a valid SEAL trailer; ``offsets`` from its
+    index), ``sealed`` (the catalog says so; the file may be damaged), ``reclaimed``
+    (tombstoned), ``unknown`` (the catalog never heard of it and the file is missing)."""
+
+    kind: str
+    offsets: frozenset[int] = frozenset()
 
 
 class ReadSession(ProcessBound):
@@ -99,11 +147,14 @@ class ReadSession(ProcessBound):
     _process_state = "its open pack files"
 
     def __init__(self, fs: Filesystem, root: str, run_id: str, clock: Clock, *,
-                 visibility_retries: int = 8, visibility_backoff: float = 0.05) -> None:
+                 visibility_retries: int = 8, visibility_backoff: float = 0.05,
+                 pack_status: PackStatusFn | None = None) -> None:
         self._bind_process()
         self.fs = fs
         self.root = root
+        # resolved once: the operator's root may be a symlink, nothing beneath it may
         self.real_root = fs.realpath(root)
+        self.pack_status = pack_status
         self.run_id = run_id
         self.clock = clock
         self.retries = visibility_retries
@@ -187,6 +238,19 @@ class ReadSession(ProcessBound):
         raw, payload_start = decode_manifest(body_head, f"{ref.path} offset {ref.offset}")
         return self._remember(ref, raw, payload_start)
 
+    def check_published(self, ref: RecordSetRef) -> None:
+        """``InvalidReference`` unless ``ref`` names a publication: the frame at its offset
+        is an extent of its size and checksum.  One small read (none when its manifest was
+        checked already); what is retained or depended on must exist (D4)."""
+        self._check_process()
+        self._check_ref(ref)
+        if ref in self._manifests:
+            return
+        if ref.size < framing.HEADER_SIZE:
+            raise InvalidReference(f"{ref!r}: too small to be an extent")
+        head = self._read_exact(ref.path, ref.offset, framing.HEADER_SIZE, frame=True)
+        self._check_header(ref, head)
+
     def read_record(self, record_ref: RecordRef) -> Record:
         """One record, reading and checking only the manifest and that record."""
         self._check_process()
@@ -242,18 +306,33 @@ class ReadSession(ProcessBound):
         self._check_ref(ref)
         if ref.size < framing.HEADER_SIZE:
             raise InvalidReference(f"{ref!r}: too small to be an extent")
+        if ref.size > _CHUNK:
+            # Nothing large is allocated for a reference before its size is known right:
+            # the authenticated header at its offset names exactly this size, and the file
+            # holds its last byte (or the lag/final rules decided, without allocating).
+            head = self._read_exact(ref.path, ref.offset, framing.HEADER_SIZE, frame=True)
+            self._check_header(ref, head)
+            self._read_exact(ref.path, ref.offset + ref.size - 1, 1)
         buf = _alloc(ref.size)
         delay = self.backoff
-        for attempt in range(self.retries + 1):
+        attempt = 0
+        final: _Final | None = None
+        while True:
             if self._read_and_hash(ref, buf):
                 body = buf[framing.HEADER_SIZE:]
                 raw, payload_start = decode_manifest(body, f"{ref.path} offset {ref.offset}")
                 return self._remember(ref, raw, payload_start), body, payload_start
-            if attempt == self.retries or not _zero_page_tail(buf, ref.offset):
+            if final is not None or not _zero_page_tail(buf, ref.offset):
                 break
             self._drop_fd(ref.path)
+            final = self._finality(ref.path)
+            if final is not None:
+                continue  # no lag to wait for: one more pass through a fresh descriptor
+            if attempt == self.retries:
+                break
             self.clock.sleep(delay)
             delay = min(delay * 2, 1.0)
+            attempt += 1
         raise CorruptData(f"{ref.path} offset {ref.offset}: extent body checksum mismatch")
 
     def _read_and_hash(self, ref: RecordSetRef, buf: memoryview) -> bool:
@@ -282,6 +361,12 @@ class ReadSession(ProcessBound):
         try:
             header = framing.decode_header(buf)
         except CorruptData as e:
+            final = self._finality(ref.path)
+            if final is not None and final.kind in ("complete", "sealed") \
+                    and ref.offset not in final.offsets:
+                raise InvalidReference(
+                    f"{ref!r}: no publication of sealed pack {ref.path} starts at offset "
+                    f"{ref.offset} (an edited or fabricated reference)") from None
             raise CorruptData(f"{where}: {e} (data damaged, or the reference does not point "
                               "at an extent)") from None
         if header.kind != framing.KIND_EXTENT or header.frame_length != ref.size:
@@ -297,6 +382,17 @@ class ReadSession(ProcessBound):
                   ) -> Manifest:
         if raw.get("run") != ref.run_id:
             raise InvalidReference(f"{ref!r}: the extent belongs to run {raw.get('run')!r}")
+        digest = raw.get("digest")
+        if not isinstance(digest, bytes) or digest.hex() != ref.digest:
+            raise InvalidReference(
+                f"{ref!r}: digest differs from the publication's "
+                f"({digest.hex() if isinstance(digest, bytes) else digest!r}); the reference "
+                "is edited or stale: use the reference publish returned")
+        if len(raw["recs"]) != ref.records:
+            raise InvalidReference(
+                f"{ref!r}: records is {ref.records}, the publication holds "
+                f"{len(raw['recs'])}; the reference is edited or stale: use the reference "
+                "publish returned")
 
         infos = []
         rrefs = []
@@ -326,11 +422,13 @@ class ReadSession(ProcessBound):
             if fd is not None:
                 self._fds.move_to_end(path)
                 return fd
-        full = os.path.join(self.root, path)
-        real = self.fs.realpath(full)
-        if not real.startswith(self.real_root.rstrip("/") + "/"):
-            raise InvalidReference(f"reference path {path!r} resolves outside the pool root")
-        fd = self.fs.open(real)
+        try:
+            fd = self.fs.open_beneath(self.real_root, path)
+        except NotBeneath as e:
+            raise InvalidReference(
+                f"reference path {path!r} is not a pack of this pool: {e.strerror}. straw "
+                "opens references only as regular files beneath the pool root, never through "
+                "a symbolic link (it could lead outside the pool)") from None
         with self._lock:
             self._fds[path] = fd
             if len(self._fds) > _FD_CACHE:
@@ -349,48 +447,121 @@ class ReadSession(ProcessBound):
 
     def _read_exact(self, path: str, offset: int, size: int, into: Any = None,
                     frame: bool = False) -> memoryview:
-        """Exactly ``size`` bytes at ``offset`` or ``StorageUnavailable`` after bounded
-        retries for visibility lag (short file, zero header, file not visible)."""
+        """Exactly ``size`` bytes at ``offset``.  Missing bytes (short file, zero header,
+        file not visible) are retried a bounded number of times for visibility lag, then
+        ``StorageUnavailable`` — unless the pack is final: then one more read through a
+        fresh descriptor, and the error at once (``frame``: ``offset`` is where the
+        reference says an extent starts)."""
         buf = _alloc(size) if into is None else memoryview(into).cast("B")
         if buf.nbytes != size:
             raise ValueError(f"buffer holds {buf.nbytes} bytes, {size} requested")
         check_pack_path(path, self.run_id)
         delay = self.backoff
-        last = ""
-        for attempt in range(self.retries + 1):
-            try:
-                fd = self._fd(path)
-                n = self.fs.readinto(fd, buf, offset)
-                if n < size:
-                    raise _Lag(f"the file holds {offset + n} bytes, the reference needs "
-                               f"{offset + size}")
-                # Only a frame start is known to be non-zero: a payload may be zeros.
-                if frame and buf[:framing.HEADER_SIZE] == _ZERO_HEADER:
-                    raise _Lag("the extent still reads as zeros")
-                if frame and _partial_header(buf[:framing.HEADER_SIZE], offset):
-                    if attempt == self.retries:
-                        # Bytes present that stayed wrong through every retry are not
-                        # lag: the caller's header check reports CorruptData (D6).
-                        return buf
-                    raise _Lag("the frame header is only partly visible")
+        attempt = 0
+        final: _Final | None = None
+        while True:
+            lag = self._try_read(path, offset, buf, frame,
+                                 give_up=final is None and attempt == self.retries)
+            if lag is None:
                 return buf
-            except FileNotFoundError:
-                last = "missing"
-            except _Lag as e:
-                last = str(e)
-            except OSError as e:
-                raise StorageUnavailable(f"reading {path}: {e}") from e
             self._drop_fd(path)
-            if attempt < self.retries:
-                self.clock.sleep(delay)
-                delay = min(delay * 2, 1.0)
-        if last == "missing":
+            if final is not None:
+                raise self._final_error(final, path, offset, lag, frame)
+            final = self._finality(path)
+            if final is not None:
+                continue  # no lag to wait for: one more read through a fresh descriptor
+            if attempt == self.retries:
+                break
+            self.clock.sleep(delay)
+            delay = min(delay * 2, 1.0)
+            attempt += 1
+        if lag.kind == "missing":
             raise InvalidReference(
                 f"pack {path} does not exist (reclaimed, or never written) after "
                 f"{self.retries} retries"
             )
         raise StorageUnavailable(
-            f"{path} offset {offset}: {last} after {self.retries} retries; the writer's data "
-            "is not visible on this client (visibility lag) or was lost. Retry later; if it "
-            "persists, check the filesystem"
+            f"{path} offset {offset}: {lag.detail} after {self.retries} retries; the writer's "
+            "data is not visible on this client (visibility lag) or was lost. Retry later; if "
+            "it persists, check the filesystem"
         )
+
+    def _try_read(self, path: str, offset: int, buf: memoryview, frame: bool, *,
+                  give_up: bool) -> _Lag | None:
+        """One attempt: None when ``buf`` holds the bytes, else what is missing."""
+        size = buf.nbytes
+        try:
+            fd = self._fd(path)
+            n = self.fs.readinto(fd, buf, offset)
+        except FileNotFoundError:
+            return _Lag("missing", "the file does not exist")
+        except OSError as e:
+            raise StorageUnavailable(f"reading {path}: {e}") from e
+        if n < size:
+            return _Lag("short", f"the file holds {offset + n} bytes, the reference needs "
+                                 f"{offset + size}")
+        # Only a frame start is known to be non-zero: a payload may be zeros.
+        if frame and buf[:framing.HEADER_SIZE] == _ZERO_HEADER:
+            return _Lag("zeros", "the extent still reads as zeros")
+        if frame and _partial_header(buf[:framing.HEADER_SIZE], offset) and not give_up:
+            # Bytes present that stay wrong through every retry are not lag: once we give
+            # up, the caller's header check reports CorruptData (D6).
+            return _Lag("partial", "the frame header is only partly visible")
+        return None
+
+    def _finality(self, path: str) -> _Final | None:
+        """Whether the pack is final (asked only after a read failed): its file ends in a
+        valid SEAL trailer, or the catalog knows it sealed, reclaimed, or not at all."""
+        try:
+            fd: int | None = self._fd(path)
+        except OSError:  # missing, or not readable now: the catalog may tell
+            fd = None
+        if fd is not None:
+            try:
+                entries = read_sealed_index(self.fs, fd, self.fs.fstat(fd).size)
+            except (OSError, StrawError, ValueError, TypeError):
+                entries = None  # unreadable or damaged seal: not final *this* way
+            if entries is not None:
+                return _Final("complete", frozenset(e.offset for e in entries))
+        status = self.pack_status(path) if self.pack_status is not None else None
+        if status is None:
+            return None
+        if status.state == "tombstoned":
+            final = _Final("reclaimed")
+        elif status.state == "sealed":
+            final = _Final("sealed", status.offsets)
+        elif status.state == "unknown" and fd is None:
+            final = _Final("unknown")
+        else:
+            return None
+        # what we read next goes through a descriptor opened after the catalog said so
+        self._drop_fd(path)
+        return final
+
+    @staticmethod
+    def _final_error(final: _Final, path: str, offset: int, lag: _Lag,
+                     frame: bool) -> StrawError:
+        """The error for bytes missing from a final pack (no lag: nothing to retry)."""
+        where = f"{path} offset {offset}"
+        if final.kind == "reclaimed":
+            gone = "does not exist any more" if lag.kind == "missing" else "is being removed"
+            return InvalidReference(
+                f"pack {path} {gone}: it was reclaimed (tombstoned) by garbage collection, so "
+                f"{where} is no longer readable. Retain (or pin) the publications you still "
+                "need")
+        if final.kind == "unknown":
+            return InvalidReference(
+                f"pack {path} does not exist and was never written (the pool's catalog does "
+                "not know it); the reference is fabricated or belongs to another pool")
+        if lag.kind == "missing":
+            return CorruptData(
+                f"sealed pack {path} is missing: it was deleted outside straw (garbage "
+                "collection tombstones a pack first). Restore it from a replica")
+        if frame and (offset not in final.offsets
+                      or (lag.kind == "short" and final.kind == "complete")):
+            return InvalidReference(
+                f"{where}: no publication of sealed pack {path} fits there ({lag.detail}); "
+                "the reference is edited or stale: use the reference publish returned")
+        return CorruptData(
+            f"{where}: {lag.detail}, but pack {path} is sealed (its size is final, so this "
+            "is damage, not visibility lag); restore it from a replica")

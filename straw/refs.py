@@ -13,6 +13,9 @@ carries: the coordinator journals metadata as msgpack), nested at most
 ``MAX_METADATA_DEPTH`` containers deep and without cycles.  Anything else is a
 ``TypeError``/``ValueError`` naming the path of the offending value, never an
 ``OverflowError`` or ``RecursionError``.
+
+Every name and path pattern is anchored at the very end of the string (not with ``$``,
+which also matches before a final newline).
 """
 
 from __future__ import annotations
@@ -27,12 +30,12 @@ from typing import Any
 from .checks import INT64_MAX, INT64_MIN, UINT64_MAX, short_repr
 from .errors import CorruptData, InvalidReference
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
 PACK_PATH_RE = re.compile(
     r"^runs/(?P<run>[A-Za-z0-9][A-Za-z0-9._-]{0,127})/writers/[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
-    r"/i[0-9]{6,}/pack-[0-9]{6,}\.strw$"
+    r"/i[0-9]{6,}/pack-[0-9]{6,}\.strw\Z"
 )
-_HEX32 = re.compile(r"^[0-9a-f]{32}$")
+_HEX32 = re.compile(r"^[0-9a-f]{32}\Z")
 MAX_METADATA_DEPTH = 100  # nested containers in record/task metadata, the top dict included
 
 

@@ -20,7 +20,11 @@ extents (``straw.pack``), writes a ``publish_many`` batch with one ``writev`` an
 sync, and returns references only after that sync (D1).  Submission ids are the
 idempotency ids (D7): a retry with the same id and content returns the original
 references, different content raises ``IdempotencyConflict``; the index survives writer
-restarts (``straw.writer``).  Reads go through ``straw.reader.ReadSession`` (D6).
+restarts (``straw.writer``).  Reads go through ``straw.reader.ReadSession`` (D6); after a
+failed read it may ask the catalog whether the pack is final (``_pack_status``).  A
+reference that is retained, pinned or depended on must name a publication of the pool
+(``check_published``: one small read of its frame header), else ``InvalidReference``
+before anything is written.
 
 Writing is lazy: a store that only reads takes no writer lock and creates nothing.
 Publishing is serialised per store (one write in flight); use one store per writer
@@ -52,11 +56,17 @@ import xxhash
 from .catalog import Catalog, Extent
 from .checks import check_count, check_seconds
 from .clock import Clock, SystemClock
-from .errors import IdempotencyConflict, InvalidReference, StorageUnavailable, UnsupportedSchema
+from .errors import (
+    IdempotencyConflict,
+    InvalidReference,
+    StorageUnavailable,
+    StrawError,
+    UnsupportedSchema,
+)
 from .fs import Filesystem, PosixFS
 from .pack import encode_extent, storage_error
 from .process import ProcessBound
-from .reader import ReadSession
+from .reader import PackStatus, ReadSession
 from .refs import (
     NAME_RE,
     Manifest,
@@ -128,7 +138,8 @@ class SharedFilesystemStore(ProcessBound):
         self._init_pool()
         self._session = ReadSession(self.fs, self.root, self.run_id, self.clock,
                                     visibility_retries=visibility_retries,
-                                    visibility_backoff=visibility_backoff)
+                                    visibility_backoff=visibility_backoff,
+                                    pack_status=self._pack_status)
         self._writer: WriterIncarnation | None = None
         self._write_lock = threading.Lock()
         self.catalog = Catalog(self.fs, self.root, self.run_id)  # owners belong to the run
@@ -271,6 +282,7 @@ class SharedFilesystemStore(ProcessBound):
                         "for new content"
                     )
                 return list(known.refs)
+            self._check_dependencies(normalized)
             refs = self._write(writer, submission_id, normalized)
             writer.index[submission_id] = Submission(digests, tuple(refs))
             return refs
@@ -317,6 +329,14 @@ class SharedFilesystemStore(ProcessBound):
         if edges:
             self.catalog.record_edges(edges)
         return writer.append(extents)
+
+    def _check_dependencies(self, normalized: list[_Normalized]) -> None:
+        """D1/D4: every dependency must name a publication of the pool (checked after the
+        idempotency lookup, so a retry is answered as the original was, D7)."""
+        for i, (_, deps, _) in enumerate(normalized):
+            for k, d in enumerate(deps):
+                if isinstance(d, RecordSetRef):
+                    self.check_published(d, f"publications[{i}].dependencies[{k}]")
 
     def _ensure_writer(self) -> WriterIncarnation:
         if self._writer is None:
@@ -407,7 +427,10 @@ class SharedFilesystemStore(ProcessBound):
         reclaimed.  Retain a successor before releasing its predecessor."""
         self._check_open()
         check_owner(owner)
-        self.catalog.retain(owner, self._extents(refs, "refs"))
+        items = _listed(refs)
+        extents = self._extents(items, "refs")
+        self._check_all_published(items, "refs")
+        self.catalog.retain(owner, extents)
 
     def release(self, owner: str) -> bool:
         """Drop this run's ``owner``.  Returns False (and changes nothing) if this run has
@@ -431,7 +454,8 @@ class SharedFilesystemStore(ProcessBound):
         reader that dies inside the block leaves its pin (``pin:host:pid:...``) for an
         operator to ``release``: nothing is reclaimed under a reader that may be alive."""
         self._check_open()
-        return Pin(self, self._extents(refs, "refs"))
+        items = _listed(refs)
+        return Pin(self, self._extents(items, "refs"), items)
 
     def collect_garbage(self) -> dict[str, Any]:
         """Reclaim this run's sealed packs that no owner, pin or staged publication of any
@@ -485,6 +509,14 @@ class SharedFilesystemStore(ProcessBound):
             out.append((r.path, r.offset))
         return out
 
+    def _check_all_published(self, refs: Sequence[RecordSetRef | RecordRef], where: str
+                             ) -> None:
+        """Each of ``refs`` (checked by ``_extents`` already) must name a publication: what
+        an owner retains must exist (D4)."""
+        for i, r in enumerate(refs):
+            self.check_published(r.record_set if isinstance(r, RecordRef) else r,
+                                 f"{where}[{i}]")
+
     # --- reading ------------------------------------------------------------------------
     def read(self, ref: RecordSetRef) -> list[Record]:
         """The publication's records, checked against the reference (D6)."""
@@ -508,7 +540,34 @@ class SharedFilesystemStore(ProcessBound):
         self._check_process()
         retries, backoff = self._visibility
         return ReadSession(self.fs, self.root, self.run_id, self.clock,
-                           visibility_retries=retries, visibility_backoff=backoff)
+                           visibility_retries=retries, visibility_backoff=backoff,
+                           pack_status=self._pack_status)
+
+    def check_published(self, ref: RecordSetRef, where: str = "ref") -> None:
+        """``InvalidReference`` (naming ``where``) unless ``ref`` names a publication of
+        this pool: the frame at its offset is an extent of its size and checksum.  Asked
+        before a reference is retained, pinned or depended on (one small read)."""
+        self._check_process()
+        try:
+            self._session.check_published(ref)
+        except InvalidReference as e:
+            raise InvalidReference(f"{where}: {e}") from None
+
+    def _pack_status(self, path: str) -> PackStatus | None:
+        """What the catalog knows of pack ``path``, read fresh under the pool lock; None
+        if it cannot tell.  Reads ask only after a read failed, to tell a final pack
+        (nothing to wait for) from another client's visibility lag."""
+        if self.closed or not self.fs.probe(self.catalog.path):
+            return None
+        try:
+            with self.catalog.locked() as st:
+                info = st.packs.get(path)
+                if info is None:
+                    return PackStatus("unknown")
+                return PackStatus("tombstoned" if info.tombstoned else info.state,
+                                  frozenset(info.offsets))
+        except (StrawError, OSError):
+            return None
 
     # --- inspection ---------------------------------------------------------------------
     def disk_usage(self) -> dict[str, int]:
@@ -557,17 +616,28 @@ def check_owner(owner: object) -> str:
     return owner
 
 
+def _listed(refs: Any) -> Any:
+    """``refs`` as a list, so that it can be walked twice (a single reference is left as
+    it is, for ``_extents`` to refuse)."""
+    if isinstance(refs, (RecordSetRef, RecordRef, str, bytes)):
+        return refs
+    return list(refs)
+
+
 class Pin:
     """A reader's durable protection, held while the ``with`` block runs."""
 
-    def __init__(self, store: SharedFilesystemStore, extents: list[Extent]) -> None:
+    def __init__(self, store: SharedFilesystemStore, extents: list[Extent],
+                 refs: Sequence[RecordSetRef | RecordRef] = ()) -> None:
         self.store = store
         self.extents = extents
+        self.refs = refs
         self.owner = f"pin:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex}"
         self.held = False
 
     def __enter__(self) -> Pin:
         self.store._check_process()
+        self.store._check_all_published(self.refs, "refs")
         self.store.catalog.retain(self.owner, self.extents)
         self.held = True
         return self

@@ -22,7 +22,9 @@ metadata).  Every read verifies every chunk it touches and nothing else: ``load(
 of them (read with ``readinto`` straight into the returned tensor's memory, hashed while
 still in the CPU cache, in parallel threads for large tensors), ``ref[a:b]`` only those
 overlapping rows ``a..b``.  A mismatch is ``CorruptData`` at once (D6); the chunk list
-itself lives in the publication's manifest, which the reader authenticates.  (``load()``
+itself lives in the publication's manifest, which the reader authenticates.  A reference's
+shape, dtype and record are checked against that manifest before any buffer is allocated
+(an edited shape is ``InvalidReference``, never a terabyte allocation).  (``load()``
 checks the chunk list rather than the record's whole-payload checksum: the same hashing
 work in one thread, but chunks can be read and checked by several threads at once.)
 Large ``load()`` results live in recycled buffers (``_BufferCache``: a freed result's
@@ -564,10 +566,10 @@ class TensorRef:
                     raise self._corrupt(j, piece.nbytes)
             k = k_end
 
-    def _read_into(self, start: int, stop: int, dst: memoryview) -> None:
-        """Payload bytes [start, stop) into ``dst``, verifying every chunk touched."""
-        session = self._session()
-        chunks = self._chunks(session)
+    def _read_into(self, session: ReadSession, chunks: str, start: int, stop: int,
+                   dst: memoryview) -> None:
+        """Payload bytes [start, stop) into ``dst``, verifying every chunk touched
+        (``chunks``: the authenticated checksums from ``_chunks``)."""
         if stop <= start:
             return
         c = self.chunk_bytes
@@ -652,6 +654,11 @@ class TensorRef:
 
     def _materialise(self, row0: int, rows: int | None, *, pin_memory: bool, out: Any,
                      framework: str | None) -> Any:
+        # The reference is checked against its authenticated manifest (shape, dtype and
+        # record length agree, so the size below is the real payload's) before anything
+        # is allocated: an edited shape must not allocate terabytes.
+        session = self._session()
+        chunks = self._chunks(session)
         if rows is None:
             shape, start, stop = self.shape, 0, self.nbytes
         else:
@@ -659,10 +666,10 @@ class TensorRef:
             shape, start, stop = (rows, *self.shape[1:]), row0 * row, (row0 + rows) * row
         if out is not None:
             view = self._out_view(out, shape)
-            self._read_into(start, stop, view)
+            self._read_into(session, chunks, start, stop, view)
             return out
         result, view = self._alloc(shape, self._want_torch(framework), pin_memory)
-        self._read_into(start, stop, view)
+        self._read_into(session, chunks, start, stop, view)
         return result
 
     def load(self, *, pin_memory: bool = False, out: Any = None,

@@ -51,8 +51,8 @@ from .pack import (
 from .process import ProcessBound, close_quietly
 from .refs import RecordSetRef
 
-_INC_RE = re.compile(r"^i([0-9]{6,})$")
-_PACK_RE = re.compile(r"^pack-([0-9]{6,})\.strw$")
+_INC_RE = re.compile(r"^i([0-9]{6,})\Z")
+_PACK_RE = re.compile(r"^pack-([0-9]{6,})\.strw\Z")
 
 
 @dataclass(frozen=True)

@@ -103,7 +103,7 @@ def test_registered_codec_and_numpy_without_cast(tmp_path):
 # --- references that leave the pool -----------------------------------------------------
 
 class RecordingFS(PosixFS):
-    """PosixFS that remembers every path it opened."""
+    """PosixFS that remembers every path it opened (``open_beneath``: once opened)."""
 
     def __init__(self) -> None:
         self.opened: list[str] = []
@@ -111,6 +111,11 @@ class RecordingFS(PosixFS):
     def open(self, path, **kw):  # type: ignore[no-untyped-def]
         self.opened.append(path)
         return super().open(path, **kw)
+
+    def open_beneath(self, root, rel):  # type: ignore[no-untyped-def]
+        fd = super().open_beneath(root, rel)
+        self.opened.append(os.path.join(root, rel))
+        return fd
 
 
 def test_references_outside_the_pool_are_refused_without_opening(tmp_path):
@@ -292,57 +297,80 @@ def test_unknown_versions_are_unsupported_schema(tmp_path):
 
 
 # --- visibility lag ---------------------------------------------------------------------
+# Lag is only possible while a pack is not final: these writers keep their packs open.
+
+class SleepCounter(ManualClock):
+    """A ManualClock that records every sleep (the visibility retries)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sleeps: list[float] = []
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        super().sleep(seconds)
+
 
 class LaggingFS(PosixFS):
-    """Reads come back short for the first ``lag`` attempts (another client's view)."""
+    """Reads of packs come back short for the first ``lag`` attempts (another client's
+    view)."""
 
     def __init__(self, lag: int) -> None:
         self.lag = lag
         self.reads = 0
+        self.packs: set[int] = set()
+
+    def open_beneath(self, root, rel):  # type: ignore[no-untyped-def]
+        fd = super().open_beneath(root, rel)
+        self.packs.add(fd)
+        return fd
+
+    def close(self, fd):  # type: ignore[no-untyped-def]
+        self.packs.discard(fd)
+        super().close(fd)
 
     def readinto(self, fd, buffer, offset):  # type: ignore[no-untyped-def]
-        self.reads += 1
-        if self.reads <= self.lag:
-            return 0
+        if fd in self.packs:
+            self.reads += 1
+            if self.reads <= self.lag:
+                return 0
         return super().readinto(fd, buffer, offset)
 
 
 def test_short_file_is_retried_a_bounded_number_of_times(tmp_path):
     with _store(tmp_path) as store:
         ref = store.publish([Record("a", b"x" * 500)], submission_id="s")
-    clock = ManualClock()
-    # lag that resolves: the read succeeds after reopening
-    fs = LaggingFS(0)
-    with _store(tmp_path, fs=fs, clock=clock) as reader:
-        fs.lag = fs.reads + 3
-        assert bytes(reader.read(ref)[0].payload) == b"x" * 500
-    # lag that never resolves: StorageUnavailable after exactly the configured retries
-    fs = LaggingFS(0)
-    t0 = clock.now()
-    with _store(tmp_path, fs=fs, clock=clock, visibility_retries=4) as reader:
-        fs.lag, start = 10**9, fs.reads
-        with pytest.raises(StorageUnavailable, match="after 4 retries"):
-            reader.read(ref)
-        assert fs.reads - start == 5
-    assert clock.now() > t0
-    # a real short file (the writer's data not there yet) behaves the same
-    pack = tmp_path / ref.path
-    pack.write_bytes(pack.read_bytes()[: ref.offset + ref.size // 2])
-    with _store(tmp_path, clock=clock, visibility_retries=2) as reader:
-        with pytest.raises(StorageUnavailable, match="holds"):
-            reader.read(ref)
+        clock = SleepCounter()
+        # lag that resolves: the read succeeds after reopening
+        fs = LaggingFS(0)
+        with _store(tmp_path, fs=fs, clock=clock) as reader:
+            fs.lag = fs.reads + 3
+            assert bytes(reader.read(ref)[0].payload) == b"x" * 500
+        # lag that never resolves: StorageUnavailable after exactly the configured retries
+        fs = LaggingFS(0)
+        with _store(tmp_path, fs=fs, clock=clock, visibility_retries=4) as reader:
+            fs.lag, before = 10**9, len(clock.sleeps)
+            with pytest.raises(StorageUnavailable, match="after 4 retries"):
+                reader.read(ref)
+            assert len(clock.sleeps) - before == 4
+        # a real short file (the writer's data not there yet) behaves the same
+        pack = tmp_path / ref.path
+        pack.write_bytes(pack.read_bytes()[: ref.offset + ref.size // 2])
+        with _store(tmp_path, clock=clock, visibility_retries=2) as reader:
+            with pytest.raises(StorageUnavailable, match="holds"):
+                reader.read(ref)
 
 
 def test_reserved_zeros_are_lag_not_corruption(tmp_path):
     with _store(tmp_path) as store:
         ref = store.publish([Record("a", b"x" * 500)], submission_id="s")
-    pack = tmp_path / ref.path
-    data = bytearray(pack.read_bytes())
-    data[ref.offset:ref.offset + ref.size] = bytes(ref.size)
-    pack.write_bytes(data)
-    with _store(tmp_path, clock=ManualClock(), visibility_retries=2) as reader:
-        with pytest.raises(StorageUnavailable, match="zeros"):
-            reader.read(ref)
+        pack = tmp_path / ref.path
+        data = bytearray(pack.read_bytes())
+        data[ref.offset:ref.offset + ref.size] = bytes(ref.size)
+        pack.write_bytes(data)
+        with _store(tmp_path, clock=ManualClock(), visibility_retries=2) as reader:
+            with pytest.raises(StorageUnavailable, match="zeros"):
+                reader.read(ref)
 
 
 class PartlyVisibleFS(PosixFS):
@@ -378,19 +406,19 @@ def test_partly_visible_fresh_data_is_lag_not_corruption(tmp_path, where):
         pad = store.publish([Record("pad", b"p" * (4096 - 30 - trial.offset - overhead))],
                             submission_id="pad")
         ref = store.publish([Record("a", b"x" * 9000)], submission_id="s")
-    boundary = (ref.offset // 4096 + 1) * 4096
-    if where.startswith("header"):
-        assert ref.offset % 4096 > 4096 - 56, "the header must straddle a page boundary"
-    else:
-        boundary += 4096
-    clock = ManualClock()
-    fs = PartlyVisibleFS(boundary, lag=0, stale_head=where == "header-stale-head")
-    with _store(tmp_path, fs=fs, clock=clock) as reader:
-        fs.lag = 2
-        assert bytes(reader.read(ref)[0].payload) == b"x" * 9000
-        assert clock.now() > 1_000_000.0  # it waited for the data instead of failing
-        fs.lag = 10**9  # the zeros never go away: corruption after the bounded retries
-        with pytest.raises(CorruptData):
-            with reader.read_session() as s:
-                s.read(ref)
+        boundary = (ref.offset // 4096 + 1) * 4096
+        if where.startswith("header"):
+            assert ref.offset % 4096 > 4096 - 56, "the header must straddle a page boundary"
+        else:
+            boundary += 4096
+        clock = ManualClock()
+        fs = PartlyVisibleFS(boundary, lag=0, stale_head=where == "header-stale-head")
+        with _store(tmp_path, fs=fs, clock=clock) as reader:
+            fs.lag = 2
+            assert bytes(reader.read(ref)[0].payload) == b"x" * 9000
+            assert clock.now() > 1_000_000.0  # it waited for the data instead of failing
+            fs.lag = 10**9  # the zeros never go away: corruption after the bounded retries
+            with pytest.raises(CorruptData):
+                with reader.read_session() as s:
+                    s.read(ref)
     del pad
