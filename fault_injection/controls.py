@@ -24,6 +24,10 @@ Frame controls (caught by the frame campaign):
 * ``short-frame-is-corrupt`` -- ``decode_frame`` reports an incomplete frame as corrupt.
 * ``scan-never-corrupt`` -- ``scan_frames`` treats every damaged frame as a torn tail.
 * ``torn-tail-is-corruption`` also breaks the frame campaign's file-level prefix check.
+* ``journal-no-confirm`` -- the queue journal writes no confirm records (as before issue
+  11): a flipped byte in its last, acknowledged transaction looks like a torn tail (D6).
+  The journal and coordinator campaigns catch it too (their ``kill+damage`` modes), with
+  the journal's other damaged-tail controls (``fault_injection.journal_campaign``).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from fault_injection.journal_campaign import JOURNAL_CONTROLS
 from straw import framing, pack, writer
 from straw.errors import CorruptData
 
@@ -194,4 +199,5 @@ FRAME_CONTROLS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]]
     "short-frame-is-corrupt": _short_frame_is_corrupt,
     "scan-never-corrupt": _scan_never_corrupt,
     "torn-tail-is-corruption": _torn_tail_is_corruption,
+    "journal-no-confirm": JOURNAL_CONTROLS["journal-no-confirm"],
 }

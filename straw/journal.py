@@ -801,7 +801,8 @@ class Journal:
     # --- public ------------------------------------------------------------------------
     @property
     def position(self) -> Position:
-        """(epoch, segment, offset) just after the last durable record."""
+        """(epoch, segment, offset) just after the last record written: the last durable
+        group's confirm record (which the next sync, or ``close``, makes durable)."""
         with self._mu:
             return (self.epoch, self._seg, self._end)
 
@@ -1062,20 +1063,25 @@ class Journal:
         except BaseException:
             self._fd = old  # closed when the broken journal is closed
             raise
+        self._end_segment(old, old_end, old_group)
+        self._m["rotations"] += 1
+
+    def _end_segment(self, fd: int, end: int, group: int) -> None:
+        """Write the rotated record (naming the current segment, its durable successor)
+        at ``end`` of the segment open as ``fd`` (it continues that segment's last write
+        group), sync it, trim and close.  Raises OSError (``fd`` closed anyway)."""
         try:
-            self.fs.writev(old, [framing.encode_frame(
-                framing.KIND_JOURNAL, _rotated_body(self._seg), group_start=old_group)],
-                old_end)
-            self.fs.fdatasync(old)
+            self.fs.writev(fd, [framing.encode_frame(
+                framing.KIND_JOURNAL, _rotated_body(self._seg), group_start=group)], end)
+            self.fs.fdatasync(fd)
         except BaseException:
             try:
-                self.fs.close(old)
+                self.fs.close(fd)
             except OSError:
                 pass
             raise
         self._m["fsyncs"] += 1
-        self._m["rotations"] += 1
-        self._close_fd(old, old_end + ROTATED_LEN)
+        self._close_fd(fd, end + ROTATED_LEN)
 
     def _new_segment(self, seg: int, batch: list[_Request], seq: int) -> None:
         """Create segment ``seg`` exclusively: header + ``batch`` as one group at offset 0,

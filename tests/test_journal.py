@@ -4,6 +4,7 @@ snapshots, epochs and fencing, I/O failures, and crashes on SimFS."""
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import shutil
 import threading
@@ -15,6 +16,7 @@ import pytest
 
 from fault_injection.faultyfs import FaultyFS
 from fault_injection.journal_campaign import (
+    DAMAGE_MODES,
     JOURNAL_CONTROLS,
     QUICK_MODES,
     run_journal_campaign,
@@ -22,6 +24,7 @@ from fault_injection.journal_campaign import (
 )
 from fault_injection.rules import SimulatedCrash
 from fault_injection.simfs import SimFS
+from fault_injection.sweep import catch_controls
 from straw import framing
 from straw.clock import ManualClock
 from straw.errors import (
@@ -707,11 +710,28 @@ def test_crash_at_every_syscall_of_a_small_workload_simfs():
 
 def test_campaign_negative_controls_are_caught():
     found = run_journal_controls(("power/torn-op/0", "kill+power/torn-op/0",
-                                  "power+recrash/torn-op/0"), max_points=40,
+                                  "power+recrash/torn-op/0", *DAMAGE_MODES), max_points=40,
                                  log=lambda _m: None)
     assert set(found) == set(JOURNAL_CONTROLS)
     missed = [k for k, v in found.items() if v is None]
     assert not missed
+
+
+@pytest.mark.parametrize("control, damage", [
+    ("journal-no-confirm", "flip-last-txn"),
+    ("journal-no-rotated-record", "drop-newest-segment"),
+    ("journal-ignores-started-epoch", "drop-newest-epoch"),
+])
+def test_damaged_tail_controls_are_caught_by_their_damage(control, damage):
+    """Issue 11, finding 3 as negative controls: a journal without confirm records, without
+    rotated records, or deaf to the started epoch silently loses acknowledged transactions
+    under that damage, and the damage mode reports it (the real journal: no violation)."""
+    mode = f"kill+damage/{damage}"
+    found = catch_controls({control: JOURNAL_CONTROLS[control]}, [functools.partial(
+        run_journal_campaign, (mode,), stop_at_first=True, max_points=60,
+        log=lambda _m: None)], log=lambda _m: None)
+    assert found[control] is not None and mode in found[control], found[control]
+    assert "acknowledged" in found[control] and "lost" in found[control]
 
 
 def test_simulated_crash_in_the_leader_releases_followers():
