@@ -28,7 +28,12 @@ The journal campaign (``fault_injection.journal_campaign``) and the coordinator 
 recovery, snapshots, garbage collection and a takeover of a paused coordinator, checked by
 recovering a coordinator: acknowledged receipts survive, no task is accepted twice,
 acknowledged submissions' tasks exist, recovery raises nothing) run the same way, with
-their own modes, and count in the totals; their negative controls join the others.
+their own modes, and count in the totals; their negative controls join the others.  Both
+add the damage modes ``kill+damage/<kind>`` (``journal_campaign.damage_journal``: a
+flipped byte in the newest journal transaction, the newest segment or every segment of
+the newest epoch deleted), where recovery must raise ``CorruptData`` or lose nothing
+acknowledged; the controls without confirm records, rotated records or started epochs
+must be caught by them (issue 11, finding 3).
 
 Each state runs on a fresh ``SimFS`` whose seed is derived from the state's key
 (``workload:r<reserve>:<nth>:<when>:<mode>``), so a violation replays exactly with

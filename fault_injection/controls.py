@@ -30,6 +30,10 @@ Frame controls (caught by the frame campaign):
 * ``short-frame-is-corrupt`` -- ``decode_frame`` reports an incomplete frame as corrupt.
 * ``scan-never-corrupt`` -- ``scan_frames`` treats every damaged frame as a torn tail.
 * ``torn-tail-is-corruption`` also breaks the frame campaign's file-level prefix check.
+* ``journal-no-confirm`` -- the queue journal writes no confirm records (as before issue
+  11): a flipped byte in its last, acknowledged transaction looks like a torn tail (D6).
+  The journal and coordinator campaigns catch it too (their ``kill+damage`` modes), with
+  the journal's other damaged-tail controls (``fault_injection.journal_campaign``).
 
 Catalog controls (caught by the catalog campaign's damaged-tail check,
 ``fault_injection.catalog_campaign.check_damaged_tail``):
@@ -45,6 +49,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from fault_injection.journal_campaign import JOURNAL_CONTROLS
 from straw import catalog, framing, pack, writer
 from straw.catalog import LEGACY_RUN, Catalog, CatalogState
 from straw.errors import CorruptData
@@ -230,6 +235,7 @@ FRAME_CONTROLS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]]
     "short-frame-is-corrupt": _short_frame_is_corrupt,
     "scan-never-corrupt": _scan_never_corrupt,
     "torn-tail-is-corruption": _torn_tail_is_corruption,
+    "journal-no-confirm": JOURNAL_CONTROLS["journal-no-confirm"],
 }
 
 CATALOG_CONTROLS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {

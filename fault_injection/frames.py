@@ -13,6 +13,11 @@ real pack written by the store on SimFS (pack header, extents, seal) and from an
   flipped byte inside a frame of any group but the last (synced, then damaged) ->
   ``scan_frames`` raises ``CorruptData``; a flipped byte in the last group is a torn
   tail, cut off at that group's start.
+* File level, a queue journal segment (``straw.journal``: single commits, a group of
+  three, an atomic batch, each acknowledged): every byte prefix scans without error to
+  the complete frames of the prefix; a flipped byte in any frame but the final confirm
+  record -- every acknowledged transaction included, the last one too (D6: it may have
+  been acknowledged) -> ``CorruptData``; in the final confirm -> a torn tail there.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from dataclasses import dataclass, field
 from fault_injection.simfs import SimFS
 from fault_injection.workloads import ROOT, StoreParams, rec
 from straw import Publication, framing
+from straw import journal as journal_mod
+from straw.clock import ManualClock
 from straw.errors import CorruptData
 from straw.publication_log import AckLog
 
@@ -173,6 +180,71 @@ def check_pack_file(report: FrameReport) -> None:
             return
 
 
+def _journal_bytes() -> bytes:
+    """A journal segment written by ``straw.journal`` (no reservation): seven
+    acknowledged transaction frames."""
+    sim = SimFS(0)
+    r = journal_mod.recover(sim, "/j")
+    j = journal_mod.Journal(sim, "/j", epoch=1, recovered=r, clock=ManualClock(),
+                            reserve_bytes=0)
+    j.commit(b"one")
+    j.commit(b"")
+    seq = 0
+    for t in (b"g1" * 40, b"g2", b"g3" * 300):
+        seq = j.enqueue(t)
+    j.wait(seq)
+    j.commit_many([b"m1" * 9, b"m2"])
+    j.commit(b"last" * 50)
+    j.close()
+    return sim.files()[f"/j/{journal_mod.segment_name(1, 1)}"]
+
+
+def check_journal_file(report: FrameReport) -> None:
+    data = _journal_bytes()
+    full = _scan(data, len(data))
+    offsets = [f.offset for f in full.frames]
+    ends = [f.offset + f.header.frame_length for f in full.frames]
+    txn_tags = (journal_mod.REC_TXN, journal_mod.REC_BATCH)
+    acked = [(f.offset, f.offset + f.header.frame_length) for f in full.frames
+             if f.body[0] in txn_tags]
+    if full.torn or not ends or ends[-1] != len(data) or len(acked) != 7:
+        report.fail(f"the intact journal segment scans as torn={full.torn} end={full.end} "
+                    f"with {len(acked)} transaction frames")
+        return
+    for n in range(len(data) + 1):
+        report.checks += 1
+        complete = [o for o, e in zip(offsets, ends, strict=True) if e <= n]
+        try:
+            got = [f.offset for f in _scan(data, n).frames]
+        except Exception as e:
+            report.fail(f"journal prefix of {n} bytes -> {type(e).__name__}: {e}; a torn "
+                        "tail must be cut off")
+            return
+        if got != complete:
+            report.fail(f"journal prefix of {n} bytes: frames {got}, expected {complete}")
+            return
+    # every byte up to the last acknowledged frame's end: corrupt, whatever frame holds
+    # it; after that, only the final confirm (not synced by itself): a torn tail there
+    last_acked_end = acked[-1][1]
+    flipped = bytearray(data)
+    for i in range(len(data)):
+        flipped[i] ^= 0x10
+        report.checks += 1
+        try:
+            res = _scan(flipped, len(flipped))
+            outcome = f"torn at {res.end}" if res.torn else f"accepted (end {res.end})"
+        except CorruptData:
+            outcome = "corrupt"
+        except Exception as e:
+            outcome = f"{type(e).__name__}: {e}"
+        flipped[i] ^= 0x10
+        want = "corrupt" if i < last_acked_end else f"torn at {last_acked_end}"
+        if outcome != want:
+            report.fail(f"journal byte {i} flipped (the last acknowledged transaction ends "
+                        f"at {last_acked_end}) -> {outcome}, expected {want}")
+            return
+
+
 def run_frame_campaign(log: Callable[[str], None] = print) -> FrameReport:
     t0 = time.perf_counter()
     report = FrameReport()
@@ -180,5 +252,6 @@ def run_frame_campaign(log: Callable[[str], None] = print) -> FrameReport:
     for name, frame in frames.items():
         check_frame(name, frame, report)
     check_pack_file(report)
+    check_journal_file(report)
     report.seconds = time.perf_counter() - t0
     return report

@@ -9,7 +9,9 @@ run on a fresh ``SimFS`` per crash state; the driver keeps an acknowledgement lo
 * ``acked``: how many of them were acknowledged (a call returned, or a recovery
   returned them: ``recover`` makes what it hands out durable);
 * ``forbidden``: transactions a fenced old coordinator tried to commit after the
-  takeover (they must never be recovered).
+  takeover (they must never be recovered);
+* ``started``: the newest epoch whose ``Journal`` returned (its start record durable),
+  passed to ``recover`` as ``started_epoch`` -- what the coordinator's epoch files say.
 
 Workloads:
 
@@ -25,7 +27,10 @@ apply each *mode* (the same vocabulary as ``fault_injection.campaigns``):
 ``power/<variant>/<k>`` (power loss), ``kill`` (SIGKILL: the page cache survives),
 ``kill+power/<variant>/<k>`` (kill, recovery + check, power loss, check again),
 ``power+recrash/<variant>/<k>`` (power loss, a crash at a seeded op of the recovery and
-its check, power loss, check again).
+its check, power loss, check again), and the damage modes ``kill+damage/<kind>`` (kill,
+then ``damage_journal``: a flipped byte in the newest transaction frame, the newest
+segment deleted, every segment of the newest epoch deleted; recovery must raise
+``CorruptData`` or return everything acknowledged -- never silently less, D6).
 
 The check (``recover_and_check``): ``recover`` must not raise; snapshot state +
 transactions after it must be a prefix of ``attempts`` at least ``acked`` long (nothing
@@ -44,7 +49,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import posixpath
 import random
+import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -62,9 +69,10 @@ from fault_injection.sweep import (
     state_seed,
     sweep,
 )
+from straw import framing
 from straw import journal as journal_mod
 from straw.clock import ManualClock
-from straw.errors import Fenced, IndeterminateCommit
+from straw.errors import CorruptData, Fenced, IndeterminateCommit
 from straw.fs import Filesystem
 from straw.journal import Journal, recover
 
@@ -78,11 +86,18 @@ FULL_MODES: tuple[str, ...] = (
     "kill",
     "kill+power/clear-cache/0", "kill+power/torn-op/0",
     "power+recrash/clear-cache/0", "power+recrash/torn-op/0", "power+recrash/torn-seq/0",
+    "kill+damage/flip-last-txn", "kill+damage/drop-newest-segment",
+    "kill+damage/drop-newest-epoch",
+)  # fmt: skip
+
+DAMAGE_MODES: tuple[str, ...] = (
+    "kill+damage/flip-last-txn", "kill+damage/drop-newest-segment",
+    "kill+damage/drop-newest-epoch",
 )  # fmt: skip
 
 QUICK_MODES: tuple[str, ...] = (
     "power/clear-cache/0", "power/torn-seq/0", "power/torn-op/0", "kill",
-    "kill+power/torn-op/0", "power+recrash/torn-op/0",
+    "kill+power/torn-op/0", "power+recrash/torn-op/0", *DAMAGE_MODES,
 )  # fmt: skip
 
 
@@ -95,9 +110,10 @@ class JournalLog:
     attempts: list[bytes] = field(default_factory=list)
     acked: int = 0
     forbidden: set[bytes] = field(default_factory=set)
+    started: int = 0
 
     def copy(self) -> JournalLog:
-        return JournalLog(list(self.attempts), self.acked, set(self.forbidden))
+        return JournalLog(list(self.attempts), self.acked, set(self.forbidden), self.started)
 
 
 def txn(tag: str, size: int) -> bytes:
@@ -123,14 +139,16 @@ class Driver:
 
     def journal(self, fs: Filesystem, epoch: int | None = None, *, target: int = 700,
                 fence: Callable[[], None] | None = None) -> Journal:
-        r = recover(fs, DIR)
+        r = recover(fs, DIR, started_epoch=self.log.started)
         state = decode_state(r.snapshot) if r.snapshot is not None else []
         if state + r.transactions != self.log.attempts[:r.seq]:
             raise Violation("recovery inside the workload returned another history")
         self.log.acked = max(self.log.acked, r.seq)
-        return Journal(fs, DIR, epoch=epoch if epoch is not None else r.last_epoch + 1,
-                       recovered=r, clock=self.clock, segment_target_bytes=target,
-                       reserve_bytes=1024, fence=fence)
+        j = Journal(fs, DIR, epoch=epoch if epoch is not None else r.last_epoch + 1,
+                    recovered=r, clock=self.clock, segment_target_bytes=target,
+                    reserve_bytes=1024, fence=fence)
+        self.log.started = max(self.log.started, j.epoch)
+        return j
 
     def commit(self, j: Journal, t: bytes) -> None:
         self.log.attempts.append(t)
@@ -251,7 +269,7 @@ def recover_and_check(fs: Filesystem, log: JournalLog, fresh_tag: str = "fresh",
     updated as the check goes, for a crash in the middle of it."""
     if out is None:
         out = log.copy()
-    r = recover(fs, DIR)
+    r = recover(fs, DIR, started_epoch=log.started)
     history = (decode_state(r.snapshot) if r.snapshot is not None else []) + r.transactions
     bad = [t[:12] for t in history if t in log.forbidden]
     if bad:
@@ -273,10 +291,11 @@ def recover_and_check(fs: Filesystem, log: JournalLog, fresh_tag: str = "fresh",
     out.attempts.append(fresh)
     j = Journal(fs, DIR, epoch=r.last_epoch + 1, recovered=r, clock=ManualClock(),
                 segment_target_bytes=700, reserve_bytes=1024)
+    out.started = j.epoch
     j.commit(fresh)
     out.acked = len(out.attempts)
     j.close()
-    r2 = recover(fs, DIR)
+    r2 = recover(fs, DIR, started_epoch=out.started)
     again = (decode_state(r2.snapshot) if r2.snapshot is not None else []) + r2.transactions
     if again != out.attempts:
         raise Violation(f"after a new epoch and a fresh commit, recovery returned "
@@ -295,6 +314,61 @@ def _ops_of(wl: Workload) -> int:
     return probe.op_count
 
 
+# --- damage (the kill+damage modes) -------------------------------------------------------
+
+_SEGMENT_PATH = re.compile(r"/j-(\d{6,})-(\d{6,})\.log$")
+
+
+def _segments(sim: SimFS) -> list[tuple[tuple[int, int], str, bytes]]:
+    """Every journal segment on ``sim`` (any directory): ((epoch, seg), path, bytes),
+    oldest first."""
+    return sorted(((int(m[1]), int(m[2])), p, data) for p, data in sim.files().items()
+                  if (m := _SEGMENT_PATH.search(p)))
+
+
+def _last_transaction_frame(data: bytes) -> framing.ScannedFrame | None:
+    try:
+        scan = framing.scan_frames(lambda o, n: data[o:o + n], len(data))
+    except CorruptData:
+        return None
+    txns = [f for f in scan.frames
+            if f.body[:1] in (bytes([journal_mod.REC_TXN]), bytes([journal_mod.REC_BATCH]))]
+    return txns[-1] if txns else None
+
+
+def damage_journal(sim: SimFS, kind: str) -> str:
+    """Damage synced journal data on ``sim`` (after a kill: what is written stays), as a
+    bad disk or an operator might; returns what was done.  ``flip-last-txn``: one byte in
+    the body of the newest transaction frame (often the last acknowledged one);
+    ``drop-newest-segment``: the newest segment file; ``drop-newest-epoch``: every
+    segment of the newest epoch."""
+    segs = _segments(sim)
+    if not segs:
+        return "no journal segment"
+    if kind == "flip-last-txn":
+        for _, path, data in reversed(segs):
+            f = _last_transaction_frame(data)
+            if f is None:
+                continue
+            at = f.offset + framing.HEADER_SIZE + f.header.body_length // 2
+            fd = sim.open(path, write=True)
+            sim.writev(fd, [bytes([data[at] ^ 0x20])], at)
+            sim.fsync(fd)
+            sim.close(fd)
+            return f"byte {at} of {path} flipped (its newest transaction frame)"
+        return "no transaction frame"
+    if kind == "drop-newest-segment":
+        doomed = [segs[-1][1]]
+    elif kind == "drop-newest-epoch":
+        doomed = [p for (e, _), p, _ in segs if e == segs[-1][0][0]]
+    else:
+        raise ValueError(f"unknown damage {kind!r}")
+    for path in doomed:
+        sim.unlink(path)
+    sim.fsync_dir(posixpath.dirname(doomed[0]))
+    return f"deleted {', '.join(posixpath.basename(p) for p in doomed)}"
+
+
 def run_state(wl: Workload, nth: int | None, when: str, mode: str, key: str) -> str | None:
     """One crash state; returns a violation message or None."""
     sim = SimFS(state_seed(key), record_trace=False)
@@ -304,7 +378,9 @@ def run_state(wl: Workload, nth: int | None, when: str, mode: str, key: str) -> 
     return run_crash_state(sim, key, mode, lambda: wl.run(d), d.log,
                            functools.partial(recover_and_check, sim), kill=("main", "old"),
                            recrash_window=RECRASH_WINDOW, violation=Violation,
-                           module="fault_injection.journal_campaign")
+                           module="fault_injection.journal_campaign",
+                           damage=functools.partial(damage_journal, sim),
+                           fail_closed=(CorruptData,))
 
 
 def run_workload(wl: Workload, modes: Sequence[str], *, stop_at_first: bool = False,
@@ -409,12 +485,57 @@ def _snapshot_ignores_cutoffs() -> Iterator[None]:
         journal_mod._decode_segment_header = orig
 
 
+@contextlib.contextmanager
+def _patched(obj: object, name: str, value: object) -> Iterator[None]:
+    orig = getattr(obj, name)
+    setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        setattr(obj, name, orig)
+
+
+def _no_confirm() -> contextlib.AbstractContextManager[None]:
+    """The journal before confirm records: every group starts its own write group, so a
+    flipped byte in the last acknowledged group looks like a torn tail and is cut."""
+
+    def confirm(self: Journal) -> None:
+        self._group = self._end  # the next group starts a write group of its own
+
+    return _patched(journal_mod.Journal, "_confirm", confirm)
+
+
+def _no_rotated_record() -> contextlib.AbstractContextManager[None]:
+    """Rotation leaves the old segment without a rotated record: a deleted newest
+    segment goes unnoticed."""
+
+    def end_segment(self: Journal, fd: int, end: int, group: int) -> None:
+        self.fs.fdatasync(fd)
+        self._close_fd(fd, end)
+
+    return _patched(journal_mod.Journal, "_end_segment", end_segment)
+
+
+def _ignores_started_epoch() -> contextlib.AbstractContextManager[None]:
+    """Recovery ignores the started epoch it is told: a journal that lost every segment
+    of its newest epoch recovers the older state."""
+    orig = journal_mod._recover
+
+    def rec(fs: Filesystem, directory: str, started_epoch: int) -> journal_mod.Recovered:
+        return orig(fs, directory, 0)
+
+    return _patched(journal_mod, "_recover", rec)
+
+
 JOURNAL_CONTROLS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "journal-no-fdatasync": lambda: _journal_fs_dropping("fdatasync"),
     "journal-no-fsync-dir": lambda: _journal_fs_dropping("fsync_dir"),
     "journal-no-recovery-fsync": _no_recovery_fsync,
     "journal-no-fence-before-delete": _no_fence_before_delete,
     "journal-ignores-cutoffs": _snapshot_ignores_cutoffs,
+    "journal-no-confirm": _no_confirm,
+    "journal-no-rotated-record": _no_rotated_record,
+    "journal-ignores-started-epoch": _ignores_started_epoch,
 }
 """Deliberately broken journals: each must make the campaign report a violation."""
 

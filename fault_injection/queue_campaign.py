@@ -30,7 +30,12 @@ Workloads:
 
 For every op of a probe run, crash before and after it (plus the completed run) and apply
 each mode of ``fault_injection.campaigns`` (power loss per persistence variant, kill,
-kill+power, power+recrash).  The check (``recover_and_check``): a coordinator recovers
+kill+power, power+recrash), plus the journal damage modes (``kill+damage/<kind>``, see
+``fault_injection.journal_campaign.damage_journal``: the recovering coordinator must
+raise ``CorruptData`` or pass the check -- a damaged acknowledged tail, a deleted newest
+segment or a deleted newest epoch is never silently recovered as less).
+
+The check (``recover_and_check``): a coordinator recovers
 (``recover=True``) without raising; every acknowledged receipt is found by
 ``lookup_submission`` with the same task, attempt, position and result, and the result
 reads back intact; each task id appears at most once in ``read_commits``; every commit is
@@ -51,6 +56,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from fault_injection.journal_campaign import DAMAGE_MODES, JOURNAL_CONTROLS, damage_journal
 from fault_injection.rules import SimulatedCrash
 from fault_injection.simfs import SimFS
 from fault_injection.sweep import (
@@ -67,7 +73,7 @@ from straw import Record, RecordSetRef, SharedFilesystemStore
 from straw.catalog import Catalog
 from straw.clock import ManualClock
 from straw.coordinator import Coordinator
-from straw.errors import Fenced, IndeterminateCommit
+from straw.errors import CorruptData, Fenced, IndeterminateCommit
 from straw.fs import Filesystem
 from straw.queue_types import Lease, TaskSpec
 
@@ -82,13 +88,17 @@ FULL_MODES: tuple[str, ...] = (
     "power/torn-op/0", "power/torn-op/1", "power/torn-op/2",
     "kill",
     "kill+power/clear-cache/0", "kill+power/torn-op/0",
-    "power+recrash/clear-cache/0", "power+recrash/torn-op/0",
+    "power+recrash/clear-cache/0", "power+recrash/torn-op/0", *DAMAGE_MODES,
 )  # fmt: skip
 
 QUICK_MODES: tuple[str, ...] = (
     "power/clear-cache/0", "power/torn-op/0", "kill", "kill+power/torn-op/0",
     "power+recrash/torn-op/0",
 )  # fmt: skip
+
+CONTROL_DAMAGE: tuple[str, ...] = ("kill+damage/flip-last-txn", "kill+damage/drop-newest-epoch")
+"""Damage modes every negative-control run adds (``queue-no-started-mark`` and
+``queue-journal-no-confirm`` are caught only by damage)."""
 
 
 class Violation(Exception):
@@ -399,7 +409,9 @@ def run_state(wl: Workload, nth: int | None, when: str, mode: str, key: str) -> 
                            functools.partial(recover_and_check, sim), kill=("main", "old"),
                            recrash_window=RECRASH_WINDOW, violation=Violation,
                            module="fault_injection.queue_campaign",
-                           is_crash=lambda e: crash_in(e) is not None)
+                           is_crash=lambda e: crash_in(e) is not None,
+                           damage=functools.partial(damage_journal, sim),
+                           fail_closed=(CorruptData,))
 
 
 def run_workload(wl: Workload, modes: Sequence[str], *, stop_at_first: bool = False,
@@ -466,9 +478,23 @@ def _reply_before_durable() -> Iterator[None]:
         Coordinator._wait = orig  # type: ignore[method-assign]
 
 
+@contextlib.contextmanager
+def _no_started_mark() -> Iterator[None]:
+    """The coordinator never marks its epoch started: a journal that lost every segment
+    of the newest epoch recovers the older epoch's state."""
+    orig = Coordinator._mark_started
+    Coordinator._mark_started = lambda self: None  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        Coordinator._mark_started = orig  # type: ignore[method-assign]
+
+
 QUEUE_CONTROLS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "queue-no-fencing": _no_fencing,
     "queue-reply-before-durable": _reply_before_durable,
+    "queue-no-started-mark": _no_started_mark,
+    "queue-journal-no-confirm": JOURNAL_CONTROLS["journal-no-confirm"],
 }
 """Deliberately broken coordinators: each must make the campaign report a violation."""
 
@@ -476,8 +502,10 @@ QUEUE_CONTROLS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]]
 def run_queue_controls(modes: Sequence[str] = QUICK_MODES, *,
                        max_points: int | None = None,
                        log: Callable[[str], None] = print) -> dict[str, str | None]:
-    """Each control against the campaign; returns name -> first violation (None: MISSED).
-    The takeover workload catches most at once, so it runs first."""
+    """Each control against the campaign (``modes`` plus ``CONTROL_DAMAGE``); returns
+    name -> first violation (None: MISSED).  The takeover workload catches most at once,
+    so it runs first."""
+    modes = (*modes, *(m for m in CONTROL_DAMAGE if m not in modes))
     return catch_controls(QUEUE_CONTROLS, [
         functools.partial(run_queue_campaign, modes, only=[wl], stop_at_first=True,
                           max_points=max_points, log=lambda _m: None)

@@ -104,8 +104,9 @@ def is_simulated_crash(exc: BaseException) -> bool:
 def run_crash_state(sim: SimFS, key: str, mode: str, run: Callable[[], object], log: L,
                     check: Callable[[L, str, L | None], L], *, kill: Sequence[str],
                     recrash_window: int, violation: type[Exception], module: str,
-                    is_crash: Callable[[BaseException], bool] = is_simulated_crash
-                    ) -> str | None:
+                    is_crash: Callable[[BaseException], bool] = is_simulated_crash,
+                    damage: Callable[[str], str] | None = None,
+                    fail_closed: tuple[type[Exception], ...] = ()) -> str | None:
     """One crash state: ``run`` the workload on ``sim`` (its crash point already armed;
     ``log`` is the driver's acknowledgement log, which the workload updates in place),
     apply ``mode``, check what survived with ``check(log, fresh_tag, out)``, then check
@@ -115,8 +116,12 @@ def run_crash_state(sim: SimFS, key: str, mode: str, run: Callable[[], object], 
     killed: the page cache survives), ``kill+power/<variant>/<k>`` (kill, recovery +
     check, power loss, check again), ``power+recrash/<variant>/<k>`` (power loss, a crash
     at a seeded op among the first ``recrash_window`` of the recovery and its check, power
-    loss, check again).  A crash counts as one where ``is_crash`` says so; ``violation``
-    is the campaign's violation class and ``module`` names it in the replay line."""
+    loss, check again), ``kill+damage/<kind>`` (kill, then ``damage(kind)`` damages
+    synced data the way a bad disk or an operator might -- a flipped byte, deleted files
+    -- and the check must either raise one of ``fail_closed`` (refusing the damaged data,
+    D6) or find everything acknowledged).  A crash counts as one where ``is_crash`` says
+    so; ``violation`` is the campaign's violation class and ``module`` names it in the
+    replay line."""
     stage = "workload"
     try:
         try:
@@ -140,6 +145,18 @@ def run_crash_state(sim: SimFS, key: str, mode: str, run: Callable[[], object], 
                 sim.crash(parts[1])
                 stage = "second recovery"
                 log = check(log, "fresh2", None)
+        elif parts[0] == "kill+damage":
+            for client in kill:
+                sim.kill_client(client)
+            if damage is None:
+                raise ValueError(f"mode {mode!r}: this campaign damages nothing")
+            stage = f"damage ({parts[1]}) after kill"
+            done = damage(parts[1])
+            stage = f"recovery after damage ({done})"
+            try:
+                log = check(log, "fresh", None)
+            except fail_closed:
+                return None  # refused, naming the damage: nothing acknowledged was lost
         elif parts[0] == "power+recrash":
             stage = f"power loss ({parts[1]})"
             sim.crash(parts[1])

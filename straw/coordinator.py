@@ -2,7 +2,8 @@
 
 Layout under the pool root (``Q`` = ``runs/<run_id>/queues/<namespace>/<queue_id>``)::
 
-    Q/epochs/e-<n>          one file per epoch, created exclusively
+    Q/epochs/e-<n>          one file per epoch, created exclusively; it reads "started"
+                            once the epoch's start record is durable in the journal
     Q/epochs/e-<n>.lock     flocked by epoch n's coordinator while it lives; its text names
                             it (host, pid, since)
     Q/journal/              segments and snapshots (straw.journal)
@@ -41,6 +42,13 @@ coordinator checks that no newer epoch file exists before it replies; an old coo
 that was paused and resumes therefore never acknowledges anything (its callers get
 ``IndeterminateCommit``, later calls ``Fenced``), and its catalog updates carry its old
 epoch, which the catalog ignores.
+
+Damaged or missing journal data fails closed (D6).  Once the new epoch's start record is
+durable, its epoch file is marked *started* (durably); recovery passes the newest started
+epoch to ``journal.recover``, so a journal that lost every segment of it is
+``CorruptData``, never an older state.  A corrupt journal makes ``recover=True`` raise
+``CorruptData`` naming the file and offset; nothing is cut or deleted (there is no repair
+path: restore the journal from a backup).
 
 Leases carry the epoch; deadlines are in memory (recovery revokes all leases anyway).
 Expired leases are journaled as ``expire`` when noticed (acquire, heartbeat, complete).
@@ -118,6 +126,7 @@ from .siblings import DEFAULT_GROUP_WAIT
 from .store import SharedFilesystemStore
 
 _EPOCH_RE = re.compile(r"^e-([0-9]{6,})\Z")
+_STARTED = b"started\n"  # an epoch file's content once its epoch-start record is durable
 DEFAULT_CONSUMER = "training"
 
 
@@ -279,7 +288,8 @@ class Coordinator(ProcessBound):
                 f"another coordinator of {self.namespace}/{self.queue_id} took epoch "
                 f"{self.epoch} at the same time; only one may recover"
             ) from None
-        recovered = journal_mod.recover(self.fs, self.journal_dir)
+        recovered = journal_mod.recover(self.fs, self.journal_dir,
+                                        started_epoch=self._newest_started(existing))
         # snapshot and suffix: many long-lived objects at once (promoted if many)
         large = recovered.snapshot is not None and len(recovered.snapshot) >= 1 << 20
         with bulk_objects(promote=large):
@@ -295,6 +305,7 @@ class Coordinator(ProcessBound):
             clock=self.clock, fence=self._fence_check, group_wait=self.group_wait,
             segment_target_bytes=self.segment_target_bytes,
         )
+        self._mark_started()
         # D9: revoke older leases, durably, before serving anyone
         self._commit_now({"t": "epoch", "epoch": self.epoch})
         self._durable_commits = len(self.state.commits)
@@ -307,6 +318,46 @@ class Coordinator(ProcessBound):
         with self.store.catalog.locked() as st:
             self._rooted = set(st.owners.get((self.store.run_id, self.owner), ()))
         self._retired = self.state.retirement_cursor(self.consumer_id)
+
+    def _mark_started(self) -> None:
+        """Our epoch-start record is durable: say so, durably, in our epoch file, so that
+        a later recovery that finds no valid segment of this epoch (or of a newer one)
+        knows they were lost (``CorruptData``) instead of recovering an older epoch."""
+        try:
+            fd = self.fs.open(self._epoch_path(self.epoch), write=True)
+            try:
+                self.fs.writev(fd, [_STARTED], 0)
+                self.fs.fsync(fd)
+            finally:
+                self.fs.close(fd)
+        except OSError as e:
+            raise storage_error(e, f"queue {self.owner}: cannot mark epoch {self.epoch} "
+                                "started") from e
+
+    def _newest_started(self, epochs: Iterable[int]) -> int:
+        """The newest of ``epochs`` whose file says it started (0 if none): newest first,
+        so this reads one or two small files.  An epoch file without the mark (its
+        coordinator never started, or crashed before the mark was durable) does not count."""
+        for epoch in sorted(epochs, reverse=True):
+            path = self._epoch_path(epoch)
+            try:
+                fd = self.fs.open(path)
+            except FileNotFoundError:
+                continue
+            except OSError as e:
+                raise storage_error(e, f"cannot open epoch file {path}") from e
+            try:
+                mark = self.fs.read_to_end(fd, 0, len(_STARTED) + 1)
+            except OSError as e:
+                raise storage_error(e, f"cannot read epoch file {path}") from e
+            finally:
+                try:
+                    self.fs.close(fd)
+                except OSError:
+                    pass
+            if mark == _STARTED:
+                return epoch
+        return 0
 
     def _fence_check(self) -> None:
         """Raise ``Fenced`` if a newer epoch exists (checked after every sync, before any

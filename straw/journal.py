@@ -24,6 +24,10 @@ Segment records (the body of each JOURNAL frame starts with a tag byte)::
     0x01 transaction     the transaction's bytes
     0x02 batch           u32 n, n x u32 lengths, the n transactions back to back:
                          ``commit_many``, atomic (one frame: all or nothing)
+    0x03 confirm         no transactions: written right after a durable write group,
+                         before anyone is told (see "Torn versus corrupt")
+    0x11 rotated         u64 s+1: the last record of segment s once segment s+1 is
+                         durable (see "Segments rotate")
 
 Snapshot body: u32 length M, msgpack {v, epoch, seg, offset, seq, t} (M bytes), the
 state bytes.  The snapshot covers every transaction before position (epoch, seg, offset)
@@ -55,18 +59,38 @@ E's recovery used, (last segment, end offset) it read up to.  Recovery:
    cutoff.  Recovery cost therefore follows the live state (snapshot + suffix).
    ``Recovered.cutoffs`` (what the next epoch records) names only the epochs read: from
    the snapshot's epoch to H, so the map stays small; older epochs are covered by the
-   snapshot, and anything of an epoch without a cutoff is ignored.
+   snapshot, and anything of an epoch without a cutoff is ignored.  H's cutoff is the
+   end of its valid frames (its last confirm included).  Snapshots never delete the
+   current epoch's last segment (they rotate first), so a started epoch keeps a segment
+   until a newer epoch's snapshot covers it.
 
 Before the next epoch records H's end as a cutoff, ``recover`` fsyncs H's last segment:
 the dead writer may have left written-but-unsynced frames in the page cache, and a cutoff
 must never point past durable data.
 
 Torn versus corrupt (D6), per ``straw.framing``: a damaged complete frame followed by a
-frame of a later write group is ``CorruptData``; otherwise it is a torn tail.  Only the
-last segment of the read-to-end epoch H may have a torn tail; anything before a recorded
-cutoff, in a rotated segment, or in a snapshot (fsynced before its rename) must be intact,
-else ``CorruptData``.  A missing segment that recovery needs, a segment header that names
-another position, or a sequence-number mismatch is also ``CorruptData``.  A newer format
+frame of a later write group is ``CorruptData``; otherwise it is a torn tail.  Confirm
+records make the last *acknowledged* group such a frame: after a group's fdatasync and
+``fence()`` returned, and before any waiter is told, the leader writes a confirm record
+right after the group (not synced) whose group start is its own offset; the next group
+continues that write group (its frames' group start is the confirm's offset), so the
+confirm and the next group are one write group, covered by the next sync.  A flipped byte
+in an acknowledged group is therefore followed by a later group's frame -- its confirm --
+and is ``CorruptData``; a power loss that tears the unsynced (confirm + next group) is a
+torn tail, as before; a crash after the sync but before the confirm leaves the group
+intact (and unacknowledged).  Blind spot: the confirm is not synced by itself, so damage
+to the last group *and* a power loss that also lost its confirm look like a torn tail (a
+double fault; ``close`` syncs the last confirm, so a cleanly closed journal has none).
+Only the last segment of the read-to-end epoch H may have a torn tail; anything before a
+recorded cutoff, in a rotated segment, or in a snapshot (fsynced before its rename) must
+be intact, else ``CorruptData`` -- except a torn rotated record right after the segment's
+last confirm (a power loss during the rotation: nothing acknowledged lives there).  A
+missing segment that recovery needs, a segment header that names another position, a
+sequence-number mismatch, a newest segment of H that ends with a rotated record (its
+successor was durable and is gone), or a newest valid epoch older than the
+``started_epoch`` the caller knows of (its segments are gone) is also ``CorruptData``.
+Recovery fails closed: it raises, it never cuts or deletes anything, and the message
+names the file, the offset and what to do.  A newer format
 version or an unknown record tag is ``UnsupportedSchema``.  Files are read until a short
 read (a size cached from another client may be stale).
 
@@ -91,21 +115,27 @@ previous group's sync returned (the writer side of D6).  Space is reserved ahead
 zeros are the clean end for the scanner and are trimmed when the segment rotates or the
 journal closes.
 
-Segments rotate when a group would take a segment past ``segment_target_bytes``: the new
-segment is created exclusively, its header and the group are written as one group, synced,
-and its name made durable with ``fsync_dir`` before the commit returns.
+Segments rotate when a group would take a segment past ``segment_target_bytes``: the old
+segment's last confirm is synced; the new segment is created exclusively, its header and
+the group are written as one group, synced, and its name made durable with ``fsync_dir``;
+then a rotated record naming the new segment ends the old one, synced, before the commit
+returns (three syncs per rotation instead of one: rotations are rare).  So a segment that
+ends with a rotated record had a durable successor, and a missing newest segment is
+detected; a crash before the rotated record is durable leaves at most a torn rotated
+record after the old segment's last confirm.
 
 Snapshots.  ``snapshot(state)`` requires that ``state`` reflect exactly the transactions
 enqueued so far and that nobody enqueues until it returns (the coordinator calls it under
 the lock it enqueues under).  It makes everything enqueued durable (leading a group if
 needed), then: writes the snapshot durably (temp file, fsync, rename to its unique final
-name, ``fsync_dir``); rotates to a new segment (durable); calls ``fence()`` -- if fenced it
-stops and deletes nothing (a fenced coordinator must not delete what the new epoch still
-needs); finally deletes every segment entirely before the snapshot position (all older
-epochs' and its own up to the snapshot's segment), older snapshots and stale temp files
-(``ENOENT`` is success), then ``fsync_dir``.  Old segments are thus removed only after
-the snapshot is durable.  A failed deletion is counted in ``metrics()['cleanup_errors']``
-and retried by the next snapshot; it does not fail the snapshot.
+name, ``fsync_dir``); rotates to a new segment (durable, as above); calls ``fence()``
+-- if fenced it stops and deletes nothing (a fenced coordinator must not delete what the
+new epoch still needs); finally deletes every segment entirely before the snapshot
+position (all older epochs' and its own up to the snapshot's segment), older snapshots
+and stale temp files (``ENOENT`` is success), then ``fsync_dir``.  Old segments are thus
+removed only after the snapshot is durable.  A failed deletion is counted in
+``metrics()['cleanup_errors']`` and retried by the next snapshot; it does not fail the
+snapshot.
 
 What the coordinator must guarantee (see also ``Journal``):
 
@@ -158,11 +188,19 @@ DEFAULT_RESERVE = 1 << 20  # reserved ahead of the writes; at most this much zer
 
 REC_TXN = 0x01
 REC_BATCH = 0x02
+REC_CONFIRM = 0x03
 REC_SEGMENT = 0x10
+REC_ROTATED = 0x11
 _TAG_TXN = bytes([REC_TXN])
 _TAG_BATCH = bytes([REC_BATCH])
+_TAG_CONFIRM = bytes([REC_CONFIRM])
 _TAG_SEGMENT = bytes([REC_SEGMENT])
+_TAG_ROTATED = bytes([REC_ROTATED])
 _U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+CONFIRM_LEN = framing.HEADER_SIZE + 1
+ROTATED_LEN = framing.HEADER_SIZE + 1 + _U64.size
+_TAIL_LEN = CONFIRM_LEN + ROTATED_LEN  # reserved beyond every group: its tail records fit
 
 _SEG_RE = re.compile(r"^j-(\d{6,})-(\d{6,})\.log\Z")
 _SNAP_RE = re.compile(r"^s-(\d{6,})-(\d{6,})-(\d{12,})\.snap\Z")
@@ -208,6 +246,10 @@ def _segment_header_body(epoch: int, seg: int, seq: int, cutoffs: dict[int, Cuto
     meta = {"v": JOURNAL_VERSION, "epoch": epoch, "seg": seg, "seq": seq,
             "cutoffs": [[e, s, o] for e, (s, o) in sorted(cutoffs.items())], "t": now}
     return _TAG_SEGMENT + msgpack.packb(meta, use_bin_type=True)
+
+
+def _rotated_body(next_seg: int) -> bytes:
+    return _TAG_ROTATED + _U64.pack(next_seg)
 
 
 def _batch_body(txns: Sequence[Buffer]) -> list[Buffer]:
@@ -381,13 +423,30 @@ def _list(fs: Filesystem, directory: str) -> tuple[dict[int, set[int]], list[Pos
     return segs, snaps
 
 
-def recover(fs: Filesystem, directory: str) -> Recovered:
+_FAIL_CLOSED = (
+    "Recovery changed nothing (no byte was cut, no file deleted) and will not start the "
+    "queue on it: restore the journal directory from a backup, or keep a copy of it and "
+    "report the damage"
+)
+
+
+def recover(fs: Filesystem, directory: str, *, started_epoch: int = 0) -> Recovered:
     """Read the journal in ``directory`` (see the module docstring): the newest valid
     snapshot, the committed transactions after it, and the cutoffs for the next epoch.
+    ``started_epoch``: the newest epoch known (outside the journal) to have made its
+    epoch-start record durable; a journal whose newest valid epoch is older lost it.
 
-    Raises ``CorruptData`` for damaged durable data, ``UnsupportedSchema`` for a newer
-    format, ``StorageUnavailable`` for I/O errors.  Writes nothing, but fsyncs the last
-    segment of the newest epoch (see the module docstring)."""
+    Raises ``CorruptData`` for damaged or missing durable data (fail closed: nothing is
+    cut or deleted), ``UnsupportedSchema`` for a newer format, ``StorageUnavailable`` for
+    I/O errors.  Writes nothing, but fsyncs the last segment of the newest epoch (see the
+    module docstring)."""
+    try:
+        return _recover(fs, directory, started_epoch)
+    except CorruptData as e:
+        raise CorruptData(f"{e}. {_FAIL_CLOSED}") from None
+
+
+def _recover(fs: Filesystem, directory: str, started_epoch: int) -> Recovered:
     t0 = time.perf_counter()
     stats: dict[str, Any] = {"files_read": 0, "bytes_read": 0, "segments": 0, "frames": 0,
                              "fsyncs": 0, "snapshot_bytes": 0, "torn_tail": False}
@@ -425,9 +484,18 @@ def recover(fs: Filesystem, directory: str) -> Recovered:
         if snaps:
             raise CorruptData(f"journal {directory}: snapshots {sorted(snaps)} but no valid "
                               "segment: segments were lost")
+        if started_epoch:
+            raise CorruptData(f"journal {directory}: no valid segment, but epoch "
+                              f"{started_epoch} started (its epoch-start record was "
+                              "durable): its segments were lost")
         stats["seconds"] = time.perf_counter() - t0
         return Recovered(None, [], last_epoch, {}, stats)
     h = head_epoch
+    if h < started_epoch:
+        raise CorruptData(f"journal {directory}: the newest epoch with a valid segment is "
+                          f"{h}, but epoch {started_epoch} started (its epoch-start record "
+                          f"was durable): every segment of epoch {started_epoch} was lost "
+                          f"({segment_name(started_epoch, 1)} ...)")
     s = max(segs[h])
     while rd.exists(segment_name(h, s + 1)):  # the newest segments, past a stale listing
         s += 1
@@ -493,8 +561,11 @@ def recover(fs: Filesystem, directory: str) -> Recovered:
                 raise CorruptData(f"{where}: {len(data)} bytes, shorter than a recorded "
                                   f"position ({max(start, upto or 0)})")
             stats["segments"] += 1
-            scan = framing.scan_frames(_bytes_reader(data), len(data), start=start)
-            if scan.torn and not final:
+            try:
+                scan = framing.scan_frames(_bytes_reader(data), len(data), start=start)
+            except CorruptData as err:
+                raise CorruptData(f"{where}: {err}") from None
+            if scan.torn and not final and not (sg < last and _lost_rotated_record(data, scan)):
                 raise CorruptData(f"{where}: damaged frame at offset {scan.end} before a "
                                   "recorded cutoff or in a rotated segment: synced data lost")
             if upto is not None and scan.end != upto:
@@ -505,12 +576,57 @@ def recover(fs: Filesystem, directory: str) -> Recovered:
             seq = _apply_frames(scan.frames, start, e, sg, seq, txns, where)
             stats["frames"] += len(scan.frames)
             end = (sg, scan.end)
+            if final and _rotated(scan.frames):
+                end = (sg, _rotated_successor_missing(rd, e, sg, scan.frames[-1], where))
         next_cutoffs[e] = end
     stats["transactions"] = len(txns)
     stats["snapshot_position"] = snap_pos
     stats["epoch"] = h
     stats["seconds"] = time.perf_counter() - t0
     return Recovered(state, txns, last_epoch, next_cutoffs, stats, snapshot_seq, snap_pos)
+
+
+def _tag(frame: framing.ScannedFrame) -> int:
+    return frame.body[0] if len(frame.body) else -1
+
+
+def _rotated(frames: list[framing.ScannedFrame]) -> bool:
+    return bool(frames) and _tag(frames[-1]) == REC_ROTATED
+
+
+def _lost_rotated_record(data: bytes, scan: framing.ScanResult) -> bool:
+    """A segment followed by another one may end with a torn *rotated* record: the
+    rotation made its last confirm durable and the next segment durable, then crashed
+    before the rotated record's sync.  That record is the only thing written after a
+    confirm there: torn right after a confirm, at most a rotated record's length, then
+    zeros (reserved) or the end.  Nothing acknowledged lives in it."""
+    return _confirm_ends_at(data, scan.end) and framing.is_zero(data[scan.end + ROTATED_LEN:])
+
+
+def _confirm_ends_at(data: bytes, end: int) -> bool:
+    """A valid confirm record ends at ``end`` (also when a scan started at ``end``, a
+    snapshot's position: always right after a confirm)."""
+    if end < CONFIRM_LEN:
+        return False
+    try:
+        hdr, body = framing.decode_frame(data[end - CONFIRM_LEN:end])
+    except (framing.TornFrame, StrawError):
+        return False
+    return hdr.kind == framing.KIND_JOURNAL and bytes(body) == _TAG_CONFIRM
+
+
+def _rotated_successor_missing(rd: _Reader, epoch: int, seg: int,
+                               frame: framing.ScannedFrame, where: str) -> int:
+    """The newest segment of the newest epoch ends with a rotated record: its successor
+    was durable before that record was written, so it is missing -> ``CorruptData``.
+    Unless it appeared meanwhile (a fenced old coordinator rotating while we read: it
+    never acknowledges again): then the rotated record lies beyond what we read, and the
+    cutoff ends before it.  Returns that cutoff offset."""
+    if rd.exists(segment_name(epoch, seg + 1)):
+        return frame.offset
+    raise CorruptData(f"{where} ends with a rotated record (offset {frame.offset}): segment "
+                      f"{segment_name(epoch, seg + 1)} existed durably after it and is "
+                      "missing, with every commit in it")
 
 
 def _check_not_corrupt(rd: _Reader, name: str) -> None:
@@ -546,6 +662,14 @@ def _apply_frames(frames: list[framing.ScannedFrame], start: int, epoch: int, se
             batch = _decode_batch(bytes(body), at)
             txns.extend(batch)
             seq += len(batch)
+        elif tag == REC_CONFIRM:
+            if len(body) != 1:
+                raise CorruptData(f"{at}: malformed confirm record")
+        elif tag == REC_ROTATED:
+            if i != len(frames) - 1:
+                raise CorruptData(f"{at}: records after the segment's rotated record")
+            if len(body) != 1 + _U64.size or _U64.unpack_from(body, 1)[0] != seg + 1:
+                raise CorruptData(f"{at}: rotated record does not name segment {seg + 1}")
         elif tag == REC_SEGMENT:
             if i != 0 or start != 0:
                 raise CorruptData(f"{at}: segment header inside the segment")
@@ -657,8 +781,9 @@ class Journal(ProcessBound):
         self._closed = False
         self._fd: int | None = None
         self._seg = 0
-        self._end = 0  # end of the valid data in the current segment
-        self._data_start = 0  # end of the current segment's header
+        self._end = 0  # end of the valid data in the current segment (its confirm included)
+        self._data_start = 0  # end of the current segment's header and its confirm
+        self._group = 0  # group start for the next frames: the offset of the last confirm
         self._reserved = 0
         self._m = {"commits": 0, "frames": 0, "groups": 0, "fsyncs": 0, "dir_fsyncs": 0,
                    "bytes": 0, "max_group": 0, "rotations": 0, "snapshots": 0,
@@ -672,17 +797,22 @@ class Journal(ProcessBound):
                          "another coordinator") from None
         except OSError as e:
             raise storage_error(e, f"cannot start journal epoch {epoch} in {directory}") from e
-        if fence is not None:
-            try:
+        try:
+            if fence is not None:
                 fence()
-            except BaseException:
-                self._abandon_fd()
-                raise
+            self._confirm()  # the epoch-start record is durable: confirm it
+        except BaseException as e:
+            self._abandon_fd()
+            if isinstance(e, OSError):
+                raise storage_error(e, f"cannot start journal epoch {epoch} in "
+                                    f"{directory}") from e
+            raise
 
     # --- public ------------------------------------------------------------------------
     @property
     def position(self) -> Position:
-        """(epoch, segment, offset) just after the last durable record."""
+        """(epoch, segment, offset) just after the last record written: the last durable
+        group's confirm record (which the next sync, or ``close``, makes durable)."""
         self._check_process()
         with self._mu:
             return (self.epoch, self._seg, self._end)
@@ -903,7 +1033,8 @@ class Journal(ProcessBound):
                             "epoch) to continue")
 
     def _write_group(self, batch: list[_Request]) -> None:
-        """Outside the mutex, as the only writer: one writev + one fdatasync, then fence."""
+        """Outside the mutex, as the only writer: one writev + one fdatasync, then fence,
+        then the group's confirm record (before any waiter is told)."""
         lengths = [sum(memoryview(b).nbytes for b in r.body) for r in batch]
         total = sum(framing.HEADER_SIZE + n for n in lengths)
         try:
@@ -913,11 +1044,12 @@ class Journal(ProcessBound):
                 start = self._end
                 buffers: list[Buffer] = []
                 for r in batch:
+                    # one write group with the confirm before it (D6): same group start
                     buffers.append(framing.encode_header(framing.KIND_JOURNAL, r.body,
-                                                         group_start=start))
+                                                         group_start=self._group))
                     buffers.extend(r.body)
                 assert self._fd is not None
-                self._reserve(start + total)
+                self._reserve(start + total + _TAIL_LEN)
                 self.fs.writev(self._fd, buffers, start)
                 # the commit is acknowledged only after this sync; never retried
                 self.fs.fdatasync(self._fd)
@@ -928,23 +1060,67 @@ class Journal(ProcessBound):
             raise storage_error(e, f"journal {self.dir} write failed") from e
         if self.fence is not None:
             self.fence()
+        try:
+            self._confirm()
+        except OSError as e:
+            raise storage_error(e, f"journal {self.dir}: confirm record not written") from e
+
+    def _confirm(self) -> None:
+        """D6: after a group's sync and fence returned, and before any waiter is told, a
+        confirm record right after it, NOT synced: it begins a new write group, which the
+        next group continues (their frames carry the confirm's offset as group start) and
+        the next sync covers.  Damage to the acknowledged group is then followed by a
+        frame of a later write group (the confirm): ``CorruptData``, never a torn tail.
+        A crash between the sync and the confirm leaves the group intact, unacknowledged."""
+        assert self._fd is not None
+        at = self._end
+        self.fs.writev(self._fd, [framing.encode_frame(framing.KIND_JOURNAL, _TAG_CONFIRM,
+                                                       group_start=at)], at)
+        self._group = at
+        self._end = at + CONFIRM_LEN
 
     def _rotate(self, batch: list[_Request]) -> None:
-        """The group goes into a new segment, after its header, as one write group."""
-        old = self._fd
-        old_end = self._end
+        """The group goes into a new segment, after its header, as one write group.  The
+        old segment is finished so that a missing newest segment is detected: (1) its
+        last confirm is synced (a segment that is not the last must be intact); (2) the
+        new segment is made durable; (3) a *rotated* record naming it ends the old
+        segment, synced.  A rotated segment whose successor is missing has lost it
+        (``CorruptData`` at recovery); a crash before (3) is durable leaves the old
+        segment intact, its rotated record absent or torn (recovery tells: see
+        ``_lost_rotated_record``).  Raises OSError."""
+        old, old_end, old_group = self._fd, self._end, self._group
+        assert old is not None
+        self.fs.fdatasync(old)
+        self._m["fsyncs"] += 1
         try:
             self._new_segment(self._seg + 1, batch, self._durable)
         except BaseException:
             self._fd = old  # closed when the broken journal is closed
             raise
+        self._end_segment(old, old_end, old_group)
         self._m["rotations"] += 1
-        if old is not None:
-            self._close_fd(old, old_end)
+
+    def _end_segment(self, fd: int, end: int, group: int) -> None:
+        """Write the rotated record (naming the current segment, its durable successor)
+        at ``end`` of the segment open as ``fd`` (it continues that segment's last write
+        group), sync it, trim and close.  Raises OSError (``fd`` closed anyway)."""
+        try:
+            self.fs.writev(fd, [framing.encode_frame(
+                framing.KIND_JOURNAL, _rotated_body(self._seg), group_start=group)], end)
+            self.fs.fdatasync(fd)
+        except BaseException:
+            try:
+                self.fs.close(fd)
+            except OSError:
+                pass
+            raise
+        self._m["fsyncs"] += 1
+        self._close_fd(fd, end + ROTATED_LEN)
 
     def _new_segment(self, seg: int, batch: list[_Request], seq: int) -> None:
         """Create segment ``seg`` exclusively: header + ``batch`` as one group at offset 0,
-        one fdatasync, name durable (fsync_dir).  Raises OSError."""
+        one fdatasync, name durable (fsync_dir).  Its confirm is the caller's (after the
+        fence).  Raises OSError."""
         path = os.path.join(self.dir, segment_name(self.epoch, seg))
         head = framing.encode_frame(
             framing.KIND_JOURNAL,
@@ -958,8 +1134,8 @@ class Journal(ProcessBound):
         fd = self.fs.open(path, write=True, create=True, exclusive=True)
         try:
             self._fd, self._seg, self._reserved = fd, seg, 0
-            self._end = self._data_start = 0
-            self._reserve(total)
+            self._end = self._data_start = self._group = 0
+            self._reserve(total + _TAIL_LEN)
             self.fs.writev(fd, buffers, 0)
             self.fs.fdatasync(fd)
             self._m["fsyncs"] += 1
@@ -973,7 +1149,8 @@ class Journal(ProcessBound):
                 pass
             raise
         self._end = total
-        self._data_start = len(head)
+        # the segment holds transactions once it is past its header and that confirm
+        self._data_start = len(head) + CONFIRM_LEN
 
     def _reserve(self, needed_end: int) -> None:
         if needed_end <= self._reserved or self.reserve_bytes <= 0 or self._fd is None:
@@ -985,12 +1162,16 @@ class Journal(ProcessBound):
         else:
             self.reserve_bytes = 0  # not supported here: plain appends from now on
 
-    def _close_fd(self, fd: int, end: int) -> None:
+    def _close_fd(self, fd: int, end: int, sync: bool = False) -> None:
         """Close a segment we no longer write, trimming its reserved zeros (best effort:
-        zeros that survive a crash are a clean end anyway)."""
+        zeros that survive a crash are a clean end anyway); ``sync``: then make its last
+        confirm durable too (a cleanly closed journal has no unconfirmed tail)."""
         try:
             if self.fs.fstat(fd).size > end:
                 self.fs.truncate(fd, end)
+            if sync:
+                self.fs.fdatasync(fd)
+                self._m["fsyncs"] += 1
         except OSError:
             pass
         try:
@@ -1002,7 +1183,7 @@ class Journal(ProcessBound):
         fd, self._fd = self._fd, None
         if fd is not None:
             if trim and self._broken is None:
-                self._close_fd(fd, self._end)
+                self._close_fd(fd, self._end, sync=True)
             else:
                 try:
                     self.fs.close(fd)
@@ -1038,9 +1219,8 @@ class Journal(ProcessBound):
         self._m["snapshots"] += 1
         self._m["snapshot_bytes"] = size
         # a new segment: the snapshot's segment receives nothing more
-        old, old_end = self._fd, self._end
         try:
-            self._new_segment(self._seg + 1, [], seq)
+            self._rotate([])
         except BaseException as e:
             with self._mu:
                 self._mark_broken(e)
@@ -1048,16 +1228,17 @@ class Journal(ProcessBound):
                 raise storage_error(e, f"journal {self.dir}: rotation after a snapshot "
                                     "failed") from e
             raise
-        self._m["rotations"] += 1
-        if old is not None:
-            self._close_fd(old, old_end)
-        if self.fence is not None:
-            try:
+        try:
+            if self.fence is not None:
                 self.fence()
-            except BaseException as e:
-                with self._mu:
-                    self._mark_broken(e)
-                raise  # fenced: delete nothing
+            self._confirm()
+        except BaseException as e:
+            with self._mu:
+                self._mark_broken(e)
+            if isinstance(e, OSError):
+                raise storage_error(e, f"journal {self.dir}: confirm after a snapshot "
+                                    "failed") from e
+            raise  # fenced: delete nothing
         self._delete_before(pos)
 
     def _delete_before(self, pos: Position) -> None:

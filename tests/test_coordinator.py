@@ -3,9 +3,12 @@ readers (D5), consumers, checkpoints and retention of queue data (D2)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from straw import (
+    CorruptData,
     Fenced,
     IdempotencyConflict,
     IndeterminateCommit,
@@ -15,6 +18,8 @@ from straw import (
     SharedFilesystemStore,
     StaleAttempt,
     UnsafeRecovery,
+    framing,
+    journal,
 )
 from straw.clock import ManualClock
 from straw.coordinator import Coordinator
@@ -362,3 +367,73 @@ def test_snapshot_then_recovery_matches(store):
     assert before == after
     assert q.metrics()["recovery"]  # recovery reports what it read
     q.close()
+
+
+# --- damaged and missing journal data fails closed (issue 11, finding 3) --------------------
+
+def _journal_files(q: Coordinator) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(Path(q.journal_dir).iterdir())}
+
+
+def _last_transaction_frame(path: Path) -> int:
+    """Offset of the body middle of the last frame holding transactions."""
+    data = path.read_bytes()
+    scan = framing.scan_frames(lambda o, n: data[o:o + n], len(data))
+    f = [f for f in scan.frames if f.body[0] in (journal.REC_TXN, journal.REC_BATCH)][-1]
+    return f.offset + framing.HEADER_SIZE + f.header.body_length // 2
+
+
+def test_flipped_byte_in_last_acknowledged_completion_fails_closed(store):
+    """Before: the flipped completion was cut off as a torn tail and the receipt was lost
+    (only the recovery's ``torn_tail`` statistic showed it)."""
+    q = _coord(store)
+    q.submit_tasks("r", [TaskSpec("t0"), TaskSpec("t1")])
+    _run_one(store, q)
+    receipt = _run_one(store, q)
+    q.close()
+    seg = sorted(Path(q.journal_dir).glob("j-*.log"))[-1]
+    data = bytearray(seg.read_bytes())
+    at = _last_transaction_frame(seg)
+    data[at] ^= 0x20
+    seg.write_bytes(bytes(data))
+    before = _journal_files(q)
+    for _ in range(2):
+        with pytest.raises(CorruptData, match=rf"{seg.name}: damaged frame at offset \d+ .*"
+                           "later write group.*changed nothing.*restore"):
+            _coord(store, recover=True)
+        assert _journal_files(q) == before  # nothing cut, nothing deleted
+    data[at] ^= 0x20  # the operator restores the byte: everything is back
+    seg.write_bytes(bytes(data))
+    q = _coord(store, recover=True)
+    assert q.lookup_submission(receipt.submission_id) == receipt
+    q.close()
+
+
+def test_lost_segments_of_the_newest_epoch_fail_closed(store):
+    """Before: with every segment of epoch 2 deleted, recovery silently served epoch 1's
+    state (the completion made in epoch 2 was gone)."""
+    q = _coord(store)
+    q.submit_tasks("r", [TaskSpec("t0")])
+    q.close()
+    q = _coord(store, recover=True)
+    assert q.epoch == 2
+    _run_one(store, q)
+    q.close()
+    for seg in Path(q.journal_dir).glob("j-000002-*.log"):
+        seg.unlink()
+    with pytest.raises(CorruptData, match="epoch 2 started.*lost"):
+        _coord(store, recover=True)
+
+
+def test_newer_epoch_that_never_started_is_not_a_lost_epoch(store):
+    """An epoch file whose coordinator died before its start record was durable (never
+    marked started) is ignored, as before."""
+    q = _coord(store)
+    q.submit_tasks("r", [TaskSpec("t0")])
+    receipt = _run_one(store, q)
+    q.close()
+    (Path(q.epochs_dir) / "e-000002").write_bytes(b"")
+    q = _coord(store, recover=True)
+    assert q.epoch == 3 and q.lookup_submission(receipt.submission_id) == receipt
+    q.close()
+    assert (Path(q.epochs_dir) / "e-000003").read_bytes() == b"started\n"

@@ -4,6 +4,7 @@ snapshots, epochs and fencing, I/O failures, and crashes on SimFS."""
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import shutil
 import threading
@@ -15,6 +16,7 @@ import pytest
 
 from fault_injection.faultyfs import FaultyFS
 from fault_injection.journal_campaign import (
+    DAMAGE_MODES,
     JOURNAL_CONTROLS,
     QUICK_MODES,
     run_journal_campaign,
@@ -22,6 +24,7 @@ from fault_injection.journal_campaign import (
 )
 from fault_injection.rules import SimulatedCrash
 from fault_injection.simfs import SimFS
+from fault_injection.sweep import catch_controls
 from straw import framing
 from straw.clock import ManualClock
 from straw.errors import (
@@ -32,7 +35,7 @@ from straw.errors import (
     UnsupportedSchema,
 )
 from straw.fs import PosixFS
-from straw.journal import Journal, recover, segment_name
+from straw.journal import CONFIRM_LEN, ROTATED_LEN, Journal, recover, segment_name
 
 
 def _open(fs, d, epoch=None, **kw) -> Journal:
@@ -286,6 +289,7 @@ def test_torn_last_group_is_cut_at_every_byte_prefix(tmp_path, fill):
     for t in last:
         pos += framing.HEADER_SIZE + 1 + len(t)
         frame_ends.append(pos)
+    ends = [start, *frame_ends, pos + CONFIRM_LEN]  # the group's confirm ends the file
     work = tmp_path / "work"
     shutil.copytree(src, work)
     for cut in range(start, len(data) + 1):
@@ -297,7 +301,7 @@ def test_torn_last_group_is_cut_at_every_byte_prefix(tmp_path, fill):
         r = recover(PosixFS(), str(work))
         complete = sum(1 for e in frame_ends if e <= cut)
         assert r.transactions == first + last[:complete], cut
-        assert r.cutoffs == {1: (1, start if complete == 0 else frame_ends[complete - 1])}
+        assert r.cutoffs == {1: (1, max(e for e in ends if e <= cut))}
     # the next epoch cuts the torn tail off for good
     j = Journal(PosixFS(), str(work), epoch=2, recovered=r)
     j.commit(b"epoch2")
@@ -305,13 +309,150 @@ def test_torn_last_group_is_cut_at_every_byte_prefix(tmp_path, fill):
     assert _history(PosixFS(), str(work)) == first + last[:complete] + [b"epoch2"]
 
 
-def test_damage_inside_the_last_group_is_a_torn_tail(tmp_path):
+def _files(d) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(Path(d).iterdir())}
+
+
+def test_flipped_byte_in_last_acknowledged_group_fails_closed(tmp_path):
+    """Issue 11, finding 3: a flipped byte in the last, acknowledged group was cut off as a
+    torn tail (only ``stats['torn_tail']`` showed it).  Its confirm record follows it, so
+    recovery raises CorruptData naming the segment and the offset, and changes nothing."""
     first, last, path, start = _three_groups(str(tmp_path), 4096)
     data = bytearray(Path(path).read_bytes())
     second = start + framing.HEADER_SIZE + 1 + len(last[0])
     data[second + 70] ^= 0x01  # inside the second frame of the last group
     Path(path).write_bytes(bytes(data))
-    assert recover(PosixFS(), str(tmp_path)).transactions == first + last[:1]
+    before = _files(tmp_path)
+    for _ in range(2):  # and again: nothing was cut
+        with pytest.raises(CorruptData, match=rf"{segment_name(1, 1)}: damaged frame at "
+                           rf"offset {second} .*later write group.*restore"):
+            recover(PosixFS(), str(tmp_path))
+        assert _files(tmp_path) == before
+
+
+def test_damage_inside_an_unconfirmed_last_group_is_a_torn_tail(tmp_path):
+    """Without its confirm (the process died after the sync, before the confirm and so
+    before any reply; or a power loss took the unsynced confirm) the last group is
+    indistinguishable from a torn one: cut at the damaged frame."""
+    first, last, path, start = _three_groups(str(tmp_path), 4096)
+    data = bytearray(Path(path).read_bytes()[:-CONFIRM_LEN])
+    second = start + framing.HEADER_SIZE + 1 + len(last[0])
+    data[second + 70] ^= 0x01
+    Path(path).write_bytes(bytes(data))
+    r = recover(PosixFS(), str(tmp_path))
+    assert r.transactions == first + last[:1] and r.stats["torn_tail"]
+
+
+def test_crash_after_the_sync_before_the_confirm_recovers_everything_acknowledged():
+    for variant in ("clear-cache", "torn-seq", "torn-op"):
+        sim = SimFS(5)
+        j = _open(sim, "/q", reserve_bytes=1024)
+        j.commit(b"acked")
+        sim.crash_at(2, ops="writev")  # the group's writev, then (after its sync) the confirm
+        with pytest.raises(SimulatedCrash):
+            j.commit(b"synced, never acknowledged")
+        assert sim.trace[-1].op == "writev" and sim.trace[-2].op == "fdatasync"
+        sim.crash(variant)
+        assert _history(sim, "/q") == [b"acked", b"synced, never acknowledged"]
+
+
+def _rotated(tmp_path, n: int = 12) -> tuple[str, list[bytes], int]:
+    d = str(tmp_path)
+    j = _open(PosixFS(), d, segment_target_bytes=2000)
+    txns = [os.urandom(300) for _ in range(n)]
+    for t in txns:
+        j.commit(t)
+    seg = j.position[1]
+    assert seg >= 3
+    j.close()
+    return d, txns, seg
+
+
+def test_deleted_newest_segment_after_rotation_fails_closed(tmp_path):
+    """Issue 11, finding 3: deleting the newest segment dropped its commits without any
+    signal.  The segment before it ends with a rotated record naming it."""
+    d, _txns, seg = _rotated(tmp_path)
+    os.unlink(os.path.join(d, segment_name(1, seg)))
+    with pytest.raises(CorruptData, match=rf"{segment_name(1, seg - 1)} ends with a rotated "
+                       rf"record.*{segment_name(1, seg)}.*missing"):
+        recover(PosixFS(), d)
+    os.unlink(os.path.join(d, segment_name(1, seg - 1)))  # the two newest: the same
+    with pytest.raises(CorruptData, match=rf"{segment_name(1, seg - 1)}.*missing"):
+        recover(PosixFS(), d)
+
+
+def test_torn_rotated_record_is_not_corruption(tmp_path):
+    """A power loss after the next segment became durable, before the rotated record's
+    sync, may tear that record: nothing acknowledged lives in it."""
+    d, txns, seg = _rotated(tmp_path)
+    path = os.path.join(d, segment_name(1, 1))
+    data = Path(path).read_bytes()
+    tail = data[-ROTATED_LEN:]
+    for garbage in (b"", os.urandom(ROTATED_LEN), tail[:20] + bytes(ROTATED_LEN - 20),
+                    bytes(30) + tail[30:]):
+        Path(path).write_bytes(data[:-ROTATED_LEN] + garbage)
+        assert _history(PosixFS(), d) == txns
+    # but damage before it, in the segment's acknowledged frames, is corruption
+    flipped = bytearray(data)
+    flipped[-ROTATED_LEN - CONFIRM_LEN - 40] ^= 0x08
+    Path(path).write_bytes(bytes(flipped))
+    with pytest.raises(CorruptData, match=segment_name(1, 1)):
+        recover(PosixFS(), d)
+
+
+class _LateSuccessor(PosixFS):
+    """A fenced old coordinator rotating while a takeover reads: the next segment appears
+    only after recovery probed for it."""
+
+    def __init__(self, hidden: str) -> None:
+        super().__init__()
+        self.hidden = hidden
+        self.probes = 0
+
+    def probe(self, path: str) -> bool:
+        if path.endswith(self.hidden):
+            self.probes += 1
+            if self.probes == 1:
+                return False
+        return super().probe(path)
+
+    def listdir(self, path: str) -> list[str]:
+        return [n for n in super().listdir(path) if n != self.hidden]
+
+
+def test_rotated_record_of_a_fenced_writer_rotating_meanwhile_is_beyond_the_cutoff(tmp_path):
+    d, txns, seg = _rotated(tmp_path)
+    name = segment_name(1, seg)
+    r = recover(_LateSuccessor(name), d)
+    ends_before = os.path.getsize(os.path.join(d, segment_name(1, seg - 1))) - ROTATED_LEN
+    assert r.cutoffs == {1: (seg - 1, ends_before)}
+    kept = r.transactions
+    assert kept == txns[:len(kept)]
+    j = Journal(PosixFS(), d, epoch=2, recovered=r)
+    j.commit(b"epoch 2")
+    j.close()
+    assert _history(PosixFS(), d) == kept + [b"epoch 2"]
+
+
+def test_lost_newest_epoch_fails_closed(tmp_path):
+    """Deleting every segment of the newest epoch fell back to the older epoch silently.
+    The coordinator knows the newest epoch that started (its epoch file) and says so."""
+    fs, d = PosixFS(), str(tmp_path)
+    j = _open(fs, d)
+    j.commit(b"epoch 1")
+    j.close()
+    j = _open(fs, d)
+    j.commit(b"epoch 2")
+    j.close()
+    assert _history(fs, d) == [b"epoch 1", b"epoch 2"]
+    assert recover(fs, d, started_epoch=2).transactions == [b"epoch 1", b"epoch 2"]
+    os.unlink(os.path.join(d, segment_name(2, 1)))
+    with pytest.raises(CorruptData, match="epoch 2 started.*lost"):
+        recover(fs, d, started_epoch=2)
+    assert recover(fs, d, started_epoch=1).transactions == [b"epoch 1"]  # as before
+    os.unlink(os.path.join(d, segment_name(1, 1)))
+    with pytest.raises(CorruptData, match="no valid segment, but epoch 2 started"):
+        recover(fs, d, started_epoch=2)
 
 
 @pytest.mark.parametrize("where", ["body", "header", "start record"])
@@ -386,7 +527,8 @@ def test_recovery_cost_follows_live_state(tmp_path):
     j.commit(b"last")
     j.close()
     r = recover(fs, d)
-    assert r.transactions == [b"last"] and r.stats["frames"] == 2
+    # the new segment: its header, the commit, and the confirm record after each
+    assert r.transactions == [b"last"] and r.stats["frames"] == 4
     assert r.stats["bytes_read"] < 8 * 1024 * 1024
 
 
@@ -568,11 +710,28 @@ def test_crash_at_every_syscall_of_a_small_workload_simfs():
 
 def test_campaign_negative_controls_are_caught():
     found = run_journal_controls(("power/torn-op/0", "kill+power/torn-op/0",
-                                  "power+recrash/torn-op/0"), max_points=40,
+                                  "power+recrash/torn-op/0", *DAMAGE_MODES), max_points=40,
                                  log=lambda _m: None)
     assert set(found) == set(JOURNAL_CONTROLS)
     missed = [k for k, v in found.items() if v is None]
     assert not missed
+
+
+@pytest.mark.parametrize("control, damage", [
+    ("journal-no-confirm", "flip-last-txn"),
+    ("journal-no-rotated-record", "drop-newest-segment"),
+    ("journal-ignores-started-epoch", "drop-newest-epoch"),
+])
+def test_damaged_tail_controls_are_caught_by_their_damage(control, damage):
+    """Issue 11, finding 3 as negative controls: a journal without confirm records, without
+    rotated records, or deaf to the started epoch silently loses acknowledged transactions
+    under that damage, and the damage mode reports it (the real journal: no violation)."""
+    mode = f"kill+damage/{damage}"
+    found = catch_controls({control: JOURNAL_CONTROLS[control]}, [functools.partial(
+        run_journal_campaign, (mode,), stop_at_first=True, max_points=60,
+        log=lambda _m: None)], log=lambda _m: None)
+    assert found[control] is not None and mode in found[control], found[control]
+    assert "acknowledged" in found[control] and "lost" in found[control]
 
 
 def test_simulated_crash_in_the_leader_releases_followers():

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from fault_injection.queue_campaign import (
+    CONTROL_DAMAGE,
     QUICK_MODES,
     WORKLOADS,
     run_queue_campaign,
@@ -30,6 +31,14 @@ def test_bounded_coordinator_campaign() -> None:
     assert time.perf_counter() - t0 < 40
 
 
+def test_bounded_coordinator_campaign_with_damaged_journals() -> None:
+    """A flipped byte in the newest journal transaction, or every segment of the newest
+    epoch deleted: the recovering coordinator raises CorruptData or loses nothing."""
+    reports = run_queue_campaign(CONTROL_DAMAGE, max_points=40, log=lambda _m: None)
+    bad = [v for r in reports for v in r.violations]
+    assert not bad, bad[0]
+
+
 def test_completed_runs_recover_under_every_mode() -> None:
     for wl in WORKLOADS:
         for mode in QUICK_MODES:
@@ -40,6 +49,9 @@ def test_completed_runs_recover_under_every_mode() -> None:
 def test_queue_negative_controls_are_caught() -> None:
     found = run_queue_controls(QUICK_MODES[:3], max_points=30, log=lambda _m: None)
     assert found and all(v is not None for v in found.values()), found
+    # the damaged-tail controls are caught by the damage they do not survive
+    assert "kill+damage/drop-newest" in found["queue-no-started-mark"]
+    assert "kill+damage/flip-last-txn" in found["queue-journal-no-confirm"]
 
 
 def test_queue_fuzz_short_run(tmp_path) -> None:
