@@ -211,6 +211,8 @@ def test_options_are_checked_when_the_store_or_coordinator_opens(tmp_path):
                         (dict(limits={"max_pending_tasks": 1}), TypeError)):
             with pytest.raises(exc, match=next(iter(kw))):
                 Coordinator(store, queue_id="q", **kw)
+        # refused before the queue's directory exists (queues live under their run)
+        assert not os.path.exists(os.path.join(root, "runs", "run", "queues"))
         assert not os.path.exists(os.path.join(root, "queues"))
 
 
