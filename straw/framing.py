@@ -65,6 +65,18 @@ class TornFrame(Exception):
     """The buffer ends before the frame does (an incomplete write, or a short read)."""
 
 
+class SyncedDamage(CorruptData):
+    """``scan_frames`` found a damaged frame at ``offset`` followed by a valid frame of a
+    later write group: synced data was corrupted (D6).  ``resume`` is the offset of the
+    first later frame that starts its own write group (None if there is none): a caller
+    that keeps what it can trust (a writer recovering its packs) may resume there."""
+
+    def __init__(self, message: str, offset: int, resume: int | None) -> None:
+        super().__init__(message)
+        self.offset = offset
+        self.resume = resume
+
+
 @dataclass(frozen=True)
 class FrameHeader:
     kind: int
@@ -230,9 +242,11 @@ def scan_frames(read_at: ReadAt, size: int, *, start: int = 0) -> ScanResult:
             return ScanResult(frames, pos, torn=False, sealed=False)
         for f in later:
             if f.header.group_start > pos:
-                raise CorruptData(
+                raise SyncedDamage(
                     f"damaged frame at offset {pos} is followed by a valid frame of a later "
-                    f"write group at offset {f.offset}: synced data was corrupted"
+                    f"write group at offset {f.offset}: synced data was corrupted",
+                    pos, next((g.offset for g in later if g.header.group_start == g.offset),
+                              None),
                 )
         return ScanResult(frames, pos, torn=True, sealed=False)
     return ScanResult(frames, pos, torn=False, sealed=False)
