@@ -39,13 +39,15 @@ Buffer = Any  # anything exposing the buffer protocol (bytes, memoryview, numpy 
 
 @dataclass(frozen=True)
 class FileStat:
-    """What straw needs to know about a file: size, inode and kind."""
+    """What straw needs to know about a file: size, inode, kind, and its number of links
+    (0 once unlinked while still open: a read session drops such a descriptor)."""
 
     size: int
     inode: int
     is_dir: bool
     is_symlink: bool
     mtime_ns: int = 0
+    nlink: int = 1
 
 
 class Filesystem(abc.ABC):
@@ -341,4 +343,5 @@ def _to_stat(st: os.stat_result) -> FileStat:
         is_dir=_stat.S_ISDIR(st.st_mode),
         is_symlink=_stat.S_ISLNK(st.st_mode),
         mtime_ns=st.st_mtime_ns,
+        nlink=st.st_nlink,
     )
