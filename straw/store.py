@@ -36,7 +36,8 @@ from .clock import Clock, SystemClock
 from .errors import IdempotencyConflict, InvalidReference, StorageUnavailable, UnsupportedSchema
 from .fs import Filesystem, PosixFS
 from .pack import encode_extent, storage_error
-from .reader import ReadSession
+from .reader import ReadSession, drop_reclaimed
+from .recovery import seal_dead_writers
 from .refs import (
     NAME_RE,
     Manifest,
@@ -390,11 +391,26 @@ class SharedFilesystemStore:
 
     def collect_garbage(self) -> dict[str, Any]:
         """Reclaim sealed packs that no owner, pin or staged publication reaches (D4):
-        tombstone them durably, then unlink them (D3).  Returns the reclaimed files and
-        bytes, the tombstoned paths, interrupted collections it finished, and what is
-        still retained."""
+        tombstone them durably, then unlink them (D3).  First, packs a writer left open
+        are sealed in the catalog on its behalf when that writer is dead (its lock is
+        free; ``straw.recovery``), as are this store's own packs abandoned after an I/O
+        error.  Every read session of this process on this pool then drops its cached
+        descriptors of the reclaimed packs, so that the reclaimed bytes are free when this
+        returns.  Returns the reclaimed files and bytes, the tombstoned paths, interrupted
+        collections it finished, what is still retained, the packs sealed for dead
+        writers (``sealed_for_dead_writers``) and the damage their recovery found
+        (``damaged``)."""
         self._check_open()
-        return self.catalog.collect()
+        with self._write_lock:
+            if self._writer is not None:
+                self._writer.seal_abandoned()
+        on_behalf, damaged = seal_dead_writers(self.fs, self.root, self.catalog, self.clock)
+        result = self.catalog.collect()
+        drop_reclaimed(self._session.real_root,
+                       result["tombstoned"] + result["finished_interrupted"])
+        result["sealed_for_dead_writers"] = on_behalf
+        result["damaged"] = [d.as_dict() for d in damaged]
+        return result
 
     def owners(self) -> list[str]:
         """The names of the pool's owners (applications', pins, queues)."""
@@ -461,6 +477,9 @@ class SharedFilesystemStore:
         return {"pack_files": files, "bytes": total}
 
     def writer_info(self) -> Mapping[str, Any] | None:
+        """This store's writer (once it published or looked a submission up): writer id,
+        incarnation, open pack, and ``damaged``: the damaged extents its recovery of
+        earlier incarnations found and did not index (pack, offset, reason)."""
         return self._writer.describe() if self._writer else None
 
 
