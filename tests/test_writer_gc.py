@@ -310,3 +310,36 @@ def test_pack_abandoned_after_failed_sync_is_sealed_and_collected(tmp_path):
         assert store.collect_garbage()["tombstoned"] == [ok.path]
     with SharedFilesystemStore(str(tmp_path), "run") as store:
         assert store.lookup_submission("b") == [again]
+
+
+def test_starting_writer_waits_for_a_collection_holding_its_lock(tmp_path):
+    from straw import holder
+
+    with SharedFilesystemStore(str(tmp_path), "run", writer_id="w") as store:
+        store.publish([Record("a", b"a")], submission_id="a")
+    fs = PosixFS()
+    lock = str(tmp_path / "runs/run/writers/w/LOCK")
+    fd, _ = holder.take(fs, lock, ManualClock(), purpose=holder.COLLECTING)
+    assert fd is not None
+
+    class ReleasingClock(ManualClock):
+        def sleep(self, seconds: float) -> None:  # the collection finishes meanwhile
+            super().sleep(seconds)
+            holder.release(fs, fd)
+
+    with SharedFilesystemStore(str(tmp_path), "run", writer_id="w",
+                               clock=ReleasingClock()) as store:
+        assert store.lookup_submission("a") is not None
+
+
+def test_simfs_fstat_counts_links(tmp_path):
+    from fault_injection.simfs import SimFS
+
+    sim = SimFS(0)
+    sim.mkdir("/d")
+    fd = sim.open("/d/f", write=True, create=True)
+    assert sim.fstat(fd).nlink == 1
+    sim.rename("/d/f", "/d/g")
+    assert sim.fstat(fd).nlink == 1
+    sim.unlink("/d/g")
+    assert sim.fstat(fd).nlink == 0
