@@ -292,7 +292,7 @@ def _reserve_candidates(reserved: int, needed_end: int, step: int) -> list[int]:
         if end < ends[-1]:
             ends.append(end)
         step //= 2
-    if not ends or ends[-1] != needed_end:
+    if ends[-1] != needed_end:
         ends.append(needed_end)
     return ends
 

@@ -96,10 +96,9 @@ class WriterIncarnation:
             clock.sleep(delay)  # a collection seals our predecessor's packs: brief
             delay = min(delay * 2, 1.0)
         raise UnsafeRecovery(
-                f"writer {self.writer_id!r} of run {self.run_id!r} is in use by {holder_desc}. "
-                "Give each concurrent writer its own writer_id=..., or stop that process first"
-            )
-        return fd
+            f"writer {self.writer_id!r} of run {self.run_id!r} is in use by {holder_desc}. "
+            "Give each concurrent writer its own writer_id=..., or stop that process first"
+        )
 
     def release(self) -> None:
         holder.release(self.fs, self._lock_fd)
