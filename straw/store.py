@@ -68,8 +68,9 @@ class SharedFilesystemStore:
     hard limit), ``writer_id`` (stable name of this writer: submission ids are scoped to
     it and survive its restarts; concurrent writers need distinct ids), ``fs`` (the
     ``Filesystem``, default ``PosixFS``), ``clock``, ``reserve_bytes`` (space reserved
-    ahead in packs, less on a nearly full disk; 0 disables), ``visibility_retries``/``visibility_backoff`` (bounded
-    retries when another client's data is not visible yet)."""
+    ahead in packs, less on a nearly full disk; 0 disables),
+    ``visibility_retries``/``visibility_backoff`` (bounded retries when another client's
+    data is not visible yet)."""
 
     def __init__(
         self,

@@ -343,3 +343,17 @@ def test_simfs_fstat_counts_links(tmp_path):
     assert sim.fstat(fd).nlink == 1
     sim.unlink("/d/g")
     assert sim.fstat(fd).nlink == 0
+
+
+@pytest.mark.juicefs
+def test_dead_writer_on_one_mount_is_sealed_and_collected_from_the_other(juicefs_dirs):
+    dead = _killed_writer(juicefs_dirs.a, "dead", "d1", "d2")
+    with SharedFilesystemStore(juicefs_dirs.b, "run", writer_id="gc") as gc:
+        assert gc.read(dead["d2"])  # visible on the other client
+        gc.release_publications(list(dead.values()))
+        result = gc.collect_garbage()
+        assert result["sealed_for_dead_writers"] == [dead["d1"].path]
+        assert result["tombstoned"] == [dead["d1"].path]
+    with SharedFilesystemStore(juicefs_dirs.a, "run", writer_id="dead") as again:
+        assert again.lookup_submission("d1") is None
+        again.publish([Record("n", b"n")], submission_id="n")
