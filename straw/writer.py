@@ -44,6 +44,8 @@ log = logging.getLogger("straw")
 # How long a starting writer waits for a collection that holds its lock for a moment
 # (sealing the packs of its dead predecessor on its behalf): bounded retries.
 _LOCK_RETRIES = 10
+# How often a writer checks that its LOCK still carries its own note before writing.
+_LOCK_CHECK_SECONDS = 1.0
 
 
 class WriterIncarnation:
@@ -59,7 +61,11 @@ class WriterIncarnation:
         self.rel_dir = f"runs/{run_id}/writers/{writer_id}"
         self.dir = os.path.join(root, self.rel_dir)
         fs.makedirs_durable(self.dir)
+        self.clock = clock
         self._lock_fd: int | None = self._take_lock(clock)
+        self._lock_note = self._read_lock_note()
+        self._next_lock_check = clock.now() + _LOCK_CHECK_SECONDS
+        self.lost_lock = ""  # set once another process took our lock: no more writes
         try:
             incarnations = recovery.incarnations(fs, self.dir)
             self.incarnation = (max(incarnations) if incarnations else 0) + 1
@@ -104,6 +110,38 @@ class WriterIncarnation:
         holder.release(self.fs, self._lock_fd)
         self._lock_fd = None
 
+    def _read_lock_note(self) -> bytes:
+        try:
+            return self.fs.read_file(os.path.join(self.dir, "LOCK"))
+        except OSError:
+            return b""
+
+    def _check_lock(self) -> None:
+        """Fencing of a writer whose lock was lost (a shared filesystem may expire a
+        partitioned client's locks): a collection may then have taken the lock and sealed
+        our open pack on our behalf (``straw.recovery``), and an extent written on into it
+        would not be staged (D4).  Any other holder rewrites the LOCK note, so a changed
+        note means the lock is gone: write nothing more.  Checked before a write at most
+        every ``_LOCK_CHECK_SECONDS`` (losing a lock takes a much longer partition)."""
+        if self._lock_lost(force=False):
+            raise UnsafeRecovery(
+                f"writer {self.writer_id!r} of run {self.run_id!r} lost its lock (now noted "
+                f"{self.lost_lock!r}); nothing more is written through this store. Close it "
+                "and open a new one"
+            )
+
+    def _lock_lost(self, *, force: bool) -> bool:
+        if not self.lost_lock and self._lock_note and \
+                (force or self.clock.now() >= self._next_lock_check):
+            self._next_lock_check = self.clock.now() + _LOCK_CHECK_SECONDS
+            note = self._read_lock_note()
+            if note and note != self._lock_note:
+                self.lost_lock = note.decode(errors="replace")
+                if self.pack is not None:
+                    self.pack.abandon()  # never written again; its seal is not ours now
+                    self.pack = None
+        return bool(self.lost_lock)
+
     # --- the idempotency index of earlier incarnations ------------------------------
     def _load_index(self, incarnations: Sequence[int]) -> dict[str, tuple[list[int], list[int]]]:
         """Rebuild the submission index of earlier incarnations; returns, per pack, its
@@ -120,6 +158,7 @@ class WriterIncarnation:
         """Where an extent group of ``size`` bytes will go; rotates first if the open pack
         has data and the group would pass the segment target (an oversized group stays
         contiguous in one pack)."""
+        self._check_lock()
         if self.pack is not None and self.pack.entries and \
                 self.pack.data_end + size > self.segment_target_bytes:
             self.seal()
@@ -161,6 +200,8 @@ class WriterIncarnation:
         """Seal the open pack: the file first (durable), then the catalog.  A crash in
         between leaves the catalog saying "open"; the next incarnation (or a collection,
         once this writer is gone) seals it there."""
+        if self._lock_lost(force=True):
+            return
         pack = self.pack
         if pack is None:
             return

@@ -357,3 +357,25 @@ def test_dead_writer_on_one_mount_is_sealed_and_collected_from_the_other(juicefs
     with SharedFilesystemStore(juicefs_dirs.a, "run", writer_id="dead") as again:
         assert again.lookup_submission("d1") is None
         again.publish([Record("n", b"n")], submission_id="n")
+
+
+def test_writer_that_lost_its_lock_writes_nothing_into_a_pack_sealed_on_its_behalf(tmp_path):
+    from straw import UnsafeRecovery, holder
+
+    clock = ManualClock()
+    root = str(tmp_path)
+    with SharedFilesystemStore(root, "run", writer_id="w", clock=clock) as store:
+        first = store.publish([Record("a", b"a")], submission_id="a")
+        # a shared filesystem expires the partitioned writer's lock ...
+        holder.release(store.fs, store._writer._lock_fd)
+        with SharedFilesystemStore(root, "run", writer_id="gc") as gc:
+            # ... so a collection takes it for dead and seals its open pack
+            assert gc.collect_garbage()["sealed_for_dead_writers"] == [first.path]
+        clock.advance(2)  # the writer resumes
+        with pytest.raises(UnsafeRecovery, match="lost its lock"):
+            store.publish([Record("b", b"b")], submission_id="b")
+        size = os.path.getsize(tmp_path / first.path)
+    assert os.path.getsize(tmp_path / first.path) == size  # no seal written on close either
+    with SharedFilesystemStore(root, "run", writer_id="w") as again:
+        assert again.lookup_submission("a") == [first]
+        assert again.lookup_submission("b") is None
