@@ -21,6 +21,10 @@ collection reclaims it once they are released (an empty one at the next collecti
 that catalog write fails too (a full disk), it is retried before the next pack is opened,
 at close and at each collection.  A failed space reservation abandons nothing: the pack
 stays open and the next publication continues in it.
+
+Fencing: a writer whose lock was lost (another holder rewrote the LOCK note, e.g. a
+collection that took it for dead after a shared filesystem expired our locks) writes and
+seals nothing more (``UnsafeRecovery``); it checks before a write at most once a second.
 """
 
 from __future__ import annotations
