@@ -50,7 +50,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from fault_injection.journal_campaign import JOURNAL_CONTROLS
-from straw import catalog, framing, pack, writer
+from straw import catalog, framing, pack, recovery, writer
 from straw.catalog import LEGACY_RUN, Catalog, CatalogState
 from straw.errors import CorruptData
 
@@ -131,17 +131,12 @@ def _scanner_accepts_garbage() -> contextlib.AbstractContextManager[None]:
 
 
 def _recovery_trusts_unsynced() -> contextlib.AbstractContextManager[None]:
-    orig = writer.WriterIncarnation._pack_entries
+    orig = recovery._pack_entries
 
-    def pack_entries(self: writer.WriterIncarnation, path: str) -> Any:
-        real = self.fs
-        self.fs = _SkipOps(real, frozenset({"fsync"}))  # type: ignore[assignment]
-        try:
-            return orig(self, path)
-        finally:
-            self.fs = real
+    def pack_entries(fs: Any, root: str, rel: str) -> Any:
+        return orig(_SkipOps(fs, frozenset({"fsync"})), root, rel)
 
-    return _patched(writer.WriterIncarnation, "_pack_entries", pack_entries)
+    return _patched(recovery, "_pack_entries", pack_entries)
 
 
 def _index_forgets_predecessors() -> contextlib.AbstractContextManager[None]:

@@ -332,9 +332,20 @@ class SimClient(Filesystem):
                 if rule is not None:
                     raise_errno(rule.errno, h.path)
                 f = h.inode
-                return FileStat(self._visible_size(h), f.ino, False, False, f.mtime_ns)
+                return FileStat(self._visible_size(h), f.ino, False, False, f.mtime_ns,
+                                self._nlink(h))
             finally:
                 sim.plan.end(after, self.name, "fstat", paths)
+
+    def _nlink(self, h: _Handle) -> int:
+        """1 while the handle's inode has a name (no hard links in SimFS), else 0."""
+        try:
+            _, _, node = self._sim.state.lookup(h.path)
+        except OSError:
+            node = None
+        if node is h.inode or any(n is h.inode for _, n in self._sim.state.walk()):
+            return 1
+        return 0
 
     def reserve(self, fd: int, offset: int, length: int) -> bool:
         sim = self._sim

@@ -67,14 +67,19 @@ class TornFrame(Exception):
 
 class DamagedFrame(CorruptData):
     """``scan_frames``: the frame at ``offset`` is damaged and a valid frame of a later
-    write group follows (synced data was corrupted).  ``later`` lists every valid frame
+    write group follows (synced data was corrupted, D6).  ``later`` lists every valid frame
     after ``offset`` (of any group), for tools that keep the damaged bytes aside and
-    repair around them (``straw.catalog``)."""
+    repair around them (``straw.catalog``); ``resume`` is the offset of the first later
+    frame that starts its own write group (None if there is none): a caller that keeps
+    what it can trust (a writer recovering its packs, ``straw.recovery``) may resume
+    there."""
 
     def __init__(self, message: str, offset: int, later: list[ScannedFrame]) -> None:
         super().__init__(message)
         self.offset = offset
         self.later = later
+        self.resume = next((g.offset for g in later if g.header.group_start == g.offset),
+                           None)
 
 
 @dataclass(frozen=True)

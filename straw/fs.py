@@ -60,13 +60,15 @@ def beneath_parts(rel: str) -> list[str]:
 
 @dataclass(frozen=True)
 class FileStat:
-    """What straw needs to know about a file: size, inode and kind."""
+    """What straw needs to know about a file: size, inode, kind, and its number of links
+    (0 once unlinked while still open: a read session drops such a descriptor)."""
 
     size: int
     inode: int
     is_dir: bool
     is_symlink: bool
     mtime_ns: int = 0
+    nlink: int = 1
 
 
 class Filesystem(abc.ABC):
@@ -411,4 +413,5 @@ def _to_stat(st: os.stat_result) -> FileStat:
         is_dir=stat.S_ISDIR(st.st_mode),
         is_symlink=stat.S_ISLNK(st.st_mode),
         mtime_ns=st.st_mtime_ns,
+        nlink=st.st_nlink,
     )

@@ -12,10 +12,15 @@ from .clock import Clock
 from .fs import Filesystem
 from .pack import storage_error
 
+# The purpose a collection names while it holds a dead writer's lock for a moment (to seal
+# that writer's open packs on its behalf): a writer starting meanwhile waits instead of failing.
+COLLECTING = "collection sealing the packs of a dead writer"
 
-def take(fs: Filesystem, path: str, clock: Clock) -> tuple[int | None, str]:
+
+def take(fs: Filesystem, path: str, clock: Clock, *, purpose: str = "") -> tuple[int | None, str]:
     """Try to take the lock at ``path`` without waiting.  Returns ``(fd, "")`` when taken
-    (the file then names us), or ``(None, description of the holder)``."""
+    (the file then names us, and ``purpose`` if given), or ``(None, description of the
+    holder)``."""
     try:
         fd = fs.open(path, write=True, create=True)
     except OSError as e:
@@ -24,10 +29,15 @@ def take(fs: Filesystem, path: str, clock: Clock) -> tuple[int | None, str]:
         holder = describe(fs, fd)
         fs.close(fd)
         return None, holder
-    info = json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
-                       "since": clock.now()}).encode()
-    fs.truncate(fd, 0)
-    fs.writev(fd, [info], 0)
+    note: dict[str, object] = {"host": socket.gethostname(), "pid": os.getpid(),
+                               "since": clock.now()}
+    if purpose:
+        note["purpose"] = purpose
+    try:
+        fs.truncate(fd, 0)
+        fs.writev(fd, [json.dumps(note).encode()], 0)
+    except OSError:
+        pass  # the text only informs other processes (a full disk must not stop us)
     return fd, ""
 
 
@@ -36,7 +46,8 @@ def describe(fs: Filesystem, fd: int) -> str:
         buf = bytearray(fs.fstat(fd).size)
         fs.readinto(fd, buf, 0)
         info = json.loads(bytes(buf) or b"{}")
-        return f"host {info.get('host')} pid {info.get('pid')} since {info.get('since')}"
+        purpose = f" ({info['purpose']})" if info.get("purpose") else ""
+        return f"host {info.get('host')} pid {info.get('pid')} since {info.get('since')}{purpose}"
     except (OSError, ValueError):
         return "an unknown holder"
 

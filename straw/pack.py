@@ -28,7 +28,9 @@ Space is reserved ahead with ``posix_fallocate`` (``Filesystem.reserve``) so tha
 publication is one ``writev`` into reserved space plus one ``fdatasync``: the file size
 does not change per publication, which is what makes small publications cheap and large
 ones run near raw bandwidth.  The reserved tail reads as zeros, which the scanner treats
-as the clean end; ``seal`` trims it.
+as the clean end; ``seal`` trims it.  On a nearly full disk the reservation shrinks (halving)
+down to what the write group needs; a reservation that fails even then raises
+``QuotaExceeded`` and leaves the pack intact and open (nothing was written).
 
 Upholds D1 (a pack's name is durable through a directory fsync before any reference into
 it exists; a reference is returned only after the data sync of its write group) and the
@@ -236,15 +238,25 @@ class PackWriter:
             raise storage_error(e, f"cannot initialise pack {path}") from e
 
     def _reserve(self, needed_end: int) -> None:
+        """Reserve up to the next multiple of ``reserve_bytes`` past ``needed_end``.  On a
+        nearly full disk (ENOSPC/EDQUOT) retry with half the step each time, down to
+        exactly ``needed_end`` (what the write needs): only that failing raises, so a small
+        publication fits wherever its own bytes fit.  A failed reservation wrote nothing."""
         if needed_end <= self.reserved or self.reserve_bytes <= 0:
             return
-        step = self.reserve_bytes
-        new_end = max(needed_end, self.reserved + step)
-        new_end = -(-new_end // step) * step
-        if self.fs.reserve(self.fd, self.reserved, new_end - self.reserved):
-            self.reserved = new_end
-        else:
-            self.reserve_bytes = 0  # not supported here: plain appends from now on
+        ends = _reserve_candidates(self.reserved, needed_end, self.reserve_bytes)
+        for i, new_end in enumerate(ends):
+            try:
+                supported = self.fs.reserve(self.fd, self.reserved, new_end - self.reserved)
+            except OSError as e:
+                if e.errno in (errno.ENOSPC, errno.EDQUOT) and i + 1 < len(ends):
+                    continue
+                raise
+            if supported:
+                self.reserved = new_end
+            else:
+                self.reserve_bytes = 0  # not supported here: plain appends from now on
+            return
 
     def append_group(self, extents: Sequence[EncodedExtent]) -> None:
         """Write several laid-out extents (starting at ``data_end``) with one writev and
@@ -255,6 +267,11 @@ class PackWriter:
         total = sum(e.entry.size for e in extents)
         try:
             self._reserve(self.data_end + total)
+        except OSError as e:
+            # Nothing was written: the pack stays intact and open, so a retry once space
+            # is free continues in it instead of leaving one more pack behind.
+            raise storage_error(e, f"cannot reserve space in pack {self.path}") from e
+        try:
             self.fs.writev(self.fd, buffers, self.data_end)
             # D1: the reference is returned only after this sync.  fdatasync suffices:
             # inside reserved space only data changes; when appending, fdatasync also
@@ -298,6 +315,24 @@ class PackWriter:
                 pass
 
 
+_MIN_RESERVE_STEP = 4096
+
+
+def _reserve_candidates(reserved: int, needed_end: int, step: int) -> list[int]:
+    """The reservation ends to try, largest first: multiples of ``step``, ``step / 2``, ...
+    past ``needed_end``, then ``needed_end`` itself."""
+    ends = [-(-max(needed_end, reserved + step) // step) * step]
+    step //= 2
+    while step >= _MIN_RESERVE_STEP:
+        end = -(-max(needed_end, reserved + step) // step) * step
+        if end < ends[-1]:
+            ends.append(end)
+        step //= 2
+    if ends[-1] != needed_end:
+        ends.append(needed_end)
+    return ends
+
+
 def read_sealed_index(fs: Filesystem, fd: int, size: int) -> list[ExtentEntry] | None:
     """The SEAL index of a sealed pack via its trailer, or None if the pack is not
     (completely) sealed."""
@@ -327,14 +362,71 @@ def _seal_entries(body: Any) -> list[ExtentEntry]:
     return [ExtentEntry(*e) for e in seal["extents"]]
 
 
-def scan_pack(fs: Filesystem, fd: int, size: int) -> tuple[list[ExtentEntry], framing.ScanResult]:
-    """Every valid extent of a pack that may have been left open by a crash."""
-    scan = framing.scan_frames(framing.read_at_fn(fs, fd), size)
+@dataclass
+class ScannedPack:
+    """What a scan of a pack a crash may have left open can trust."""
+
+    entries: list[ExtentEntry]
+    sealed: bool  # a SEAL frame ended the scan
+    damage: list[tuple[int, str]]  # (offset, reason) of damaged extents, not indexed
+
+
+def scan_pack(fs: Filesystem, fd: int, size: int) -> ScannedPack:
+    """Every valid extent of a pack that may have been left open by a crash.
+
+    A damaged synced extent (``framing.DamagedFrame``) does not abort the scan: the
+    extents before it are kept (they are valid and were synced before it), the damaged
+    write group is dropped (its batch is incomplete), and the scan resumes at the next
+    frame that starts its own write group, from where the frames must again follow each
+    other back to back (a valid frame found only by searching for the magic, e.g. one
+    inside the damaged extent's payload, is never trusted on its own).  A complete frame
+    in the final group that fails its checksum is dropped by the torn-tail rule (it may
+    never have been synced) and reported; a plain incomplete tail is not."""
+    read_at = framing.read_at_fn(fs, fd)
+    entries: list[ExtentEntry] = []
+    damage: list[tuple[int, str]] = []
+    start = 0
+    while True:
+        try:
+            scan = framing.scan_frames(read_at, size, start=start)
+        except framing.DamagedFrame as e:
+            damage.append((e.offset, f"synced extent damaged ({e}): not indexed"))
+            # the frames before the damage, walked again up to it
+            entries.extend(_extents_of(framing.scan_frames(read_at, e.offset, start=start)))
+            if e.resume is None:
+                return ScannedPack(entries, False, damage)
+            start = e.resume
+            continue
+        if scan.sealed and not damage:
+            return ScannedPack(_seal_entries(scan.frames[-1].body), True, damage)
+        entries.extend(_extents_of(scan))
+        if scan.torn and _complete_frame_at(read_at, scan.end, size):
+            damage.append((scan.end, "final write group damaged or torn: not indexed"))
+        return ScannedPack(entries, scan.sealed, damage)
+
+
+def _extents_of(scan: framing.ScanResult) -> list[ExtentEntry]:
     entries = []
     for f in scan.frames:
         if f.header.kind == framing.KIND_EXTENT:
             manifest, _ = decode_manifest(f.body, f"extent at offset {f.offset}")
             entries.append(entry_from_manifest(manifest, f.offset, f.header))
-        elif f.header.kind == framing.KIND_SEAL:
-            return _seal_entries(f.body), scan
-    return entries, scan
+    return entries
+
+
+_SECTOR = 512
+
+
+def _complete_frame_at(read_at: framing.ReadAt, pos: int, size: int) -> bool:
+    """A frame whose header checks and whose bytes are all present starts at ``pos`` (so
+    its body failed its checksum): damage, or a torn sector of an unsynced write.  A frame
+    whose last sector still reads as zeros (reserved space) was cut short: incomplete."""
+    try:
+        header = framing.decode_header(read_at(pos, framing.HEADER_SIZE))
+    except (framing.TornFrame, CorruptData, UnsupportedSchema):
+        return False
+    end = pos + header.frame_length
+    if end > size:
+        return False
+    last = max(pos + framing.HEADER_SIZE, (end - 1) // _SECTOR * _SECTOR)
+    return not framing.is_zero(read_at(last, end - last))

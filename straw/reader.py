@@ -34,6 +34,19 @@ A session caches open files and checked manifests; it is not an ownership pin.  
 reclaimed while a session holds it open may still read back, intact, through that handle:
 what guarantees a read is a durable owner or pin, never such luck.)
 
+Reclaimed means freed: a cached descriptor keeps an unlinked pack's bytes allocated, so
+
+* a collection in this process (``SharedFilesystemStore.collect_garbage``) makes every
+  session of this process on that pool (the store's own and those of ``read_session()``;
+  a process-wide weak registry) drop its descriptors and manifests of the packs it
+  reclaimed before it returns (``drop_reclaimed``);
+* a session of another process cannot be reached: when it next uses its cache, at most
+  every ``_SWEEP_SECONDS``, it checks its cached descriptors (one ``fstat`` each) and drops
+  those whose file has no link any more (or cannot be checked, e.g. ESTALE on NFS).  A
+  session that is never used again holds its descriptors until it is closed.
+
+The hot read path gains no syscall: one clock read per cache use.
+
 A session belongs to the process that opened it (``straw.process``): in a forked child
 every read raises ``ForkedProcess`` before touching a file or taking a lock, ``close()``
 only closes the child's copies of the cached descriptors, and the fork itself already
@@ -43,8 +56,9 @@ closed them.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,6 +86,25 @@ _CHUNK = 1 << 19  # read-and-hash granularity of whole-extent reads
 _PAGE = 4096  # granularity at which another client's view of fresh data can be partial
 _FD_CACHE = 64
 _ZERO_HEADER = bytes(framing.HEADER_SIZE)
+_SWEEP_SECONDS = 5.0  # how often a session looks for cached packs another client reclaimed
+
+# every open session of this process, so that a collection can make them let go of what it
+# reclaimed (weak: a session nobody references is not kept alive by this)
+_SESSIONS: weakref.WeakSet[ReadSession] = weakref.WeakSet()
+_SESSIONS_LOCK = threading.Lock()
+
+
+def drop_reclaimed(real_root: str, paths: Iterable[str]) -> None:
+    """Collection reclaimed ``paths`` (relative to the pool whose resolved root is
+    ``real_root``): every session of this process on that pool closes its descriptors of
+    them and forgets their manifests, so that their space is free now."""
+    paths = set(paths)
+    if not paths:
+        return
+    with _SESSIONS_LOCK:
+        sessions = [s for s in _SESSIONS if s.real_root == real_root]
+    for s in sessions:
+        s._forget(paths)
 
 
 def _alloc(size: int) -> memoryview:
@@ -163,6 +196,9 @@ class ReadSession(ProcessBound):
         self._manifests: OrderedDict[RecordSetRef, Manifest] = OrderedDict()
         self._lock = threading.Lock()
         self.closed = False
+        self._next_sweep = clock.now() + _SWEEP_SECONDS
+        with _SESSIONS_LOCK:
+            _SESSIONS.add(self)
 
     def _process_subject(self) -> str:
         return f"read session of run {self.run_id!r} at {self.root}"
@@ -198,6 +234,8 @@ class ReadSession(ProcessBound):
             self._fds.clear()
             self._manifests.clear()
             self.closed = True
+        with _SESSIONS_LOCK:
+            _SESSIONS.discard(self)
 
     # --- public reads -----------------------------------------------------------------
     def read(self, ref: RecordSetRef) -> list[Record]:
@@ -415,6 +453,8 @@ class ReadSession(ProcessBound):
 
     def _fd(self, path: str) -> int:
         self._check_process()  # every file access passes here (tensor reads included)
+        if self.clock.now() >= self._next_sweep:
+            self._sweep_unlinked()
         with self._lock:
             if self.closed:
                 raise ValueError("read session is closed")
@@ -435,6 +475,31 @@ class ReadSession(ProcessBound):
                 _, old = self._fds.popitem(last=False)
                 self.fs.close(old)
         return fd
+
+    def _sweep_unlinked(self) -> None:
+        """Drop cached descriptors of packs that have no link any more (reclaimed by
+        another client): they would keep the reclaimed bytes allocated."""
+        self._next_sweep = self.clock.now() + _SWEEP_SECONDS
+        with self._lock:
+            cached = list(self._fds.items())
+        gone = set()
+        for path, fd in cached:
+            try:
+                if self.fs.fstat(fd).nlink > 0:
+                    continue
+            except OSError:
+                pass  # cannot tell (ESTALE, ...): reopening is cheap and safe
+            gone.add(path)
+        if gone:
+            self._forget(gone)
+
+    def _forget(self, paths: set[str]) -> None:
+        """Close the cached descriptors of ``paths`` and forget their manifests."""
+        with self._lock:
+            for ref in [r for r in self._manifests if r.path in paths]:
+                del self._manifests[ref]
+        for path in paths:
+            self._drop_fd(path)
 
     def _drop_fd(self, path: str) -> None:
         with self._lock:

@@ -66,7 +66,8 @@ from .errors import (
 from .fs import Filesystem, PosixFS
 from .pack import encode_extent, storage_error
 from .process import ProcessBound
-from .reader import PackStatus, ReadSession
+from .reader import PackStatus, ReadSession, drop_reclaimed
+from .recovery import seal_dead_writers
 from .refs import (
     NAME_RE,
     Manifest,
@@ -97,8 +98,9 @@ class SharedFilesystemStore(ProcessBound):
     hard limit), ``writer_id`` (stable name of this writer: submission ids are scoped to
     it and survive its restarts; concurrent writers need distinct ids), ``fs`` (the
     ``Filesystem``, default ``PosixFS``), ``clock``, ``reserve_bytes`` (space reserved
-    ahead in packs; 0 disables), ``visibility_retries``/``visibility_backoff`` (bounded
-    retries when another client's data is not visible yet)."""
+    ahead in packs, less on a nearly full disk; 0 disables),
+    ``visibility_retries``/``visibility_backoff`` (bounded retries when another client's
+    data is not visible yet)."""
 
     _process_state = "its writer lock, open pack, catalog position and open files"
 
@@ -460,11 +462,27 @@ class SharedFilesystemStore(ProcessBound):
     def collect_garbage(self) -> dict[str, Any]:
         """Reclaim this run's sealed packs that no owner, pin or staged publication of any
         run reaches (D4): tombstone them durably, then unlink them (D3).  Packs of other
-        runs sharing the root are never touched.  Returns the reclaimed files and bytes,
-        the tombstoned paths, interrupted collections it finished, and this run's packs
-        and owners still retained."""
+        runs sharing the root are never deleted.  First, packs a writer left open are
+        sealed in the catalog on its behalf when that writer is dead (its lock is free;
+        ``straw.recovery``), as are this store's own packs abandoned after an I/O error.
+        Every read session of this process on this pool then drops its cached descriptors
+        of the reclaimed packs, so that the reclaimed bytes are free when this returns.
+        Returns the reclaimed files and bytes, the tombstoned paths, interrupted
+        collections it finished, this run's packs and owners still retained, the packs
+        sealed for dead writers (``sealed_for_dead_writers``) and the damage their
+        recovery found (``damaged``)."""
         self._check_open()
-        return self.catalog.collect()
+        with self._write_lock:
+            if self._writer is not None:
+                self._writer.seal_abandoned()
+        on_behalf, damaged = seal_dead_writers(self.fs, self.root, self.catalog, self.clock,
+                                              run=self.run_id)
+        result = self.catalog.collect()
+        drop_reclaimed(self._session.real_root,
+                       result["tombstoned"] + result["finished_interrupted"])
+        result["sealed_for_dead_writers"] = on_behalf
+        result["damaged"] = [d.as_dict() for d in damaged]
+        return result
 
     def repair_catalog(self) -> list[dict[str, Any]]:
         """Operator repair of a damaged catalog (after ``CorruptData`` naming this call).
@@ -594,6 +612,9 @@ class SharedFilesystemStore(ProcessBound):
         return {"pack_files": files, "bytes": total}
 
     def writer_info(self) -> Mapping[str, Any] | None:
+        """This store's writer (once it published or looked a submission up): writer id,
+        incarnation, open pack, and ``damaged``: the damaged extents its recovery of
+        earlier incarnations found and did not index (pack, offset, reason)."""
         self._check_process()
         return self._writer.describe() if self._writer else None
 

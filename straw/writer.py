@@ -10,13 +10,21 @@ Layout under the pool root::
 
 Each incarnation owns a fresh directory and never appends to a pack a crashed
 predecessor left open.  Submission ids (D7) are scoped to the writer id: at start-up the
-new incarnation rebuilds the index of its predecessors from each sealed pack's SEAL index,
-or by scanning a pack a crash left open, and seals such packs in the catalog (their
-incomplete batches were never acknowledged: their staging is dropped at once; complete but
-unacknowledged ones stay staged until a retry finds them and the caller releases them).
-A publish_many batch counts only when all its extents survived.  Packs left open by a
-killed predecessor may hold data that reached the page cache but was never synced: they
-are fsynced before their extents are trusted (D1).
+new incarnation rebuilds the index of its predecessors and seals the packs they left open
+in the catalog (``straw.recovery``, which collection also runs on behalf of a writer that
+died and was never restarted).  A damaged extent found there is reported
+(``describe()["damaged"]``), not fatal.
+
+A pack this incarnation abandons after a failed write, sync or seal (or whose creation
+failed) is sealed in the catalog at once with its acknowledged extents only, so that
+collection reclaims it once they are released (an empty one at the next collection); if
+that catalog write fails too (a full disk), it is retried before the next pack is opened,
+at close and at each collection.  A failed space reservation abandons nothing: the pack
+stays open and the next publication continues in it.
+
+Fencing: a writer whose lock was lost (another holder rewrote the LOCK note, e.g. a
+collection that took it for dead after a shared filesystem expired our locks) writes and
+seals nothing more (``UnsafeRecovery``); it checks before a write at most once a second.
 
 An incarnation belongs to the process that opened it (``straw.process``).  After a fork
 the child's copy of the ``LOCK`` descriptor shares the parent's open file description, so
@@ -28,68 +36,28 @@ never seal, write or unlock.
 
 from __future__ import annotations
 
+import logging
 import os
-import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from . import holder
+from . import holder, recovery
 from .catalog import Catalog
 from .clock import Clock
-from .errors import CorruptData, StorageUnavailable, UnsafeRecovery
+from .errors import StorageUnavailable, UnsafeRecovery
 from .fs import Filesystem
-from .pack import (
-    PACK_SUFFIX,
-    EncodedExtent,
-    ExtentEntry,
-    PackWriter,
-    read_sealed_index,
-    scan_pack,
-    storage_error,
-)
+from .pack import PACK_SUFFIX, EncodedExtent, PackWriter
 from .process import ProcessBound, close_quietly
+from .recovery import Damage, Submission, ref_from_entry
 from .refs import RecordSetRef
 
-_INC_RE = re.compile(r"^i([0-9]{6,})\Z")
-_PACK_RE = re.compile(r"^pack-([0-9]{6,})\.strw\Z")
+log = logging.getLogger("straw")
 
-
-@dataclass(frozen=True)
-class Submission:
-    """What a submission id stands for: one digest and one reference per publication."""
-
-    digests: tuple[bytes, ...]
-    refs: tuple[RecordSetRef, ...]
-
-
-def ref_from_entry(run_id: str, path: str, e: ExtentEntry) -> RecordSetRef:
-    return RecordSetRef(run_id, path, e.offset, e.size, e.checksum.hex(), e.digest.hex(),
-                        e.records)
-
-
-def _complete_batch(items: Sequence[tuple[str, ExtentEntry]]
-                    ) -> list[tuple[str, ExtentEntry]] | None:
-    """The batch a submission id stands for: extents 0..n-1 written together, i.e. in one
-    pack, back to back.  A torn remnant of an unacknowledged attempt (some extents of a
-    batch that a crash cut short) never mixes with the complete retry; if several complete
-    batches exist (a retry after a reply was lost to a crash), the latest one wins, which
-    is the one the caller was acknowledged."""
-    found = None
-    for k, (rel, first) in enumerate(items):
-        if first.index != 0:
-            continue
-        run = [(rel, first)]
-        for rel2, e in items[k + 1:]:
-            prev = run[-1][1]
-            if rel2 == rel and e.index == prev.index + 1 and e.count == first.count \
-                    and e.offset == prev.offset + prev.size:
-                run.append((rel2, e))
-            if len(run) == first.count:
-                break
-        if len(run) == first.count:
-            found = run
-    return found
+# How long a starting writer waits for a collection that holds its lock for a moment
+# (sealing the packs of its dead predecessor on its behalf): bounded retries.
+_LOCK_RETRIES = 10
+# How often a writer checks that its LOCK still carries its own note before writing.
+_LOCK_CHECK_SECONDS = 1.0
 
 
 class WriterIncarnation(ProcessBound):
@@ -109,12 +77,17 @@ class WriterIncarnation(ProcessBound):
         self.rel_dir = f"runs/{run_id}/writers/{writer_id}"
         self.dir = os.path.join(root, self.rel_dir)
         fs.makedirs_durable(self.dir)
+        self.clock = clock
         self._lock_fd: int | None = self._take_lock(clock)
+        self._lock_note = self._read_lock_note()
+        self._next_lock_check = clock.now() + _LOCK_CHECK_SECONDS
+        self.lost_lock = ""  # set once another process took our lock: no more writes
         try:
-            incarnations = self._incarnations()
+            incarnations = recovery.incarnations(fs, self.dir)
             self.incarnation = (max(incarnations) if incarnations else 0) + 1
             self.inc_rel = f"{self.rel_dir}/i{self.incarnation:06d}"
             self.index: dict[str, Submission] = {}
+            self.damaged: list[Damage] = []
             recovered = self._load_index(incarnations)
             # Packs a dead predecessor left open are complete now: seal them in the catalog
             # so that collection can reclaim them once released (their files stay as they
@@ -128,16 +101,25 @@ class WriterIncarnation(ProcessBound):
         self.pack_rel = ""
         self.pack_no = 0
         self.sealed_packs: list[str] = []
+        # packs abandoned after an I/O error whose catalog seal is still to be written:
+        # path -> acknowledged extent offsets
+        self._abandoned: dict[str, list[int]] = {}
 
     # --- ownership --------------------------------------------------------------------
     def _take_lock(self, clock: Clock) -> int:
-        fd, holder_desc = holder.take(self.fs, os.path.join(self.dir, "LOCK"), clock)
-        if fd is None:
-            raise UnsafeRecovery(
-                f"writer {self.writer_id!r} of run {self.run_id!r} is in use by {holder_desc}. "
-                "Give each concurrent writer its own writer_id=..., or stop that process first"
-            )
-        return fd
+        delay = 0.05
+        for attempt in range(_LOCK_RETRIES + 1):
+            fd, holder_desc = holder.take(self.fs, os.path.join(self.dir, "LOCK"), clock)
+            if fd is not None:
+                return fd
+            if holder.COLLECTING not in holder_desc or attempt == _LOCK_RETRIES:
+                break
+            clock.sleep(delay)  # a collection seals our predecessor's packs: brief
+            delay = min(delay * 2, 1.0)
+        raise UnsafeRecovery(
+            f"writer {self.writer_id!r} of run {self.run_id!r} is in use by {holder_desc}. "
+            "Give each concurrent writer its own writer_id=..., or stop that process first"
+        )
 
     def release(self) -> None:
         if self._in_forked_child():
@@ -156,71 +138,48 @@ class WriterIncarnation(ProcessBound):
         if pack is not None and not pack.broken:  # a broken pack's fd is closed already
             close_quietly(self.fs, pack.fd)
 
-    # --- the idempotency index of earlier incarnations ------------------------------
-    def _incarnations(self) -> list[int]:
-        out = []
-        for name in self.fs.listdir(self.dir):
-            m = _INC_RE.match(name)
-            if m:
-                out.append(int(m.group(1)))
-        return sorted(out)
+    def _read_lock_note(self) -> bytes:
+        try:
+            return self.fs.read_file(os.path.join(self.dir, "LOCK"))
+        except OSError:
+            return b""
 
+    def _check_lock(self) -> None:
+        """Fencing of a writer whose lock was lost (a shared filesystem may expire a
+        partitioned client's locks): a collection may then have taken the lock and sealed
+        our open pack on our behalf (``straw.recovery``), and an extent written on into it
+        would not be staged (D4).  Any other holder rewrites the LOCK note, so a changed
+        note means the lock is gone: write nothing more.  Checked before a write at most
+        every ``_LOCK_CHECK_SECONDS`` (losing a lock takes a much longer partition)."""
+        if self._lock_lost(force=False):
+            raise UnsafeRecovery(
+                f"writer {self.writer_id!r} of run {self.run_id!r} lost its lock (now noted "
+                f"{self.lost_lock!r}); nothing more is written through this store. Close it "
+                "and open a new one"
+            )
+
+    def _lock_lost(self, *, force: bool) -> bool:
+        if not self.lost_lock and self._lock_note and \
+                (force or self.clock.now() >= self._next_lock_check):
+            self._next_lock_check = self.clock.now() + _LOCK_CHECK_SECONDS
+            note = self._read_lock_note()
+            if note and note != self._lock_note:
+                self.lost_lock = note.decode(errors="replace")
+                if self.pack is not None:
+                    self.pack.abandon()  # never written again; its seal is not ours now
+                    self.pack = None
+        return bool(self.lost_lock)
+
+    # --- the idempotency index of earlier incarnations ------------------------------
     def _load_index(self, incarnations: Sequence[int]) -> dict[str, tuple[list[int], list[int]]]:
         """Rebuild the submission index of earlier incarnations; returns, per pack, its
         extent offsets and the offsets of incomplete batches (never acknowledged: their
         staging is dropped at once)."""
-        found: dict[str, list[tuple[str, ExtentEntry]]] = {}
-        per_pack: dict[str, list[ExtentEntry]] = {}
-        for inc in incarnations:
-            inc_rel = f"{self.rel_dir}/i{inc:06d}"
-            inc_dir = os.path.join(self.root, inc_rel)
-            unsealed = False
-            for name in self.fs.listdir(inc_dir):
-                if not _PACK_RE.match(name):
-                    continue
-                rel = f"{inc_rel}/{name}"
-                entries, was_sealed = self._pack_entries(os.path.join(self.root, rel))
-                unsealed |= not was_sealed
-                per_pack[rel] = entries
-                for e in entries:
-                    found.setdefault(e.submission_id, []).append((rel, e))
-            if unsealed:
-                self.fs.fsync_dir(inc_dir)
-        for sub, items in found.items():
-            batch = _complete_batch(items)
-            if batch is not None:
-                self.index[sub] = Submission(
-                    tuple(e.digest for _, e in batch),
-                    tuple(ref_from_entry(self.run_id, rel, e) for rel, e in batch),
-                )
-        acknowledged = {(r.path, r.offset) for sub in self.index.values() for r in sub.refs}
-        return {rel: ([e.offset for e in entries],
-                      [e.offset for e in entries if (rel, e.offset) not in acknowledged])
-                for rel, entries in per_pack.items()}
-
-    def _pack_entries(self, path: str) -> tuple[list[ExtentEntry], bool]:
-        try:
-            fd = self.fs.open(path, write=True)
-        except OSError as e:
-            raise storage_error(e, f"cannot open earlier pack {path}") from e
-        try:
-            size = self.fs.fstat(fd).size
-            entries = read_sealed_index(self.fs, fd, size)
-            if entries is not None:
-                return entries, True
-            try:
-                entries, scan = scan_pack(self.fs, fd, size)
-            except CorruptData as e:
-                raise CorruptData(f"pack {path}: {e}") from None
-            if not scan.sealed:
-                # D1: a killed predecessor may have written without syncing; make what we
-                # are about to trust durable first.
-                self.fs.fsync(fd)
-            return entries, scan.sealed
-        except OSError as e:
-            raise storage_error(e, f"cannot read earlier pack {path}") from e
-        finally:
-            self.fs.close(fd)
+        history = recovery.recover_writer(self.fs, self.root, self.run_id, self.rel_dir,
+                                          self.catalog, incarnations)
+        self.index.update(history.index)
+        self.damaged.extend(history.damaged)
+        return history.packs
 
     # --- writing ----------------------------------------------------------------------
     def next_offset(self, size: int) -> int:
@@ -228,10 +187,12 @@ class WriterIncarnation(ProcessBound):
         has data and the group would pass the segment target (an oversized group stays
         contiguous in one pack)."""
         self._check_process()
+        self._check_lock()
         if self.pack is not None and self.pack.entries and \
                 self.pack.data_end + size > self.segment_target_bytes:
             self.seal()
-        if self.pack is None or self.pack.broken:
+        if self.pack is None:
+            self.seal_abandoned()
             self._open_pack()
         assert self.pack is not None
         return self.pack.data_end
@@ -239,29 +200,73 @@ class WriterIncarnation(ProcessBound):
     def _open_pack(self) -> None:
         self.pack_no += 1
         self.pack_rel = f"{self.inc_rel}/pack-{self.pack_no:06d}{PACK_SUFFIX}"
-        self.catalog.pack_open(self.pack_rel)  # known to the catalog before it exists
-        self.pack = PackWriter(
-            self.fs, os.path.join(self.root, self.pack_rel),
-            {"v": 1, "run": self.run_id, "writer": self.writer_id, "inc": self.incarnation,
-             "pack": self.pack_no},
-            self.reserve_bytes,
-        )
+        try:
+            self.catalog.pack_open(self.pack_rel)  # known to the catalog before it exists
+            self.pack = PackWriter(
+                self.fs, os.path.join(self.root, self.pack_rel),
+                {"v": 1, "run": self.run_id, "writer": self.writer_id, "inc": self.incarnation,
+                 "pack": self.pack_no},
+                self.reserve_bytes,
+            )
+        except StorageUnavailable:
+            # No extent in it: seal it empty (if the catalog knows it), so the next
+            # collection tombstones and unlinks whatever file was created (D3); the path
+            # is never used again.
+            self._abandon([])
+            raise
 
     def append(self, extents: Sequence[EncodedExtent]) -> list[RecordSetRef]:
         self._check_process()
         assert self.pack is not None
-        self.pack.append_group(extents)
+        try:
+            self.pack.append_group(extents)
+        except StorageUnavailable:
+            if self.pack.broken:
+                self._abandon([e.offset for e in self.pack.entries])
+            raise
         return [ref_from_entry(self.run_id, self.pack_rel, e.entry) for e in extents]
 
     def seal(self) -> None:
         """Seal the open pack: the file first (durable), then the catalog.  A crash in
-        between leaves the catalog saying "open"; the next incarnation seals it there."""
+        between leaves the catalog saying "open"; the next incarnation (or a collection,
+        once this writer is gone) seals it there."""
         self._check_process()
-        pack, self.pack = self.pack, None
-        if pack is not None and not pack.broken:
+        if self._lock_lost(force=True):
+            return
+        pack = self.pack
+        if pack is None:
+            return
+        offsets = [e.offset for e in pack.entries]
+        try:
             pack.seal()
-            self.catalog.pack_sealed(self.pack_rel, [e.offset for e in pack.entries])
-            self.sealed_packs.append(self.pack_rel)
+            self.catalog.pack_sealed(self.pack_rel, offsets)
+        except StorageUnavailable:
+            self._abandon(offsets)
+            raise
+        self.pack = None
+        self.sealed_packs.append(self.pack_rel)
+
+    def _abandon(self, acknowledged: list[int]) -> None:
+        """The open pack is given up after an I/O error: never written again; sealed in
+        the catalog with its acknowledged extents only (L1: reclaimable once released)."""
+        if self.pack is not None:
+            self.pack.abandon()
+        self.pack = None
+        self._abandoned[self.pack_rel] = acknowledged
+        self.seal_abandoned()
+
+    def seal_abandoned(self) -> None:
+        """Write the catalog seal of abandoned packs.  Best effort (this runs on error
+        paths, often on a full disk): on failure they stay listed and a later call
+        retries (before the next pack opens, at close, at each collection)."""
+        if not self._abandoned:
+            return
+        try:
+            self.catalog.seal_if_open({p: (offs, []) for p, offs in self._abandoned.items()})
+        except StorageUnavailable as e:
+            log.debug("straw: sealing abandoned packs %s deferred: %s", sorted(self._abandoned), e)
+            return
+        self._abandoned.clear()
 
     def close(self) -> None:
         if self._in_forked_child():  # the pack and the lock are the parent's
@@ -270,12 +275,16 @@ class WriterIncarnation(ProcessBound):
         try:
             self.seal()
         finally:
-            self.release()
+            try:
+                self.seal_abandoned()
+            finally:
+                self.release()
 
     def describe(self) -> dict[str, Any]:
         self._check_process()
         return {"writer_id": self.writer_id, "incarnation": self.incarnation,
-                "pack": self.pack_rel if self.pack else None}
+                "pack": self.pack_rel if self.pack else None,
+                "damaged": [d.as_dict() for d in self.damaged]}
 
 
 __all__ = ["WriterIncarnation", "Submission", "StorageUnavailable"]

@@ -346,7 +346,11 @@ def test_queue_retains_inputs_before_journaling(store):
     (a,) = q.acquire("w").assignments
     q.complete_task(a.lease, submission_id="s", result_ref=_result(store, a.lease))
     q.collect_garbage()
-    assert bytes(store.read(inp)[0].payload) == b"t"  # the reader is still protected (D5)
+    # The reader's own completion ended its protection (ReadLease), so this collection
+    # reclaimed the input; it used to read back only through a descriptor the store's
+    # session still held on the unlinked pack (issue 11, finding 7).
+    with pytest.raises(InvalidReference):
+        store.read(inp)
     q.release_task_reads("t")
     store.seal()
     q.collect_garbage()
