@@ -31,6 +31,7 @@ from typing import Any
 import msgpack
 import xxhash
 
+from .backend import FilesystemBackend
 from .catalog import Catalog, Extent
 from .clock import Clock, SystemClock
 from .errors import IdempotencyConflict, InvalidReference, StorageUnavailable, UnsupportedSchema
@@ -68,7 +69,9 @@ class SharedFilesystemStore:
     it and survive its restarts; concurrent writers need distinct ids), ``fs`` (the
     ``Filesystem``, default ``PosixFS``), ``clock``, ``reserve_bytes`` (space reserved
     ahead in packs; 0 disables), ``visibility_retries``/``visibility_backoff`` (bounded
-    retries when another client's data is not visible yet)."""
+    retries when another client's data is not visible yet), ``backend`` (a
+    ``straw.backend.FilesystemBackend``: the storage profile and deployment declaration,
+    verified against the live mount before anything is written)."""
 
     def __init__(
         self,
@@ -83,6 +86,7 @@ class SharedFilesystemStore:
         reserve_bytes: int = DEFAULT_RESERVE,
         visibility_retries: int = 8,
         visibility_backoff: float = 0.05,
+        backend: FilesystemBackend | None = None,
     ) -> None:
         self.run_id = check_name("run_id", run_id)
         self.writer_id = check_name("writer_id", writer_id)
@@ -102,6 +106,7 @@ class SharedFilesystemStore:
         self.segment_target_bytes = segment_target_bytes
         self.reserve_bytes = reserve_bytes
         self._visibility = (visibility_retries, visibility_backoff)
+        self.backend = self._check_backend(backend)
         self._init_pool()
         self._session = ReadSession(self.fs, self.root, self.run_id, self.clock,
                                     visibility_retries=visibility_retries,
@@ -112,6 +117,20 @@ class SharedFilesystemStore:
         self.closed = False
 
     # --- pool ---------------------------------------------------------------------------
+    def _check_backend(self, backend: object) -> FilesystemBackend:
+        """The declared deployment, checked against the live mount before the pool is
+        touched (``DeploymentMismatch``: nothing written)."""
+        if backend is None:
+            return FilesystemBackend(self.root)
+        if not isinstance(backend, FilesystemBackend):
+            raise TypeError(f"backend must be a straw.backend.FilesystemBackend, got "
+                            f"{type(backend).__name__}")
+        if backend.root != self.root:
+            raise ValueError(f"backend root {backend.root} differs from the store root "
+                             f"{self.root}; build the backend for the pool's root")
+        backend.verify(self.fs)
+        return backend
+
     def _init_pool(self) -> None:
         """Create the pool marker once and check its format.
 

@@ -1,0 +1,727 @@
+"""The filesystem contract straw relies on, one clause per function.
+
+Each clause is a small function ``clause(env) -> Result`` over ``straw.fs.Filesystem``:
+client A (``env.a``) and client B (``env.b``) are two views of one directory (two mounts
+of one volume = two machines; without a peer both are the same local view).  Because the
+clauses only use the ``Filesystem`` interface, the negative controls run each of them on a
+SimFS/FaultyFS variant that breaks exactly that clause (``tests/test_qualify.py``).
+
+Time comes from ``env.clock``; every wait is bounded by ``env.deadline`` (a window that
+does not close within it fails its clause), so a run stays short.  Windows are measured by
+polling every ``env.poll`` seconds: a figure is "seen after at most this long".
+
+The clauses (what the engine relies on it for):
+
+* ``exclusive_create``   O_EXCL across clients: one winner (pool marker, epoch files, D8)
+* ``lock_exclusion``     flock excludes across clients and is handed over on unlock
+                         (catalog lock, writer and coordinator locks, D8)
+* ``lock_release_on_death``  a SIGKILLed holder's flock is released (a dead coordinator
+                         or writer never blocks recovery forever)
+* ``close_to_open``      bytes fsynced and closed on A are read by B's next open at once
+                         (the catalog is replayed through a handle opened under its lock)
+* ``rename_atomic``      rename replaces the name atomically (the same inode, never a mix
+                         of versions) and B sees the new version within the window
+* ``unlink_race``        unlinking a name another client removed fails with ENOENT, and
+                         exactly one of two racing unlinks succeeds (GC on two clients, D3)
+* ``attribute_staleness`` / ``entry_staleness`` / ``listing_staleness``  how long B's
+                         stat sizes, name lookups and directory listings lag behind A
+                         (p50/p99/max): the visibility retry window must cover them (D6)
+* ``space_reservation``  posix_fallocate grows the file with zeros, or is refused (the
+                         store then appends)
+* ``large_offsets``      positional I/O beyond 2 and 4 GiB (64-bit pack offsets)
+* ``full_filesystem``    a full filesystem fails writes with ENOSPC/EDQUOT and keeps what
+                         was acknowledged (needs ``env.full``: a small filesystem)
+* ``mount_options``      a JuiceFS mount's client settings are safe (no writeback, no
+                         open cache, no readdir cache); other types: reported only
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import os
+import random
+import struct
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..backend import JUICEFS_FSTYPE, juicefs_settings, mount_of, read_juicefs_config
+from ..clock import Clock
+from ..errors import DeploymentMismatch
+from ..fs import Filesystem
+
+PASS, FAIL, SKIP = "pass", "fail", "skip"
+
+
+class LockHolder(Protocol):
+    """Another process holding the flock of one file (started by a ``HolderFactory``)."""
+
+    def kill(self) -> None:
+        """SIGKILL it (its lock must then be released by the filesystem)."""
+
+    def close(self) -> None: ...
+
+
+HolderFactory = Callable[[str], LockHolder]  # path as client A sees it -> lock held
+
+
+@dataclass
+class Client:
+    """One client's view of the qualified directory."""
+
+    fs: Filesystem
+    dir: str
+
+    def path(self, name: str) -> str:
+        return os.path.join(self.dir, name)
+
+
+@dataclass
+class Env:
+    a: Client
+    b: Client
+    clock: Clock
+    token: str  # prefix of every name this run creates (removed at the end)
+    rounds: int = 8
+    deadline: float = 5.0
+    poll: float = 0.01
+    holder: HolderFactory | None = None
+    full: Client | None = None
+    full_limit: int = 256 << 20
+    large_offsets: tuple[int, ...] = ((1 << 31) + 7, (1 << 32) + 4099, (1 << 34) + 13)
+    seed: int = 0
+    _n: int = 0
+
+    def name(self, what: str) -> str:
+        self._n += 1
+        return f"{self.token}-{what}-{self._n}"
+
+    def rng(self, salt: str) -> random.Random:
+        return random.Random(f"{self.seed}-{salt}")
+
+
+@dataclass
+class Result:
+    clause: str
+    verdict: str  # pass | fail | skip
+    detail: str
+    figures: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"clause": self.clause, "verdict": self.verdict, "detail": self.detail,
+                "figures": self.figures}
+
+
+# --- small helpers on one client ----------------------------------------------------------
+def write_file(c: Client, name: str, data: bytes, *, exclusive: bool = False) -> None:
+    fd = c.fs.open(c.path(name), write=True, create=True, exclusive=exclusive)
+    try:
+        c.fs.truncate(fd, 0)
+        c.fs.writev(fd, [data], 0)
+        c.fs.fsync(fd)
+    finally:
+        c.fs.close(fd)
+
+
+def append_file(c: Client, name: str, data: bytes, offset: int) -> None:
+    fd = c.fs.open(c.path(name), write=True)
+    try:
+        c.fs.writev(fd, [data], offset)
+        c.fs.fsync(fd)
+    finally:
+        c.fs.close(fd)
+
+
+def read_file(c: Client, name: str) -> bytes | None:
+    """The file's bytes through a fresh open (None if the name is not found)."""
+    try:
+        fd = c.fs.open(c.path(name))
+    except FileNotFoundError:
+        return None
+    try:
+        return c.fs.read_to_end(fd)
+    finally:
+        c.fs.close(fd)
+
+
+def remove(c: Client, name: str) -> None:
+    try:
+        c.fs.unlink(c.path(name))
+    except FileNotFoundError:
+        pass
+
+
+def stat_size(c: Client, name: str) -> int | None:
+    try:
+        return c.fs.stat(c.path(name)).size
+    except FileNotFoundError:
+        return None
+
+
+def converge(env: Env, check: Callable[[], bool]) -> float | None:
+    """Seconds until ``check()`` held (0.0: at once), or None if not within the deadline."""
+    t0 = env.clock.now()
+    while True:
+        if check():
+            return max(0.0, env.clock.now() - t0)
+        if env.clock.now() - t0 >= env.deadline:
+            return None
+        env.clock.sleep(env.poll)
+
+
+def window(samples: list[float | None]) -> dict[str, Any]:
+    """p50/p99/max of the converged samples (seconds) and how many never converged."""
+    done = sorted(s for s in samples if s is not None)
+
+    def pct(q: float) -> float | None:
+        if not done:
+            return None
+        return round(done[min(len(done) - 1, int(q * (len(done) - 1) + 0.999999))], 4)
+
+    return {"samples": len(samples), "p50": pct(0.5), "p99": pct(0.99),
+            "max": round(done[-1], 4) if done else None,
+            "unconverged": len(samples) - len(done), "values": [round(v, 4) for v in done]}
+
+
+def _verdict(name: str, violations: list[str], ok: str, figures: dict[str, Any]) -> Result:
+    if violations:
+        more = f" (+{len(violations) - 3} more)" if len(violations) > 3 else ""
+        return Result(name, FAIL, "; ".join(violations[:3]) + more, figures)
+    return Result(name, PASS, ok, figures)
+
+
+def _window_verdict(name: str, env: Env, samples: list[float | None], what: str) -> Result:
+    fig = window(samples)
+    if fig["unconverged"]:
+        return Result(name, FAIL, f"{fig['unconverged']} of {fig['samples']} {what} still "
+                      f"stale after {env.deadline:g} s (the deadline): the window is not "
+                      "bounded by anything straw can wait for", fig)
+    return Result(name, PASS, f"{what}: max {fig['max']} s over {fig['samples']} samples",
+                  fig)
+
+
+def _poll_batch(env: Env, pending: dict[str, tuple[float, Callable[[], bool]]],
+                samples: list[float | None], *, once: bool = False) -> None:
+    """Poll every pending (start time, check) until it holds or the deadline passes
+    (``once``: one pass, so that samples started later do not wait for earlier ones)."""
+    while pending:
+        now = env.clock.now()
+        for key, (t0, check) in list(pending.items()):
+            if check():
+                samples.append(max(0.0, env.clock.now() - t0))
+                del pending[key]
+            elif now - t0 >= env.deadline:
+                samples.append(None)
+                del pending[key]
+        if once:
+            return
+        if pending:
+            env.clock.sleep(env.poll)
+
+
+# checks for converge/_poll_batch: what client c sees of name n now
+def _reads(c: Client, n: str, want: bytes) -> Callable[[], bool]:
+    return lambda: read_file(c, n) == want
+
+
+def _has_size(c: Client, n: str, size: int | None) -> Callable[[], bool]:
+    return lambda: stat_size(c, n) == size
+
+
+def _opens(c: Client, n: str) -> Callable[[], bool]:
+    return lambda: c.fs.probe(c.path(n))
+
+
+def _listed(c: Client, n: str, present: bool) -> Callable[[], bool]:
+    return lambda: (n in c.fs.listdir(c.dir)) == present
+
+
+def _both_orders(env: Env, i: int) -> tuple[Client, Client]:
+    return (env.a, env.b) if i % 2 == 0 else (env.b, env.a)
+
+
+def _race(fns: list[Callable[[], Any]]) -> list[BaseException | Any]:
+    """Run the functions at the same moment (threads behind a barrier); their results or
+    exceptions, in order."""
+    barrier = threading.Barrier(len(fns))
+    out: list[Any] = [None] * len(fns)
+
+    def run(i: int) -> None:
+        try:
+            barrier.wait(timeout=10)
+            out[i] = fns[i]()
+        except BaseException as e:  # noqa: B036 - reported as the outcome
+            out[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(fns))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+# --- the clauses --------------------------------------------------------------------------
+def exclusive_create(env: Env) -> Result:
+    violations = []
+    for i in range(env.rounds):
+        first, second = _both_orders(env, i)
+        n = env.name("excl")
+        write_file(first, n, b"first", exclusive=True)
+        try:
+            write_file(second, n, b"second", exclusive=True)
+            violations.append(f"{n}: both clients created it exclusively")
+        except FileExistsError:
+            pass
+    races = max(2, env.rounds // 2)
+    for _ in range(races):
+        n = env.name("excl-race")
+        out = _race([functools.partial(write_file, c, n, b"x", exclusive=True)
+                     for c in (env.a, env.b)])
+        winners = sum(1 for r in out if not isinstance(r, BaseException))
+        others = [r for r in out if isinstance(r, BaseException)
+                  and not isinstance(r, FileExistsError)]
+        if others:
+            violations.append(f"{n}: racing exclusive create raised {others[0]!r}")
+        elif winners != 1:
+            violations.append(f"{n}: {winners} clients won a racing exclusive create")
+    return _verdict("exclusive_create", violations,
+                    f"{env.rounds} sequential and {races} racing creates: one winner each",
+                    {"sequential": env.rounds, "races": races})
+
+
+def lock_exclusion(env: Env) -> Result:
+    violations: list[str] = []
+    handovers: list[float | None] = []
+    for i in range(max(2, env.rounds // 2)):
+        first, second = _both_orders(env, i)
+        n = env.name("lock")
+        write_file(env.a, n, b"lock")
+        f1 = first.fs.open(first.path(n), write=True)
+        f2 = second.fs.open(second.path(n), write=True)
+        try:
+            if not first.fs.lock(f1, blocking=False):
+                violations.append(f"{n}: a fresh file's lock was refused")
+                continue
+            if second.fs.lock(f2, blocking=False):
+                violations.append(f"{n}: both clients hold the exclusive lock")
+                second.fs.unlock(f2)
+            first.fs.unlock(f1)
+            lag = converge(env, lambda: second.fs.lock(f2, blocking=False))  # noqa: B023
+            handovers.append(lag)
+            if lag is None:
+                violations.append(f"{n}: the lock was not granted within {env.deadline:g} s "
+                                  "of its release")
+        finally:
+            first.fs.close(f1)
+            second.fs.close(f2)
+    fig = {"handover": window(handovers)}
+    return _verdict("lock_exclusion", violations,
+                    f"{len(handovers)} lock handovers between the clients, never both held",
+                    fig)
+
+
+def lock_release_on_death(env: Env) -> Result:
+    if env.holder is None:
+        return Result("lock_release_on_death", SKIP, "no way to start a holder process here")
+    violations: list[str] = []
+    delays: list[float | None] = []
+    for _ in range(2):
+        n = env.name("dead-holder")
+        write_file(env.a, n, b"lock")
+        holder = env.holder(env.a.path(n))
+        fd = env.b.fs.open(env.b.path(n), write=True)
+        try:
+            if env.b.fs.lock(fd, blocking=False):
+                violations.append(f"{n}: the lock was granted while another process held it")
+                env.b.fs.unlock(fd)
+            holder.kill()
+            lag = converge(env, lambda: env.b.fs.lock(fd, blocking=False))  # noqa: B023
+            delays.append(lag)
+            if lag is None:
+                violations.append(f"{n}: the lock of a SIGKILLed holder was still held after "
+                                  f"{env.deadline:g} s")
+        finally:
+            env.b.fs.close(fd)
+            holder.close()
+    return _verdict("lock_release_on_death", violations,
+                    "a SIGKILLed holder's lock was released", {"release": window(delays)})
+
+
+def close_to_open(env: Env) -> Result:
+    rng = env.rng("c2o")
+    violations = []
+    lags: list[float | None] = []
+    for _ in range(env.rounds):
+        n = env.name("c2o")
+        first = rng.randbytes(rng.choice((1 << 10, 64 << 10, 1 << 20)))
+        write_file(env.a, n, first)
+        seen = read_file(env.b, n)
+        more = rng.randbytes(rng.choice((512, 64 << 10)))
+        append_file(env.a, n, more, len(first))  # B has read the file before: cached
+        again = read_file(env.b, n)
+        for label, got, want in (("new file", seen, first), ("append", again, first + more)):
+            if got == want:
+                lags.append(0.0)
+                continue
+            lag = converge(env, _reads(env.b, n, want))
+            lags.append(lag)
+            shown = "missing" if got is None else f"{len(got)} bytes"
+            violations.append(f"{n} ({label}): B's open after A's fsync+close read {shown}, "
+                              f"not the {len(want)} bytes written"
+                              + (f" (right after {lag:.3f} s)" if lag is not None else ""))
+    return _verdict("close_to_open", violations,
+                    f"{len(lags)} fsync+close on A, each read whole by B's next open",
+                    {"lag": window(lags)})
+
+
+_VMAGIC = b"SQRV"
+
+
+def _version(k: int) -> bytes:
+    """Version k of the renamed file: self-describing, shorter as k grows (so an in-place
+    copy would leave the previous version's tail behind)."""
+    size = max(64, (64 << 10) - 997 * k)
+    body = random.Random(k).randbytes(size - 16)
+    return _VMAGIC + struct.pack("<IQ", k, size) + body
+
+
+def _parse_version(data: bytes) -> int | None:
+    """k if ``data`` is exactly version k, else None (torn, mixed or foreign)."""
+    if len(data) < 16 or data[:4] != _VMAGIC:
+        return None
+    k, size = struct.unpack("<IQ", data[4:16])
+    return k if len(data) == size and data == _version(k) else None
+
+
+def rename_atomic(env: Env) -> Result:
+    violations: list[str] = []
+    lags: list[float | None] = []
+    stale_missing = 0
+    target = env.name("rename")
+
+    def publish(k: int) -> None:
+        tmp = f"{target}.tmp{k}"
+        write_file(env.a, tmp, _version(k))
+        ino = env.a.fs.stat(env.a.path(tmp)).inode
+        env.a.fs.rename(env.a.path(tmp), env.a.path(target))
+        env.a.fs.fsync_dir(env.a.dir)
+        if env.a.fs.stat(env.a.path(target)).inode != ino:
+            violations.append(f"{target}: after rename the name holds another inode than "
+                              "the renamed file (copied, not renamed)")
+        if env.a.fs.probe(env.a.path(tmp)):
+            violations.append(f"{tmp}: the source name still exists after rename")
+
+    def b_version() -> int | None | str:
+        data = read_file(env.b, target)
+        if data is None:
+            return "missing"
+        k = _parse_version(data)
+        if k is None:
+            violations.append(f"{target}: B read {len(data)} bytes that are no complete "
+                              "version (torn or mixed)")
+        return k
+
+    publish(0)
+    for k in range(1, env.rounds + 1):
+        b_version()  # B resolves the name: its caches now hold version k-1
+        publish(k)
+
+        def sees_k(k: int = k) -> bool:
+            nonlocal stale_missing
+            got = b_version()
+            if got == "missing":
+                stale_missing += 1
+            return got == k
+
+        lags.append(converge(env, sees_k))
+    # concurrent phase: B keeps reading while A renames as fast as it can
+    reads, done = 0, threading.Event()
+    errors: list[BaseException] = []
+
+    def renamer() -> None:
+        try:
+            for k in range(env.rounds + 1, 3 * env.rounds + 1):
+                publish(k)
+        except BaseException as e:  # noqa: B036 - reported below
+            errors.append(e)
+        finally:
+            done.set()
+
+    t = threading.Thread(target=renamer)
+    t.start()
+    while True:
+        finished = done.is_set()
+        if b_version() == "missing":
+            stale_missing += 1
+        reads += 1
+        if finished:
+            break
+    t.join()
+    if errors:
+        violations.append(f"renaming while the other client reads raised {errors[0]!r}")
+    fig: dict[str, Any] = {"visible": window(lags), "concurrent_reads": reads,
+           "missing_reads": stale_missing}
+    res = _verdict("rename_atomic", violations, f"{3 * env.rounds} renames, every read a "
+                   f"complete version ({reads} during concurrent renames)", fig)
+    if res.verdict == PASS and fig["visible"]["unconverged"]:
+        return _window_verdict("rename_atomic", env, lags, "renamed versions")
+    return res
+
+
+def unlink_race(env: Env) -> Result:
+    violations = []
+    for i in range(env.rounds):
+        first, second = _both_orders(env, i)
+        n = env.name("unlink")
+        write_file(env.a, n, b"x")
+        stat_size(second, n)  # the second client has the name cached
+        first.fs.unlink(first.path(n))
+        try:
+            second.fs.unlink(second.path(n))
+            violations.append(f"{n}: unlinked by both clients in turn (the second found it)")
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            violations.append(f"{n}: unlinking a name the other client removed raised "
+                              f"{errno.errorcode.get(e.errno or 0, e.errno)}, not ENOENT")
+    races = max(2, env.rounds // 2)
+    for _ in range(races):
+        n = env.name("unlink-race")
+        write_file(env.a, n, b"x")
+        stat_size(env.b, n)
+        out = _race([functools.partial(c.fs.unlink, c.path(n)) for c in (env.a, env.b)])
+        ok = sum(1 for r in out if not isinstance(r, BaseException))
+        bad = [r for r in out if isinstance(r, BaseException)
+               and not isinstance(r, FileNotFoundError)]
+        if bad:
+            violations.append(f"{n}: a racing unlink raised {bad[0]!r}, not ENOENT")
+        elif ok != 1:
+            violations.append(f"{n}: {ok} of two racing unlinks succeeded")
+    return _verdict("unlink_race", violations, f"{env.rounds} unlinks of removed names failed "
+                    f"with ENOENT; {races} racing pairs had one winner",
+                    {"sequential": env.rounds, "races": races})
+
+
+def attribute_staleness(env: Env) -> Result:
+    names = [env.name("attr") for _ in range(env.rounds)]
+    for n in names:
+        write_file(env.a, n, b"1")
+    samples: list[float | None] = []
+    pending: dict[str, tuple[float, Callable[[], bool]]] = {}
+    for n in names:
+        stat_size(env.b, n)  # B caches the old size
+        append_file(env.a, n, b"2" * 4095, 1)
+        pending[n] = (env.clock.now(), _has_size(env.b, n, 4096))
+        _poll_batch(env, pending, samples, once=True)
+    _poll_batch(env, pending, samples)
+    return _window_verdict("attribute_staleness", env, samples, "sizes seen by B's stat")
+
+
+def entry_staleness(env: Env) -> Result:
+    new: list[float | None] = []
+    gone: list[float | None] = []
+    appear: dict[str, tuple[float, Callable[[], bool]]] = {}
+    vanish: dict[str, tuple[float, Callable[[], bool]]] = {}
+    for _ in range(env.rounds):
+        n = env.name("entry-new")
+        env.b.fs.probe(env.b.path(n))  # B looked the name up: not found (negative entry)
+        stat_size(env.b, n)
+        write_file(env.a, n, b"x")
+        appear[n] = (env.clock.now(), _opens(env.b, n))
+        _poll_batch(env, appear, new, once=True)
+    for _ in range(env.rounds):
+        n = env.name("entry-gone")
+        write_file(env.a, n, b"x")
+        stat_size(env.b, n)  # B resolved the name
+        env.a.fs.unlink(env.a.path(n))
+        vanish[n] = (env.clock.now(), _has_size(env.b, n, None))
+        _poll_batch(env, vanish, gone, once=True)
+    _poll_batch(env, appear, new)
+    _poll_batch(env, vanish, gone)
+    samples = new + gone
+    res = _window_verdict("entry_staleness", env, samples,
+                          "new names found by B's open and removed names gone from its stat")
+    res.figures = {**window(samples), "new_name_open": window(new),
+                   "removed_name_stat": window(gone)}
+    return res
+
+
+def listing_staleness(env: Env) -> Result:
+    samples: list[float | None] = []
+    for _ in range(env.rounds):
+        n = env.name("listing")
+        env.b.fs.listdir(env.b.dir)  # B caches the listing
+        write_file(env.a, n, b"x")
+        samples.append(converge(env, _listed(env.b, n, True)))
+        env.a.fs.unlink(env.a.path(n))
+        samples.append(converge(env, _listed(env.b, n, False)))
+    return _window_verdict("listing_staleness", env, samples,
+                           "names added/removed by A in B's listing")
+
+
+def space_reservation(env: Env) -> Result:
+    n = env.name("reserve")
+    size, at, data = 1 << 20, 64 << 10, env.rng("reserve").randbytes(4096)
+    fd = env.a.fs.open(env.a.path(n), write=True, create=True)
+    violations = []
+    try:
+        if not env.a.fs.reserve(fd, 0, size):
+            return Result("space_reservation", PASS, "not supported (the store appends "
+                          "instead: set reserve_bytes=0)", {"supported": False})
+        got = env.a.fs.fstat(fd).size
+        if got < size:
+            violations.append(f"reserving {size} bytes left the file at {got} bytes")
+        head = env.a.fs.read_to_end(fd, 0, size)
+        if head.count(0) != len(head):
+            violations.append("the reserved range does not read as zeros")
+        env.a.fs.writev(fd, [data], at)
+        env.a.fs.fdatasync(fd)
+    finally:
+        env.a.fs.close(fd)
+    seen = read_file(env.b, n) or b""
+    if len(seen) < size:
+        violations.append(f"B reads {len(seen)} bytes of a file reserved to {size}")
+    elif seen[at:at + len(data)] != data or seen[:at].count(0) != at:
+        violations.append("B does not read the write inside the reserved range back")
+    return _verdict("space_reservation", violations, f"reserved {size} bytes: zeros, "
+                    "writable inside, visible to B", {"supported": True})
+
+
+def large_offsets(env: Env) -> Result:
+    n = env.name("large")
+    blobs = {off: env.rng(f"large{off}").randbytes(4096) for off in env.large_offsets}
+    violations = []
+    fd = env.a.fs.open(env.a.path(n), write=True, create=True)
+    try:
+        for off, blob in blobs.items():
+            env.a.fs.writev(fd, [blob], off)
+        env.a.fs.fsync(fd)
+    except OSError as e:
+        violations.append(f"writing 4 KiB at offset {off} failed: {e}")
+    finally:
+        env.a.fs.close(fd)
+    if not violations:
+        fd = env.b.fs.open(env.b.path(n))
+        try:
+            for off, blob in blobs.items():
+                buf = bytearray(len(blob))
+                got = env.b.fs.readinto(fd, buf, off)
+                if bytes(buf[:got]) != blob:
+                    violations.append(f"B reads other bytes back at offset {off}")
+        finally:
+            env.b.fs.close(fd)
+    remove(env.a, n)
+    return _verdict("large_offsets", violations, "4 KiB written and read back at offsets "
+                    + ", ".join(f"{o:,}" for o in env.large_offsets),
+                    {"offsets": list(env.large_offsets)})
+
+
+def full_filesystem(env: Env) -> Result:
+    c = env.full
+    if c is None:
+        return Result("full_filesystem", SKIP, "not checked: give --full-check DIR, a "
+                      "directory on a small filesystem (a tmpfs, or a JuiceFS directory with "
+                      "a quota) that qualify may fill")
+    n = env.name("full")
+    chunk = 64 << 10
+    rng = env.rng("full")
+    acked: list[bytes] = []
+    failure: OSError | None = None
+    fd = c.fs.open(c.path(n), write=True, create=True)
+    try:
+        while len(acked) * chunk < env.full_limit:
+            blob = rng.randbytes(chunk)
+            try:
+                c.fs.writev(fd, [blob], len(acked) * chunk)
+                c.fs.fdatasync(fd)
+            except OSError as e:
+                failure = e
+                break
+            acked.append(blob)
+    finally:
+        try:
+            c.fs.close(fd)
+        except OSError:
+            pass  # close may report the same ENOSPC again
+    violations = []
+    figures: dict[str, Any] = {"acknowledged_bytes": len(acked) * chunk}
+    if failure is None:
+        violations.append(f"no error after writing {env.full_limit:,} bytes: --full-check "
+                          "must name a small filesystem (or the error is swallowed)")
+    else:
+        figures["errno"] = errno.errorcode.get(failure.errno or 0, str(failure.errno))
+        if failure.errno not in (errno.ENOSPC, errno.EDQUOT):
+            violations.append(f"a full filesystem failed the write with {figures['errno']}, "
+                              "not ENOSPC/EDQUOT")
+    data = read_file(c, n) or b""
+    lost = sum(1 for i, blob in enumerate(acked) if data[i * chunk:(i + 1) * chunk] != blob)
+    if lost:
+        violations.append(f"{lost} of {len(acked)} acknowledged 64 KiB chunks read back "
+                          "wrong after the filesystem filled")
+    remove(c, n)
+    try:
+        write_file(c, env.name("full-after"), b"x" * 4096)
+    except OSError as e:
+        violations.append(f"after unlinking the filler, a 4 KiB write still fails: {e}")
+    return _verdict("full_filesystem", violations, f"full after {len(acked) * chunk:,} "
+                    f"bytes: {figures.get('errno')}, every acknowledged byte kept", figures)
+
+
+def mount_options(env: Env) -> Result:
+    figures: dict[str, Any] = {}
+    unsafe: list[str] = []
+    kinds = []
+    clients = [("path", env.a)] + ([("peer", env.b)] if env.b is not env.a else [])
+    for label, c in clients:
+        try:
+            m = mount_of(c.fs, c.dir)
+        except DeploymentMismatch as e:
+            return Result("mount_options", SKIP, f"mount table not readable: {e}")
+        kinds.append(m.fstype)
+        entry: dict[str, Any] = {"mount_point": m.point, "type": m.fstype,
+                                 "options": m.options}
+        if m.fstype == JUICEFS_FSTYPE:
+            try:
+                live = juicefs_settings(read_juicefs_config(c.fs, m.point))
+            except DeploymentMismatch as e:
+                unsafe.append(f"{label}: {e}")
+                continue
+            entry["juicefs"] = live
+            if live.get("writeback") is not False:
+                unsafe.append(f"{label} {m.point}: writeback={live.get('writeback')!r} "
+                              "(an fsync returns before object storage has the data)")
+            if live.get("open_cache") != 0:
+                unsafe.append(f"{label} {m.point}: open cache {live.get('open_cache')!r} s "
+                              "(no close-to-open visibility across clients)")
+            if live.get("readdir_cache") is not False:
+                unsafe.append(f"{label} {m.point}: readdir cache "
+                              f"{live.get('readdir_cache')!r} (stale listings)")
+        figures[label] = entry
+    if unsafe:
+        return Result("mount_options", FAIL, "unsafe JuiceFS client settings: "
+                      + "; ".join(unsafe), figures)
+    if JUICEFS_FSTYPE in kinds:
+        return Result("mount_options", PASS, "JuiceFS: no writeback, open cache 0, no "
+                      "readdir cache", figures)
+    return Result("mount_options", PASS, f"type {', '.join(sorted(set(kinds)))}: no client "
+                  "settings to check (the clauses above measured its behaviour)", figures)
+
+
+CLAUSES: dict[str, Callable[[Env], Result]] = {
+    "mount_options": mount_options,
+    "exclusive_create": exclusive_create,
+    "lock_exclusion": lock_exclusion,
+    "lock_release_on_death": lock_release_on_death,
+    "close_to_open": close_to_open,
+    "rename_atomic": rename_atomic,
+    "unlink_race": unlink_race,
+    "attribute_staleness": attribute_staleness,
+    "entry_staleness": entry_staleness,
+    "listing_staleness": listing_staleness,
+    "space_reservation": space_reservation,
+    "large_offsets": large_offsets,
+    "full_filesystem": full_filesystem,
+}
