@@ -20,15 +20,20 @@ from collections import Counter
 from typing import Any
 
 from ..catalog import Catalog, CatalogState, read_state
+from ..clock import SystemClock
 from ..coordinator import read_state as read_queue_state
 from ..errors import UnsupportedSchema
 from ..fs import Filesystem, PosixFS
-from ..queue_state import LEASED
+from ..queue_state import LEASED, TERMINAL
+from ..reader import ReadSession
+from ..refs import PACK_PATH_RE, RecordSetRef
 from ..store import POOL_FORMAT
 
 MARKER = "POOL"
 MAX_WALK_DEPTH = 8  # queues sit a few levels down; never wander through a whole tree
-STALENESS_KEYS = ("staleness",)  # commit metadata field holding a sample's staleness
+STALENESS_KEY = "staleness"  # record metadata: serving version - oldest token version
+STAGE_KEY = "stage"  # task metadata: the pipeline stage a task belongs to
+STALENESS_SAMPLE = 1000  # newest commits whose result manifests are read for the histogram
 
 
 class NotAPool(ValueError):
@@ -139,14 +144,12 @@ def queue_view(fs: Filesystem, root: str, rel: str) -> dict[str, Any]:
     for t in st.tasks.loaded():
         if t.status == LEASED and t.lease is not None:
             leases[t.lease[1]] += 1
-    staleness: Counter[int] = Counter()
-    for c in st.commits[-10_000:]:
-        meta = c.metadata
-        if isinstance(meta, dict):
-            for k in STALENESS_KEYS:
-                v = meta.get(k)
-                if isinstance(v, int) and not isinstance(v, bool):
-                    staleness[v] += 1
+    stages: Counter[str] = Counter()
+    for t in st.tasks.loaded():
+        if t.status not in TERMINAL and isinstance(t.metadata, dict) and \
+                isinstance(t.metadata.get(STAGE_KEY), str):
+            stages[f"{t.metadata[STAGE_KEY]}/{t.status}"] += 1
+    staleness = _staleness(fs, root, [c.result for c in st.commits[-STALENESS_SAMPLE:]])
     batches = Counter("finished" if b.finished else "ready" if b.ref is not None
                       else "planned" for b in st.batches.values())
     return {
@@ -154,6 +157,7 @@ def queue_view(fs: Filesystem, root: str, rel: str) -> dict[str, Any]:
         "epoch": st.epoch,
         "sealed": st.sealed,
         "tasks": dict(sorted(st.tasks.status_counts().items())),
+        "tasks_by_stage": dict(sorted(stages.items())),
         "leases_by_worker": dict(sorted(leases.items())),
         "outstanding_reads": len(st.reads),
         "commits": len(st.commits),
@@ -163,6 +167,29 @@ def queue_view(fs: Filesystem, root: str, rel: str) -> dict[str, Any]:
         "checkpoints": sorted(st.checkpoints),
         "staleness_histogram": {str(k): v for k, v in sorted(staleness.items())},
     }
+
+
+def _staleness(fs: Filesystem, root: str, results: list[Any]) -> Counter[int]:
+    """Histogram of the ``staleness`` metadata of committed results' records (manifests
+    only: a small read each, checked; never the payloads)."""
+    hist: Counter[int] = Counter()
+    sessions: dict[str, ReadSession] = {}
+    try:
+        for t in results:
+            m = PACK_PATH_RE.match(str(t[0]))
+            if m is None:
+                continue
+            run = m.group("run")
+            if run not in sessions:
+                sessions[run] = ReadSession(fs, root, run, SystemClock())
+            for rec in sessions[run].manifest(RecordSetRef(run, *t)).records:
+                v = rec.metadata.get(STALENESS_KEY) if isinstance(rec.metadata, dict) else None
+                if isinstance(v, int) and not isinstance(v, bool):
+                    hist[v] += 1
+    finally:
+        for session in sessions.values():
+            session.close()
+    return hist
 
 
 def inspect(root: str, fs: Filesystem | None = None) -> dict[str, Any]:

@@ -140,7 +140,9 @@ def inspect(out: Out, v: dict[str, Any]) -> None:
                      for k, c in q["consumers"].items()}
         out.table(f"queue {q['queue']} (epoch {q['epoch']}{', sealed' if q['sealed'] else ''})",
                   ["", ""],
-                  [["tasks by status", q["tasks"]], ["leases by worker", q["leases_by_worker"]],
+                  [["tasks by status", q["tasks"]],
+                   ["open tasks by stage", q["tasks_by_stage"]],
+                   ["leases by worker", q["leases_by_worker"]],
                    ["outstanding reads", q["outstanding_reads"]], ["commits", q["commits"]],
                    ["consumers", consumers], ["batches", q["batches"]],
                    ["checkpoints", len(q["checkpoints"])]])
@@ -149,7 +151,7 @@ def inspect(out: Out, v: dict[str, Any]) -> None:
             out.table("  staleness (versions) of committed samples", ["staleness", "samples"],
                       [[k, n] for k, n in hist.items()])
         else:
-            out.line("  staleness: no commit carries a 'staleness' metadata field")
+            out.line("  staleness: no committed result's records carry 'staleness' metadata")
 
 
 def gc(out: Out, r: dict[str, Any]) -> None:
