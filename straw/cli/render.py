@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from typing import Any
 
 try:  # optional: the `cli` extra
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 except ImportError:  # pragma: no cover - exercised when rich is absent
@@ -29,14 +30,15 @@ class Out:
 
     def line(self, text: str = "") -> None:
         if self.console is not None:
-            self.console.print(text, markup=False)
+            self.console.print(text, markup=False, soft_wrap=True)
         else:
             print(text, file=self.stream)
 
     def table(self, title: str, headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
         cells = [[_cell(v) for v in r] for r in rows]
         if self.console is not None and Table is not None:
-            t = Table(title=title, title_justify="left")
+            t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD,
+                      show_header=any(headers))
             for h in headers:
                 t.add_column(h, overflow="fold")
             for r in cells:
@@ -45,11 +47,9 @@ class Out:
             return
         widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
         print(title, file=self.stream)
-        print("  " + "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)),
-              file=self.stream)
-        for r in cells:
-            print("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)),
-                  file=self.stream)
+        for r in ([list(headers)] if any(headers) else []) + cells:
+            print(("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
+                  .rstrip(), file=self.stream)
 
     @contextmanager
     def progress(self, total: int, what: str) -> Iterator[Any]:
@@ -106,8 +106,12 @@ def qualify(out: Out, rep: dict[str, Any]) -> None:
     for c in rep["clauses"]:
         rows.append([c["clause"], c["verdict"].upper(), _figure(c["figures"]), c["detail"]])
     out.table("clauses", ["clause", "verdict", "p50 / p99 / max s", "detail"], rows)
-    out.table("implied settings", ["setting", "value"],
-              [[k, v] for k, v in rep["implied"].items()])
+    implied = dict(rep["implied"])
+    declaration = implied.pop("declaration", None)
+    out.table("implied settings", ["setting", "value"], [[k, v] for k, v in implied.items()])
+    if declaration is not None:
+        out.line("implied declaration (profile juicefs; describe durability yourself):")
+        out.line("  " + json.dumps(declaration))
 
 
 def _figure(fig: dict[str, Any]) -> str:
@@ -124,7 +128,7 @@ def inspect(out: Out, v: dict[str, Any]) -> None:
     out.table("packs", ["total", "open", "sealed", "tombstoned", "unlinked", "bytes"],
               [[p["total"], p.get("open", 0), p.get("sealed", 0), p.get("tombstoned", 0),
                 p.get("unlinked", 0), human_bytes(p["bytes"])]])
-    out.table("bytes by owner (packs reached; one live extent keeps its pack)",
+    out.table("bytes by owner (packs reached)",
               ["owner", "roots", "packs", "bytes"],
               [[o, d["roots"], d["packs"], human_bytes(d["bytes"])]
                for o, d in v["owners"].items()] or [["(none)", 0, 0, "0 B"]])
@@ -148,7 +152,7 @@ def inspect(out: Out, v: dict[str, Any]) -> None:
                    ["checkpoints", len(q["checkpoints"])]])
         hist = q["staleness_histogram"]
         if hist:
-            out.table("  staleness (versions) of committed samples", ["staleness", "samples"],
+            out.table("staleness", ["versions behind", "committed samples"],
                       [[k, n] for k, n in hist.items()])
         else:
             out.line("  staleness: no committed result's records carry 'staleness' metadata")

@@ -145,8 +145,9 @@ def run(env: Env, clauses: Iterable[str] | None = None,
                 progress(n, i, len(names))
             try:
                 results.append(CLAUSES[n](env))
-            except OSError as e:
-                # an error the contract does not allow is the clause's failure
+            except (OSError, RuntimeError) as e:
+                # an error the contract does not allow (or a holder process that could not
+                # take its lock) is the clause's failure
                 results.append(Result(n, FAIL, f"unexpected error: {e!r}"))
     finally:
         cleanup(env)

@@ -198,8 +198,7 @@ def _window_verdict(name: str, env: Env, samples: list[float | None], what: str)
         return Result(name, FAIL, f"{fig['unconverged']} of {fig['samples']} {what} still "
                       f"stale after {env.deadline:g} s (the deadline): the window is not "
                       "bounded by anything straw can wait for", fig)
-    return Result(name, PASS, f"{what}: max {fig['max']} s over {fig['samples']} samples",
-                  fig)
+    return Result(name, PASS, f"{what} ({fig['samples']} samples)", fig)
 
 
 def _poll_batch(env: Env, pending: dict[str, tuple[float, Callable[[], bool]]],
@@ -288,7 +287,7 @@ def exclusive_create(env: Env) -> Result:
         elif winners != 1:
             violations.append(f"{n}: {winners} clients won a racing exclusive create")
     return _verdict("exclusive_create", violations,
-                    f"{env.rounds} sequential and {races} racing creates: one winner each",
+                    f"{env.rounds} + {races} racing creates: one winner each",
                     {"sequential": env.rounds, "races": races})
 
 
@@ -319,7 +318,7 @@ def lock_exclusion(env: Env) -> Result:
             second.fs.close(f2)
     fig = {"handover": window(handovers)}
     return _verdict("lock_exclusion", violations,
-                    f"{len(handovers)} lock handovers between the clients, never both held",
+                    f"never both held; {len(handovers)} handovers",
                     fig)
 
 
@@ -347,7 +346,7 @@ def lock_release_on_death(env: Env) -> Result:
             env.b.fs.close(fd)
             holder.close()
     return _verdict("lock_release_on_death", violations,
-                    "a SIGKILLed holder's lock was released", {"release": window(delays)})
+                    "released after SIGKILL", {"release": window(delays)})
 
 
 def close_to_open(env: Env) -> Result:
@@ -373,7 +372,7 @@ def close_to_open(env: Env) -> Result:
                               f"not the {len(want)} bytes written"
                               + (f" (right after {lag:.3f} s)" if lag is not None else ""))
     return _verdict("close_to_open", violations,
-                    f"{len(lags)} fsync+close on A, each read whole by B's next open",
+                    f"{len(lags)} fsync+close on A: B's next open read all",
                     {"lag": window(lags)})
 
 
@@ -464,8 +463,8 @@ def rename_atomic(env: Env) -> Result:
         violations.append(f"renaming while the other client reads raised {errors[0]!r}")
     fig: dict[str, Any] = {"visible": window(lags), "concurrent_reads": reads,
            "missing_reads": stale_missing}
-    res = _verdict("rename_atomic", violations, f"{3 * env.rounds} renames, every read a "
-                   f"complete version ({reads} during concurrent renames)", fig)
+    res = _verdict("rename_atomic", violations, f"{3 * env.rounds} renames: every read one "
+                   f"whole version ({reads} concurrent)", fig)
     if res.verdict == PASS and fig["visible"]["unconverged"]:
         return _window_verdict("rename_atomic", env, lags, "renamed versions")
     return res
@@ -500,8 +499,8 @@ def unlink_race(env: Env) -> Result:
             violations.append(f"{n}: a racing unlink raised {bad[0]!r}, not ENOENT")
         elif ok != 1:
             violations.append(f"{n}: {ok} of two racing unlinks succeeded")
-    return _verdict("unlink_race", violations, f"{env.rounds} unlinks of removed names failed "
-                    f"with ENOENT; {races} racing pairs had one winner",
+    return _verdict("unlink_race", violations, f"late unlink ENOENT ({env.rounds}); "
+                    f"{races} races, one winner",
                     {"sequential": env.rounds, "races": races})
 
 
@@ -517,7 +516,7 @@ def attribute_staleness(env: Env) -> Result:
         pending[n] = (env.clock.now(), _has_size(env.b, n, 4096))
         _poll_batch(env, pending, samples, once=True)
     _poll_batch(env, pending, samples)
-    return _window_verdict("attribute_staleness", env, samples, "sizes seen by B's stat")
+    return _window_verdict("attribute_staleness", env, samples, "new size in B's stat")
 
 
 def entry_staleness(env: Env) -> Result:
@@ -543,7 +542,7 @@ def entry_staleness(env: Env) -> Result:
     _poll_batch(env, vanish, gone)
     samples = new + gone
     res = _window_verdict("entry_staleness", env, samples,
-                          "new names found by B's open and removed names gone from its stat")
+                          "new name in B's open, removed name gone from its stat")
     res.figures = {**window(samples), "new_name_open": window(new),
                    "removed_name_stat": window(gone)}
     return res
@@ -559,7 +558,7 @@ def listing_staleness(env: Env) -> Result:
         env.a.fs.unlink(env.a.path(n))
         samples.append(converge(env, _listed(env.b, n, False)))
     return _window_verdict("listing_staleness", env, samples,
-                           "names added/removed by A in B's listing")
+                           "names added/removed in B's listing")
 
 
 def space_reservation(env: Env) -> Result:
@@ -586,8 +585,8 @@ def space_reservation(env: Env) -> Result:
         violations.append(f"B reads {len(seen)} bytes of a file reserved to {size}")
     elif seen[at:at + len(data)] != data or seen[:at].count(0) != at:
         violations.append("B does not read the write inside the reserved range back")
-    return _verdict("space_reservation", violations, f"reserved {size} bytes: zeros, "
-                    "writable inside, visible to B", {"supported": True})
+    return _verdict("space_reservation", violations, "1 MiB reserved: zeros, writable, "
+                    "seen by B", {"supported": True})
 
 
 def large_offsets(env: Env) -> Result:
@@ -614,17 +613,21 @@ def large_offsets(env: Env) -> Result:
         finally:
             env.b.fs.close(fd)
     remove(env.a, n)
-    return _verdict("large_offsets", violations, "4 KiB written and read back at offsets "
-                    + ", ".join(f"{o:,}" for o in env.large_offsets),
+    return _verdict("large_offsets", violations, "read back at "
+                    + ", ".join(_gib(o) for o in env.large_offsets),
                     {"offsets": list(env.large_offsets)})
+
+
+def _gib(offset: int) -> str:
+    whole = offset >> 30
+    return f"{whole} GiB+{offset - (whole << 30)}"
 
 
 def full_filesystem(env: Env) -> Result:
     c = env.full
     if c is None:
-        return Result("full_filesystem", SKIP, "not checked: give --full-check DIR, a "
-                      "directory on a small filesystem (a tmpfs, or a JuiceFS directory with "
-                      "a quota) that qualify may fill")
+        return Result("full_filesystem", SKIP, "not checked: give --full-check DIR (a "
+                      "small filesystem qualify may fill: a tmpfs, a JuiceFS quota)")
     n = env.name("full")
     chunk = 64 << 10
     rng = env.rng("full")
@@ -704,8 +707,8 @@ def mount_options(env: Env) -> Result:
         return Result("mount_options", FAIL, "unsafe JuiceFS client settings: "
                       + "; ".join(unsafe), figures)
     if JUICEFS_FSTYPE in kinds:
-        return Result("mount_options", PASS, "JuiceFS: no writeback, open cache 0, no "
-                      "readdir cache", figures)
+        return Result("mount_options", PASS, "JuiceFS: no writeback, open or readdir "
+                      "cache", figures)
     return Result("mount_options", PASS, f"type {', '.join(sorted(set(kinds)))}: no client "
                   "settings to check (the clauses above measured its behaviour)", figures)
 
