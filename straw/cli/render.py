@@ -108,7 +108,9 @@ def qualify(out: Out, rep: dict[str, Any]) -> None:
     out.table("clauses", ["clause", "verdict", "p50 / p99 / max s", "detail"], rows)
     implied = dict(rep["implied"])
     declaration = implied.pop("declaration", None)
-    out.table("implied settings", ["setting", "value"], [[k, v] for k, v in implied.items()])
+    if implied:
+        out.table("implied settings", ["setting", "value"],
+                  [[k, v] for k, v in implied.items()])
     if declaration is not None:
         out.line("implied declaration (profile juicefs; describe durability yourself):")
         out.line("  " + json.dumps(declaration))

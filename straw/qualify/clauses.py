@@ -629,7 +629,7 @@ def full_filesystem(env: Env) -> Result:
         return Result("full_filesystem", SKIP, "not checked: give --full-check DIR (a "
                       "small filesystem qualify may fill: a tmpfs, a JuiceFS quota)")
     n = env.name("full")
-    chunk = 64 << 10
+    chunk = 1 << 20  # each chunk is fdatasynced: it is acknowledged, or the error says not
     rng = env.rng("full")
     acked: list[bytes] = []
     failure: OSError | None = None
@@ -662,7 +662,7 @@ def full_filesystem(env: Env) -> Result:
     data = read_file(c, n) or b""
     lost = sum(1 for i, blob in enumerate(acked) if data[i * chunk:(i + 1) * chunk] != blob)
     if lost:
-        violations.append(f"{lost} of {len(acked)} acknowledged 64 KiB chunks read back "
+        violations.append(f"{lost} of {len(acked)} acknowledged 1 MiB chunks read back "
                           "wrong after the filesystem filled")
     remove(c, n)
     try:
