@@ -192,9 +192,9 @@ def test_qualify_a_temp_dir(tmp_path):
         assert plot.stat().st_size > 0
 
 
-def test_qualify_one_clause_fails_with_exit_1(tmp_path, small_tmpfs):
+def test_qualify_full_check_verdicts_and_cleanup(tmp_path, small_tmpfs):
     """--full-check on a directory of a big filesystem with a tiny limit: no ENOSPC ->
-    the clause fails and qualify exits 1."""
+    the clause fails and qualify exits 1; on a small tmpfs it passes and leaves nothing."""
     p = straw("qualify", tmp_path, "--quick", "--clause", "full_filesystem", "--full-check",
               tmp_path, "--full-limit", str(1 << 20), "--json", "-")
     assert p.returncode == 1, p.stderr
@@ -203,6 +203,7 @@ def test_qualify_one_clause_fails_with_exit_1(tmp_path, small_tmpfs):
                small_tmpfs, "--json", "-")
     assert ok.returncode == 0, ok.stderr
     assert json.loads(ok.stdout)["clauses"][0]["figures"]["errno"] == "ENOSPC"
+    assert os.listdir(small_tmpfs) == []  # qualify removed what it wrote there
 
 
 def test_bench_reports_a_ratio_to_the_raw_limit(tmp_path):
