@@ -5,6 +5,8 @@ client A (``env.a``) and client B (``env.b``) are two views of one directory (tw
 of one volume = two machines; without a peer both are the same local view).  Because the
 clauses only use the ``Filesystem`` interface, the negative controls run each of them on a
 SimFS/FaultyFS variant that breaks exactly that clause (``tests/test_qualify.py``).
+The run's ``Env`` and the measuring helpers are in ``straw.qualify.env``; the three
+staleness clauses in ``straw.qualify.windows``; ``CLAUSES`` (below) lists all, in run order.
 
 Time comes from ``env.clock``; every wait is bounded by ``env.deadline`` (a window that
 does not close within it fails its clause), so a run stays short.  Windows are measured by
@@ -39,234 +41,47 @@ from __future__ import annotations
 
 import errno
 import functools
-import os
 import random
 import struct
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from ..backend import JUICEFS_FSTYPE, juicefs_settings, mount_of, read_juicefs_config
-from ..clock import Clock
 from ..errors import DeploymentMismatch
-from ..fs import Filesystem
-
-PASS, FAIL, SKIP = "pass", "fail", "skip"
-
-
-class LockHolder(Protocol):
-    """Another process holding the flock of one file (started by a ``HolderFactory``)."""
-
-    def kill(self) -> None:
-        """SIGKILL it (its lock must then be released by the filesystem)."""
-
-    def close(self) -> None: ...
-
-
-HolderFactory = Callable[[str], LockHolder]  # path as client A sees it -> lock held
-
-
-@dataclass
-class Client:
-    """One client's view of the qualified directory."""
-
-    fs: Filesystem
-    dir: str
-
-    def path(self, name: str) -> str:
-        return os.path.join(self.dir, name)
+from .env import (
+    FAIL,
+    PASS,
+    SKIP,
+    Client,
+    Env,
+    HolderFactory,
+    LockHolder,
+    Result,
+    append_file,
+    both_orders,
+    converge,
+    race,
+    read_file,
+    remove,
+    stat_size,
+    verdict,
+    window,
+    window_verdict,
+    write_file,
+)
+from .windows import attribute_staleness, entry_staleness, listing_staleness
 
 
-@dataclass
-class Env:
-    a: Client
-    b: Client
-    clock: Clock
-    token: str  # prefix of every name this run creates (removed at the end)
-    rounds: int = 8
-    deadline: float = 5.0
-    poll: float = 0.01
-    holder: HolderFactory | None = None
-    full: Client | None = None
-    full_limit: int = 256 << 20
-    large_offsets: tuple[int, ...] = ((1 << 31) + 7, (1 << 32) + 4099, (1 << 34) + 13)
-    seed: int = 0
-    _n: int = 0
-
-    def name(self, what: str) -> str:
-        self._n += 1
-        return f"{self.token}-{what}-{self._n}"
-
-    def rng(self, salt: str) -> random.Random:
-        return random.Random(f"{self.seed}-{salt}")
-
-
-@dataclass
-class Result:
-    clause: str
-    verdict: str  # pass | fail | skip
-    detail: str
-    figures: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"clause": self.clause, "verdict": self.verdict, "detail": self.detail,
-                "figures": self.figures}
-
-
-# --- small helpers on one client ----------------------------------------------------------
-def write_file(c: Client, name: str, data: bytes, *, exclusive: bool = False) -> None:
-    fd = c.fs.open(c.path(name), write=True, create=True, exclusive=exclusive)
-    try:
-        c.fs.truncate(fd, 0)
-        c.fs.writev(fd, [data], 0)
-        c.fs.fsync(fd)
-    finally:
-        c.fs.close(fd)
-
-
-def append_file(c: Client, name: str, data: bytes, offset: int) -> None:
-    fd = c.fs.open(c.path(name), write=True)
-    try:
-        c.fs.writev(fd, [data], offset)
-        c.fs.fsync(fd)
-    finally:
-        c.fs.close(fd)
-
-
-def read_file(c: Client, name: str) -> bytes | None:
-    """The file's bytes through a fresh open (None if the name is not found)."""
-    try:
-        fd = c.fs.open(c.path(name))
-    except FileNotFoundError:
-        return None
-    try:
-        return c.fs.read_to_end(fd)
-    finally:
-        c.fs.close(fd)
-
-
-def remove(c: Client, name: str) -> None:
-    try:
-        c.fs.unlink(c.path(name))
-    except FileNotFoundError:
-        pass
-
-
-def stat_size(c: Client, name: str) -> int | None:
-    try:
-        return c.fs.stat(c.path(name)).size
-    except FileNotFoundError:
-        return None
-
-
-def converge(env: Env, check: Callable[[], bool]) -> float | None:
-    """Seconds until ``check()`` held (0.0: at once), or None if not within the deadline."""
-    t0 = env.clock.now()
-    while True:
-        if check():
-            return max(0.0, env.clock.now() - t0)
-        if env.clock.now() - t0 >= env.deadline:
-            return None
-        env.clock.sleep(env.poll)
-
-
-def window(samples: list[float | None]) -> dict[str, Any]:
-    """p50/p99/max of the converged samples (seconds) and how many never converged."""
-    done = sorted(s for s in samples if s is not None)
-
-    def pct(q: float) -> float | None:
-        if not done:
-            return None
-        return round(done[min(len(done) - 1, int(q * (len(done) - 1) + 0.999999))], 4)
-
-    return {"samples": len(samples), "p50": pct(0.5), "p99": pct(0.99),
-            "max": round(done[-1], 4) if done else None,
-            "unconverged": len(samples) - len(done), "values": [round(v, 4) for v in done]}
-
-
-def _verdict(name: str, violations: list[str], ok: str, figures: dict[str, Any]) -> Result:
-    if violations:
-        more = f" (+{len(violations) - 3} more)" if len(violations) > 3 else ""
-        return Result(name, FAIL, "; ".join(violations[:3]) + more, figures)
-    return Result(name, PASS, ok, figures)
-
-
-def _window_verdict(name: str, env: Env, samples: list[float | None], what: str) -> Result:
-    fig = window(samples)
-    if fig["unconverged"]:
-        return Result(name, FAIL, f"{fig['unconverged']} of {fig['samples']} {what} still "
-                      f"stale after {env.deadline:g} s (the deadline): the window is not "
-                      "bounded by anything straw can wait for", fig)
-    return Result(name, PASS, f"{what} ({fig['samples']} samples)", fig)
-
-
-def _poll_batch(env: Env, pending: dict[str, tuple[float, Callable[[], bool]]],
-                samples: list[float | None], *, once: bool = False) -> None:
-    """Poll every pending (start time, check) until it holds or the deadline passes
-    (``once``: one pass, so that samples started later do not wait for earlier ones)."""
-    while pending:
-        now = env.clock.now()
-        for key, (t0, check) in list(pending.items()):
-            if check():
-                samples.append(max(0.0, env.clock.now() - t0))
-                del pending[key]
-            elif now - t0 >= env.deadline:
-                samples.append(None)
-                del pending[key]
-        if once:
-            return
-        if pending:
-            env.clock.sleep(env.poll)
-
-
-# checks for converge/_poll_batch: what client c sees of name n now
+# checks for converge/poll_batch: what client c sees of name n now
 def _reads(c: Client, n: str, want: bytes) -> Callable[[], bool]:
     return lambda: read_file(c, n) == want
-
-
-def _has_size(c: Client, n: str, size: int | None) -> Callable[[], bool]:
-    return lambda: stat_size(c, n) == size
-
-
-def _opens(c: Client, n: str) -> Callable[[], bool]:
-    return lambda: c.fs.probe(c.path(n))
-
-
-def _listed(c: Client, n: str, present: bool) -> Callable[[], bool]:
-    return lambda: (n in c.fs.listdir(c.dir)) == present
-
-
-def _both_orders(env: Env, i: int) -> tuple[Client, Client]:
-    return (env.a, env.b) if i % 2 == 0 else (env.b, env.a)
-
-
-def _race(fns: list[Callable[[], Any]]) -> list[BaseException | Any]:
-    """Run the functions at the same moment (threads behind a barrier); their results or
-    exceptions, in order."""
-    barrier = threading.Barrier(len(fns))
-    out: list[Any] = [None] * len(fns)
-
-    def run(i: int) -> None:
-        try:
-            barrier.wait(timeout=10)
-            out[i] = fns[i]()
-        except BaseException as e:  # noqa: B036 - reported as the outcome
-            out[i] = e
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(fns))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return out
-
 
 # --- the clauses --------------------------------------------------------------------------
 def exclusive_create(env: Env) -> Result:
     violations = []
     for i in range(env.rounds):
-        first, second = _both_orders(env, i)
+        first, second = both_orders(env, i)
         n = env.name("excl")
         write_file(first, n, b"first", exclusive=True)
         try:
@@ -277,7 +92,7 @@ def exclusive_create(env: Env) -> Result:
     races = max(2, env.rounds // 2)
     for _ in range(races):
         n = env.name("excl-race")
-        out = _race([functools.partial(write_file, c, n, b"x", exclusive=True)
+        out = race([functools.partial(write_file, c, n, b"x", exclusive=True)
                      for c in (env.a, env.b)])
         winners = sum(1 for r in out if not isinstance(r, BaseException))
         others = [r for r in out if isinstance(r, BaseException)
@@ -286,7 +101,7 @@ def exclusive_create(env: Env) -> Result:
             violations.append(f"{n}: racing exclusive create raised {others[0]!r}")
         elif winners != 1:
             violations.append(f"{n}: {winners} clients won a racing exclusive create")
-    return _verdict("exclusive_create", violations,
+    return verdict("exclusive_create", violations,
                     f"{env.rounds} + {races} racing creates: one winner each",
                     {"sequential": env.rounds, "races": races})
 
@@ -295,7 +110,7 @@ def lock_exclusion(env: Env) -> Result:
     violations: list[str] = []
     handovers: list[float | None] = []
     for i in range(max(2, env.rounds // 2)):
-        first, second = _both_orders(env, i)
+        first, second = both_orders(env, i)
         n = env.name("lock")
         write_file(env.a, n, b"lock")
         f1 = first.fs.open(first.path(n), write=True)
@@ -317,7 +132,7 @@ def lock_exclusion(env: Env) -> Result:
             first.fs.close(f1)
             second.fs.close(f2)
     fig = {"handover": window(handovers)}
-    return _verdict("lock_exclusion", violations,
+    return verdict("lock_exclusion", violations,
                     f"never both held; {len(handovers)} handovers",
                     fig)
 
@@ -345,7 +160,7 @@ def lock_release_on_death(env: Env) -> Result:
         finally:
             env.b.fs.close(fd)
             holder.close()
-    return _verdict("lock_release_on_death", violations,
+    return verdict("lock_release_on_death", violations,
                     "released after SIGKILL", {"release": window(delays)})
 
 
@@ -371,7 +186,7 @@ def close_to_open(env: Env) -> Result:
             violations.append(f"{n} ({label}): B's open after A's fsync+close read {shown}, "
                               f"not the {len(want)} bytes written"
                               + (f" (right after {lag:.3f} s)" if lag is not None else ""))
-    return _verdict("close_to_open", violations,
+    return verdict("close_to_open", violations,
                     f"{len(lags)} fsync+close on A: B's next open read all",
                     {"lag": window(lags)})
 
@@ -463,17 +278,17 @@ def rename_atomic(env: Env) -> Result:
         violations.append(f"renaming while the other client reads raised {errors[0]!r}")
     fig: dict[str, Any] = {"visible": window(lags), "concurrent_reads": reads,
            "missing_reads": stale_missing}
-    res = _verdict("rename_atomic", violations, f"{3 * env.rounds} renames: every read one "
+    res = verdict("rename_atomic", violations, f"{3 * env.rounds} renames: every read one "
                    f"whole version ({reads} concurrent)", fig)
     if res.verdict == PASS and fig["visible"]["unconverged"]:
-        return _window_verdict("rename_atomic", env, lags, "renamed versions")
+        return window_verdict("rename_atomic", env, lags, "renamed versions")
     return res
 
 
 def unlink_race(env: Env) -> Result:
     violations = []
     for i in range(env.rounds):
-        first, second = _both_orders(env, i)
+        first, second = both_orders(env, i)
         n = env.name("unlink")
         write_file(env.a, n, b"x")
         stat_size(second, n)  # the second client has the name cached
@@ -491,7 +306,7 @@ def unlink_race(env: Env) -> Result:
         n = env.name("unlink-race")
         write_file(env.a, n, b"x")
         stat_size(env.b, n)
-        out = _race([functools.partial(c.fs.unlink, c.path(n)) for c in (env.a, env.b)])
+        out = race([functools.partial(c.fs.unlink, c.path(n)) for c in (env.a, env.b)])
         ok = sum(1 for r in out if not isinstance(r, BaseException))
         bad = [r for r in out if isinstance(r, BaseException)
                and not isinstance(r, FileNotFoundError)]
@@ -499,67 +314,9 @@ def unlink_race(env: Env) -> Result:
             violations.append(f"{n}: a racing unlink raised {bad[0]!r}, not ENOENT")
         elif ok != 1:
             violations.append(f"{n}: {ok} of two racing unlinks succeeded")
-    return _verdict("unlink_race", violations, f"late unlink ENOENT ({env.rounds}); "
+    return verdict("unlink_race", violations, f"late unlink ENOENT ({env.rounds}); "
                     f"{races} races, one winner",
                     {"sequential": env.rounds, "races": races})
-
-
-def attribute_staleness(env: Env) -> Result:
-    names = [env.name("attr") for _ in range(env.rounds)]
-    for n in names:
-        write_file(env.a, n, b"1")
-    samples: list[float | None] = []
-    pending: dict[str, tuple[float, Callable[[], bool]]] = {}
-    for n in names:
-        stat_size(env.b, n)  # B caches the old size
-        append_file(env.a, n, b"2" * 4095, 1)
-        pending[n] = (env.clock.now(), _has_size(env.b, n, 4096))
-        _poll_batch(env, pending, samples, once=True)
-    _poll_batch(env, pending, samples)
-    return _window_verdict("attribute_staleness", env, samples, "new size in B's stat")
-
-
-def entry_staleness(env: Env) -> Result:
-    new: list[float | None] = []
-    gone: list[float | None] = []
-    appear: dict[str, tuple[float, Callable[[], bool]]] = {}
-    vanish: dict[str, tuple[float, Callable[[], bool]]] = {}
-    for _ in range(env.rounds):
-        n = env.name("entry-new")
-        env.b.fs.probe(env.b.path(n))  # B looked the name up: not found (negative entry)
-        stat_size(env.b, n)
-        write_file(env.a, n, b"x")
-        appear[n] = (env.clock.now(), _opens(env.b, n))
-        _poll_batch(env, appear, new, once=True)
-    for _ in range(env.rounds):
-        n = env.name("entry-gone")
-        write_file(env.a, n, b"x")
-        stat_size(env.b, n)  # B resolved the name
-        env.a.fs.unlink(env.a.path(n))
-        vanish[n] = (env.clock.now(), _has_size(env.b, n, None))
-        _poll_batch(env, vanish, gone, once=True)
-    _poll_batch(env, appear, new)
-    _poll_batch(env, vanish, gone)
-    samples = new + gone
-    res = _window_verdict("entry_staleness", env, samples,
-                          "new name in B's open, removed name gone from its stat")
-    res.figures = {**window(samples), "new_name_open": window(new),
-                   "removed_name_stat": window(gone)}
-    return res
-
-
-def listing_staleness(env: Env) -> Result:
-    samples: list[float | None] = []
-    for _ in range(env.rounds):
-        n = env.name("listing")
-        env.b.fs.listdir(env.b.dir)  # B caches the listing
-        write_file(env.a, n, b"x")
-        samples.append(converge(env, _listed(env.b, n, True)))
-        env.a.fs.unlink(env.a.path(n))
-        samples.append(converge(env, _listed(env.b, n, False)))
-    return _window_verdict("listing_staleness", env, samples,
-                           "names added/removed in B's listing")
-
 
 def space_reservation(env: Env) -> Result:
     n = env.name("reserve")
@@ -585,7 +342,7 @@ def space_reservation(env: Env) -> Result:
         violations.append(f"B reads {len(seen)} bytes of a file reserved to {size}")
     elif seen[at:at + len(data)] != data or seen[:at].count(0) != at:
         violations.append("B does not read the write inside the reserved range back")
-    return _verdict("space_reservation", violations, "1 MiB reserved: zeros, writable, "
+    return verdict("space_reservation", violations, "1 MiB reserved: zeros, writable, "
                     "seen by B", {"supported": True})
 
 
@@ -613,7 +370,7 @@ def large_offsets(env: Env) -> Result:
         finally:
             env.b.fs.close(fd)
     remove(env.a, n)
-    return _verdict("large_offsets", violations, "read back at "
+    return verdict("large_offsets", violations, "read back at "
                     + ", ".join(_gib(o) for o in env.large_offsets),
                     {"offsets": list(env.large_offsets)})
 
@@ -669,7 +426,7 @@ def full_filesystem(env: Env) -> Result:
         write_file(c, env.name("full-after"), b"x" * 4096)
     except OSError as e:
         violations.append(f"after unlinking the filler, a 4 KiB write still fails: {e}")
-    return _verdict("full_filesystem", violations, f"full after {len(acked) * chunk:,} "
+    return verdict("full_filesystem", violations, f"full after {len(acked) * chunk:,} "
                     f"bytes: {figures.get('errno')}, every acknowledged byte kept", figures)
 
 
@@ -712,7 +469,6 @@ def mount_options(env: Env) -> Result:
     return Result("mount_options", PASS, f"type {', '.join(sorted(set(kinds)))}: no client "
                   "settings to check (the clauses above measured its behaviour)", figures)
 
-
 CLAUSES: dict[str, Callable[[Env], Result]] = {
     "mount_options": mount_options,
     "exclusive_create": exclusive_create,
@@ -728,3 +484,6 @@ CLAUSES: dict[str, Callable[[Env], Result]] = {
     "large_offsets": large_offsets,
     "full_filesystem": full_filesystem,
 }
+
+__all__ = ["CLAUSES", "FAIL", "PASS", "SKIP", "Client", "Env", "HolderFactory", "LockHolder",
+           "Result"]
