@@ -196,3 +196,25 @@ def test_juicefs_unsafe_cache_options_flagged(juicefs_dirs):
     assert "writeback: declared False, mount reports True" in str(exc.value)
     assert "open_cache: declared 0, mount reports 2.0" in str(exc.value)
     assert not os.path.exists(root)
+
+
+def test_core_never_imports_cli_or_qualify():
+    """Layering (DESIGN): straw's core modules never import straw.cli or straw.qualify,
+    and straw never imports spec, model or fault_injection."""
+    import ast
+    core = os.path.join(ROOT, "straw")
+    for name in sorted(os.listdir(core)):
+        if not name.endswith(".py"):
+            continue
+        tree = ast.parse(open(os.path.join(core, name)).read())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                mods = [("." * node.level) + (node.module or a.name) for a in node.names]
+            elif isinstance(node, ast.Import):
+                mods = [a.name for a in node.names]
+            else:
+                continue
+            for m in mods:
+                assert not m.lstrip(".").startswith(("cli", "qualify", "straw.cli",
+                                                     "straw.qualify")), (name, m)
+                assert not m.startswith(("spec", "model", "fault_injection")), (name, m)
