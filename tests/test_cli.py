@@ -226,3 +226,23 @@ def _has_matplotlib() -> bool:
     except ImportError:
         return False
     return True
+
+
+def test_inspect_reports_a_damaged_queue_and_shows_the_rest(live_pool):
+    """A queue whose journal fails its checksum (D6) is named with the error, exit 1; the
+    packs and owners are still shown, and nothing is repaired (written)."""
+    jdir = os.path.join(live_pool, "queues", "rl", "rollout", "journal")
+    (seg,) = [n for n in os.listdir(jdir) if n.endswith(".log")]
+    path = os.path.join(jdir, seg)
+    with open(path, "r+b") as f:
+        data = f.read()
+        end = len(data.rstrip(b"\0"))
+        f.seek(end // 2)
+        f.write(bytes([data[end // 2] ^ 0xFF]))
+    before = tree(live_pool)
+    p = straw("inspect", live_pool, "--json", "-")
+    assert p.returncode == 1, p.stderr
+    v = json.loads(p.stdout)
+    assert v["queues"] == [] and len(v["errors"]) == 1
+    assert v["errors"][0].startswith("queue queues/rl/rollout: CorruptData")
+    assert v["packs"]["total"] == 3 and tree(live_pool) == before

@@ -148,7 +148,7 @@ def cmd_inspect(args: argparse.Namespace, out: render.Out) -> int:
     _report(out, args, view, render.inspect)
     if args.plot:
         render.plot_inspect(view, args.plot)
-    return 0
+    return 1 if view["errors"] else 0
 
 
 def cmd_top(args: argparse.Namespace, out: render.Out) -> int:

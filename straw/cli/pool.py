@@ -22,7 +22,7 @@ from typing import Any
 from ..catalog import Catalog, CatalogState, read_state
 from ..clock import SystemClock
 from ..coordinator import read_state as read_queue_state
-from ..errors import UnsupportedSchema
+from ..errors import StrawError, UnsupportedSchema
 from ..fs import Filesystem, PosixFS
 from ..queue_state import LEASED, TERMINAL
 from ..reader import ReadSession
@@ -197,10 +197,15 @@ def inspect(root: str, fs: Filesystem | None = None) -> dict[str, Any]:
     fs = fs or PosixFS()
     root = os.path.abspath(root)
     info = check_pool(fs, root)
-    view = {"pool": root, "format": info["version"],
-            **catalog_view(fs, root, read_state(fs, root)),
-            "queues": [queue_view(fs, root, q) for q in find_queues(fs, root)]}
-    return view
+    queues, errors = [], []
+    for q in find_queues(fs, root):
+        try:
+            queues.append(queue_view(fs, root, q))
+        except StrawError as e:  # one damaged queue must not hide the others
+            errors.append(f"queue {q}: {type(e).__name__}: {e}")
+    return {"pool": root, "format": info["version"],
+            **catalog_view(fs, root, read_state(fs, root)), "queues": queues,
+            "errors": errors}
 
 
 def collect(root: str, *, dry_run: bool, fs: Filesystem | None = None) -> dict[str, Any]:

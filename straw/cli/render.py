@@ -139,7 +139,9 @@ def inspect(out: Out, v: dict[str, Any]) -> None:
                                              "not unlinked", "collectable", "collectable bytes"],
               [[s["packs"], human_bytes(s["bytes"]), t["total"], t["not_unlinked"],
                 c["packs"], human_bytes(c["bytes"])]])
-    if not v["queues"]:
+    for err in v.get("errors", ()):
+        out.line(f"cannot read {err}")
+    if not v["queues"] and not v.get("errors"):
         out.line("no queues")
     for q in v["queues"]:
         consumers = {k: f"processed {c['processed']} of {c['fetch']} fetched"
