@@ -5,6 +5,10 @@ python := justfile_directory() + "/.venv/bin/python"
 demo *ARGS:
     {{python}} -m straw.demo {{ARGS}}
 
+# Qualify a filesystem before trusting it: just qualify /mnt/a --peer /mnt/b [--full-check DIR]
+qualify *ARGS:
+    {{python}} -m straw.cli qualify {{ARGS}}
+
 # The whole test suite (lint, types, then pytest; JuiceFS tests install fuse3 when root).
 test *ARGS: lint
     {{python}} tests/ensure_juicefs_deps.py

@@ -6,6 +6,7 @@ The public API keeps straw-queue's vocabulary (see DESIGN.md).  File I/O goes th
 
 from .errors import (
     CorruptData,
+    DeploymentMismatch,
     Fenced,
     ForkedProcess,
     IdempotencyConflict,
@@ -55,6 +56,7 @@ __all__ = [
     "QuotaExceeded",
     "IndeterminateCommit",
     "UnsafeRecovery",
+    "DeploymentMismatch",
     "ResourceLimitExceeded",
     "Fenced",
     "ForkedProcess",

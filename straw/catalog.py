@@ -1040,6 +1040,29 @@ def _filler(at: int, length: int, ops: list[dict[str, Any]]) -> bytes | None:
     return None
 
 
+def read_state(fs: Filesystem, root: str) -> CatalogState:
+    """The catalog as it is durable now, read without its lock and without writing
+    anything (operator views: ``straw inspect``, ``straw gc --dry-run``).  A torn final
+    transaction is ignored here, not cut off (only a writer under the lock cuts, D6)."""
+    path = os.path.join(root, CATALOG_NAME)
+    state = CatalogState()
+    try:
+        fd = fs.open(path)
+    except FileNotFoundError:
+        return state
+    try:
+        data = fs.read_to_end(fd)
+    finally:
+        fs.close(fd)
+    scan = framing.scan_frames(lambda o, n: data[o:o + n], len(data))
+    for f in scan.frames:
+        if f.header.kind != framing.KIND_CATALOG:
+            raise CorruptData(f"{path} offset {f.offset}: not a catalog frame")
+        for op in _decode_ops(f.body, f"{path} offset {f.offset}"):
+            state.apply(op)
+    return state
+
+
 def _decode_ops(body: Any, where: str) -> list[dict[str, Any]]:
     try:
         txn = msgpack.unpackb(body, raw=False, strict_map_key=False)
@@ -1055,4 +1078,4 @@ def _decode_ops(body: Any, where: str) -> list[dict[str, Any]]:
     return ops
 
 
-__all__ = ["Catalog", "CatalogState", "OwnerKey", "PackInfo"]
+__all__ = ["Catalog", "CatalogState", "OwnerKey", "PackInfo", "read_state"]

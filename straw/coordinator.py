@@ -93,6 +93,7 @@ from .errors import (
     UnsafeRecovery,
     UnsupportedSchema,
 )
+from .fs import Filesystem
 from .pack import storage_error
 from .process import OPEN_QUEUE_IN_CHILD, ProcessBound, close_quietly
 from .queue_state import (
@@ -290,15 +291,7 @@ class Coordinator(ProcessBound):
             ) from None
         recovered = journal_mod.recover(self.fs, self.journal_dir,
                                         started_epoch=self._newest_started(existing))
-        # snapshot and suffix: many long-lived objects at once (promoted if many)
-        large = recovered.snapshot is not None and len(recovered.snapshot) >= 1 << 20
-        with bulk_objects(promote=large):
-            if recovered.snapshot is not None:
-                self.state = QueueState.from_snapshot(_unpack_snapshot(recovered.snapshot))
-            else:
-                self.state = QueueState()
-            for txn in recovered.transactions:
-                self.state.apply(msgpack.unpackb(txn, raw=False))
+        self.state = replay(recovered)
         self.recovery_stats = dict(recovered.stats)
         self.journal = journal_mod.Journal(
             self.fs, self.journal_dir, epoch=self.epoch, recovered=recovered,
@@ -1232,6 +1225,27 @@ class Coordinator(ProcessBound):
         self.close()
 
 
+def replay(recovered: journal_mod.Recovered) -> QueueState:
+    """The queue state of a recovered journal: its snapshot plus the suffix (D9)."""
+    # snapshot and suffix: many long-lived objects at once (promoted if many)
+    large = recovered.snapshot is not None and len(recovered.snapshot) >= 1 << 20
+    with bulk_objects(promote=large):
+        if recovered.snapshot is not None:
+            state = QueueState.from_snapshot(_unpack_snapshot(recovered.snapshot))
+        else:
+            state = QueueState()
+        for txn in recovered.transactions:
+            state.apply(msgpack.unpackb(txn, raw=False))
+    return state
+
+
+def read_state(fs: Filesystem, queue_dir: str) -> QueueState:
+    """A queue's state read without becoming its coordinator: no epoch, no lock, nothing
+    written (``journal.recover`` only fsyncs the newest segment).  For operator views
+    (``straw inspect``); leases in it are whatever the journal last recorded."""
+    return replay(journal_mod.recover(fs, os.path.join(queue_dir, "journal")))
+
+
 def _unpack_snapshot(data: bytes | memoryview) -> dict[str, Any]:
     with bulk_objects():  # see QueueState.from_snapshot
         return msgpack.unpackb(data, raw=False)  # type: ignore[no-any-return]
@@ -1262,4 +1276,4 @@ def _check_lease_fields(lease: object, where: str) -> Lease:
     return lease
 
 
-__all__ = ["Coordinator", "StorageUnavailable"]
+__all__ = ["Coordinator", "StorageUnavailable", "read_state", "replay"]

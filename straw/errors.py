@@ -67,6 +67,12 @@ class UnsafeRecovery(StrawError):
     live holder).  Make sure the previous owner is dead, then recover explicitly."""
 
 
+class DeploymentMismatch(StrawError):
+    """The storage deployment contradicts its declaration (``straw.backend``): the pool is
+    not on the declared kind of filesystem, or the live mount reports another value for
+    a declared option.  Fix the mount or the declaration; nothing was written."""
+
+
 class ResourceLimitExceeded(StrawError):
     """A configured limit would be exceeded (record size, pending tasks, concurrent
     writes).  Raise the limit or apply backpressure."""
@@ -95,6 +101,7 @@ __all__ = [
     "QuotaExceeded",
     "IndeterminateCommit",
     "UnsafeRecovery",
+    "DeploymentMismatch",
     "ResourceLimitExceeded",
     "Fenced",
     "ForkedProcess",

@@ -53,6 +53,7 @@ from typing import Any
 import msgpack
 import xxhash
 
+from .backend import FilesystemBackend
 from .catalog import Catalog, Extent
 from .checks import check_count, check_seconds
 from .clock import Clock, SystemClock
@@ -100,7 +101,9 @@ class SharedFilesystemStore(ProcessBound):
     ``Filesystem``, default ``PosixFS``), ``clock``, ``reserve_bytes`` (space reserved
     ahead in packs, less on a nearly full disk; 0 disables),
     ``visibility_retries``/``visibility_backoff`` (bounded retries when another client's
-    data is not visible yet)."""
+    data is not visible yet), ``backend`` (a ``straw.backend.FilesystemBackend``: the
+    storage profile and deployment declaration, verified against the live mount before
+    anything is written)."""
 
     _process_state = "its writer lock, open pack, catalog position and open files"
 
@@ -117,6 +120,7 @@ class SharedFilesystemStore(ProcessBound):
         reserve_bytes: int = DEFAULT_RESERVE,
         visibility_retries: int = 8,
         visibility_backoff: float = 0.05,
+        backend: FilesystemBackend | None = None,
     ) -> None:
         self._bind_process()
         self.run_id = check_name("run_id", run_id)
@@ -137,6 +141,7 @@ class SharedFilesystemStore(ProcessBound):
         self.segment_target_bytes = segment_target_bytes
         self.reserve_bytes = reserve_bytes
         self._visibility = (visibility_retries, visibility_backoff)
+        self.backend = self._check_backend(backend)
         self._init_pool()
         self._session = ReadSession(self.fs, self.root, self.run_id, self.clock,
                                     visibility_retries=visibility_retries,
@@ -148,6 +153,20 @@ class SharedFilesystemStore(ProcessBound):
         self.closed = False
 
     # --- pool ---------------------------------------------------------------------------
+    def _check_backend(self, backend: object) -> FilesystemBackend:
+        """The declared deployment, checked against the live mount before the pool is
+        touched (``DeploymentMismatch``: nothing written)."""
+        if backend is None:
+            return FilesystemBackend(self.root)
+        if not isinstance(backend, FilesystemBackend):
+            raise TypeError(f"backend must be a straw.backend.FilesystemBackend, got "
+                            f"{type(backend).__name__}")
+        if backend.root != self.root:
+            raise ValueError(f"backend root {backend.root} differs from the store root "
+                             f"{self.root}; build the backend for the pool's root")
+        backend.verify(self.fs)
+        return backend
+
     def _init_pool(self) -> None:
         """Create the pool marker once and check its format.
 

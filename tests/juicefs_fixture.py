@@ -378,11 +378,14 @@ def sweep_stale_mounts(under: str | None = None) -> list[str]:
 
 @contextlib.contextmanager
 def mount_pair(
-    volume_dir: str | os.PathLike[str], *, trash_days: int = 0
+    volume_dir: str | os.PathLike[str], *, trash_days: int = 0,
+    extra_options: tuple[str, ...] = (),
 ) -> Iterator[JuiceFSMounts]:
     """Format a fresh volume in ``volume_dir`` and mount it twice; unmount both on exit.
 
-    ``trash_days`` is passed to ``juicefs format`` (0 here; JuiceFS's own default is 1).
+    ``trash_days`` is passed to ``juicefs format`` (0 here; JuiceFS's own default is 1);
+    ``extra_options`` to both ``juicefs mount`` calls (e.g. unsafe cache settings that
+    ``straw qualify`` must flag).
     Raises ``JuiceFSUnavailable`` (with the exact reason) if that cannot be done."""
     reason = unavailable_reason()
     if reason:
@@ -427,6 +430,7 @@ def mount_pair(
                 "mount",
                 "-d",
                 *MOUNT_OPTIONS,
+                *extra_options,
                 "--log",
                 log,
                 "--cache-dir",
