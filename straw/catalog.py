@@ -641,6 +641,12 @@ class Catalog(ProcessBound):
         for op in ops:
             self.state.apply(op)
 
+    @property
+    def data_bytes(self) -> int:
+        """Bytes of transactions (and confirm frames) this client has replayed: the
+        catalog's size without its reserved tail (call after ``locked``)."""
+        return self._offset
+
     # --- operator repair (D6: fail closed, keep the bytes, GC waits for the operator) ----
     def repair(self) -> list[dict[str, Any]]:
         """Make a damaged catalog readable again; returns one report per damaged frame

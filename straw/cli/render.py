@@ -12,11 +12,13 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+HAVE_RICH = True
 try:  # optional: the `cli` extra
     from rich import box
     from rich.console import Console
     from rich.table import Table
 except ImportError:  # pragma: no cover - exercised when rich is absent
+    HAVE_RICH = False
     Console = None  # type: ignore[assignment,misc]
     Table = None  # type: ignore[assignment,misc]
 
@@ -26,7 +28,7 @@ class Out:
 
     def __init__(self, stream: Any = None) -> None:
         self.stream = stream or sys.stdout
-        self.console = Console(file=self.stream, highlight=False) if Console else None
+        self.console = Console(file=self.stream, highlight=False) if HAVE_RICH else None
 
     def line(self, text: str = "") -> None:
         if self.console is not None:
@@ -36,7 +38,7 @@ class Out:
 
     def table(self, title: str, headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
         cells = [[_cell(v) for v in r] for r in rows]
-        if self.console is not None and Table is not None:
+        if self.console is not None:
             t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD,
                       show_header=any(headers))
             for h in headers:
