@@ -29,19 +29,20 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Sequence
 
+from fault_injection.delegate import Delegate
 from fault_injection.simfs import SimClient, SimFS
 from straw.clock import Clock
-from straw.fs import Buffer, FileStat, Filesystem
+from straw.fs import FileStat
 
 
 def _enoent(path: str) -> FileNotFoundError:
     return FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
 
 
-class NFSClient(Filesystem):
-    """One NFS client's view of the SimFS ``inner`` (see the module docstring)."""
+class NFSClient(Delegate):
+    """One NFS client's view of the SimFS ``inner`` (see the module docstring); the
+    operations it does not cache go to the server unchanged (``Delegate``)."""
 
     def __init__(self, inner: SimClient, clock: Clock, *, attr_timeout: float = 3.0,
                  dir_timeout: float = 30.0, negative_timeout: float = 30.0) -> None:
@@ -123,43 +124,6 @@ class NFSClient(Filesystem):
     def unlink(self, path: str) -> None:
         self.inner.unlink(path)
         self._changed()
-
-    # --- everything else: the server ------------------------------------------------------
-    def close(self, fd: int) -> None:
-        self.inner.close(fd)
-
-    def writev(self, fd: int, buffers: Sequence[Buffer], offset: int) -> int:
-        return self.inner.writev(fd, buffers, offset)
-
-    def readinto(self, fd: int, buffer: Buffer, offset: int) -> int:
-        return self.inner.readinto(fd, buffer, offset)
-
-    def fsync(self, fd: int) -> None:
-        self.inner.fsync(fd)
-
-    def fdatasync(self, fd: int) -> None:
-        self.inner.fdatasync(fd)
-
-    def truncate(self, fd: int, size: int) -> None:
-        self.inner.truncate(fd, size)
-
-    def fstat(self, fd: int) -> FileStat:
-        return self.inner.fstat(fd)
-
-    def reserve(self, fd: int, offset: int, length: int) -> bool:
-        return self.inner.reserve(fd, offset, length)
-
-    def lock(self, fd: int, *, blocking: bool = True) -> bool:
-        return self.inner.lock(fd, blocking=blocking)
-
-    def unlock(self, fd: int) -> None:
-        self.inner.unlock(fd)
-
-    def fsync_dir(self, path: str) -> None:
-        self.inner.fsync_dir(path)
-
-    def realpath(self, path: str) -> str:
-        return self.inner.realpath(path)
 
 
 def parse_options(options: str) -> dict[str, float]:
