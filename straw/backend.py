@@ -167,7 +167,7 @@ class FilesystemBackend:
 
 
 # --- the live mount -----------------------------------------------------------------------
-def _unescape(field: str) -> str:
+def unescape_mountinfo(field: str) -> str:
     """mountinfo escapes space, tab, newline and backslash as octal (``\\040``)."""
     out, i = [], 0
     while i < len(field):
@@ -188,7 +188,7 @@ def parse_mountinfo(text: str) -> list[Mount]:
         fields, tail = left.split(), right.split()
         if not sep or len(fields) < 5 or len(tail) < 2:
             continue
-        mounts.append(Mount(_unescape(fields[4]), tail[0], _unescape(tail[1]),
+        mounts.append(Mount(unescape_mountinfo(fields[4]), tail[0], unescape_mountinfo(tail[1]),
                             tail[2] if len(tail) > 2 else ""))
     return mounts
 

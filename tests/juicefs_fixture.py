@@ -80,6 +80,8 @@ from pathlib import Path
 
 import pytest
 
+from straw.backend import unescape_mountinfo as _unescape  # one mountinfo parser
+
 __all__ = [
     "JuiceFSMounts",
     "JuiceFSUnavailable",
@@ -184,19 +186,6 @@ def _env() -> dict[str, str]:
 
 # ----------------------------------------------------------------------------------------
 # mount table and daemons
-
-
-def _unescape(field: str) -> str:
-    # /proc/self/mountinfo octal-escapes space, tab, newline and backslash.
-    out, i = [], 0
-    while i < len(field):
-        if field[i] == "\\" and i + 3 < len(field) and field[i + 1 : i + 4].isdigit():
-            out.append(chr(int(field[i + 1 : i + 4], 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
 
 
 def _mounts() -> list[tuple[str, str, str]]:
