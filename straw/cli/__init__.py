@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import StrawError, UnsupportedSchema
+from ..fs import PosixFS
 from . import render
 
 
@@ -130,8 +131,7 @@ def _check_declaration(path: str, root: str) -> dict[str, Any]:
     from ..backend import FilesystemBackend
     from ..errors import DeploymentMismatch
     try:
-        with open(path) as f:
-            declaration = json.load(f)
+        declaration = json.loads(PosixFS().read_file(path))
     except (OSError, ValueError) as e:
         raise BadInput(f"--declaration {path}: cannot read a JSON object: {e}") from None
     try:
@@ -164,8 +164,8 @@ def cmd_top(args: argparse.Namespace, out: render.Out) -> int:
         view = pool.inspect(args.pool)
         n += 1
         if args.json:
-            with open(args.json, "a") as f:
-                f.write(json.dumps({"refresh": n, "time": time.time(), **view}) + "\n")
+            render.append_line(args.json, json.dumps({"refresh": n, "time": time.time(),
+                                                      **view}))
         if out.console is not None and out.stream.isatty():
             out.console.clear()
         out.line(f"straw top {view['pool']}  refresh {n}  {time.strftime('%H:%M:%S')}")

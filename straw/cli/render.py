@@ -7,10 +7,13 @@ depends on either.  Plots need matplotlib (the ``plot`` extra)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
+
+from ..fs import PosixFS
 
 HAVE_RICH = True
 try:  # optional: the `cli` extra
@@ -92,9 +95,18 @@ def write_json(data: Any, target: str) -> None:
     text = json.dumps(data, indent=2, sort_keys=False, default=str)
     if target == "-":
         print(text)
-    else:
-        with open(target, "w") as f:
-            f.write(text + "\n")
+    else:  # through the Filesystem like every file straw writes (atomic: temp + rename)
+        PosixFS().write_file_durable(os.path.abspath(target), (text + "\n").encode())
+
+
+def append_line(target: str, text: str) -> None:
+    """Append one line to ``target`` (created if missing), through the Filesystem."""
+    fs = PosixFS()
+    fd = fs.open(target, write=True, create=True)
+    try:
+        fs.writev(fd, [(text + "\n").encode()], fs.fstat(fd).size)
+    finally:
+        fs.close(fd)
 
 
 # --- reports ------------------------------------------------------------------------------
