@@ -645,6 +645,7 @@ class Catalog(ProcessBound):
     def data_bytes(self) -> int:
         """Bytes of transactions (and confirm frames) this client has replayed: the
         catalog's size without its reserved tail (call after ``locked``)."""
+        self._check_process()
         return self._offset
 
     # --- operator repair (D6: fail closed, keep the bytes, GC waits for the operator) ----

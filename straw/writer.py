@@ -259,6 +259,7 @@ class WriterIncarnation(ProcessBound):
         """Write the catalog seal of abandoned packs.  Best effort (this runs on error
         paths, often on a full disk): on failure they stay listed and a later call
         retries (before the next pack opens, at close, at each collection)."""
+        self._check_process()
         if not self._abandoned:
             return
         try:

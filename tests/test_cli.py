@@ -93,11 +93,11 @@ def test_inspect_shows_a_live_pool_and_writes_nothing(live_pool, tmp_path):
     assert tree(live_pool) == before  # no file created, no byte appended, no lock file
     v = json.loads(p.stdout)
     assert v["packs"]["total"] == 3 and v["packs"]["open"] == 2 and v["packs"]["sealed"] == 1
-    assert v["owners"]["queue:rl/rollout"]["packs"] == 2
+    assert v["owners"]["job/queue:rl/rollout"]["packs"] == 2
     assert v["collectable"]["packs"] == 1 and v["collectable"]["paths"][0].startswith(
         "runs/job/writers/junk/")
     (q,) = v["queues"]
-    assert q["queue"] == "queues/rl/rollout" and q["epoch"] == 1
+    assert q["queue"] == "runs/job/queues/rl/rollout" and q["epoch"] == 1
     assert q["tasks"] == {"completed": 2, "leased": 1, "pending": 2}
     assert q["tasks_by_stage"] == {"generate/leased": 1, "generate/pending": 2}
     assert q["leases_by_worker"] == {"gen-0": 1}
@@ -107,7 +107,7 @@ def test_inspect_shows_a_live_pool_and_writes_nothing(live_pool, tmp_path):
     if args:
         assert plot.stat().st_size > 0
     text = straw("inspect", live_pool)
-    assert text.returncode == 0 and "queue queues/rl/rollout" in text.stdout
+    assert text.returncode == 0 and "queue runs/job/queues/rl/rollout" in text.stdout
     assert "gen-0" in text.stdout and tree(live_pool) == before
 
 
@@ -231,7 +231,7 @@ def _has_matplotlib() -> bool:
 def test_inspect_reports_a_damaged_queue_and_shows_the_rest(live_pool):
     """A queue whose journal fails its checksum (D6) is named with the error, exit 1; the
     packs and owners are still shown, and nothing is repaired (written)."""
-    jdir = os.path.join(live_pool, "queues", "rl", "rollout", "journal")
+    jdir = os.path.join(live_pool, "runs", "job", "queues", "rl", "rollout", "journal")
     (seg,) = [n for n in os.listdir(jdir) if n.endswith(".log")]
     path = os.path.join(jdir, seg)
     with open(path, "r+b") as f:
@@ -244,5 +244,5 @@ def test_inspect_reports_a_damaged_queue_and_shows_the_rest(live_pool):
     assert p.returncode == 1, p.stderr
     v = json.loads(p.stdout)
     assert v["queues"] == [] and len(v["errors"]) == 1
-    assert v["errors"][0].startswith("queue queues/rl/rollout: CorruptData")
+    assert v["errors"][0].startswith("queue runs/job/queues/rl/rollout: CorruptData")
     assert v["packs"]["total"] == 3 and tree(live_pool) == before
