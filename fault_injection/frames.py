@@ -131,6 +131,21 @@ def _scan(data: bytes | bytearray, size: int) -> framing.ScanResult:
     view = bytes(data)
     return framing.scan_frames(lambda o, n: view[o:min(o + n, size)], size)
 
+def _flipped_outcome(data: bytearray, i: int) -> str:
+    """What ``_scan`` makes of ``data`` with byte ``i`` flipped ("corrupt", "torn at N",
+    "accepted (end N)" or an unexpected error); ``data`` is restored afterwards."""
+    data[i] ^= 0x10
+    try:
+        res = _scan(data, len(data))
+        return f"torn at {res.end}" if res.torn else f"accepted (end {res.end})"
+    except CorruptData:
+        return "corrupt"
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    finally:
+        data[i] ^= 0x10
+
+
 
 def check_pack_file(report: FrameReport) -> None:
     data, groups = _pack_bytes(seal=False)
@@ -161,16 +176,8 @@ def check_pack_file(report: FrameReport) -> None:
     last_group = groups[-1]
     flipped = bytearray(data)
     for i in range(len(data)):
-        flipped[i] ^= 0x10
         report.checks += 1
-        try:
-            res = _scan(flipped, len(flipped))
-            outcome = f"torn at {res.end}" if res.torn else f"accepted (end {res.end})"
-        except CorruptData:
-            outcome = "corrupt"
-        except Exception as e:
-            outcome = f"{type(e).__name__}: {e}"
-        flipped[i] ^= 0x10
+        outcome = _flipped_outcome(flipped, i)
         # in the last group: torn at the damaged frame (its valid predecessors stay)
         start = max(o for o in offsets if o <= i)
         want = "corrupt" if i < last_group else f"torn at {start}"
@@ -228,16 +235,8 @@ def check_journal_file(report: FrameReport) -> None:
     last_acked_end = acked[-1][1]
     flipped = bytearray(data)
     for i in range(len(data)):
-        flipped[i] ^= 0x10
         report.checks += 1
-        try:
-            res = _scan(flipped, len(flipped))
-            outcome = f"torn at {res.end}" if res.torn else f"accepted (end {res.end})"
-        except CorruptData:
-            outcome = "corrupt"
-        except Exception as e:
-            outcome = f"{type(e).__name__}: {e}"
-        flipped[i] ^= 0x10
+        outcome = _flipped_outcome(flipped, i)
         want = "corrupt" if i < last_acked_end else f"torn at {last_acked_end}"
         if outcome != want:
             report.fail(f"journal byte {i} flipped (the last acknowledged transaction ends "

@@ -344,10 +344,7 @@ class Coordinator(ProcessBound):
             except OSError as e:
                 raise storage_error(e, f"cannot read epoch file {path}") from e
             finally:
-                try:
-                    self.fs.close(fd)
-                except OSError:
-                    pass
+                close_quietly(self.fs, fd)
             if mark == _STARTED:
                 return epoch
         return 0
