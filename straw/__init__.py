@@ -4,6 +4,7 @@ The public API keeps straw-queue's vocabulary (see DESIGN.md).  File I/O goes th
 ``straw.fs.Filesystem``; time through an injectable ``straw.clock.Clock``.
 """
 
+from .coordinator import Coordinator
 from .errors import (
     CorruptData,
     DeploymentMismatch,
@@ -20,7 +21,10 @@ from .errors import (
     StrawError,
     UnsafeRecovery,
     UnsupportedSchema,
+    WriterBusy,
+    WriterFenced,
 )
+from .queue_types import Limits, TaskSpec
 from .reader import ReadSession
 from .refs import (
     Manifest,
@@ -37,6 +41,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "SharedFilesystemStore",
+    "Coordinator",
+    "TaskSpec",
+    "Limits",
     "ReadSession",
     "Record",
     "Publication",
@@ -60,4 +67,6 @@ __all__ = [
     "ResourceLimitExceeded",
     "Fenced",
     "ForkedProcess",
+    "WriterBusy",
+    "WriterFenced",
 ]

@@ -9,8 +9,14 @@ references, storage and protocol state raises a ``StrawError`` subclass.
 from __future__ import annotations
 
 
-class StrawError(Exception):
-    """Base class of every straw-specific error."""
+class StrawError(RuntimeError):
+    """Base class of every straw-specific error.
+
+    A ``RuntimeError``, as in straw-queue, whose callers catch ``RuntimeError``; its name
+    there, ``QueueError``, is an alias."""
+
+
+QueueError = StrawError  # straw-queue 0.1.6's name for the base class
 
 
 class CorruptData(StrawError):
@@ -83,6 +89,17 @@ class Fenced(StrawError):
     Stop using this object; open a new one."""
 
 
+class WriterBusy(StrawError):
+    """Another operation holds this writer's gate (a publication in flight, or a live
+    process owns the writer that ``retire_writer``/``publication_receipt`` names).  Retry
+    after it returns, or make sure that process is gone."""
+
+
+class WriterFenced(Fenced):
+    """This writer incarnation was retired (fenced) by another client; its later
+    publications are refused.  Open a new store (a new writer) to publish again."""
+
+
 class ForkedProcess(StrawError):
     """This object was opened by another process, of which this one is a forked child.
     Its locks, open files and in-memory position belong to the parent: the child must
@@ -91,6 +108,7 @@ class ForkedProcess(StrawError):
 
 __all__ = [
     "StrawError",
+    "QueueError",
     "CorruptData",
     "InvalidReference",
     "UnsupportedSchema",
@@ -104,5 +122,7 @@ __all__ = [
     "DeploymentMismatch",
     "ResourceLimitExceeded",
     "Fenced",
+    "WriterBusy",
+    "WriterFenced",
     "ForkedProcess",
 ]
