@@ -961,15 +961,24 @@ class Catalog(ProcessBound):
             if gone:
                 self.append([{"op": "unlinked", "paths": gone}])
             live = st.live_packs()
+            retained = sorted(p for p in live if p.startswith(prefix) and
+                              not st.packs.get(p, PackInfo()).tombstoned)
+            owners = sorted(st.run_owners(run) if run is not None else
+                            (f"{r}/{name}" for r, name in st.owners))
             return {
+                # straw-queue's counts
                 "reclaimed_files": len(gone),
                 "reclaimed_bytes": sum(sizes.get(p, 0) for p in gone),
+                "tombstones": len(victims),
+                "retained_packs": len(retained),
+                "open_packs": sum(1 for p, i in st.packs.items() if p.startswith(prefix)
+                                  and i.state == "open" and not i.tombstoned),
+                "owners": len(owners),
+                # and what they count
                 "tombstoned": victims,
                 "finished_interrupted": unfinished,
-                "retained_packs": sorted(p for p in live if p.startswith(prefix) and
-                                         not st.packs.get(p, PackInfo()).tombstoned),
-                "owners": sorted(st.run_owners(run) if run is not None else
-                                 (f"{r}/{name}" for r, name in st.owners)),
+                "retained_pack_paths": retained,
+                "owner_names": owners,
             }
 
 

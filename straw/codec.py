@@ -92,8 +92,12 @@ class Registry:
         self._by_tag: dict[tuple[str, int], Callable[[Any], Any]] = {}
         self._dataclass_names: dict[type, str] = {}
         self._dataclasses: dict[str, type] = {}
-        # built in: references decode through their checking constructor
+        # built in: references decode through their checking constructor.  Version 1 is
+        # the previous straw's flat dict (still decoded: ``from_dict`` reads both forms),
+        # version 2 straw-queue's shape (``manifest`` RecordRef, usage counts).
         self.register(RecordSetRef, "straw.RecordSetRef", 1, RecordSetRef.to_dict,
+                      RecordSetRef.from_dict)
+        self.register(RecordSetRef, "straw.RecordSetRef", 2, RecordSetRef.to_dict,
                       RecordSetRef.from_dict)
 
     def register(self, cls: type, tag: str, version: int, encode: Callable[[Any], Any],
@@ -258,8 +262,9 @@ class _Encoder:
         if isinstance(x, np.ndarray) or _is_torch_tensor(x):
             return msgpack.ExtType(_TENSOR, _U32.pack(self.tensor(x, path)))
         if isinstance(x, TensorRef):
-            if x.publication not in self.deps:
-                self.deps.append(x.publication)
+            pub = x._publication()
+            if pub not in self.deps:
+                self.deps.append(pub)
             return msgpack.ExtType(_TENSORREF, msgpack.packb(x.to_dict()))
         image = _pil_image_class()
         if image is not None and isinstance(x, image):
@@ -475,7 +480,7 @@ def decode_sample(store: Any, ref: RecordSetRef, *, lazy_tensors_over: int | Non
     if lazy_tensors_over is not None:
         check_count("lazy_tensors_over", lazy_tensors_over)
     registry = _registry(registry)
-    manifest = store.manifest(ref)
+    manifest = store.checked_manifest(ref)
     if not manifest.records or manifest.records[0].codec != CODEC:
         raise UnsupportedSchema(f"{ref!r} is not a {CODEC} publication (record 0 is "
                                 f"{manifest.records[0].codec if manifest.records else 'none'})")

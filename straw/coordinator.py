@@ -122,7 +122,7 @@ from .queue_types import (
     TaskSpec,
     TaskStatus,
 )
-from .refs import NAME_RE, RecordSetRef, canonical_metadata
+from .refs import NAME_RE, RecordSetRef, canonical_metadata, ref_from_tuple, ref_to_tuple
 from .siblings import DEFAULT_GROUP_WAIT
 from .store import SharedFilesystemStore
 
@@ -137,7 +137,7 @@ def queue_dir(root: str, run_id: str, namespace: str, queue_id: str) -> str:
 
 
 def _ref_tuple(ref: RecordSetRef) -> RefTuple:
-    return (ref.path, ref.offset, ref.size, ref.checksum, ref.digest, ref.records)
+    return ref_to_tuple(ref)  # the one stored form (straw.refs)
 
 
 def _digest(value: Any) -> str:
@@ -537,7 +537,7 @@ class Coordinator(ProcessBound):
     def _to_ref(self, t: RefTuple | None) -> RecordSetRef | None:
         if t is None:
             return None
-        return RecordSetRef(self.store.run_id, *t)
+        return ref_from_tuple(self.store.run_id, t)
 
     # --- tasks --------------------------------------------------------------------------
     def submit_tasks(self, request_id: str, tasks: Sequence[TaskSpec], *,
@@ -787,7 +787,7 @@ class Coordinator(ProcessBound):
                        rec.epoch, ref)
 
     def _check_result_names_attempt(self, ref: RecordSetRef, lease: Lease) -> None:
-        manifest = self.store.manifest(ref)
+        manifest = self.store.checked_manifest(ref)
         named = False
         for info in manifest.records:
             meta = info.metadata

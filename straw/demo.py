@@ -139,7 +139,7 @@ def run(root: str) -> dict[str, object]:
         for n, (name, size) in enumerate(SIZES.items()):
             (rec,) = store.read(refs[name])
             assert rec.payload == _payload(n, size), name
-        deps = store.manifest(batch[1]).dependencies
+        deps = store.checked_manifest(batch[1]).dependencies
         assert deps == (batch[0], refs["1KiB"])
         report["sizes_verified"] = list(SIZES)
         report["batch_dependencies_verified"] = len(deps)

@@ -18,6 +18,15 @@ Extent body (the publication)::
                xxh3-128 of the payload
     20+M       payloads back to back
 
+Manifest version 2 (this straw; version 1 stays readable) adds ``pb``/``tok`` (the
+publication's payload bytes and tokens, dependencies included transitively), ``api``
+(which call published it: ``publish``, ``records`` or ``record_set``, for
+``publication_receipt``), ``mems`` (the records of a ``record_set`` publication, which
+live in other extents: location, ordinal and a copy of their manifest entry) and two more
+fields per dependency (its manifest ordinal, payload bytes and tokens).  The SEAL index
+entries grow by the same four fields (version-1 entries decode with ``ordinal = records``,
+no counts, api ``publish``).
+
 ``read`` verifies the body checksum (which the reference names); ``read_record`` verifies
 the manifest checksum and that record's own checksum, reading nothing else.
 ``decode_manifest`` also checks the manifest's shape (field types, counts, 16-byte
@@ -58,7 +67,9 @@ from .fs import Filesystem
 EXTENT_PREFIX = struct.Struct("<I16s")
 TRAILER = struct.Struct("<Q8s")
 TRAILER_MAGIC = b"STRWSEAL"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+APIS = ("publish", "records", "record_set")
 PACK_SUFFIX = ".strw"
 
 
@@ -80,10 +91,21 @@ class ExtentEntry:
     checksum: bytes
     digest: bytes
     records: int
+    ordinal: int  # records stored in the extent itself (its manifest's ordinal)
+    payload_bytes: int  # 0 for extents of manifest version 1 (not recorded)
+    tokens: int
+    api: str  # the call that published it (APIS)
 
     def packed(self) -> list[Any]:
         return [self.submission_id, self.index, self.count, self.offset, self.size,
-                self.checksum, self.digest, self.records]
+                self.checksum, self.digest, self.records, self.ordinal, self.payload_bytes,
+                self.tokens, self.api]
+
+    @classmethod
+    def unpacked(cls, e: Sequence[Any]) -> ExtentEntry:
+        if len(e) == 8:  # version 1
+            return cls(*e, e[7], 0, 0, "publish")  # type: ignore[call-arg]
+        return cls(*e)
 
 
 @dataclass
@@ -107,9 +129,14 @@ def encode_extent(
     dependencies: Sequence[list[Any]],
     offset: int,
     group_start: int,
+    payload_bytes: int,
+    tokens: int,
+    api: str = "publish",
+    members: Sequence[list[Any]] = (),
 ) -> EncodedExtent:
     """Lay out one extent at ``offset``.  ``records`` are (id, codec, metadata JSON,
-    tokens, payload view, payload xxh3-128)."""
+    tokens, payload view, payload xxh3-128); ``members`` the rows of a ``record_set``
+    publication's records (``_check_member``)."""
     manifest = {
         "v": MANIFEST_VERSION,
         "run": run_id,
@@ -120,6 +147,10 @@ def encode_extent(
         "deps": list(dependencies),
         "recs": [[rid, codec, meta, tokens, len(p), h]
                  for rid, codec, meta, tokens, p, h in records],
+        "pb": payload_bytes,
+        "tok": tokens,
+        "api": api,
+        "mems": list(members),
     }
     mbytes = msgpack.packb(manifest, use_bin_type=True)
     prefix = EXTENT_PREFIX.pack(len(mbytes), xxhash.xxh3_128_digest(mbytes))
@@ -132,7 +163,8 @@ def encode_extent(
         record_offsets.append(pos)
         pos += len(r[4])
     entry = ExtentEntry(submission_id, index, count, offset, size, header[24:40], digest,
-                        len(records))
+                        len(members) if members else len(records), len(records),
+                        payload_bytes, tokens, api)
     return EncodedExtent([header, *body], entry, record_offsets, manifest)
 
 
@@ -154,10 +186,11 @@ def decode_manifest(body_prefix: Any, where: str) -> tuple[dict[str, Any], int]:
         manifest = msgpack.unpackb(mbytes, raw=False, strict_map_key=True)
     except Exception as e:  # msgpack raises several types for malformed input
         raise CorruptData(f"{where}: manifest does not decode: {e}") from None
-    if not isinstance(manifest, dict) or manifest.get("v") != MANIFEST_VERSION:
+    if not isinstance(manifest, dict) or manifest.get("v") not in READABLE_VERSIONS:
         version = manifest.get("v") if isinstance(manifest, dict) else None
         raise UnsupportedSchema(
-            f"{where}: manifest version {version!r}; this straw reads {MANIFEST_VERSION}"
+            f"{where}: manifest version {version!r}; this straw reads up to "
+            f"{MANIFEST_VERSION}"
         )
     _check_manifest_shape(manifest, where)
     return manifest, end
@@ -182,16 +215,33 @@ def _check_manifest_shape(m: dict[str, Any], where: str) -> None:
     deps, recs = m.get("deps"), m.get("recs")
     if type(deps) is not list or type(recs) is not list:
         raise CorruptData(f"{where}: manifest dependencies or records are not lists")
+    v2 = m["v"] >= 2
     for d in deps:
-        if not (type(d) is list and len(d) == 6 and type(d[0]) is str and _is_count(d[1])
-                and _is_count(d[2]) and _is_hash(d[3]) and _is_hash(d[4])
-                and _is_count(d[5])):
+        if not (type(d) is list and len(d) == (9 if v2 else 6) and type(d[0]) is str
+                and all(_is_count(x) for x in d[1:3]) and _is_hash(d[3]) and _is_hash(d[4])
+                and all(_is_count(x) for x in d[5:])):
             raise CorruptData(f"{where}: manifest dependency {short_repr(d)} is malformed")
     for r in recs:
-        if not (type(r) is list and len(r) == 6 and type(r[0]) is str and type(r[1]) is str
-                and type(r[2]) is str and (r[3] is None or _is_count(r[3]))
-                and _is_count(r[4]) and _is_hash(r[5])):
+        if not _is_record_row(r):
             raise CorruptData(f"{where}: manifest record {short_repr(r)} is malformed")
+    if not v2:
+        return
+    if not (_is_count(m.get("pb")) and _is_count(m.get("tok")) and m.get("api") in APIS
+            and type(m.get("mems")) is list):
+        raise CorruptData(f"{where}: manifest counts, api or members are malformed")
+    for r in m["mems"]:
+        if not (type(r) is list and len(r) == 11 and type(r[0]) is str
+                and _is_count(r[1]) and _is_count(r[2]) and _is_hash(r[3])
+                and _is_count(r[4]) and _is_record_row(r[5:])):
+            raise CorruptData(f"{where}: manifest member {short_repr(r)} is malformed")
+    if m["mems"] and recs:
+        raise CorruptData(f"{where}: manifest has both records and members")
+
+
+def _is_record_row(r: Any) -> bool:
+    return (type(r) is list and len(r) == 6 and type(r[0]) is str and type(r[1]) is str
+            and type(r[2]) is str and (r[3] is None or _is_count(r[3]))
+            and _is_count(r[4]) and _is_hash(r[5]))
 
 
 def manifest_size(body_prefix: Any) -> int:
@@ -202,9 +252,12 @@ def manifest_size(body_prefix: Any) -> int:
 
 def entry_from_manifest(manifest: dict[str, Any], offset: int, header: framing.FrameHeader
                         ) -> ExtentEntry:
+    local = len(manifest["recs"])
+    members = len(manifest.get("mems", ()))
     return ExtentEntry(manifest["sub"], manifest["idx"], manifest["n"], offset,
                        header.frame_length, header.body_hash, manifest["digest"],
-                       len(manifest["recs"]))
+                       members or local, local, manifest.get("pb", 0),
+                       manifest.get("tok", 0), manifest.get("api", "publish"))
 
 
 class PackWriter:
@@ -357,9 +410,9 @@ def read_sealed_index(fs: Filesystem, fd: int, size: int) -> list[ExtentEntry] |
 
 def _seal_entries(body: Any) -> list[ExtentEntry]:
     seal = msgpack.unpackb(body, raw=False)
-    if seal.get("v") != MANIFEST_VERSION:
+    if seal.get("v") not in READABLE_VERSIONS:
         raise UnsupportedSchema(f"seal index version {seal.get('v')!r}")
-    return [ExtentEntry(*e) for e in seal["extents"]]
+    return [ExtentEntry.unpacked(e) for e in seal["extents"]]
 
 
 @dataclass

@@ -70,7 +70,8 @@ import msgpack
 
 from .errors import CorruptData
 
-RefTuple = tuple[str, int, int, str, str, int]
+# straw.refs.ref_to_tuple: 9 fields (6 in journals of the previous straw)
+RefTuple = tuple[Any, ...]
 
 PENDING = "pending"
 LEASED = "leased"

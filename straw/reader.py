@@ -55,10 +55,13 @@ closed them.
 
 from __future__ import annotations
 
+import ctypes
+import json
+import platform
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,7 +70,13 @@ import xxhash
 
 from . import framing
 from .clock import Clock
-from .errors import CorruptData, InvalidReference, StorageUnavailable, StrawError
+from .errors import (
+    CorruptData,
+    InvalidReference,
+    StorageUnavailable,
+    StrawError,
+    UnsupportedSchema,
+)
 from .fs import Filesystem, NotBeneath
 from .pack import EXTENT_PREFIX, decode_manifest, manifest_size, read_sealed_index
 from .process import ProcessBound, close_quietly
@@ -77,8 +86,10 @@ from .refs import (
     RecordInfo,
     RecordRef,
     RecordSetRef,
+    SegmentRef,
     check_pack_path,
     parse_metadata,
+    ref_from_tuple,
 )
 
 _FIRST_READ = 64 * 1024
@@ -105,6 +116,87 @@ def drop_reclaimed(real_root: str, paths: Iterable[str]) -> None:
         sessions = [s for s in _SESSIONS if s.real_root == real_root]
     for s in sessions:
         s._forget(paths)
+
+
+# --- payloads as bytes, without a second copy --------------------------------------------
+# Records read back carry ``bytes`` (straw-queue's type), and a payload is read straight
+# into its bytes object: CPython's PyBytes_FromStringAndSize(NULL, n) makes an
+# uninitialised bytes object that nothing else references yet, which we fill through a
+# view of its buffer before handing it out (what C extensions do).  Elsewhere (another
+# Python) a bytearray is filled and copied once.
+_CPYTHON = platform.python_implementation() == "CPython"
+if _CPYTHON:
+    _new_bytes = ctypes.pythonapi.PyBytes_FromStringAndSize
+    _new_bytes.restype = ctypes.py_object
+    _new_bytes.argtypes = (ctypes.c_char_p, ctypes.c_ssize_t)
+    _BYTES_DATA = bytes.__basicsize__ - 1  # offset of the data in a bytes object
+
+
+def fresh_bytes(n: int) -> tuple[bytes, memoryview]:
+    """A new ``bytes`` of ``n`` bytes and a writable view of its content: the caller fills
+    the view completely before the bytes object is used (its content is uninitialised).
+    Not on CPython: a bytearray (bytes-like: compares, decodes, slices the same)."""
+    if _CPYTHON and n > 0:
+        data = _new_bytes(None, n)
+        view = memoryview((ctypes.c_char * n).from_address(id(data) + _BYTES_DATA))
+        return data, view.cast("B")
+    if n == 0:
+        return b"", memoryview(bytearray())
+    buf = bytearray(n)
+    return buf, memoryview(buf)  # type: ignore[return-value]
+
+
+MANIFEST_CODEC = "record-set.v2"  # the codec the manifest ordinal reads back with
+
+
+@dataclass(frozen=True)
+class ExtentInfo:
+    """The checked content of one extent: its own records (``local``, payloads at
+    ``offsets``) or, for a ``record_set`` publication, its ``members`` (records of other
+    extents with a copy of their manifest entries), the publication reference it holds,
+    straw's ``Manifest`` of it, and the entry of its manifest ordinal."""
+
+    segment: SegmentRef
+    version: int
+    api: str
+    local: tuple[RecordInfo, ...]
+    offsets: tuple[int, ...]
+    members: tuple[tuple[RecordRef, RecordInfo], ...]
+    ref: RecordSetRef
+    manifest: Manifest
+    manifest_info: RecordInfo
+
+
+def manifest_dict(m: Manifest) -> dict[str, Any]:
+    """straw-queue's manifest shape (``store.manifest``)."""
+    return {"version": 2, "digest": m.ref.digest,
+            "records": [r.to_dict() for r in m.record_refs],
+            "dependencies": [d.to_dict() for d in m.dependencies]}
+
+
+def _manifest_json(m: Manifest) -> bytes:
+    return json.dumps(manifest_dict(m), sort_keys=True, separators=(",", ":")).encode()
+
+
+def envelope_dict(info: RecordInfo) -> dict[str, Any]:
+    """straw-queue's record envelope shape (``inspect_segment``, ``envelope``); the
+    checksum is our xxh3-128 hex of the payload."""
+    return {"record_id": info.record_id, "codec": info.codec,
+            "metadata": dict(info.metadata), "tokens": info.tokens or 0,
+            "length": info.length, "checksum": info.checksum, "version": 1}
+
+
+def _zero_tail(parts: list[tuple[int, memoryview]], start: int, end: int) -> bool:
+    """True if the extent [start, end), read as ``parts`` ((file offset, bytes) pieces),
+    ends in zeros from a page boundary on (``_zero_page_tail`` across pieces)."""
+    tail = start
+    for off, buf in parts:
+        arr: Any = np.frombuffer(buf, dtype=np.uint8)
+        nz = np.flatnonzero(arr)
+        if nz.size:
+            tail = max(tail, off + int(nz[-1]) + 1)
+    boundary = -(-tail // _PAGE) * _PAGE
+    return tail > start and boundary < end
 
 
 def _alloc(size: int) -> memoryview:
@@ -193,7 +285,7 @@ class ReadSession(ProcessBound):
         self.retries = visibility_retries
         self.backoff = visibility_backoff
         self._fds: OrderedDict[str, int] = OrderedDict()
-        self._manifests: OrderedDict[RecordSetRef, Manifest] = OrderedDict()
+        self._extents: OrderedDict[SegmentRef, ExtentInfo] = OrderedDict()
         self._lock = threading.Lock()
         self.closed = False
         self._next_sweep = clock.now() + _SWEEP_SECONDS
@@ -206,7 +298,7 @@ class ReadSession(ProcessBound):
     def _drop_inherited(self) -> None:
         fds = list(self._fds.values())
         self._fds.clear()
-        self._manifests.clear()
+        self._extents.clear()
         for fd in fds:
             close_quietly(self.fs, fd)
 
@@ -232,102 +324,188 @@ class ReadSession(ProcessBound):
                 except OSError:
                     pass
             self._fds.clear()
-            self._manifests.clear()
+            self._extents.clear()
             self.closed = True
         with _SESSIONS_LOCK:
             _SESSIONS.discard(self)
 
-    # --- public reads -----------------------------------------------------------------
-    def read(self, ref: RecordSetRef) -> list[Record]:
-        """The publication's records in order, payloads as read-only memoryviews."""
-        self._check_process()
-        manifest, body, payload_start = self._read_extent(ref)
-        out = []
-        pos = payload_start
-        for info in manifest.records:
-            out.append(Record(info.record_id, body[pos:pos + info.length].toreadonly(),
-                              info.codec, info.metadata, info.tokens))
-            pos += info.length
-        return out
-
-    def validate(self, ref: RecordSetRef) -> tuple[RecordRef, ...]:
-        """Check the whole extent; returns the checked references of its records."""
-        self._check_process()
-        manifest, _, _ = self._read_extent(ref)
-        return manifest.record_refs
-
-    def manifest(self, ref: RecordSetRef) -> Manifest:
+    # --- public reads (straw-queue's read-session surface) ------------------------------
+    def read(self, ref: RecordSetRef) -> Iterator[Record]:
+        """The publication's records in order, payloads as ``bytes``: an iterator
+        (``next(session.read(ref))``).  The reference and (for a publication that stores
+        its records) the whole extent are checked before this returns, so a bad reference
+        fails at the call, not at the first ``next``; the records of a ``record_set``
+        publication, which live in other extents, are read and checked one by one as the
+        iterator reaches them."""
         self._check_process()
         self._check_ref(ref)
-        cached = self._manifests.get(ref)
-        if cached is not None:
-            return cached
-        head = self._read_exact(ref.path, ref.offset, min(ref.size, _FIRST_READ), frame=True)
-        header = self._check_header(ref, head)
-        body_head = memoryview(head)[framing.HEADER_SIZE:]
-        if body_head.nbytes < EXTENT_PREFIX.size:
-            raise InvalidReference(f"{ref!r}: too small to be an extent")
-        need = manifest_size(body_head)
-        if need > header.body_length:
-            raise CorruptData(f"{ref.path} offset {ref.offset}: manifest longer than extent")
-        if need > body_head.nbytes:
-            body_head = memoryview(self._read_exact(
-                ref.path, ref.offset + framing.HEADER_SIZE, need))
-        raw, payload_start = decode_manifest(body_head, f"{ref.path} offset {ref.offset}")
-        return self._remember(ref, raw, payload_start)
+        ext = self.extent(ref.segment)
+        self._match(ref, ext)
+        if ext.members:
+            return self._read_members(ext)
+        _, records = self._read_extent(ref.segment)
+        return iter(records)
 
-    def check_published(self, ref: RecordSetRef) -> None:
+    def _read_members(self, ext: ExtentInfo) -> Iterator[Record]:
+        for rref, _ in ext.members:
+            yield self.read_record(rref)
+
+    def validate(self, ref: RecordSetRef, *, task_id: str | None = None,
+                 attempt_id: str | None = None) -> tuple[RecordRef, ...]:
+        """Check the publication (its whole extent; for a ``record_set``, each member's
+        manifest entry) and return the references of its records.  With ``task_id`` /
+        ``attempt_id``, every record must name that task/attempt in its metadata
+        (``task_id``/``attempt_id`` keys), else ``InvalidReference``."""
+        self._check_process()
+        manifest = self.checked_manifest(ref)
+        ext = self.extent(ref.segment)
+        if ext.members:
+            for rref, info in ext.members:
+                self._member_info(rref, info)
+        else:
+            self._read_extent(ref.segment)
+        for name, want in (("task_id", task_id), ("attempt_id", attempt_id)):
+            if want is None:
+                continue
+            for info in manifest.records:
+                if info.metadata.get(name) != want:
+                    raise InvalidReference(
+                        f"{ref!r}: record {info.record_id!r} names {name} "
+                        f"{info.metadata.get(name)!r}, not {want!r} (task/attempt mismatch: "
+                        "a result of another task attempt)")
+        return manifest.record_refs
+
+    def manifest(self, ref: RecordSetRef) -> dict[str, Any]:
+        """straw-queue's manifest dict: ``version``, ``digest``, ``records`` (record
+        reference dicts) and ``dependencies`` (publication reference dicts)."""
+        self._check_process()
+        m = self.checked_manifest(ref)
+        return manifest_dict(m)
+
+    def checked_manifest(self, ref: RecordSetRef) -> Manifest:
+        """straw's own view of the checked manifest (records' ids, codecs, metadata,
+        lengths and checksums, dependencies, record references)."""
+        self._check_process()
+        self._check_ref(ref)
+        ext = self.extent(ref.segment)
+        self._match(ref, ext)
+        return ext.manifest
+
+    def envelope(self, record_ref: RecordRef) -> dict[str, Any]:
+        """straw-queue's record envelope dict (``record_id``, ``codec``, ``metadata``,
+        ``tokens``, ``length``, ``checksum``, ``version``) from the checked manifest; the
+        manifest ordinal's envelope describes the manifest record (``read_record``)."""
+        self._check_process()
+        info, _ = self._locate(record_ref)
+        return envelope_dict(info)
+
+    def check_published(self, ref: RecordSetRef | SegmentRef) -> None:
         """``InvalidReference`` unless ``ref`` names a publication: the frame at its offset
         is an extent of its size and checksum.  One small read (none when its manifest was
         checked already); what is retained or depended on must exist (D4)."""
         self._check_process()
+        seg = ref.segment if isinstance(ref, RecordSetRef) else ref
         self._check_ref(ref)
-        if ref in self._manifests:
+        if seg in self._extents:
             return
-        if ref.size < framing.HEADER_SIZE:
-            raise InvalidReference(f"{ref!r}: too small to be an extent")
-        head = self._read_exact(ref.path, ref.offset, framing.HEADER_SIZE, frame=True)
-        self._check_header(ref, head)
+        if seg.size < framing.HEADER_SIZE:
+            raise InvalidReference(f"{seg!r}: too small to be an extent")
+        head = self._read_exact(seg.path, seg.offset, framing.HEADER_SIZE, frame=True)
+        self._check_header(seg, head)
 
     def read_record(self, record_ref: RecordRef) -> Record:
-        """One record, reading and checking only the manifest and that record."""
+        """One record, reading and checking only its extent's manifest and that record.
+        The manifest ordinal (see ``straw.refs``) reads back as a record too, as in
+        straw-queue: id ``manifest:<digest>``, codec ``record-set.v2``, the manifest dict
+        as canonical JSON, checked against the extent like every record."""
         self._check_process()
-        info = self._record_info(record_ref)
-        data = self._read_exact(record_ref.record_set.path, record_ref.offset,
-                                record_ref.length)
-        if framing.hash_buffers([data]).hex() != record_ref.checksum:
+        info, where = self._locate(record_ref)
+        if where is None:  # the manifest
+            ext = self.extent(record_ref.segment)
+            return Record(info.record_id, _manifest_json(ext.manifest), info.codec, {}, 0)
+        path, offset = where
+        data, view = fresh_bytes(info.length)
+        self._read_exact(path, offset, info.length, into=view)
+        if framing.hash_buffers([view]).hex() != info.checksum:
             raise CorruptData(
-                f"record {record_ref.record_id!r} at {record_ref.record_set.path} offset "
-                f"{record_ref.offset}: payload checksum mismatch"
-            )
-        return Record(info.record_id, memoryview(data).toreadonly(), info.codec,
-                      info.metadata, info.tokens)
+                f"record {info.record_id!r} at {path} offset {offset}: payload checksum "
+                "mismatch")
+        return Record(info.record_id, data, info.codec, info.metadata, info.tokens or 0)
 
-    def read_range(self, record_ref: RecordRef, start: int, stop: int,
-                   into: Any = None) -> memoryview:
+    def read_payload_range(self, record_ref: RecordRef, start: int, stop: int,
+                           into: Any = None) -> memoryview:
         """Unchecked bytes [start, stop) of a record, read into ``into`` if given.  The
-        caller verifies them against its own finer-grained checksums (tensor chunks)."""
+        caller verifies them against its own finer-grained checksums (tensor chunks,
+        ``SharedFilesystemStore.read_range``)."""
         self._check_process()
-        self._record_info(record_ref)
-        if not 0 <= start <= stop <= record_ref.length:
-            raise ValueError(f"range [{start}, {stop}) outside record of {record_ref.length}")
-        return self._read_exact(record_ref.record_set.path, record_ref.offset + start,
-                                stop - start, into=into)
+        info, where = self._locate(record_ref)
+        if where is None:
+            raise InvalidReference(f"{record_ref!r} names a manifest, not a payload record")
+        if not 0 <= start <= stop <= info.length:
+            raise ValueError(f"range [{start}, {stop}) outside record of {info.length} bytes")
+        path, offset = where
+        return self._read_exact(path, offset + start, stop - start, into=into)
 
-    # --- internals --------------------------------------------------------------------
-    def _record_info(self, record_ref: RecordRef) -> RecordInfo:
+    def payload_location(self, record_ref: RecordRef) -> tuple[RecordInfo, str, int]:
+        """A payload record's checked manifest entry, pack path and absolute offset (for
+        readers that read into their own destination: ``straw.tensor``)."""
+        self._check_process()
+        info, where = self._locate(record_ref)
+        if where is None:
+            raise InvalidReference(f"{record_ref!r} names a manifest, not a payload record")
+        return info, where[0], where[1]
+
+    # --- extents ----------------------------------------------------------------------
+    def extent(self, seg: SegmentRef) -> ExtentInfo:
+        """The checked manifest of the extent ``seg`` names (cached): its frame header
+        matches the reference (size, checksum) and the manifest its own checksum."""
+        self._check_process()
+        self._check_ref(seg)
+        cached = self._extents.get(seg)
+        if cached is not None:
+            return cached
+        head = self._read_exact(seg.path, seg.offset, min(seg.size, _FIRST_READ), frame=True)
+        header = self._check_header(seg, head)
+        body_head = memoryview(head)[framing.HEADER_SIZE:]
+        if body_head.nbytes < EXTENT_PREFIX.size:
+            raise InvalidReference(f"{seg!r}: too small to be an extent")
+        need = manifest_size(body_head)
+        if need > header.body_length:
+            raise CorruptData(f"{seg.path} offset {seg.offset}: manifest longer than extent")
+        if need > body_head.nbytes:
+            body_head = memoryview(self._read_exact(
+                seg.path, seg.offset + framing.HEADER_SIZE, need))
+        raw, payload_start = decode_manifest(body_head, f"{seg.path} offset {seg.offset}")
+        return self._remember(seg, raw, payload_start, header.body_length)
+
+    def _locate(self, record_ref: RecordRef) -> tuple[RecordInfo, tuple[str, int] | None]:
+        """A record's checked manifest entry and (path, absolute payload offset); None as
+        location for the manifest ordinal."""
         if not isinstance(record_ref, RecordRef):
             raise TypeError(f"expected a RecordRef, got {type(record_ref).__name__}")
-        manifest = self.manifest(record_ref.record_set)
-        i = record_ref.index
-        if not (0 <= i < len(manifest.record_refs)) or manifest.record_refs[i] != record_ref:
-            raise InvalidReference(
-                f"{record_ref!r} does not match record {i} of its publication's manifest"
-            )
-        return manifest.records[i]
+        record_ref.check()
+        ext = self.extent(record_ref.segment)
+        o = record_ref.ordinal
+        if o < len(ext.local):
+            return ext.local[o], (record_ref.segment.path, ext.offsets[o])
+        if o == len(ext.local):
+            return ext.manifest_info, None
+        raise InvalidReference(
+            f"{record_ref!r}: the extent stores {len(ext.local)} records (ordinals "
+            f"0..{len(ext.local) - 1}) and its manifest (ordinal {len(ext.local)}); there is "
+            f"no ordinal {o}")
 
-    def _check_ref(self, ref: RecordSetRef) -> None:
-        if not isinstance(ref, RecordSetRef):
+    def _member_info(self, rref: RecordRef, copy: RecordInfo) -> RecordInfo:
+        """A ``record_set`` member's entry in its own extent, which must be the copy the
+        record set holds (``CorruptData`` otherwise: both passed their checksums)."""
+        info, where = self._locate(rref)
+        if where is None or info != copy:
+            raise CorruptData(f"record set member {rref!r} differs from the record it names")
+        return info
+
+    # --- internals --------------------------------------------------------------------
+    def _check_ref(self, ref: object) -> None:
+        if not isinstance(ref, (RecordSetRef, SegmentRef)):
             raise TypeError(f"expected a RecordSetRef, got {type(ref).__name__}")
         ref.check()
         if ref.run_id != self.run_id:
@@ -335,35 +513,50 @@ class ReadSession(ProcessBound):
                 f"{ref!r} belongs to run {ref.run_id!r}, this store is run {self.run_id!r}"
             )
 
-    def _read_extent(self, ref: RecordSetRef) -> tuple[Manifest, memoryview, int]:
-        """Read and check a whole extent.  The body is read in chunks into one
-        uninitialised buffer and hashed chunk by chunk while it is still in the CPU cache
-        (one pass over memory instead of two).  A mismatch whose bytes end in zero pages
-        may be another client's partial view of fresh data: reread a bounded number of
-        times; if the same mismatch persists it is corruption."""
-        self._check_ref(ref)
-        if ref.size < framing.HEADER_SIZE:
-            raise InvalidReference(f"{ref!r}: too small to be an extent")
-        if ref.size > _CHUNK:
+    @staticmethod
+    def _match(ref: RecordSetRef, ext: ExtentInfo) -> None:
+        """Every field of a publication reference must be the extent's (D6)."""
+        if ref == ext.ref:
+            return
+        for name in ("digest", "records", "payload_bytes", "tokens"):
+            if getattr(ref, name) != getattr(ext.ref, name):
+                raise InvalidReference(
+                    f"{ref!r}: {name} is {getattr(ref, name)!r}, the publication's is "
+                    f"{getattr(ext.ref, name)!r} (usage or digest of another publication); "
+                    "the reference is edited or stale: use the reference publish returned")
+        raise InvalidReference(
+            f"{ref!r}: its manifest is ordinal {ext.ref.manifest.ordinal} of the extent, "
+            f"not {ref.manifest.ordinal}; the reference is edited")
+
+    def _read_extent(self, seg: SegmentRef) -> tuple[ExtentInfo, list[Record]]:
+        """Read and check a whole extent; its records with ``bytes`` payloads.  Each
+        payload is read straight into its own bytes object in chunks, hashed chunk by
+        chunk while still in the CPU cache (one pass over memory, no second copy).  A
+        mismatch whose bytes end in zero pages may be another client's partial view of
+        fresh data: reread a bounded number of times; if it persists it is corruption."""
+        self._check_ref(seg)
+        if seg.size < framing.HEADER_SIZE:
+            raise InvalidReference(f"{seg!r}: too small to be an extent")
+        if seg.size > _CHUNK:
             # Nothing large is allocated for a reference before its size is known right:
             # the authenticated header at its offset names exactly this size, and the file
             # holds its last byte (or the lag/final rules decided, without allocating).
-            head = self._read_exact(ref.path, ref.offset, framing.HEADER_SIZE, frame=True)
-            self._check_header(ref, head)
-            self._read_exact(ref.path, ref.offset + ref.size - 1, 1)
-        buf = _alloc(ref.size)
+            head = self._read_exact(seg.path, seg.offset, framing.HEADER_SIZE, frame=True)
+            self._check_header(seg, head)
+            self._read_exact(seg.path, seg.offset + seg.size - 1, 1)
         delay = self.backoff
         attempt = 0
         final: _Final | None = None
         while True:
-            if self._read_and_hash(ref, buf):
-                body = buf[framing.HEADER_SIZE:]
-                raw, payload_start = decode_manifest(body, f"{ref.path} offset {ref.offset}")
-                return self._remember(ref, raw, payload_start), body, payload_start
-            if final is not None or not _zero_page_tail(buf, ref.offset):
+            ok, ext, payloads, parts = self._read_and_hash(seg)
+            if ok:
+                assert ext is not None
+                return ext, [Record(i.record_id, p, i.codec, i.metadata, i.tokens or 0)
+                             for i, p in zip(ext.local, payloads, strict=True)]
+            if final is not None or not _zero_tail(parts, seg.offset, seg.offset + seg.size):
                 break
-            self._drop_fd(ref.path)
-            final = self._finality(ref.path)
+            self._drop_fd(seg.path)
+            final = self._finality(seg.path)
             if final is not None:
                 continue  # no lag to wait for: one more pass through a fresh descriptor
             if attempt == self.retries:
@@ -371,30 +564,75 @@ class ReadSession(ProcessBound):
             self.clock.sleep(delay)
             delay = min(delay * 2, 1.0)
             attempt += 1
-        raise CorruptData(f"{ref.path} offset {ref.offset}: extent body checksum mismatch")
+        raise CorruptData(f"{seg.path} offset {seg.offset}: extent body checksum mismatch")
 
-    def _read_and_hash(self, ref: RecordSetRef, buf: memoryview) -> bool:
-        first = min(ref.size, _CHUNK)
-        self._read_exact(ref.path, ref.offset, first, into=buf[:first], frame=True)
-        header = self._check_header(ref, buf)
+    def _read_and_hash(self, seg: SegmentRef) -> tuple[bool, ExtentInfo | None, list[bytes],
+                                                       list[tuple[int, memoryview]]]:
+        """One pass over an extent: (body checksum matched, its manifest, the payloads,
+        the (file offset, bytes) parts read, for the zero-tail rule)."""
+        first = min(seg.size, _CHUNK)
+        head = _alloc(first)
+        self._read_exact(seg.path, seg.offset, first, into=head, frame=True)
+        header = self._check_header(seg, head)
+        parts = [(seg.offset, head)]
+        body = head[framing.HEADER_SIZE:]
+        if body.nbytes < EXTENT_PREFIX.size:
+            raise InvalidReference(f"{seg!r}: too small to be an extent")
+        need = manifest_size(body)
+        if need > header.body_length:
+            return False, None, [], parts  # a manifest length that cannot be: damage or lag
+        mbuf = body[:need] if need <= body.nbytes else self._read_exact(
+            seg.path, seg.offset + framing.HEADER_SIZE, need)
+        if need > body.nbytes:
+            parts.append((seg.offset + framing.HEADER_SIZE, mbuf))
         hasher = xxhash.xxh3_128()
-        hasher.update(buf[framing.HEADER_SIZE:first])
-        pos = first
-        fd = self._fd(ref.path)
-        while pos < ref.size:
-            n = min(_CHUNK, ref.size - pos)
-            chunk = buf[pos:pos + n]
-            try:
-                complete = self.fs.readinto(fd, chunk, ref.offset + pos) == n
-            except OSError:
-                complete = False
-            if not complete:  # the slow path reopens and retries (visibility lag)
-                self._read_exact(ref.path, ref.offset + pos, n, into=chunk)
-            hasher.update(chunk)
+        hasher.update(mbuf)
+        try:
+            raw, _ = decode_manifest(mbuf, f"{seg.path} offset {seg.offset}")
+        except CorruptData:
+            if _zero_tail(parts, seg.offset, seg.offset + seg.size):
+                return False, None, [], parts  # not all of it visible yet
+            raise
+        lengths = [r[4] for r in raw["recs"]]
+        if need + sum(lengths) != header.body_length:
+            raise CorruptData(f"{seg.path} offset {seg.offset}: the manifest's records do not "
+                              "fill the extent")
+        payloads = []
+        pos = seg.offset + framing.HEADER_SIZE + need  # file offset of the next payload
+        head_end = seg.offset + first
+        fd = self._fd(seg.path)
+        for n in lengths:
+            if pos + n <= head_end:  # wholly in the first read: a small copy
+                piece = head[pos - seg.offset:pos + n - seg.offset]
+                hasher.update(piece)
+                payloads.append(bytes(piece))
+                pos += n
+                continue
+            data, view = fresh_bytes(n)
+            k = max(0, head_end - pos)  # bytes of it already in the first read
+            if k:
+                view[:k] = head[pos - seg.offset:]
+                hasher.update(view[:k])
+            done = k
+            while done < n:
+                m = min(_CHUNK, n - done)
+                chunk = view[done:done + m]
+                try:
+                    complete = self.fs.readinto(fd, chunk, pos + done) == m
+                except OSError:
+                    complete = False
+                if not complete:  # the slow path reopens and retries (visibility lag)
+                    self._read_exact(seg.path, pos + done, m, into=chunk)
+                hasher.update(chunk)
+                done += m
+            parts.append((pos + k, view[k:]))
+            payloads.append(data)
             pos += n
-        return hasher.digest() == header.body_hash
+        if hasher.digest() != header.body_hash:
+            return False, None, [], parts
+        return True, self._remember(seg, raw, need, header.body_length), payloads, parts
 
-    def _check_header(self, ref: RecordSetRef, buf: Any) -> framing.FrameHeader:
+    def _check_header(self, ref: SegmentRef | RecordSetRef, buf: Any) -> framing.FrameHeader:
         where = f"{ref.path} offset {ref.offset}"
         try:
             header = framing.decode_header(buf)
@@ -416,40 +654,61 @@ class ReadSession(ProcessBound):
             )
         return header
 
-    def _remember(self, ref: RecordSetRef, raw: dict[str, Any], payload_start: int
-                  ) -> Manifest:
-        if raw.get("run") != ref.run_id:
-            raise InvalidReference(f"{ref!r}: the extent belongs to run {raw.get('run')!r}")
-        digest = raw.get("digest")
-        if not isinstance(digest, bytes) or digest.hex() != ref.digest:
-            raise InvalidReference(
-                f"{ref!r}: digest differs from the publication's "
-                f"({digest.hex() if isinstance(digest, bytes) else digest!r}); the reference "
-                "is edited or stale: use the reference publish returned")
-        if len(raw["recs"]) != ref.records:
-            raise InvalidReference(
-                f"{ref!r}: records is {ref.records}, the publication holds "
-                f"{len(raw['recs'])}; the reference is edited or stale: use the reference "
-                "publish returned")
-
-        infos = []
-        rrefs = []
-        pos = ref.offset + framing.HEADER_SIZE + payload_start
+    def _remember(self, seg: SegmentRef, raw: dict[str, Any], payload_start: int,
+                  body_length: int) -> ExtentInfo:
+        where = f"{seg.path} offset {seg.offset}"
+        if raw.get("run") != seg.run_id:
+            raise InvalidReference(f"{seg!r}: the extent belongs to run {raw.get('run')!r}")
+        local = []
+        offsets = []
+        pos = seg.offset + framing.HEADER_SIZE + payload_start
         for i, (rid, codec, meta, tokens, length, h) in enumerate(raw["recs"]):
-            meta = parse_metadata(meta, f"{ref.path} offset {ref.offset} record {i}")
-            infos.append(RecordInfo(rid, codec, meta, tokens, length, h.hex()))
-            rrefs.append(RecordRef(ref, rid, i, pos, length, h.hex()))
+            local.append(RecordInfo(rid, codec, parse_metadata(meta, f"{where} record {i}"),
+                                    tokens, length, h.hex()))
+            offsets.append(pos)
             pos += length
-        deps = tuple(
-            RecordSetRef(ref.run_id, p, o, s, c.hex(), d.hex(), n)
-            for p, o, s, c, d, n in raw["deps"]
-        )
-        m = Manifest(ref, raw["sub"], tuple(infos), deps, tuple(rrefs))
+        if pos != seg.offset + framing.HEADER_SIZE + body_length:
+            raise CorruptData(f"{where}: the manifest's records do not fill the extent")
+        members = []
+        for i, (p, o, s, c, ordinal, rid, codec, meta, tokens, length, h) in \
+                enumerate(raw.get("mems", ())):
+            try:
+                mref = RecordRef(SegmentRef.at(seg.run_id, p, o, s, c.hex()), ordinal)
+                mref.check()
+            except (InvalidReference, UnsupportedSchema) as e:
+                raise CorruptData(f"{where}: member {i} is not a valid reference: {e}") from None
+            members.append((mref, RecordInfo(
+                rid, codec, parse_metadata(meta, f"{where} member {i}"), tokens, length,
+                h.hex())))
+        deps = []
+        for d in raw["deps"]:
+            try:
+                dep = ref_from_tuple(seg.run_id, [d[0], d[1], d[2], d[3].hex(), d[4].hex(),
+                                                  *d[5:]])
+                dep.check()
+            except (InvalidReference, UnsupportedSchema) as e:
+                raise CorruptData(f"{where}: dependency is not a valid reference: {e}") from None
+            deps.append(dep)
+        digest = raw["digest"].hex()
+        ref = RecordSetRef(RecordRef(seg, len(local)), digest, len(members) or len(local),
+                           raw.get("pb", 0), raw.get("tok", 0))
+        if members:
+            infos = tuple(info for _, info in members)
+            rrefs = tuple(r for r, _ in members)
+        else:
+            infos = tuple(local)
+            rrefs = tuple(RecordRef(seg, i) for i in range(len(local)))
+        manifest = Manifest(ref, raw["sub"], infos, tuple(deps), rrefs)
+        mjson = _manifest_json(manifest)
+        ext = ExtentInfo(seg, raw["v"], raw.get("api", "publish"), tuple(local),
+                         tuple(offsets), tuple(members), ref, manifest,
+                         RecordInfo(f"manifest:{digest}", MANIFEST_CODEC, {}, 0, len(mjson),
+                                    framing.hash_buffers([mjson]).hex()))
         with self._lock:
-            self._manifests[ref] = m
-            if len(self._manifests) > 256:
-                self._manifests.popitem(last=False)
-        return m
+            self._extents[seg] = ext
+            if len(self._extents) > 256:
+                self._extents.popitem(last=False)
+        return ext
 
     def _fd(self, path: str) -> int:
         self._check_process()  # every file access passes here (tensor reads included)
@@ -496,8 +755,8 @@ class ReadSession(ProcessBound):
     def _forget(self, paths: set[str]) -> None:
         """Close the cached descriptors of ``paths`` and forget their manifests."""
         with self._lock:
-            for ref in [r for r in self._manifests if r.path in paths]:
-                del self._manifests[ref]
+            for seg in [r for r in self._extents if r.path in paths]:
+                del self._extents[seg]
         for path in paths:
             self._drop_fd(path)
 

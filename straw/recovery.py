@@ -40,7 +40,7 @@ from .clock import Clock
 from .errors import CorruptData, StrawError
 from .fs import Filesystem
 from .pack import ExtentEntry, read_sealed_index, scan_pack, storage_error
-from .refs import PACK_PATH_RE, RecordSetRef
+from .refs import PACK_PATH_RE, RecordSetRef, record_set_ref
 
 log = logging.getLogger("straw")
 
@@ -50,10 +50,12 @@ _PACK_RE = re.compile(r"^pack-([0-9]{6,})\.strw\Z")
 
 @dataclass(frozen=True)
 class Submission:
-    """What a submission id stands for: one digest and one reference per publication."""
+    """What a submission id stands for: one digest and one reference per publication,
+    and the call that published it (``straw.pack.APIS``)."""
 
     digests: tuple[bytes, ...]
     refs: tuple[RecordSetRef, ...]
+    api: str = "publish"
 
 
 @dataclass(frozen=True)
@@ -79,8 +81,8 @@ class WriterHistory:
 
 
 def ref_from_entry(run_id: str, path: str, e: ExtentEntry) -> RecordSetRef:
-    return RecordSetRef(run_id, path, e.offset, e.size, e.checksum.hex(), e.digest.hex(),
-                        e.records)
+    return record_set_ref(run_id, path, e.offset, e.size, e.checksum.hex(), e.digest.hex(),
+                          e.records, e.ordinal, e.payload_bytes, e.tokens)
 
 
 def _complete_batch(items: Sequence[tuple[str, ExtentEntry]]
@@ -166,6 +168,7 @@ def recover_writer(fs: Filesystem, root: str, run_id: str, rel_dir: str, catalog
             index[sub] = Submission(
                 tuple(e.digest for _, e in batch),
                 tuple(ref_from_entry(run_id, rel, e) for rel, e in batch),
+                batch[0][1].api,
             )
     acknowledged = {(r.path, r.offset) for sub in index.values() for r in sub.refs}
     packs = {rel: ([e.offset for e in entries],

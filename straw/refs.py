@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .checks import INT64_MAX, INT64_MIN, UINT64_MAX, short_repr
-from .errors import CorruptData, InvalidReference
+from .errors import CorruptData, InvalidReference, UnsupportedSchema
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
 PACK_PATH_RE = re.compile(
@@ -74,17 +74,19 @@ def check_pack_path(path: object, run_id: str) -> str:
 
 @dataclass(frozen=True, eq=False)
 class Record:
-    """One named payload with its codec name, JSON metadata and an optional token count.
+    """One named payload with its codec name, JSON metadata and token count.
 
     ``payload`` accepts any C-contiguous buffer (bytes, bytearray, memoryview, NumPy
-    arrays); records read back carry a read-only ``memoryview`` (zero-copy: use
-    ``bytes(record.payload)`` if you need a copy)."""
+    arrays); records read back carry ``bytes`` (read straight into the bytes object, no
+    second copy; tensors and ranges read into their destination instead, see
+    ``straw.tensor`` and ``read_range``).  ``tokens`` defaults to 0 as in straw-queue;
+    None is accepted on input as "no count" and reads back as 0."""
 
     record_id: str
     payload: Any
     codec: str = "bytes.v1"
     metadata: Mapping[str, Any] = field(default_factory=dict)
-    tokens: int | None = None
+    tokens: int | None = 0
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Record):
@@ -196,127 +198,266 @@ def parse_metadata(text: str, where: str) -> dict[str, Any]:
 
 
 # --- references -------------------------------------------------------------------------
+#
+# straw-queue's reference shapes, over our packs.  A ``SegmentRef`` is ONE EXTENT of one
+# of our packs (the version-2 form of straw-queue's segment reference: it names a frame by
+# path, offset, size and checksum); a ``RecordRef`` is record ``ordinal`` of an extent; a
+# ``RecordSetRef`` is a publication, named by the ``RecordRef`` of its manifest.  Each of
+# our extents holds one publication: ordinals ``0..n-1`` are its own records (n = the
+# records stored in the extent) and ordinal ``n`` names its manifest, which comes after
+# them, as in straw-queue's version-2 layout.  A publication made by ``record_set`` stores
+# no records of its own (its records live in other extents), so its manifest is ordinal 0.
+#
+# ``segment_id`` is derived from the location, ``<writer>/i<n>/pack-<n>@<offset>``: stable
+# (the same extent always has the same id) and checked (``InvalidReference`` unless it is
+# the id of the path and offset it travels with).
+
+SEGMENT_VERSION = 2  # the only segment reference version this straw reads
+CHECKSUM_ALGORITHM = "xxh3-128"
+
+
+def segment_id_of(path: str, offset: int) -> str:
+    """The segment id of the extent at ``offset`` of pack ``path`` (a checked pack path)."""
+    writer_part = path.split("/", 3)[3]  # <writer>/i<n>/pack-<n>.strw
+    return f"{writer_part[:-len('.strw')]}@{offset}"
+
+
+def _check_int(where: str, name: str, v: object) -> None:
+    if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= INT64_MAX:
+        raise InvalidReference(f"{where}: {name} must be an int in 0..2**63-1, got "
+                               f"{short_repr(v)}")
+
+
+def _fields(cls: type, value: object, required: tuple[str, ...],
+            optional: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The fields of a reference dict: all of ``required``, any of ``optional``, nothing
+    else (``InvalidReference`` naming the class otherwise)."""
+    if not isinstance(value, Mapping):
+        raise InvalidReference(f"not a {cls.__name__} dict: {short_repr(value)}")
+    missing = [k for k in required if k not in value]
+    extra = [k for k in value if k not in required and k not in optional]
+    if missing or extra:
+        raise InvalidReference(
+            f"not a {cls.__name__} dict: {short_repr(value)} "
+            f"({'missing ' + ', '.join(map(str, missing)) if missing else ''}"
+            f"{'; ' if missing and extra else ''}"
+            f"{'unknown ' + ', '.join(map(str, extra)) if extra else ''})")
+    return dict(value)
 
 
 @dataclass(frozen=True)
 class SegmentRef:
-    """A pack file of the pool."""
+    """One extent of a pack: where it lies, its size and the xxh3-128 of its body."""
 
     run_id: str
     path: str
+    segment_id: str
+    size: int
+    checksum: str
+    version: int = SEGMENT_VERSION
+    checksum_algorithm: str = CHECKSUM_ALGORITHM
+    offset: int = 0
+
+    @classmethod
+    def at(cls, run_id: str, path: str, offset: int, size: int, checksum: str) -> SegmentRef:
+        """The reference of the extent at ``offset`` of ``path`` (its id derived)."""
+        return cls(run_id, path, segment_id_of(path, offset), size, checksum,
+                   SEGMENT_VERSION, CHECKSUM_ALGORITHM, offset)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, "path": self.path}
+        return {"run_id": self.run_id, "path": self.path, "segment_id": self.segment_id,
+                "size": self.size, "checksum": self.checksum, "version": self.version,
+                "checksum_algorithm": self.checksum_algorithm, "offset": self.offset}
 
     @classmethod
     def from_dict(cls, value: Mapping[str, Any]) -> SegmentRef:
-        try:
-            run_id, path = value["run_id"], value["path"]
-        except (KeyError, TypeError):
-            raise InvalidReference(f"not a SegmentRef dict: {short_repr(value)}") from None
-        check_pack_path(path, run_id)
-        return cls(run_id, path)
+        d = _fields(cls, value, ("run_id", "path", "segment_id", "size", "checksum"),
+                    ("version", "checksum_algorithm", "offset"))
+        ref = cls(**d)
+        ref.check()
+        return ref
+
+    def check(self) -> None:
+        """Structural validity (no I/O): a readable version and algorithm, types, ranges,
+        a pool-relative pack path and the segment id of that location."""
+        if self.version != SEGMENT_VERSION or isinstance(self.version, bool):
+            raise UnsupportedSchema(
+                f"segment reference version {short_repr(self.version)}: this straw reads "
+                f"version {SEGMENT_VERSION} (extents of its own packs)")
+        if self.checksum_algorithm != CHECKSUM_ALGORITHM:
+            raise UnsupportedSchema(
+                f"segment reference checksum algorithm {short_repr(self.checksum_algorithm)}: "
+                f"this straw's packs are checked with {CHECKSUM_ALGORITHM}")
+        if not isinstance(self.run_id, str):
+            raise InvalidReference(f"{self!r}: run_id must be a str")
+        check_pack_path(self.path, self.run_id)
+        _check_int(f"reference to {self.path}", "offset", self.offset)
+        _check_int(f"reference to {self.path}", "size", self.size)
+        if not isinstance(self.checksum, str) or not _HEX32.match(self.checksum):
+            raise InvalidReference(f"{self!r}: checksum must be 32 lowercase hex digits")
+        if self.segment_id != segment_id_of(self.path, self.offset):
+            raise InvalidReference(
+                f"{self!r}: segment_id {short_repr(self.segment_id)} is not the id of the "
+                f"extent at {self.path} offset {self.offset} "
+                f"({segment_id_of(self.path, self.offset)!r}); the reference is edited")
+
+
+@dataclass(frozen=True)
+class RecordRef:
+    """Record ``ordinal`` of an extent (see above: the ordinal past its own records names
+    the extent's manifest)."""
+
+    segment: SegmentRef
+    ordinal: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"segment": self.segment.to_dict(), "ordinal": self.ordinal}
+
+    @classmethod
+    def from_dict(cls, value: Mapping[str, Any]) -> RecordRef:
+        if isinstance(value, Mapping) and "record_set" in value:
+            return _legacy_record_ref(value)
+        d = _fields(cls, value, ("segment", "ordinal"))
+        ref = cls(SegmentRef.from_dict(d["segment"]), d["ordinal"])
+        ref.check()
+        return ref
+
+    def check(self) -> None:
+        if not isinstance(self.segment, SegmentRef):
+            raise InvalidReference(f"{self!r}: segment must be a SegmentRef")
+        self.segment.check()
+        _check_int(f"record reference into {self.segment.path}", "ordinal", self.ordinal)
 
 
 @dataclass(frozen=True)
 class RecordSetRef:
-    """A publication: where its extent lies, its checksum and its logical digest.
+    """A publication: the reference of its manifest, its logical digest, its number of
+    records, and its payload bytes and tokens (both including its dependencies,
+    transitively).
 
-    ``size`` is the whole extent frame (header included); ``checksum`` is the xxh3-128 of
-    the extent body (hex); ``digest`` identifies the logical content (records, codecs,
-    metadata, payloads, dependencies) independent of where it was written."""
+    ``digest`` identifies the logical content (records, codecs, metadata, payloads and
+    the digests of its dependencies) independent of where it was written (an xxh3-128 hex:
+    treat it as opaque).  ``run_id``, ``path``, ``offset``, ``size``, ``checksum`` and
+    ``segment`` are those of the extent that holds the manifest."""
 
-    run_id: str
-    path: str
-    offset: int
-    size: int
-    checksum: str
+    manifest: RecordRef
     digest: str
     records: int
+    payload_bytes: int
+    tokens: int
 
     @property
     def segment(self) -> SegmentRef:
-        return SegmentRef(self.run_id, self.path)
+        return self.manifest.segment
+
+    @property
+    def run_id(self) -> str:
+        return self.manifest.segment.run_id
+
+    @property
+    def path(self) -> str:
+        return self.manifest.segment.path
+
+    @property
+    def offset(self) -> int:
+        return self.manifest.segment.offset
+
+    @property
+    def size(self) -> int:
+        return self.manifest.segment.size
+
+    @property
+    def checksum(self) -> str:
+        return self.manifest.segment.checksum
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "run_id": self.run_id,
-            "path": self.path,
-            "offset": self.offset,
-            "size": self.size,
-            "checksum": self.checksum,
-            "digest": self.digest,
-            "records": self.records,
-        }
+        return {"manifest": self.manifest.to_dict(), "digest": self.digest,
+                "records": self.records, "payload_bytes": self.payload_bytes,
+                "tokens": self.tokens}
 
     @classmethod
     def from_dict(cls, value: Mapping[str, Any]) -> RecordSetRef:
-        try:
-            ref = cls(
-                value["run_id"], value["path"], value["offset"], value["size"],
-                value["checksum"], value["digest"], value["records"],
-            )
-        except (KeyError, TypeError):
-            raise InvalidReference(f"not a RecordSetRef dict: {short_repr(value)}") from None
+        if isinstance(value, Mapping) and "manifest" not in value and "path" in value:
+            return _legacy_record_set_ref(value)
+        d = _fields(cls, value, ("manifest", "digest", "records", "payload_bytes", "tokens"))
+        m = d["manifest"]
+        manifest = RecordRef.from_dict(m) if isinstance(m, Mapping) else m
+        if not isinstance(manifest, RecordRef):
+            raise InvalidReference(f"not a RecordSetRef dict: {short_repr(value)}")
+        ref = cls(manifest, d["digest"], d["records"], d["payload_bytes"], d["tokens"])
         ref.check()
         return ref
 
     def check(self) -> None:
         """Structural validity (no I/O): types, ranges, and a pool-relative pack path."""
-        if not isinstance(self.run_id, str):
-            raise InvalidReference(f"{self!r}: run_id must be a str")
-        check_pack_path(self.path, self.run_id)
-        for name in ("offset", "size", "records"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= INT64_MAX:
-                raise InvalidReference(f"reference to {self.path}: {name} must be an int in "
-                                       f"0..2**63-1, got {short_repr(v)}")
-        for name in ("checksum", "digest"):
-            v = getattr(self, name)
-            if not isinstance(v, str) or not _HEX32.match(v):
-                raise InvalidReference(f"{self!r}: {name} must be 32 lowercase hex digits")
+        if not isinstance(self.manifest, RecordRef):
+            raise InvalidReference(f"{self!r}: manifest must be a RecordRef")
+        self.manifest.check()
+        for name in ("records", "payload_bytes", "tokens"):
+            _check_int(f"reference to {self.manifest.segment.path}", name,
+                       getattr(self, name))
+        if not isinstance(self.digest, str) or not _HEX32.match(self.digest):
+            raise InvalidReference(f"{self!r}: digest must be 32 lowercase hex digits")
 
 
-@dataclass(frozen=True)
-class RecordRef:
-    """One record of a publication: its position inside the pack and its checksum."""
+def record_set_ref(run_id: str, path: str, offset: int, size: int, checksum: str,
+                   digest: str, records: int, ordinal: int, payload_bytes: int,
+                   tokens: int) -> RecordSetRef:
+    """The reference of the publication in the extent at ``offset`` of ``path``
+    (``ordinal``: how many records the extent stores itself, i.e. its manifest's)."""
+    return RecordSetRef(RecordRef(SegmentRef.at(run_id, path, offset, size, checksum),
+                                  ordinal), digest, records, payload_bytes, tokens)
 
-    record_set: RecordSetRef
-    record_id: str
-    index: int
-    offset: int  # absolute offset of the payload in the pack
-    length: int
-    checksum: str  # xxh3-128 of the payload (hex)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "record_set": self.record_set.to_dict(),
-            "record_id": self.record_id,
-            "index": self.index,
-            "offset": self.offset,
-            "length": self.length,
-            "checksum": self.checksum,
-        }
+# The stored tuple form of a RecordSetRef (journal, snapshots, manifests' dependencies):
+# (path, offset, size, checksum, digest, records, ordinal, payload_bytes, tokens).  The
+# previous straw stored the first six only; its extents hold all their records themselves
+# (ordinal = records) and did not record payload bytes or tokens: such a tuple decodes with
+# ``payload_bytes = tokens = 0`` ("not recorded"), and reads do not check those two fields
+# against an extent of that format (it has nothing to check them against).
+RefTuple = tuple[Any, ...]
 
-    @classmethod
-    def from_dict(cls, value: Mapping[str, Any]) -> RecordRef:
-        try:
-            ref = cls(
-                RecordSetRef.from_dict(value["record_set"]), value["record_id"],
-                value["index"], value["offset"], value["length"], value["checksum"],
-            )
-        except (KeyError, TypeError):
-            raise InvalidReference(f"not a RecordRef dict: {short_repr(value)}") from None
-        rs = ref.record_set
-        for name in ("index", "offset", "length"):
-            v = getattr(ref, name)
-            if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= INT64_MAX:
-                raise InvalidReference(f"reference to record {short_repr(ref.record_id)} of "
-                                       f"{rs.path}: {name} must be an int in 0..2**63-1, got "
-                                       f"{short_repr(v)}")
-        if not (rs.offset <= ref.offset and ref.offset + ref.length <= rs.offset + rs.size):
-            raise InvalidReference(f"{ref!r}: record range lies outside its publication")
-        return ref
+
+def ref_to_tuple(ref: RecordSetRef) -> RefTuple:
+    return (ref.path, ref.offset, ref.size, ref.checksum, ref.digest, ref.records,
+            ref.manifest.ordinal, ref.payload_bytes, ref.tokens)
+
+
+def ref_from_tuple(run_id: str, t: Sequence[Any]) -> RecordSetRef:
+    if len(t) == 6:
+        path, offset, size, checksum, digest, records = t
+        return record_set_ref(run_id, path, offset, size, checksum, digest, records,
+                              records, 0, 0)
+    if len(t) != 9:
+        raise CorruptData(f"stored reference {short_repr(t)} has {len(t)} fields, not 6 or 9")
+    return record_set_ref(run_id, *t)
+
+
+def _legacy_record_set_ref(value: Mapping[str, Any]) -> RecordSetRef:
+    """The dict form of the previous straw (flat: run_id, path, offset, size, checksum,
+    digest, records), e.g. inside samples written before: same extent, counts not
+    recorded (see ``ref_from_tuple``)."""
+    d = _fields(RecordSetRef, value, ("run_id", "path", "offset", "size", "checksum",
+                                      "digest", "records"))
+    if not isinstance(d["run_id"], str):
+        raise InvalidReference(f"not a RecordSetRef dict: {short_repr(value)}")
+    check_pack_path(d["path"], d["run_id"])
+    _check_int(f"reference to {d['path']}", "offset", d["offset"])
+    ref = record_set_ref(d["run_id"], d["path"], d["offset"], d["size"], d["checksum"],
+                         d["digest"], d["records"], d["records"], 0, 0)
+    ref.check()
+    return ref
+
+
+def _legacy_record_ref(value: Mapping[str, Any]) -> RecordRef:
+    """The previous straw's record reference dict (record_set, record_id, index, offset,
+    length, checksum): record ``index`` of that publication's extent."""
+    d = _fields(RecordRef, value, ("record_set", "record_id", "index", "offset", "length",
+                                   "checksum"))
+    rs = _legacy_record_set_ref(d["record_set"])
+    ref = RecordRef(rs.segment, d["index"])
+    ref.check()
+    return ref
 
 
 @dataclass(frozen=True)

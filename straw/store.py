@@ -42,52 +42,90 @@ works normally.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 import socket
 import threading
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import msgpack
 import xxhash
 
+from . import framing, holder, tensor_format
 from .backend import FilesystemBackend
 from .catalog import Catalog, Extent
 from .checks import check_count, check_seconds
 from .clock import Clock, SystemClock
 from .errors import (
+    CorruptData,
     IdempotencyConflict,
     InvalidReference,
+    ResourceLimitExceeded,
     StorageUnavailable,
     StrawError,
     UnsupportedSchema,
+    WriterBusy,
 )
 from .fs import Filesystem, PosixFS
-from .pack import encode_extent, storage_error
+from .pack import EXTENT_PREFIX, encode_extent, storage_error
 from .process import ProcessBound
-from .reader import PackStatus, ReadSession, drop_reclaimed
-from .recovery import seal_dead_writers
+from .reader import PackStatus, ReadSession, drop_reclaimed, envelope_dict
+from .recovery import incarnations, recover_writer, ref_from_entry, seal_dead_writers
 from .refs import (
     NAME_RE,
     Manifest,
     Publication,
     Record,
+    RecordInfo,
     RecordRef,
     RecordSetRef,
+    SegmentRef,
     canonical_metadata,
     check_name,
     payload_view,
 )
-from .writer import Submission, WriterIncarnation
+from .writer import RETIRED, Submission, WriterIncarnation
 
 BUILTIN_CODECS = ("bytes.v1", "json.v1", "tensor.v1", "sample.v1")
 POOL_FORMAT = 1
 DEFAULT_SEGMENT_TARGET = 256 * 1024 * 1024
 DEFAULT_RESERVE = 64 * 1024 * 1024
+DEFAULT_MAX_RECORD_BYTES = 16 * 1024**3  # straw-queue's default; straw enforces it
+DEFAULT_MAX_BUFFER_BYTES = 512 * 1024**2
+_PUBLISH_SECONDS_KEPT = 1024
 
-_Normalized = tuple[list[tuple[str, str, str, "int | None", memoryview, bytes]], list[Any], bytes]
+_API_CALLS = {"publish": "publish/publish_many", "records": "write_records",
+              "record_set": "record_set"}
+
+
+def _ident_tokens(tokens: int) -> int | None:
+    """A record's token count as the digest hashes it: 0 as None, the previous straw's
+    "no count", so that the digest of a publication without dependencies is the one the
+    previous straw computed (idempotent retries across an upgrade)."""
+    return tokens or None
+
+
+@dataclass
+class _Pub:
+    """One validated publication: its records (id, codec, metadata JSON, tokens, payload
+    view, payload hash), dependencies (references or indices of earlier publications of
+    the call), logical digest, the records of a ``record_set`` (manifest rows, and the
+    references with their entries), the bytes it writes itself, and its payload bytes and
+    tokens without its dependencies."""
+
+    recs: list[tuple[str, str, str, int, memoryview, bytes]]
+    deps: list[Any]
+    digest: bytes
+    member_rows: list[list[Any]]
+    members: list[tuple[RecordRef, RecordInfo]]
+    own_bytes: int
+    pub_bytes: int
+    pub_tokens: int
 
 
 class SharedFilesystemStore(ProcessBound):
@@ -112,23 +150,34 @@ class SharedFilesystemStore(ProcessBound):
         root: str | os.PathLike[str],
         run_id: str,
         *,
-        codecs: Iterable[str] = (),
+        backend: FilesystemBackend | None = None,
+        codecs: Iterable[str] = ("bytes.v1", "json.v1"),
+        max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+        max_buffer_bytes: int = DEFAULT_MAX_BUFFER_BYTES,
         segment_target_bytes: int = DEFAULT_SEGMENT_TARGET,
-        writer_id: str = "default",
+        online_gc: bool = False,
+        writer_id: str | None = None,
         fs: Filesystem | None = None,
         clock: Clock | None = None,
         reserve_bytes: int = DEFAULT_RESERVE,
         visibility_retries: int = 8,
         visibility_backoff: float = 0.05,
-        backend: FilesystemBackend | None = None,
     ) -> None:
         self._bind_process()
         self.run_id = check_name("run_id", run_id)
-        self.writer_id = check_name("writer_id", writer_id)
-        check_count("segment_target_bytes", segment_target_bytes, minimum=1)
+        # A unique writer per store unless named: two stores of one process must not
+        # share a writer (its lock would refuse the second).  A named writer is the one
+        # that restarts: its submission ids survive its incarnations (D7).
+        self._writer_id = check_name("writer_id", writer_id) if writer_id is not None \
+            else uuid.uuid4().hex
+        check_count("segment_target_bytes", segment_target_bytes)
+        check_count("max_record_bytes", max_record_bytes, minimum=1)
+        check_count("max_buffer_bytes", max_buffer_bytes, minimum=1)
         check_count("reserve_bytes", reserve_bytes)
         check_count("visibility_retries", visibility_retries)
         check_seconds("visibility_backoff", visibility_backoff, positive=False)
+        if not isinstance(online_gc, bool):
+            raise TypeError(f"online_gc must be a bool, got {type(online_gc).__name__}")
         if isinstance(codecs, str):
             raise TypeError("codecs must be an iterable of codec names, not one str")
         extra = set()
@@ -139,6 +188,13 @@ class SharedFilesystemStore(ProcessBound):
         self.clock = clock or SystemClock()
         self.root = os.path.abspath(os.fspath(root))
         self.segment_target_bytes = segment_target_bytes
+        self.max_record_bytes = max_record_bytes
+        # straw copies no payload (writev of the caller's buffers), so no copy scratch
+        # exists to bound: accepted for straw-queue callers, reported by ``metrics``.
+        self.max_buffer_bytes = max_buffer_bytes
+        # Retention and collection always work (owners are durable in the catalog);
+        # online_gc is accepted for straw-queue callers and changes nothing.
+        self.online_gc = online_gc
         self.reserve_bytes = reserve_bytes
         self._visibility = (visibility_retries, visibility_backoff)
         self.backend = self._check_backend(backend)
@@ -150,7 +206,27 @@ class SharedFilesystemStore(ProcessBound):
         self._writer: WriterIncarnation | None = None
         self._write_lock = threading.Lock()
         self.catalog = Catalog(self.fs, self.root, self.run_id)  # owners belong to the run
+        self._metrics: dict[str, Any] = {"payload_bytes": 0, "records": 0, "segments": 0,
+                                         "publish_seconds": []}
         self.closed = False
+
+    @property
+    def writer_id(self) -> str:
+        """This store's writer: its own unique id unless ``writer_id=`` named one.  Record
+        it with your request identity to ask ``publication_receipt`` after a lost reply,
+        or to ``retire_writer`` it once its process is gone."""
+        return self._writer_id
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        """What this store published: ``payload_bytes``, ``records``, ``segments``
+        (extents written), ``publish_seconds`` (the latest publications' durations) and
+        ``buffer_bytes`` (copy scratch in use: always 0, straw copies no payload)."""
+        self._check_process()
+        m = dict(self._metrics)
+        m["publish_seconds"] = list(m["publish_seconds"])
+        m["buffer_bytes"] = 0
+        return m
 
     # --- pool ---------------------------------------------------------------------------
     def _check_backend(self, backend: object) -> FilesystemBackend:
@@ -288,24 +364,74 @@ class SharedFilesystemStore(ProcessBound):
         self._check_submission_id(submission_id)
         if isinstance(publications, (str, bytes)) or not isinstance(publications, Sequence):
             raise TypeError("publications must be a list of straw.Publication")
-        normalized = [self._normalize(p, i, len(publications)) for i, p in
-                      enumerate(publications)]
-        digests = tuple(n[2] for n in normalized)
+        normalized: list[_Pub] = []
+        for i, p in enumerate(publications):
+            normalized.append(self._normalize(p, i, earlier=[n.digest for n in normalized]))
+        return self._publish(normalized, submission_id, "publish")
+
+    def write_records(self, records: Sequence[Record], *, submission_id: str
+                      ) -> tuple[RecordRef, ...]:
+        """Write records durably without publishing them as a set: one extent, whose
+        records are ordinals 0..n-1 of it.  Name them in a publication later with
+        ``record_set``.  Staged like every publication until ``release_publications``
+        (of them, or of a record set naming them) or a durable owner takes over."""
+        self._check_process()
+        self._check_submission_id(submission_id)
+        (ref,) = self._publish([self._normalize(Publication(records), 0, "write_records")],
+                               submission_id, "records")
+        return tuple(RecordRef(ref.segment, i) for i in range(ref.records))
+
+    def record_set(self, refs: Sequence[RecordRef], *, submission_id: str,
+                   dependencies: Sequence[RecordSetRef] = ()) -> RecordSetRef:
+        """Publish records that already exist (``RecordRef``s, e.g. of ``write_records``)
+        as one publication, without copying their bytes: an extent holding only a
+        manifest that names them (and ``dependencies``).  They (and the dependencies)
+        are retained through it for as long as it is (D4).  Its digest is the one a
+        publication of the same records and dependencies has."""
+        self._check_process()
+        self._check_submission_id(submission_id)
+        if isinstance(refs, (RecordRef, str, bytes)) or not isinstance(refs, Sequence):
+            raise TypeError("refs must be a list of RecordRef")
+        members = []
+        for i, r in enumerate(refs):
+            if not isinstance(r, RecordRef):
+                raise TypeError(f"refs[{i}] must be a RecordRef, got {type(r).__name__}")
+            r.check()
+            if r.segment.run_id != self.run_id:
+                raise InvalidReference(f"refs[{i}] belongs to run {r.segment.run_id!r}; "
+                                       f"records must be in this store's run {self.run_id!r}")
+            info, _, _ = self._session.payload_location(r)  # it exists and is a record
+            members.append((r, info))
+        pub = self._normalize(Publication((), tuple(dependencies)), 0, "record_set",
+                              members=members)
+        return self._publish([pub], submission_id, "record_set")[0]
+
+    def _publish(self, normalized: list[_Pub], submission_id: str, api: str
+                 ) -> list[RecordSetRef]:
+        digests = tuple(n.digest for n in normalized)
+        started = self.clock.now()
         with self._write_lock:
             self._check_open()
             writer = self._ensure_writer()
             known = writer.index.get(submission_id)
             if known is not None:
-                if known.digests != digests:
+                if known.digests != digests or known.api != api:
                     raise IdempotencyConflict(
                         f"submission_id {submission_id!r} was already used by writer "
-                        f"{self.writer_id!r} for different content; use a new submission_id "
-                        "for new content"
+                        f"{self.writer_id!r} for different content"
+                        f"{'' if known.api == api else f' (through {_API_CALLS[known.api]})'}"
+                        "; use a new submission_id for new content"
                     )
                 return list(known.refs)
             self._check_dependencies(normalized)
-            refs = self._write(writer, submission_id, normalized)
-            writer.index[submission_id] = Submission(digests, tuple(refs))
+            refs = self._write(writer, submission_id, normalized, api)
+            writer.index[submission_id] = Submission(digests, tuple(refs), api)
+            m = self._metrics
+            m["payload_bytes"] += sum(n.own_bytes for n in normalized)
+            m["records"] += sum(len(n.recs) for n in normalized)
+            m["segments"] += len(normalized)
+            m["publish_seconds"] = (m["publish_seconds"] + [self.clock.now() - started]
+                                    )[-_PUBLISH_SECONDS_KEPT:]
             return refs
 
     def lookup_submission(self, submission_id: str) -> list[RecordSetRef] | None:
@@ -319,43 +445,48 @@ class SharedFilesystemStore(ProcessBound):
         return list(known.refs) if known else None
 
     def _write(self, writer: WriterIncarnation, submission_id: str,
-               normalized: list[_Normalized]) -> list[RecordSetRef]:
-        estimate = sum(sum(len(r[4]) for r in recs) + 1024 for recs, _, _ in normalized)
+               normalized: list[_Pub], api: str) -> list[RecordSetRef]:
+        estimate = sum(n.own_bytes + 1024 + 256 * len(n.members) for n in normalized)
         start = writer.next_offset(estimate)
         pos = start
         extents = []
         placed: list[RecordSetRef] = []
         edges: list[tuple[Extent, list[Extent]]] = []
         with_edges = set(self.catalog.state.edges)  # extents known to have dependencies
-        for i, (recs, deps, digest) in enumerate(normalized):
-            dep_rows = []
-            dep_refs = [placed[d] if isinstance(d, int) else d for d in deps]
-            for ref in dep_refs:
-                dep_rows.append([ref.path, ref.offset, ref.size, bytes.fromhex(ref.checksum),
-                                 bytes.fromhex(ref.digest), ref.records])
-            # D1/D4: dependencies are retained (as edges of this staged extent) before its
-            # bytes are written.  Edges that cannot matter are skipped: a dependency in the
-            # same pack with no dependencies of its own is protected by the pack itself.
+        for i, n in enumerate(normalized):
+            dep_refs = [placed[d] if isinstance(d, int) else d for d in n.deps]
+            dep_rows = [[r.path, r.offset, r.size, bytes.fromhex(r.checksum),
+                         bytes.fromhex(r.digest), r.records, r.manifest.ordinal,
+                         r.payload_bytes, r.tokens] for r in dep_refs]
+            # D1/D4: dependencies (and a record set's records) are retained, as edges of
+            # this staged extent, before its bytes are written.  Edges that cannot matter
+            # are skipped: a target in the same pack with no edges of its own is
+            # protected by the pack itself.
             targets = [(r.path, r.offset) for r in dep_refs]
+            targets += [(m.segment.path, m.segment.offset) for m, _ in n.members]
             if any(p != writer.pack_rel or (p, o) in with_edges for p, o in targets):
-                edges.append(((writer.pack_rel, pos), targets))
+                edges.append(((writer.pack_rel, pos), sorted(set(targets))))
                 with_edges.add((writer.pack_rel, pos))
+            # usage includes the dependencies, transitively (theirs include theirs)
+            payload_bytes = n.pub_bytes + sum(r.payload_bytes for r in dep_refs)
+            tokens = n.pub_tokens + sum(r.tokens for r in dep_refs)
             ext = encode_extent(run_id=self.run_id, submission_id=submission_id, index=i,
-                                count=len(normalized), digest=digest, records=recs,
-                                dependencies=dep_rows, offset=pos, group_start=start)
+                                count=len(normalized), digest=n.digest, records=n.recs,
+                                dependencies=dep_rows, offset=pos, group_start=start,
+                                payload_bytes=payload_bytes, tokens=tokens, api=api,
+                                members=n.member_rows)
             extents.append(ext)
-            placed.append(RecordSetRef(self.run_id, writer.pack_rel, pos, ext.entry.size,
-                                       ext.entry.checksum.hex(), digest.hex(), len(recs)))
+            placed.append(ref_from_entry(self.run_id, writer.pack_rel, ext.entry))
             pos += ext.entry.size
         if edges:
             self.catalog.record_edges(edges)
         return writer.append(extents)
 
-    def _check_dependencies(self, normalized: list[_Normalized]) -> None:
+    def _check_dependencies(self, normalized: list[_Pub]) -> None:
         """D1/D4: every dependency must name a publication of the pool (checked after the
         idempotency lookup, so a retry is answered as the original was, D7)."""
-        for i, (_, deps, _) in enumerate(normalized):
-            for k, d in enumerate(deps):
+        for i, n in enumerate(normalized):
+            for k, d in enumerate(n.deps):
                 if isinstance(d, RecordSetRef):
                     self.check_published(d, f"publications[{i}].dependencies[{k}]")
 
@@ -380,9 +511,17 @@ class SharedFilesystemStore(ProcessBound):
         if not submission_id or len(submission_id) > 1024:
             raise ValueError("submission_id must be a non-empty str of at most 1024 characters")
 
-    def _normalize(self, pub: object, i: int, n: int) -> _Normalized:
-        """Validate one publication; returns its records, dependencies and digest."""
-        where = f"publications[{i}]"
+    def _normalize(self, pub: object, i: int, where: str | None = None, *,
+                   earlier: Sequence[bytes] = (),
+                   members: Sequence[tuple[RecordRef, RecordInfo]] = ()) -> _Pub:
+        """Validate one publication; returns its records, dependencies and digest.
+
+        The digest is layout-independent: it hashes each record's id, codec, metadata,
+        token count and payload hash, and each dependency's *logical digest*, the same
+        whether the dependency is a reference or the index of a publication of the same
+        call (whose digest is known: publications are normalised in order), and the same
+        for a ``record_set`` of records as for a publication of those records."""
+        where = where or f"publications[{i}]"
         if not isinstance(pub, Publication):
             raise TypeError(f"{where} must be a straw.Publication, got {type(pub).__name__}")
         if isinstance(pub.records, (str, bytes)) or not isinstance(pub.records, Sequence):
@@ -390,6 +529,8 @@ class SharedFilesystemStore(ProcessBound):
         seen: set[str] = set()
         recs = []
         ident: list[Any] = []
+        own_bytes = 0
+        pub_tokens = 0
         for j, r in enumerate(pub.records):
             rw = f"{where}.records[{j}]"
             if not isinstance(r, Record):
@@ -410,15 +551,39 @@ class SharedFilesystemStore(ProcessBound):
                     f"{rw}.codec {r.codec!r} is not registered{hint}; open the store with "
                     f"codecs=({r.codec!r},) (built-ins: {', '.join(BUILTIN_CODECS)})"
                 )
-            if r.tokens is not None:  # None means "no token count"
+            if r.tokens is not None:  # None means "no token count": stored as 0
                 check_count(f"{rw}.tokens", r.tokens)
+            tokens = r.tokens or 0
             meta = canonical_metadata(r.metadata, rw)
             view = payload_view(r.payload, rw)
+            if view.nbytes > self.max_record_bytes:
+                raise ResourceLimitExceeded(
+                    f"{rw}.payload holds {view.nbytes} bytes, more than max_record_bytes="
+                    f"{self.max_record_bytes} of this store; open it with a larger "
+                    "max_record_bytes, or split the payload")
             h = xxhash.xxh3_128_digest(view)
-            recs.append((r.record_id, r.codec, meta, r.tokens, view, h))
-            ident.append([r.record_id, r.codec, meta, r.tokens, h])
+            recs.append((r.record_id, r.codec, meta, tokens, view, h))
+            ident.append([r.record_id, r.codec, meta, _ident_tokens(tokens), h])
+            own_bytes += view.nbytes
+            pub_tokens += tokens
+        member_rows = []
+        pub_bytes = own_bytes
+        for m, info in members:
+            meta = canonical_metadata(info.metadata, f"record {info.record_id!r}")
+            h = bytes.fromhex(info.checksum)
+            ident.append([info.record_id, info.codec, meta, _ident_tokens(info.tokens or 0), h])
+            pub_bytes += info.length
+            pub_tokens += info.tokens or 0
+            seg = m.segment
+            member_rows.append([seg.path, seg.offset, seg.size, bytes.fromhex(seg.checksum),
+                                m.ordinal, info.record_id, info.codec, meta, info.tokens,
+                                info.length, h])
         deps: list[Any] = []
         dep_ident: list[Any] = []
+        if isinstance(pub.dependencies, (str, bytes, RecordSetRef)) or \
+                not isinstance(pub.dependencies, Sequence):
+            raise TypeError(f"{where}.dependencies must be a list of RecordSetRef (or "
+                            "indices of earlier publications of a publish_many call)")
         for k, d in enumerate(pub.dependencies):
             dw = f"{where}.dependencies[{k}]"
             if isinstance(d, int) and not isinstance(d, bool):
@@ -426,19 +591,20 @@ class SharedFilesystemStore(ProcessBound):
                     raise ValueError(f"{dw} = {d} must index an earlier publication of this "
                                      f"call (0..{i - 1})")
                 deps.append(d)
-                dep_ident.append(["#", d])
+                dep_ident.append(earlier[d].hex())
             elif isinstance(d, RecordSetRef):
                 d.check()
                 if d.run_id != self.run_id:
                     raise InvalidReference(f"{dw} belongs to run {d.run_id!r}; dependencies "
                                            f"must be in this store's run {self.run_id!r}")
                 deps.append(d)
-                dep_ident.append([d.path, d.offset, d.checksum])
+                dep_ident.append(d.digest)
             else:
                 raise TypeError(f"{dw} must be a RecordSetRef or an int index, got "
                                 f"{type(d).__name__}")
         digest = xxhash.xxh3_128_digest(msgpack.packb([ident, dep_ident], use_bin_type=True))
-        return recs, deps, digest
+        return _Pub(recs, deps, digest, member_rows, list(members), own_bytes, pub_bytes,
+                    pub_tokens)
 
     # --- retention (D1-D4) ----------------------------------------------------------------
     def retain(self, owner: str, refs: Iterable[RecordSetRef | RecordRef]) -> None:
@@ -470,13 +636,17 @@ class SharedFilesystemStore(ProcessBound):
         self._check_open()
         return self.catalog.unstage(self._extents(refs, "refs"))
 
-    def pin(self, refs: Iterable[RecordSetRef | RecordRef]) -> Pin:
-        """``with store.pin(refs):`` — a durable reader owner held for the block.  A
-        reader that dies inside the block leaves its pin (``pin:host:pid:...``) for an
-        operator to ``release``: nothing is reclaimed under a reader that may be alive."""
+    def pin(self, refs: Iterable[RecordSetRef | RecordRef], *, owner: str | None = None
+            ) -> Pin:
+        """``with store.pin(refs):`` — a durable reader owner held for the block (named
+        ``owner``, else ``pin:host:pid:<uuid>``).  A reader that dies inside the block
+        leaves its pin for an operator to ``release``: nothing is reclaimed under a
+        reader that may be alive."""
         self._check_open()
+        if owner is not None:
+            check_owner(owner)
         items = _listed(refs)
-        return Pin(self, self._extents(items, "refs"), items)
+        return Pin(self, self._extents(items, "refs"), items, owner)
 
     def collect_garbage(self) -> dict[str, Any]:
         """Reclaim this run's sealed packs that no owner, pin or staged publication of any
@@ -486,9 +656,12 @@ class SharedFilesystemStore(ProcessBound):
         ``straw.recovery``), as are this store's own packs abandoned after an I/O error.
         Every read session of this process on this pool then drops its cached descriptors
         of the reclaimed packs, so that the reclaimed bytes are free when this returns.
-        Returns the reclaimed files and bytes, the tombstoned paths, interrupted
-        collections it finished, this run's packs and owners still retained, the packs
-        sealed for dead writers (``sealed_for_dead_writers``) and the damage their
+        Returns straw-queue's counts (``reclaimed_files``, ``reclaimed_bytes``,
+        ``tombstones``: packs tombstoned now, ``retained_packs``, ``open_packs``,
+        ``owners``: this run's) and, in addition, the tombstoned paths (``tombstoned``),
+        interrupted collections it finished (``finished_interrupted``), the retained
+        packs' paths (``retained_pack_paths``) and owners' names (``owner_names``), the
+        packs sealed for dead writers (``sealed_for_dead_writers``) and the damage their
         recovery found (``damaged``)."""
         self._check_open()
         with self._write_lock:
@@ -535,15 +708,15 @@ class SharedFilesystemStore(ProcessBound):
             raise TypeError(f"{where} must be a list of references, not a single one")
         out = []
         for i, r in enumerate(refs):
-            if isinstance(r, RecordRef):
-                r = r.record_set
-            if not isinstance(r, RecordSetRef):
-                raise TypeError(f"{where}[{i}] must be a RecordSetRef, got {type(r).__name__}")
+            if not isinstance(r, (RecordSetRef, RecordRef)):
+                raise TypeError(f"{where}[{i}] must be a RecordSetRef or RecordRef, got "
+                                f"{type(r).__name__}")
             r.check()
-            if r.run_id != self.run_id:
-                raise InvalidReference(f"{where}[{i}] belongs to run {r.run_id!r}, this store "
-                                       f"is run {self.run_id!r}")
-            out.append((r.path, r.offset))
+            seg = r.segment
+            if seg.run_id != self.run_id:
+                raise InvalidReference(f"{where}[{i}] belongs to run {seg.run_id!r}, this "
+                                       f"store is run {self.run_id!r}")
+            out.append((seg.path, seg.offset))
         return out
 
     def _check_all_published(self, refs: Sequence[RecordSetRef | RecordRef], where: str
@@ -551,44 +724,236 @@ class SharedFilesystemStore(ProcessBound):
         """Each of ``refs`` (checked by ``_extents`` already) must name a publication: what
         an owner retains must exist (D4)."""
         for i, r in enumerate(refs):
-            self.check_published(r.record_set if isinstance(r, RecordRef) else r,
-                                 f"{where}[{i}]")
+            self.check_published(r, f"{where}[{i}]")
 
     # --- reading ------------------------------------------------------------------------
-    def read(self, ref: RecordSetRef) -> list[Record]:
-        """The publication's records, checked against the reference (D6)."""
+    def read(self, ref: RecordSetRef) -> Iterator[Record]:
+        """The publication's records, checked against the reference (D6), as an iterator
+        (``next(store.read(ref)).payload`` is ``bytes``).  It reads through the store's
+        own read session, which lives as long as the store (straw-queue opens one per
+        iterator; ours is cached across calls).  A bad reference or damaged extent fails
+        at the call (``ReadSession.read``)."""
         self._check_process()
         return self._session.read(ref)
 
     def read_record(self, record_ref: RecordRef) -> Record:
+        """One record (the manifest ordinal reads back as the manifest record)."""
         self._check_process()
         return self._session.read_record(record_ref)
 
-    def manifest(self, ref: RecordSetRef) -> Manifest:
+    def manifest(self, ref: RecordSetRef) -> dict[str, Any]:
+        """straw-queue's manifest dict: ``version``, ``digest``, ``records`` (RecordRef
+        dicts) and ``dependencies`` (RecordSetRef dicts)."""
         self._check_process()
         return self._session.manifest(ref)
 
-    def validate(self, ref: RecordSetRef) -> tuple[RecordRef, ...]:
+    def checked_manifest(self, ref: RecordSetRef) -> Manifest:
+        """straw's own view of a publication's checked manifest (``straw.refs.Manifest``:
+        submission id, record entries, dependencies, record references)."""
         self._check_process()
-        return self._session.validate(ref)
+        return self._session.checked_manifest(ref)
+
+    def validate(self, ref: RecordSetRef, *, task_id: str | None = None,
+                 attempt_id: str | None = None) -> tuple[RecordRef, ...]:
+        """Check the whole publication; its record references (``ReadSession.validate``)."""
+        self._check_process()
+        return self._session.validate(ref, task_id=task_id, attempt_id=attempt_id)
 
     def read_session(self) -> ReadSession:
-        """A scoped reader with its own cache of open packs and checked manifests."""
+        """A scoped reader with its own cache of open packs and checked manifests:
+        ``with store.read_session() as reader:``."""
         self._check_process()
         retries, backoff = self._visibility
         return ReadSession(self.fs, self.root, self.run_id, self.clock,
                            visibility_retries=retries, visibility_backoff=backoff,
                            pack_status=self._pack_status)
 
-    def check_published(self, ref: RecordSetRef, where: str = "ref") -> None:
+    def check_published(self, ref: RecordSetRef | RecordRef | SegmentRef,
+                        where: str = "ref") -> None:
         """``InvalidReference`` (naming ``where``) unless ``ref`` names a publication of
         this pool: the frame at its offset is an extent of its size and checksum.  Asked
         before a reference is retained, pinned or depended on (one small read)."""
         self._check_process()
         try:
-            self._session.check_published(ref)
+            self._session.check_published(ref.segment if isinstance(ref, RecordRef) else ref)
         except InvalidReference as e:
             raise InvalidReference(f"{where}: {e}") from None
+
+    def inspect_segment(self, segment_ref: SegmentRef, *, verify_payload: bool = False
+                        ) -> dict[str, Any]:
+        """straw-queue's description of one extent: ``version``, ``run_id``,
+        ``segment_id`` and ``records``: per record its ``envelope`` (``envelope_dict``)
+        and ``offset`` (of its payload, from the extent's start), the manifest record
+        last.  The manifest is always checked; ``verify_payload`` checks the whole extent
+        (``CorruptData`` if damaged)."""
+        self._check_process()
+        if not isinstance(segment_ref, SegmentRef):
+            raise TypeError(f"inspect_segment takes a SegmentRef (e.g. ref.manifest.segment "
+                            f"or record_ref.segment), got {type(segment_ref).__name__}")
+        if verify_payload:
+            self._session._read_extent(segment_ref)
+        ext = self._session.extent(segment_ref)
+        records = [{"offset": off - segment_ref.offset, "envelope": envelope_dict(info)}
+                   for info, off in zip(ext.local, ext.offsets, strict=True)]
+        # our manifest sits before the payloads (straw-queue's after them): its offset
+        records.append({"offset": framing.HEADER_SIZE + EXTENT_PREFIX.size,
+                        "envelope": envelope_dict(ext.manifest_info)})
+        return {"version": 1, "run_id": segment_ref.run_id,
+                "segment_id": segment_ref.segment_id, "records": records}
+
+    def read_range(self, record_ref: RecordRef, start: int, stop: int, *, chunk_bytes: int,
+                   checksums: Sequence[str]) -> bytearray:
+        """Bytes [start, stop) of a record, checked against the caller's chunk
+        checksums: ``checksums[k]`` is the hash of payload bytes [k*chunk_bytes,
+        (k+1)*chunk_bytes), as hex: SHA-256 (64 digits, straw-queue's) or xxh3-128 (32
+        digits, straw's).  Every chunk the range touches is read and checked whole, in
+        bounded pieces (a small range of a huge chunk allocates no more than a piece);
+        a mismatch is ``CorruptData`` ("chunk checksum")."""
+        self._check_process()
+        check_count("chunk_bytes", chunk_bytes, minimum=1)
+        info, path, base = self._session.payload_location(record_ref)
+        check_count("start", start)
+        check_count("stop", stop)
+        if not start <= stop <= info.length:
+            raise ValueError(f"range [{start}, {stop}) outside record {info.record_id!r} of "
+                             f"{info.length} bytes")
+        if isinstance(checksums, (str, bytes)) or not isinstance(checksums, Sequence):
+            raise TypeError("checksums must be a list of hex digests, one per chunk")
+        chunks = -(-info.length // chunk_bytes)
+        if len(checksums) != chunks:
+            raise ValueError(f"record {info.record_id!r} of {info.length} bytes has {chunks} "
+                             f"chunks of {chunk_bytes} bytes; {len(checksums)} checksums given")
+        out = bytearray(stop - start)
+        if stop == start:
+            return out
+        piece = _alloc_piece(min(chunk_bytes, _RANGE_PIECE))
+        for k in range(start // chunk_bytes, (stop - 1) // chunk_bytes + 1):
+            want = checksums[k]
+            hasher = _chunk_hasher(want, k)
+            c0, c1 = k * chunk_bytes, min((k + 1) * chunk_bytes, info.length)
+            pos = c0
+            while pos < c1:
+                n = min(piece.nbytes, c1 - pos)
+                view = piece[:n]
+                self._session._read_exact(path, base + pos, n, into=view)
+                hasher.update(view)
+                a, b = max(start, pos), min(stop, pos + n)
+                if a < b:
+                    out[a - start:b - start] = view[a - pos:b - pos]
+                pos += n
+            if hasher.hexdigest() != want.lower():
+                raise CorruptData(
+                    f"record {info.record_id!r} at {path} offset {base}: chunk {k} (bytes "
+                    f"{c0}..{c1}) fails its chunk checksum; the stored data is damaged or the "
+                    "checksums are not this record's")
+        return out
+
+    def read_tensor_range(self, ref: RecordRef, start: int, stop: int, *,
+                          expected: Mapping[str, Any] | None = None
+                          ) -> tuple[dict[str, Any], bytearray]:
+        """``(envelope, bytes [start, stop))`` of a ``tensor.v1`` record, checked against
+        the chunk checksums in its authenticated manifest entry.  ``expected``
+        (``{"dtype", "shape", "length"}``, any subset) must match the envelope before
+        any payload is read, else ``CorruptData``."""
+        self._check_process()
+        info, _, _ = self._session.payload_location(ref)
+        where = f"record {info.record_id!r}"
+        if info.codec != tensor_format.CODEC:
+            raise InvalidReference(f"{where} has codec {info.codec!r}, not "
+                                   f"{tensor_format.CODEC}")
+        dtype, shape, _, chunk_bytes, chunks = tensor_format._check_meta(
+            info.metadata, info.length, where)
+        tensor_format.check_expected(dtype, shape, info.length, expected, where)
+        h = tensor_format._HEX
+        sums = [chunks[i:i + h] for i in range(0, len(chunks), h)]
+        return envelope_dict(info), self.read_range(ref, start, stop,
+                                                    chunk_bytes=chunk_bytes, checksums=sums)
+
+    # --- writers: receipts and retirement ----------------------------------------------
+    def publication_receipt(self, writer_id: str, *, api: str, submission_id: str
+                            ) -> list[RecordSetRef] | list[RecordRef] | None:
+        """What writer ``writer_id`` of this run published under ``submission_id`` through
+        ``api`` (``"records"``: write_records, ``"record_set"``, ``"publish"``:
+        publish/publish_many), e.g. after a lost reply; None if nothing was.  Reads only:
+        it renews no protection (an old result may be collected already).  Another live
+        store holding that writer raises ``WriterBusy``; a retired writer can still be
+        asked."""
+        self._check_process()
+        check_name("writer_id", writer_id)
+        if api not in _API_CALLS:
+            raise ValueError(f"api must be one of {', '.join(sorted(_API_CALLS))}, got "
+                             f"{api!r}")
+        self._check_submission_id(submission_id)
+        if writer_id == self.writer_id:
+            with self._write_lock:
+                self._check_open()
+                if self._writer is not None:
+                    known = self._writer.index.get(submission_id)
+                    return _receipt(known, api)
+        with self._other_writer(writer_id) as (rel_dir, writer_dir):
+            if not self.fs.exists(writer_dir):
+                return None
+            history = recover_writer(self.fs, self.root, self.run_id, rel_dir, self.catalog,
+                                     incarnations(self.fs, writer_dir))
+        return _receipt(history.index.get(submission_id), api)
+
+    def retire_writer(self, writer_id: str, *, policy: str = "recover"
+                      ) -> list[RecordSetRef] | list[Any]:
+        """Fence writer ``writer_id`` of this run for good: a store that later tries to
+        publish as it raises ``WriterFenced`` (publish with a new writer).  Its open packs
+        are sealed in the catalog on its behalf.  ``policy="recover"`` returns its
+        results still staged (published, not yet released or adopted: yours to retain
+        or release); ``"abandon"`` returns nothing and leaves every owner and staging as
+        it is.  ``WriterBusy`` while a live store holds that writer."""
+        self._check_process()
+        check_name("writer_id", writer_id)
+        if policy not in ("recover", "abandon"):
+            raise ValueError(f"policy must be 'recover' or 'abandon', got {policy!r}")
+        if writer_id == self.writer_id and self._writer is not None:
+            raise WriterBusy(f"writer {writer_id!r} is this store's own, live writer; close "
+                             "the store first (or retire it from another store)")
+        with self._other_writer(writer_id) as (rel_dir, writer_dir):
+            if not self.fs.exists(writer_dir):
+                raise ValueError(f"run {self.run_id!r} has no writer {writer_id!r} at "
+                                 f"{self.root}")
+            history = recover_writer(self.fs, self.root, self.run_id, rel_dir, self.catalog,
+                                     incarnations(self.fs, writer_dir))
+            self.fs.write_file_durable(os.path.join(writer_dir, RETIRED), json.dumps(
+                {"retired_by": self.writer_id, "at": self.clock.now()}).encode())
+            self.catalog.seal_if_open(history.packs, prefix=f"{rel_dir}/")
+        if policy == "abandon":
+            return []
+        staged: list[Any] = []
+        with self.catalog.locked() as st:
+            for sub in history.index.values():
+                live = []
+                for r in sub.refs:
+                    info = st.packs.get(r.path)
+                    if info is not None and not info.tombstoned \
+                            and r.offset not in info.unstaged:
+                        live.append(r)
+                if len(live) == len(sub.refs):  # as publication_receipt reports them
+                    staged.extend(_receipt(sub, sub.api) or ())
+        return staged
+
+    @contextlib.contextmanager
+    def _other_writer(self, writer_id: str) -> Iterator[tuple[str, str]]:
+        """Hold writer ``writer_id``'s lock for a moment (``WriterBusy`` if a live store
+        holds it): its packs are then written by nobody."""
+        rel_dir = f"runs/{self.run_id}/writers/{writer_id}"
+        writer_dir = os.path.join(self.root, rel_dir)
+        if not self.fs.exists(writer_dir):
+            yield rel_dir, writer_dir
+            return
+        fd, holder_desc = holder.take(self.fs, os.path.join(writer_dir, "LOCK"), self.clock,
+                                      purpose=f"store of writer {self.writer_id} asking")
+        if fd is None:
+            raise WriterBusy(f"writer {writer_id!r} of run {self.run_id!r} is in use by "
+                             f"{holder_desc}; retry once it is closed")
+        try:
+            yield rel_dir, writer_dir
+        finally:
+            holder.release(self.fs, fd)
 
     def _pack_status(self, path: str) -> PackStatus | None:
         """What the catalog knows of pack ``path``, read fresh under the pool lock; None
@@ -638,6 +1003,37 @@ class SharedFilesystemStore(ProcessBound):
         return self._writer.describe() if self._writer else None
 
 
+_RANGE_PIECE = 1 << 20  # read_range reads and hashes a chunk this much at a time
+
+
+def _alloc_piece(n: int) -> memoryview:
+    return memoryview(bytearray(n))
+
+
+def _chunk_hasher(want: object, k: int) -> Any:
+    """The hash of a caller's chunk checksum, told by its length: SHA-256 (64 hex digits,
+    straw-queue's) or xxh3-128 (32, straw's)."""
+    if not isinstance(want, str):
+        raise TypeError(f"checksums[{k}] must be a hex str, got {type(want).__name__}")
+    if len(want) == 64:
+        return hashlib.sha256()
+    if len(want) == 32:
+        return xxhash.xxh3_128()
+    raise ValueError(f"checksums[{k}] {want[:80]!r} is neither a SHA-256 (64 hex digits) nor "
+                     "an xxh3-128 (32 hex digits) digest")
+
+
+def _receipt(known: Submission | None, api: str) -> list[Any] | None:
+    """A submission as ``publication_receipt`` reports it: None unless published through
+    ``api``; record references for ``write_records``."""
+    if known is None or known.api != api:
+        return None
+    if api == "records":
+        (ref,) = known.refs
+        return [RecordRef(ref.segment, i) for i in range(ref.records)]
+    return list(known.refs)
+
+
 # Owner names straw uses itself: applications cannot retain under them.
 INTERNAL_OWNER_PREFIXES = ("queue:", "staged:", "checkpoint:")
 RESERVED_OWNER_PREFIXES = INTERNAL_OWNER_PREFIXES + ("pin:",)
@@ -668,11 +1064,12 @@ class Pin:
     """A reader's durable protection, held while the ``with`` block runs."""
 
     def __init__(self, store: SharedFilesystemStore, extents: list[Extent],
-                 refs: Sequence[RecordSetRef | RecordRef] = ()) -> None:
+                 refs: Sequence[RecordSetRef | RecordRef] = (), owner: str | None = None
+                 ) -> None:
         self.store = store
         self.extents = extents
         self.refs = refs
-        self.owner = f"pin:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex}"
+        self.owner = owner or f"pin:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex}"
         self.held = False
 
     def __enter__(self) -> Pin:

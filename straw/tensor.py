@@ -77,16 +77,18 @@ from .errors import CorruptData, ForkedProcess, InvalidReference, UnsupportedSch
 from .process import ProcessBound
 from .reader import ReadSession
 from .refs import Record, RecordInfo, RecordRef, RecordSetRef
+from .tensor_format import (
+    _HEX,
+    CHUNK_BYTES,
+    CODEC,
+    DTYPES,
+    SOURCES,
+    _check_meta,
+)
+from .tensor_format import (
+    MAX_DIMS as MAX_DIMS,
+)
 
-CODEC = "tensor.v1"
-CHUNK_BYTES = 256 * 1024
-DTYPES: dict[str, int] = {
-    "uint8": 1, "int8": 1, "int16": 2, "int32": 4, "int64": 8, "float16": 2,
-    "bfloat16": 2, "float32": 4, "float64": 8, "bool": 1,
-}
-SOURCES = ("torch", "numpy")
-MAX_DIMS = 64
-_HEX = 32  # hex digits per chunk checksum
 _READ_BYTES = 1 << 20  # one read call covers this much (whole chunks), hashed chunk by chunk
 _PARALLEL_MIN = 8 << 20  # spans at least this large are read by several threads
 
@@ -305,10 +307,10 @@ def publish_tensors(store: Any, tensors: Mapping[str, Any], *, submission_id: st
             raise TypeError(f"tensor names must be non-empty str, got {name!r}")
         records.append(tensor_record(name, value, chunk_bytes=chunk_bytes))
     ref = store.publish(records, submission_id=submission_id, dependencies=dependencies)
-    rrefs = store.manifest(ref).record_refs
+    manifest = _session_of(store).checked_manifest(ref)
     root = getattr(store, "root", "")
-    return tuple(_from_parts(rr, rec.record_id, rec.metadata, root)._bound(store)
-                 for rr, rec in zip(rrefs, records, strict=True))
+    return tuple(_from_parts(rr, info, root, ref)._bound(store)
+                 for rr, info in zip(manifest.record_refs, manifest.records, strict=True))
 
 
 def release_tensor_publications(store: Any, tensors: Sequence[TensorRef]) -> list[RecordSetRef]:
@@ -320,8 +322,8 @@ def release_tensor_publications(store: Any, tensors: Sequence[TensorRef]) -> lis
     for i, t in enumerate(tensors):
         if not isinstance(t, TensorRef):
             raise TypeError(f"tensors[{i}] must be a TensorRef, got {type(t).__name__}")
-        if t.publication not in pubs:
-            pubs.append(t.publication)
+        if t._publication() not in pubs:
+            pubs.append(t._publication())
     release = getattr(store, "release_publications", None)
     if release is None:
         raise NotImplementedError(
@@ -335,37 +337,12 @@ def release_tensor_publications(store: Any, tensors: Sequence[TensorRef]) -> lis
 # --- references -------------------------------------------------------------------------
 
 
-def _check_meta(meta: Mapping[str, Any], length: int, where: str) -> tuple[str, tuple[int, ...],
-                                                                          str, int, str]:
-    try:
-        dtype, shape, source = meta["dtype"], meta["shape"], meta["source"]
-        chunk_bytes, chunks = meta["chunk_bytes"], meta["chunks"]
-    except (KeyError, TypeError):
-        raise UnsupportedSchema(f"{where}: tensor.v1 metadata lacks dtype/shape/source/"
-                                "chunk_bytes/chunks") from None
-    if not isinstance(dtype, str) or dtype not in DTYPES:  # (a list would be unhashable)
-        raise UnsupportedSchema(f"{where}: tensor dtype {dtype!r} is unknown to this straw "
-                                f"(knows {', '.join(DTYPES)})")
-    if not isinstance(source, str) or source not in SOURCES:
-        raise UnsupportedSchema(f"{where}: tensor source {source!r} is unknown")
-    if (not isinstance(shape, list) or len(shape) > MAX_DIMS
-            or any(not isinstance(d, int) or isinstance(d, bool) or d < 0 for d in shape)):
-        raise UnsupportedSchema(f"{where}: tensor shape {shape!r} is not a list of sizes")
-    if not isinstance(chunk_bytes, int) or chunk_bytes <= 0 or not isinstance(chunks, str):
-        raise UnsupportedSchema(f"{where}: bad chunk_bytes/chunks in tensor metadata")
-    if math.prod(shape) * DTYPES[dtype] != length:
-        raise UnsupportedSchema(f"{where}: shape {shape} of {dtype} does not make the "
-                                f"{length} payload bytes")
-    if len(chunks) != _HEX * -(-length // chunk_bytes):
-        raise UnsupportedSchema(f"{where}: {len(chunks) // _HEX} chunk checksums for "
-                                f"{length} bytes in chunks of {chunk_bytes}")
-    return dtype, tuple(shape), source, chunk_bytes, chunks
-
-
-def _from_parts(rref: RecordRef, name: str, meta: Mapping[str, Any], root: str) -> TensorRef:
-    dtype, shape, source, chunk_bytes, _ = _check_meta(meta, rref.length,
-                                                      f"tensor {name!r}")
-    return TensorRef(rref, name, shape, dtype, source, chunk_bytes, root)
+def _from_parts(rref: RecordRef, info: RecordInfo, root: str, publication: RecordSetRef
+                ) -> TensorRef:
+    dtype, shape, source, chunk_bytes, _ = _check_meta(info.metadata, info.length,
+                                                      f"tensor {info.record_id!r}")
+    return TensorRef(rref, info.record_id, shape, dtype, source, chunk_bytes, root,
+                     publication)
 
 
 _auto_stores: dict[tuple[str, str], Any] = {}
@@ -410,6 +387,9 @@ class TensorRef:
     source: str = "numpy"
     chunk_bytes: int = CHUNK_BYTES
     root: str = ""
+    publication: RecordSetRef | None = None  # the publication it was published in
+    # (``record`` is record ``ordinal`` of one extent; a tensor restored from a record
+    # set of records of other extents names that record set here)
     # The binding (a store or ReadSession) is a plain attribute, not a field: it takes no
     # part in equality, hashing, repr, ``to_dict``, ``dataclasses.asdict`` or pickling.
 
@@ -432,12 +412,14 @@ class TensorRef:
         return self.name
 
     @property
-    def publication(self) -> RecordSetRef:
-        return self.record.record_set
-
-    @property
     def ordinal(self) -> int:
-        return self.record.index
+        return self.record.ordinal
+
+    def _publication(self) -> RecordSetRef:
+        if self.publication is None:
+            raise InvalidReference(f"tensor {self.name!r} names no publication (a reference "
+                                   "built without one); restore it with from_record_set")
+        return self.publication
 
     def __len__(self) -> int:
         if not self.shape:
@@ -448,20 +430,26 @@ class TensorRef:
     def to_dict(self) -> dict[str, Any]:
         return {"record": self.record.to_dict(), "name": self.name,
                 "shape": list(self.shape), "dtype": self.dtype, "source": self.source,
-                "chunk_bytes": self.chunk_bytes, "root": self.root}
+                "chunk_bytes": self.chunk_bytes, "root": self.root,
+                "publication": None if self.publication is None else
+                self.publication.to_dict()}
 
     @classmethod
     def from_dict(cls, value: Mapping[str, Any], store: Any = None) -> TensorRef:
         try:
             rref = RecordRef.from_dict(value["record"])
+            pub = value.get("publication")
+            if pub is None and "record_set" in value["record"]:  # the previous straw's form
+                pub = value["record"]["record_set"]
             ref = cls(rref, value["name"], tuple(value["shape"]), value["dtype"],
-                      value["source"], value["chunk_bytes"], value.get("root", ""))
+                      value["source"], value["chunk_bytes"], value.get("root", ""),
+                      None if pub is None else RecordSetRef.from_dict(pub))
         except (KeyError, TypeError):
             raise InvalidReference(f"not a TensorRef dict: {short_repr(value)}") from None
         if (ref.dtype not in DTYPES or ref.source not in SOURCES
                 or not isinstance(ref.chunk_bytes, int) or ref.chunk_bytes <= 0
                 or any(not isinstance(d, int) or d < 0 for d in ref.shape)
-                or ref.nbytes != rref.length):
+                or len(ref.shape) > MAX_DIMS):
             raise InvalidReference(f"not a valid TensorRef dict: {short_repr(value)}")
         return ref._bound(store) if store is not None else ref
 
@@ -477,12 +465,12 @@ class TensorRef:
         """A copy of this reference that reads through ``reader`` (a store of the same run,
         or a ``ReadSession``)."""
         session = _session_of(reader)
-        if session.run_id != self.record.record_set.run_id:
+        if session.run_id != self.record.segment.run_id:
             raise InvalidReference(f"tensor {self.name!r} belongs to run "
-                                   f"{self.record.record_set.run_id!r}, the reader to "
+                                   f"{self.record.segment.run_id!r}, the reader to "
                                    f"{session.run_id!r}")
         ref = TensorRef(self.record, self.name, self.shape, self.dtype, self.source,
-                        self.chunk_bytes, self.root)
+                        self.chunk_bytes, self.root, self.publication)
         return ref._bound(reader)
 
     def _session(self) -> ReadSession:
@@ -495,7 +483,7 @@ class TensorRef:
                     "ref.using(store), or send it to the child pickled (an unpickled "
                     "TensorRef reads through a store of its own process)")
             return _session_of(reader)
-        run_id = self.record.record_set.run_id
+        run_id = self.record.segment.run_id
         key = (self.root, run_id)
         with _auto_lock:
             store = _auto_stores.get(key)
@@ -512,16 +500,11 @@ class TensorRef:
         return _session_of(store)
 
     # --- reading ------------------------------------------------------------------------
-    def _chunks(self, session: ReadSession) -> str:
-        """The authenticated chunk checksums, after checking the manifest agrees with
-        this reference."""
-        rs = self.record.record_set
-        manifest = session.manifest(rs)
-        i = self.record.index
-        if not 0 <= i < len(manifest.records) or manifest.record_refs[i] != self.record:
-            raise InvalidReference(f"tensor {self.name!r}: {self.record!r} is not a record of "
-                                   "its publication")
-        info: RecordInfo = manifest.records[i]
+    def _chunks(self, session: ReadSession) -> tuple[str, str, int]:
+        """The authenticated chunk checksums, pack path and payload offset of the
+        record, after checking its checked manifest entry agrees with this reference."""
+        info: RecordInfo
+        info, path, origin = session.payload_location(self.record)
         if info.codec != CODEC:
             raise InvalidReference(f"record {info.record_id!r} has codec {info.codec!r}, not "
                                    f"{CODEC}")
@@ -532,18 +515,18 @@ class TensorRef:
             raise InvalidReference(
                 f"tensor {self.name!r}: the reference says {self.dtype}{list(self.shape)}, "
                 f"the publication holds {dtype}{list(shape)} (edited or stale reference)")
-        return chunks
+        return chunks, path, origin
 
-    def _corrupt(self, chunk: int, size: int) -> CorruptData:
+    def _corrupt(self, chunk: int, size: int, path: str, origin: int) -> CorruptData:
         start = chunk * self.chunk_bytes
         return CorruptData(
-            f"tensor {self.name!r} (record {self.record.record_id!r} at "
-            f"{self.record.record_set.path} offset {self.record.offset}): chunk {chunk} "
+            f"tensor {self.name!r} (record {self.name!r} at "
+            f"{path} offset {origin}): chunk {chunk} "
             f"(bytes {start}..{start + size}) fails its checksum; the stored data is "
             "damaged. Restore the pool from a replica or republish the tensor")
 
-    def _read_chunks(self, session: ReadSession, expected: bytes, e0: int, lo: int, hi: int,
-                     dst: memoryview, base: int) -> None:
+    def _read_chunks(self, session: ReadSession, loc: tuple[str, int], expected: bytes,
+                     e0: int, lo: int, hi: int, dst: memoryview, base: int) -> None:
         """Read whole chunks [lo, hi) into ``dst`` (which starts at payload byte ``base``),
         ``_READ_BYTES`` at a time, and verify each chunk right after its read, while it is
         in the CPU cache.  ``expected`` holds the digests of the chunks from ``e0`` on.
@@ -551,8 +534,8 @@ class TensorRef:
         ``_read_exact`` (which still handles visibility lag)."""
         c = self.chunk_bytes
         per_read = max(1, _READ_BYTES // c)
-        n = self.record.length
-        path, origin = self.record.record_set.path, self.record.offset
+        n = self.nbytes
+        path, origin = loc
         digest = xxhash.xxh3_128_digest
         k = lo
         while k < hi:
@@ -563,17 +546,18 @@ class TensorRef:
             for j in range(k, k_end):
                 piece = view[(j - k) * c:(j - k + 1) * c]
                 if digest(piece) != expected[(j - e0) * 16:(j - e0 + 1) * 16]:
-                    raise self._corrupt(j, piece.nbytes)
+                    raise self._corrupt(j, piece.nbytes, path, origin)
             k = k_end
 
-    def _read_into(self, session: ReadSession, chunks: str, start: int, stop: int,
-                   dst: memoryview) -> None:
+    def _read_into(self, session: ReadSession, where: tuple[str, str, int], start: int,
+                   stop: int, dst: memoryview) -> None:
         """Payload bytes [start, stop) into ``dst``, verifying every chunk touched
-        (``chunks``: the authenticated checksums from ``_chunks``)."""
+        (``where``: the authenticated checksums, path and offset from ``_chunks``)."""
         if stop <= start:
             return
+        chunks, loc = where[0], (where[1], where[2])
         c = self.chunk_bytes
-        n = self.record.length
+        n = self.nbytes
         first, last = start // c, (stop - 1) // c  # chunks touched, inclusive
         inner_lo = first if start == first * c else first + 1
         inner_hi = last + 1 if stop == min((last + 1) * c, n) else last
@@ -583,17 +567,18 @@ class TensorRef:
                 continue
             cs, ce = k * c, min((k + 1) * c, n)
             scratch = _byte_view(np.empty(ce - cs, dtype=np.uint8))
-            self._read_chunks(session, expected, first, k, k + 1, scratch, cs)
+            self._read_chunks(session, loc, expected, first, k, k + 1, scratch, cs)
             a, b = max(start, cs), min(stop, ce)
             dst[a - start:b - start] = scratch[a - cs:b - cs]
         if inner_hi <= inner_lo:
             return
         span = (inner_hi - inner_lo) * c
         if span < _PARALLEL_MIN or _workers() < 2:
-            self._read_chunks(session, expected, first, inner_lo, inner_hi, dst, start)
+            self._read_chunks(session, loc, expected, first, inner_lo, inner_hi, dst, start)
             return
-        futures = [_executor().submit(self._read_chunks, session, expected, first, lo, hi, dst,
-                                      start) for lo, hi in _split(inner_lo, inner_hi, _workers())]
+        futures = [_executor().submit(self._read_chunks, session, loc, expected, first, lo, hi,
+                                      dst, start)
+                   for lo, hi in _split(inner_lo, inner_hi, _workers())]
         for f in futures:
             f.result()
 
@@ -725,11 +710,15 @@ class TensorRef:
         straw-queue compatibility and not needed).  With ``store``, checks that it is of
         the same run."""
         del submission_id
-        if store is not None and getattr(store, "run_id", None) != self.publication.run_id:
+        pub = self._publication()
+        if store is not None and getattr(store, "run_id", None) != pub.run_id:
             raise InvalidReference(f"tensor {self.name!r} belongs to run "
-                                   f"{self.publication.run_id!r}; it can only be shared "
+                                   f"{pub.run_id!r}; it can only be shared "
                                    f"within that run, not with {store!r}")
-        return self.publication, self.ordinal
+        if pub.segment == self.record.segment:  # its own extent: ordinals agree
+            return pub, self.ordinal
+        # a record set naming records of other extents: its position there
+        return pub, self._session().checked_manifest(pub).record_refs.index(self.record)
 
     def updated(self, store: Any, values: Any, *, submission_id: str,
                 rows: Any = None) -> TensorRef:
@@ -756,9 +745,9 @@ class TensorRef:
     def from_record_set_many(cls, store: Any, reference: RecordSetRef) -> dict[int, TensorRef]:
         """Every tensor of a publication by ordinal (other records are left out), bound to
         ``store``; reads only the manifest."""
-        manifest = _session_of(store).manifest(reference)
+        manifest = _session_of(store).checked_manifest(reference)
         root = getattr(store, "root", "")
-        return {i: _from_parts(rref, info.record_id, info.metadata, root)._bound(store)
+        return {i: _from_parts(rref, info, root, reference)._bound(store)
                 for i, (info, rref) in enumerate(zip(manifest.records, manifest.record_refs,
                                                      strict=True))
                 if info.codec == CODEC}

@@ -5,6 +5,9 @@ Layout under the pool root::
 
     runs/<run_id>/writers/<writer_id>/LOCK            flock held while a store writes;
                                                        its text names the holder
+    runs/<run_id>/writers/<writer_id>/RETIRED         written by ``retire_writer`` (under
+                                                       the lock): the writer id is fenced
+                                                       for good (``WriterFenced``)
     runs/<run_id>/writers/<writer_id>/i000001/pack-000001.strw ...
     runs/<run_id>/writers/<writer_id>/i000002/...     the next incarnation (after restart)
 
@@ -44,7 +47,7 @@ from typing import Any
 from . import holder, recovery
 from .catalog import Catalog
 from .clock import Clock
-from .errors import StorageUnavailable, UnsafeRecovery
+from .errors import StorageUnavailable, UnsafeRecovery, WriterFenced
 from .fs import Filesystem
 from .pack import PACK_SUFFIX, EncodedExtent, PackWriter
 from .process import ProcessBound, close_quietly
@@ -58,6 +61,7 @@ log = logging.getLogger("straw")
 _LOCK_RETRIES = 10
 # How often a writer checks that its LOCK still carries its own note before writing.
 _LOCK_CHECK_SECONDS = 1.0
+RETIRED = "RETIRED"  # the fence ``retire_writer`` leaves in the writer's directory
 
 
 class WriterIncarnation(ProcessBound):
@@ -79,6 +83,12 @@ class WriterIncarnation(ProcessBound):
         fs.makedirs_durable(self.dir)
         self.clock = clock
         self._lock_fd: int | None = self._take_lock(clock)
+        if fs.exists(os.path.join(self.dir, RETIRED)):  # checked under the lock
+            self.release()
+            raise WriterFenced(
+                f"writer {writer_id!r} of run {run_id!r} was retired (retire_writer): it "
+                "cannot publish again. Open the store with a new writer_id (or none: every "
+                "store gets a unique one)")
         self._lock_note = self._read_lock_note()
         self._next_lock_check = clock.now() + _LOCK_CHECK_SECONDS
         self.lost_lock = ""  # set once another process took our lock: no more writes
@@ -288,4 +298,4 @@ class WriterIncarnation(ProcessBound):
                 "damaged": [d.as_dict() for d in self.damaged]}
 
 
-__all__ = ["WriterIncarnation", "Submission", "StorageUnavailable"]
+__all__ = ["RETIRED", "WriterIncarnation", "Submission", "StorageUnavailable"]

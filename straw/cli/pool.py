@@ -27,7 +27,7 @@ from ..fs import Filesystem, PosixFS
 from ..queue_state import LEASED, TERMINAL
 from ..reader import ReadSession
 from ..recovery import seal_dead_writers
-from ..refs import PACK_PATH_RE, RecordSetRef
+from ..refs import PACK_PATH_RE, ref_from_tuple
 from ..store import POOL_FORMAT
 
 MARKER = "POOL"
@@ -185,7 +185,7 @@ def _staleness(fs: Filesystem, root: str, results: list[Any]) -> Counter[int]:
             run = m.group("run")
             if run not in sessions:
                 sessions[run] = ReadSession(fs, root, run, SystemClock())
-            for rec in sessions[run].manifest(RecordSetRef(run, *t)).records:
+            for rec in sessions[run].checked_manifest(ref_from_tuple(run, t)).records:
                 v = rec.metadata.get(STALENESS_KEY) if isinstance(rec.metadata, dict) else None
                 if isinstance(v, int) and not isinstance(v, bool):
                     hist[v] += 1
