@@ -154,18 +154,18 @@ def read_large(impl: Impl, root: str, *, size: int = 16 * MiB, count: int = 4,
         refs = [store.publish([impl.record(f"r{i}", data[i])], submission_id=f"read-{i}")
                 for i in range(count)]
         for i, ref in enumerate(refs):  # check the content once
-            got = impl.read(store, ref)
+            got = list(impl.read(store, ref))
             if len(got) != 1 or bytes(got[0].payload) != data[i]:
                 raise AssertionError(f"{impl.name}: read back differs from what was published")
             del got
         for ref in refs:  # warm pass: page cache and the allocator in their steady state
-            got = impl.read(store, ref)
+            got = list(impl.read(store, ref))
             del got
         times = []
         for _ in range(passes):
             for ref in refs:
                 t0 = time.perf_counter()
-                got = impl.read(store, ref)
+                got = list(impl.read(store, ref))
                 times.append(time.perf_counter() - t0)
                 del got
     finally:

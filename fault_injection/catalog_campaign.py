@@ -281,7 +281,7 @@ def _check_reads(stores: dict[str, SharedFilesystemStore], d: Driver, names: set
     for i, name in enumerate(sorted(names)):
         store = stores[CLIENTS[i % len(CLIENTS)]]
         with store.read_session() as rs:
-            got = rs.read(d.refs[name])
+            got = list(rs.read(d.refs[name]))
         if got != d.records[name]:
             raise Violation(f"{name!r} ({d.refs[name]}) reads back different {when}")
 

@@ -138,7 +138,7 @@ def check_read(store: SharedFilesystemStore, refs: Sequence[RecordSetRef],
         raise AssertionError(f"{len(refs)} refs for {len(pubs)} publications")
     n = 0
     for ref, pub in zip(refs, pubs, strict=True):
-        got = store.read(ref)
+        got = list(store.read(ref))
         if len(got) != len(pub.records) or any(
                 g != w for g, w in zip(got, pub.records, strict=True)):
             raise AssertionError(f"{ref} does not read back as what was published")

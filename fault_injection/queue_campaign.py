@@ -328,7 +328,7 @@ def check_coordinator(q: Coordinator, store: SharedFilesystemStore, log: QueueLo
         if got != want:
             raise Violation(f"acknowledged receipt {sid!r} {want[:3]} lost: lookup returned "
                             f"{got}")
-        recs = store.read(want[3])
+        recs = list(store.read(want[3]))
         if len(recs) != 1 or bytes(recs[0].payload) != payload(sid):
             raise Violation(f"the result of acknowledged {sid!r} does not read back intact")
     seen: dict[str, int] = {}

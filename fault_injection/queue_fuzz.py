@@ -564,7 +564,7 @@ def check_queue(root: str, acks: str, logdir: str, workers: Sequence[str],
                                     f"epoch {e['epoch']}): lookup returned {got}")
                 continue
             try:
-                recs = store.read(ref)
+                recs = list(store.read(ref))
                 if len(recs) != 1 or bytes(recs[0].payload) != payload(e["sid"]):
                     raise AssertionError("payload differs")
             except Exception as exc:

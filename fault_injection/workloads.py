@@ -217,7 +217,7 @@ def _same_content(store: SharedFilesystemStore, refs: list[RecordSetRef],
     if len(refs) != len(pubs):
         raise Violation(f"{what}: {len(refs)} refs for {len(pubs)} publications")
     for i, (ref, pub) in enumerate(zip(refs, pubs, strict=True)):
-        got = store.read(ref)
+        got = list(store.read(ref))
         want = list(pub.records)
         if len(got) != len(want):
             raise Violation(f"{what}[{i}] {ref}: {len(got)} records read, {len(want)} published")

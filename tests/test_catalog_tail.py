@@ -126,7 +126,7 @@ def test_catalog_repair_keeps_damaged_bytes_aside_and_later_transactions_and_sto
     live.close()
     with _store(tmp_path) as fresh:
         assert fresh.owners() == ["first", "second"]
-        assert fresh.read(a)[0].payload == b"a" * 300
+        assert next(fresh.read(a)).payload == b"a" * 300
         fresh.release("first")
         assert fresh.collect_garbage()["tombstoned"] == [a.path]
 
@@ -245,7 +245,7 @@ def test_power_loss_tearing_the_unsynced_catalog_group_is_recovered(variant):
                                       reserve_bytes=0, visibility_retries=1)
         assert again.owners() in (["one"], ["one", "two"]), (variant, seed)
         again.collect_garbage()
-        assert again.read(a)[0].payload == (b"a" * 300)
+        assert next(again.read(a)).payload == (b"a" * 300)
         again.close()
 
 
@@ -332,11 +332,11 @@ def test_full_pool_frees_itself_through_straw(small_tmpfs):
     assert res["reclaimed_files"] > 0 and res["reclaimed_bytes"] > 1 << 20
     assert free_bytes(small_tmpfs) > full + (1 << 20)
     ref = store.publish([Record("again", b"y" * 10_000)], submission_id="again")
-    assert store.read(ref)[0].payload == b"y" * 10_000
+    assert next(store.read(ref)).payload == b"y" * 10_000
     store.close()
     with _store(root) as reopened:  # and the catalog replays cleanly afterwards
         assert reopened.owners() == []
-        assert reopened.read(ref)[0].payload == b"y" * 10_000
+        assert next(reopened.read(ref)).payload == b"y" * 10_000
 
 
 def test_repair_filler_fits_every_region_length():

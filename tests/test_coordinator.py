@@ -321,13 +321,13 @@ def test_consumer_tokens_cursors_and_retirement(store):
     with store.read_session() as s, pytest.raises(InvalidReference):
         s.read(page.commits[0].result_ref)
     with store.read_session() as s:
-        assert bytes(s.read(page.commits[1].result_ref)[0].payload) == b"answer"
+        assert bytes(next(s.read(page.commits[1].result_ref)).payload) == b"answer"
     assert q.release_checkpoint("ck") is True
     q.collect_garbage()
     with store.read_session() as s:
         with pytest.raises(InvalidReference):
             s.read(page.commits[1].result_ref)
-        assert bytes(s.read(receipts[2].result_ref)[0].payload) == b"answer"  # unprocessed
+        assert bytes(next(s.read(receipts[2].result_ref)).payload) == b"answer"  # unprocessed
     q.close()
 
 
@@ -338,11 +338,11 @@ def test_queue_retains_inputs_before_journaling(store):
     q.submit_tasks("r", [TaskSpec("t", input_ref=inp)])
     store.release_publications([inp])  # the producer lets go: the queue owns it (D2)
     q.collect_garbage()
-    assert bytes(store.read(inp)[0].payload) == b"t"
+    assert bytes(next(store.read(inp)).payload) == b"t"
     q.close()
     q = _coord(store, recover=True)
     q.collect_garbage()
-    assert bytes(store.read(inp)[0].payload) == b"t"
+    assert bytes(next(store.read(inp)).payload) == b"t"
     (a,) = q.acquire("w").assignments
     q.complete_task(a.lease, submission_id="s", result_ref=_result(store, a.lease))
     q.collect_garbage()

@@ -122,14 +122,14 @@ def _check_everything_reads_back(root: Any, acked: dict[str, dict[str, Any]]) ->
     for writer_id, subs in acked.items():
         with _store(root, writer_id) as s:
             for sid, (ref, text) in subs.items():
-                assert bytes(s.read(ref)[0].payload) == text.encode(), (writer_id, sid)
+                assert bytes(next(s.read(ref)).payload) == text.encode(), (writer_id, sid)
                 assert s.lookup_submission(sid) == [ref], (writer_id, sid)
     with _store(root, "checker") as s:
         assert "kept" in s.owners()
         s.collect_garbage()  # replays the whole catalog and acts on it
         for subs in acked.values():
             for ref, text in subs.values():
-                assert bytes(s.read(ref)[0].payload) == text.encode()
+                assert bytes(next(s.read(ref)).payload) == text.encode()
 
 
 # --- the finding ----------------------------------------------------------------------
@@ -162,7 +162,7 @@ def test_fork_child_store_refuses(tmp_path):
             "lookup_submission": lambda: store.lookup_submission("p0"),
             "read": lambda: store.read(first),
             "read_record": lambda: store.read_record(store.validate(first)[0]),
-            "manifest": lambda: store.manifest(first),
+            "manifest": lambda: store.checked_manifest(first),
             "validate": lambda: store.validate(first),
             "retain": lambda: store.retain("kept", []),
             "release": lambda: store.release("kept"),
@@ -174,7 +174,7 @@ def test_fork_child_store_refuses(tmp_path):
             "read_session": lambda: store.read_session(),
             "with store": lambda: store,
             "session.read": lambda: session.read(first),
-            "session.manifest": lambda: session.manifest(first),
+            "session.manifest": lambda: session.checked_manifest(first),
             "catalog.locked": lambda: store.catalog.locked(),
             "catalog.retain": lambda: store.catalog.retain("kept", []),
             "catalog.collect": lambda: store.catalog.collect(),
@@ -194,7 +194,7 @@ def test_fork_child_store_refuses(tmp_path):
         with _store(tmp_path, "child") as mine:
             refs = {f"c{i}": mine.publish(_rec(f"child {i}"), submission_id=f"c{i}").to_dict()
                     for i in range(3)}
-            parents = bytes(mine.read(first)[0].payload).decode()
+            parents = bytes(next(mine.read(first)).payload).decode()
             tensor_rows = tensor.using(mine)[2:4].tolist()
         return {"outcomes": outcomes, "refs": refs, "parents": parents,
                 "tensor_rows": tensor_rows}
@@ -217,7 +217,7 @@ def test_fork_child_store_refuses(tmp_path):
     receipt = q.complete_task(lease, submission_id="done", result_ref=result)
     assert receipt.position == 0
     assert np.array_equal(tensor.load(), np.arange(12.0))
-    assert bytes(session.read(first)[0].payload) == b"parent 0"
+    assert bytes(next(session.read(first)).payload) == b"parent 0"
     session.close()
     q.close()
     store.close()
@@ -299,12 +299,12 @@ def test_fork_child_close_touches_nothing(tmp_path):
     out = store.publish(_rec("out", task_id="t0", attempt=a.lease.attempt),
                         submission_id="out")
     q.complete_task(a.lease, submission_id="done", result_ref=out)
-    assert bytes(session.read(ref)[0].payload) == b"before"
+    assert bytes(next(session.read(ref)).payload) == b"before"
     session.close()
     q.close()
     store.close()
     with _store(tmp_path) as s:
-        assert bytes(s.read(after)[0].payload) == b"after"
+        assert bytes(next(s.read(after)).payload) == b"after"
         with Coordinator(s, queue_id="q", recover=True) as again:
             assert [c.task_id for c in again.read_commits().commits] == ["t0"]
 
@@ -335,8 +335,8 @@ def test_fork_child_exiting_through_with_store_touches_nothing(tmp_path):
             os._exit(7 if isinstance(e, SystemExit) and e.code == 7 else 1)
         raise
     with _store(tmp_path) as s:
-        assert bytes(s.read(first)[0].payload) == b"first"
-        assert bytes(s.read(second)[0].payload) == b"second"
+        assert bytes(next(s.read(first)).payload) == b"first"
+        assert bytes(next(s.read(second)).payload) == b"second"
 
 
 def test_fork_child_leaving_a_pin_block_keeps_the_parents_pin(tmp_path):
@@ -354,7 +354,7 @@ def test_fork_child_leaving_a_pin_block_keeps_the_parents_pin(tmp_path):
             assert in_child(child) == "returned"
             assert pin.owner in store.owners()
             assert store.collect_garbage()["reclaimed_files"] == 0
-            assert bytes(store.read(ref)[0].payload) == b"pinned"
+            assert bytes(next(store.read(ref)).payload) == b"pinned"
         assert pin.owner not in store.owners()
 
 
@@ -463,7 +463,7 @@ def test_fork_with_locks_held_by_another_thread(tmp_path):
     refused = {k: v for k, v in report["outcomes"].items() if k not in closes}
     assert set(refused.values()) == {"ForkedProcess"}, refused
     assert report["loads"]
-    assert bytes(store.read(ref)[0].payload) == b"x"
+    assert bytes(next(store.read(ref)).payload) == b"x"
     session.close()
     q.close()
     store.close()
@@ -540,6 +540,6 @@ def test_fork_pool_workers_with_their_own_stores(tmp_path):
     store.close()
     with _store(tmp_path, "reader") as s:
         for r in results:
-            assert bytes(s.read(RecordSetRef.from_dict(r["ref"]))[0].payload) == \
+            assert bytes(next(s.read(RecordSetRef.from_dict(r["ref"]))).payload) == \
                 repr(r["total"]).encode()
-        assert bytes(s.read(after)[0].payload) == b"parent after"
+        assert bytes(next(s.read(after)).payload) == b"parent after"

@@ -30,10 +30,12 @@ from straw.coordinator import Coordinator
 from straw.fs import PosixFS
 from straw.queue_types import TaskSpec
 from straw.tensor import TensorRef, publish_tensors
+from tests.refedit import edited, payload_at
 
 
 def _store(root, **kw) -> SharedFilesystemStore:
     kw.setdefault("reserve_bytes", 1 << 20)
+    kw.setdefault("writer_id", "w")  # a named writer: these tests restart it
     return SharedFilesystemStore(str(root), "run", **kw)
 
 
@@ -81,8 +83,8 @@ def _pool_and_impostor(tmp_path):  # type: ignore[no-untyped-def]
     with _store(other) as store:
         fake = store.publish([Record("a", b"evil" * 100)], submission_id="s")
     assert (fake.path, fake.offset, fake.size) == (ref.path, ref.offset, ref.size)
-    victim = str(pool / "runs/run/writers/default")
-    outside = str(other / "runs/run/writers/default")
+    victim = str(pool / "runs/run/writers/w")
+    outside = str(other / "runs/run/writers/w")
     return pool, ref, victim, outside, os.stat(other / fake.path).st_ino
 
 
@@ -132,7 +134,7 @@ def test_pool_directory_swapped_for_a_symlink_is_never_followed(tmp_path):
                 fs.toggle()  # shift the phase: every call meets both states
             with reader.read_session() as s:
                 try:
-                    results.append(bytes(s.read(ref)[0].payload))
+                    results.append(bytes(next(s.read(ref)).payload))
                 except InvalidReference as e:
                     assert "symbolic link" in str(e)
                     results.append(e)
@@ -165,14 +167,14 @@ def test_pool_directory_swapped_by_another_thread_is_never_followed(tmp_path):
             for _ in range(300):
                 with reader.read_session() as s:
                     try:
-                        assert bytes(s.read(ref)[0].payload) == b"pool" * 100
+                        assert bytes(next(s.read(ref)).payload) == b"pool" * 100
                         ok += 1
                     except (InvalidReference, CorruptData):
                         pass  # met the symlink, or the moment the directory was away
         finally:
             stop.set()
             thread.join()
-        assert bytes(reader.read(ref)[0].payload) == b"pool" * 100
+        assert bytes(next(reader.read(ref)).payload) == b"pool" * 100
     assert outside_inode not in fs.inodes, "a file outside the pool was opened"
 
 
@@ -242,12 +244,12 @@ def test_huge_size_in_an_edited_reference_is_refused_before_allocation(
         ref = store.publish([Record("a", b"x" * 1000)], submission_id="s")
         if sealed:
             store.seal()
-        bad = dataclasses.replace(ref, size=size)
+        bad = edited(ref, size=size)
         with _store(tmp_path, clock=clock) as reader:
             for call in (reader.read, reader.validate, reader.manifest):
                 with pytest.raises(InvalidReference):
                     call(bad)
-            assert bytes(reader.read(ref)[0].payload) == b"x" * 1000
+            assert bytes(next(reader.read(ref)).payload) == b"x" * 1000
         file_size = os.path.getsize(tmp_path / ref.path)
     # nothing beyond the file, except the bounded buffers of a first read
     assert max(allocated) <= max(file_size, reader_mod._CHUNK)
@@ -269,15 +271,14 @@ def test_huge_tensor_shape_is_refused_before_allocation(tmp_path, monkeypatch):
                                submission_id="t")
         shape_only = TensorRef(t.record, t.name, (rows, 8), t.dtype, t.source, t.chunk_bytes,
                                t.root)
-        with_length = TensorRef(dataclasses.replace(t.record, length=rows * 32), t.name,
-                                (rows, 8), t.dtype, t.source, t.chunk_bytes, t.root)
+        with_size = TensorRef(edited(t.record, size=rows * 64), t.name,
+                              (rows, 8), t.dtype, t.source, t.chunk_bytes, t.root)
         d = t.to_dict()
         d["shape"] = [rows, 8]
-        d["record"]["length"] = rows * 32
-        d["record"]["record_set"]["size"] = rows * 64
+        d["record"]["segment"]["size"] = rows * 64
         from_dict = TensorRef.from_dict(d)
-        for edited in (shape_only, with_length, from_dict):
-            bound = edited.using(store)
+        for forged in (shape_only, with_size, from_dict):
+            bound = forged.using(store)
             with pytest.raises(InvalidReference):
                 bound.load()
             with pytest.raises(InvalidReference):
@@ -295,9 +296,9 @@ def test_huge_tensor_shape_is_refused_before_allocation(tmp_path, monkeypatch):
 def test_edited_digest_or_records_is_refused_naming_the_field(tmp_path, field, value):
     with _store(tmp_path) as store:
         ref = store.publish([Record("a", b"x")], submission_id="s")
-        bad = dataclasses.replace(ref, **{field: _flipped(ref.digest) if value is None
+        bad = edited(ref, **{field: _flipped(ref.digest) if value is None
                                           else value})
-        assert bytes(store.read(ref)[0].payload) == b"x"  # the real one is cached now
+        assert bytes(next(store.read(ref)).payload) == b"x"  # the real one is cached now
         with _store(tmp_path) as reader:
             for r in (store, reader):
                 for call in (r.read, r.validate, r.manifest):
@@ -333,9 +334,9 @@ def test_sealed_pack_failures_are_immediate(tmp_path, damage, expected):
     data = bytearray(pack.read_bytes())
     bad = ref
     if damage == "offset past the end":
-        bad = dataclasses.replace(ref, offset=len(data) + 4096)
+        bad = edited(ref, offset=len(data) + 4096)
     elif damage == "size past the end":
-        bad = dataclasses.replace(ref, size=ref.size + 4096)
+        bad = edited(ref, size=ref.size + 4096)
     elif damage == "truncated inside the extent":
         pack.write_bytes(data[:ref.offset + ref.size // 2])
     elif damage == "truncated before the extent":
@@ -348,7 +349,8 @@ def test_sealed_pack_failures_are_immediate(tmp_path, damage, expected):
     elif damage == "zero record with a flipped byte":
         with _store(tmp_path) as probe:
             (rec,) = probe.validate(ref)
-        data[rec.offset + 5] ^= 0x01
+            at = payload_at(probe, rec)[1]
+        data[at + 5] ^= 0x01
         pack.write_bytes(data)
     clock = SleepCounter()
     with _store(tmp_path, clock=clock) as reader:
@@ -376,7 +378,7 @@ def test_names_with_a_trailing_newline_are_refused(tmp_path):
             with pytest.raises(ValueError, match=name):
                 Coordinator(store, **{name: "q\n"})  # type: ignore[arg-type]
         for field in ("path", "checksum", "digest"):
-            bad = dataclasses.replace(ref, **{field: getattr(ref, field) + "\n"})
+            bad = edited(ref, **{field: getattr(ref, field) + "\n"})
             with pytest.raises(InvalidReference, match=field if field != "path" else "pack path"):
                 RecordSetRef.from_dict(bad.to_dict())
             with pytest.raises(InvalidReference):
@@ -390,13 +392,13 @@ def test_names_with_a_trailing_newline_are_refused(tmp_path):
 def _fabrications(sealed: RecordSetRef, open_: RecordSetRef) -> dict[str, RecordSetRef]:
     never = sealed.path.replace("pack-000001", "pack-000099")
     return {
-        "checksum": dataclasses.replace(sealed, checksum=_flipped(sealed.checksum)),
-        "size": dataclasses.replace(sealed, size=sealed.size + 8),
-        "offset of the pack header": dataclasses.replace(sealed, offset=0),
-        "offset inside an extent": dataclasses.replace(sealed, offset=sealed.offset + 8),
-        "pack never written": dataclasses.replace(sealed, path=never),
-        "checksum in an open pack": dataclasses.replace(open_, checksum=_flipped(open_.checksum)),
-        "size in an open pack": dataclasses.replace(open_, size=open_.size + 8),
+        "checksum": edited(sealed, checksum=_flipped(sealed.checksum)),
+        "size": edited(sealed, size=sealed.size + 8),
+        "offset of the pack header": edited(sealed, offset=0),
+        "offset inside an extent": edited(sealed, offset=sealed.offset + 8),
+        "pack never written": edited(sealed, path=never),
+        "checksum in an open pack": edited(open_, checksum=_flipped(open_.checksum)),
+        "size in an open pack": edited(open_, size=open_.size + 8),
     }
 
 
@@ -451,7 +453,7 @@ def test_queue_refuses_references_that_name_no_publication(tmp_path):
                 "task_id": a.lease.task_id, "attempt": a.lease.attempt})], submission_id="out")
             with pytest.raises(InvalidReference):
                 q.complete_task(a.lease, submission_id="done",
-                                result_ref=dataclasses.replace(result, digest=_flipped(
+                                result_ref=edited(result, digest=_flipped(
                                     result.digest)))
             q.complete_task(a.lease, submission_id="done", result_ref=result)
             with store.catalog.locked() as st:

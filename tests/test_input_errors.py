@@ -36,6 +36,7 @@ from straw.pack import EXTENT_PREFIX, decode_manifest
 from straw.queue_types import ConsumerToken, Lease, Limits, TaskSpec
 from straw.refs import MAX_METADATA_DEPTH, RecordRef, RecordSetRef
 from straw.tensor import TensorRef, publish_tensors, set_load_buffer_cache
+from tests.refedit import edited, payload_at
 
 DOCUMENTED = (TypeError, ValueError, StrawError)
 _n = [0]
@@ -116,7 +117,7 @@ def test_metadata_integers_past_64_bits_are_value_errors(store, q):
     # the edges of what msgpack carries are accepted and round trip
     edges = {"lo": -(2**63), "hi": 2**64 - 1}
     ref = store.publish([Record("a", b"x", metadata=edges)], submission_id=uid())
-    assert store.manifest(ref).records[0].metadata == edges
+    assert store.checked_manifest(ref).records[0].metadata == edges
     q.submit_tasks(uid(), [TaskSpec(uid(), metadata=edges)])
 
 
@@ -140,10 +141,10 @@ def test_counts_past_64_bits_are_value_errors(store, q):
 
 def test_reference_offsets_past_63_bits_are_invalid_reference(store, q):
     ref = store.publish([Record("a", b"xyz")], submission_id=uid())
-    rref = store.manifest(ref).record_refs[0]
+    rref = store.checked_manifest(ref).record_refs[0]
     for name in ("offset", "size", "records"):
         for v in (2**63, 2**64):
-            bad = dataclasses.replace(ref, **{name: v})
+            bad = edited(ref, **{name: v})
             with pytest.raises(InvalidReference, match=f"{name} must be an int in"):
                 store.read(bad)
             with pytest.raises(InvalidReference, match=f"{name} must be an int in"):
@@ -151,10 +152,10 @@ def test_reference_offsets_past_63_bits_are_invalid_reference(store, q):
             with pytest.raises(InvalidReference, match=f"{name} must be an int in"):
                 q.submit_tasks(uid(), [TaskSpec(uid(), input_ref=bad)])
             with pytest.raises(InvalidReference, match=f"{name} must be an int in"):
-                RecordSetRef.from_dict({**ref.to_dict(), name: v})
-    for name in ("index", "offset", "length"):
+                RecordSetRef.from_dict(bad.to_dict())
+    for name in ("ordinal", "offset", "size"):
         with pytest.raises(InvalidReference, match=f"{name} must be an int in"):
-            RecordRef.from_dict({**rref.to_dict(), name: 2**64})
+            RecordRef.from_dict(edited(rref, **{name: 2**64}).to_dict())
     assert "o" not in store.owners()
 
 
@@ -252,7 +253,7 @@ def test_cyclic_and_deep_metadata_are_value_errors_not_recursion_errors(store, q
     at_limit = _deep(MAX_METADATA_DEPTH)
     assert isinstance(at_limit, dict)
     ref = store.publish([Record("a", b"x", metadata=at_limit)], submission_id=uid())
-    assert store.manifest(ref).records[0].metadata == at_limit
+    assert store.checked_manifest(ref).records[0].metadata == at_limit
     with pytest.raises(ValueError, match="deeper"):
         store.publish([Record("a", b"x", metadata={"k": at_limit})], submission_id=uid())
     shared = [1, 2]
@@ -297,7 +298,7 @@ def test_crafted_record_metadata_is_corrupt_data(tmp_path, monkeypatch, text):
         ref = writer.publish([Record("a", b"x")], submission_id="crafted")
     with SharedFilesystemStore(str(tmp_path), "run", writer_id="reader") as reader:
         with pytest.raises(CorruptData, match="record 0: stored metadata"):
-            reader.manifest(ref)
+            reader.checked_manifest(ref)
         with pytest.raises(CorruptData):
             reader.read(ref)
 
@@ -417,7 +418,7 @@ hostile_values = st.one_of(
 def _entry_points(store, q):  # type: ignore[no-untyped-def]
     """Every public entry point, as a function of one hostile value."""
     ref = store.publish([Record("a", b"xyz")], submission_id="ep-ref")
-    rref = store.manifest(ref).record_refs[0]
+    rref = store.checked_manifest(ref).record_refs[0]
     lease = _lease(q)
     token = q.open_consumer("ep")
     sample = C.encode_sample(store, 1, submission_id="ep-sample")
@@ -440,13 +441,13 @@ def _entry_points(store, q):  # type: ignore[no-untyped-def]
         "dependency": lambda v: store.publish_many(
             [Publication([Record("a", b"x")]), Publication([Record("b", b"y")], [v])],
             submission_id=uid()),
-        "ref offset": lambda v: store.read(dataclasses.replace(ref, offset=v)),
+        "ref offset": lambda v: store.read(edited(ref, offset=v)),
         # (a huge but in-range ref size is finding 11, validated against the file before
         # allocating by its own fix; sizes past 63 bits: test_reference_offsets_past_63...)
-        "ref records": lambda v: store.retain("o", [dataclasses.replace(ref, records=v)]),
-        "ref from_dict": lambda v: RecordSetRef.from_dict({**ref.to_dict(), "offset": v}),
+        "ref records": lambda v: store.retain("o", [edited(ref, records=v)]),
+        "ref from_dict": lambda v: RecordSetRef.from_dict(edited(ref, offset=v).to_dict()),
         "record ref": lambda v: store.read_record(
-            RecordRef.from_dict({**rref.to_dict(), "length": v})),
+            RecordRef.from_dict(edited(rref, ordinal=v).to_dict())),
         "release owner": lambda v: store.release(v),
         "priority": lambda v: sub(priority=v),
         "scheduling_key": lambda v: sub(scheduling_key=v),

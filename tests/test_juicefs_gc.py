@@ -68,8 +68,8 @@ def test_concurrent_publishers_and_collectors_on_two_mounts(juicefs_dirs):
                         seen = collections[other]
                         while collections[other] == seen and not stop.is_set():
                             stop.wait(0.005)
-                        assert bytes(store.read(ref)[0].payload) == _payload(name, i)
-                        assert bytes(reader.read(ref)[0].payload) == _payload(name, i)
+                        assert bytes(next(store.read(ref)).payload) == _payload(name, i)
+                        assert bytes(next(reader.read(ref)).payload) == _payload(name, i)
                 if i % 4 == 3:
                     store.seal()
 
@@ -100,7 +100,7 @@ def test_concurrent_publishers_and_collectors_on_two_mounts(juicefs_dirs):
     # everything owned is still there; then release it all: everything is reclaimed
     with SharedFilesystemStore(mounts["b"], "run") as store:
         for w, ref in kept.values():
-            assert bytes(store.read(ref)[0].payload).startswith(f"{w}:".encode())
+            assert bytes(next(store.read(ref)).payload).startswith(f"{w}:".encode())
         assert set(store.owners()) == set(kept)
         for owner in kept:
             assert store.release(owner)

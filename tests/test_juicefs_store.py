@@ -58,7 +58,7 @@ def test_publish_on_one_mount_read_on_the_other_while_appending(juicefs_dirs, re
         assert len({r.path for r in seen}) >= 3, "rotation created several packs"
         # after the writer sealed and closed, everything still reads on the other mount
         for i, ref in enumerate(seen):
-            assert bytes(reader.read(ref)[0].payload) == _payload(i)
+            assert bytes(next(reader.read(ref)).payload) == _payload(i)
     # a restarted writer on the *other* client finds the originals by submission id
     with SharedFilesystemStore(juicefs_dirs.b, "run", writer_id="w") as again:
         assert again.lookup_submission("s0") == [seen[0]]

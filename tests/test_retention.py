@@ -25,6 +25,7 @@ def _store(root, **kw) -> SharedFilesystemStore:
     kw.setdefault("reserve_bytes", 0)
     kw.setdefault("clock", ManualClock())
     kw.setdefault("visibility_retries", 1)
+    kw.setdefault("writer_id", "w")  # a named writer: these tests restart it
     return SharedFilesystemStore(str(root), "run", **kw)
 
 
@@ -60,7 +61,7 @@ def test_owner_keeps_pack_and_release_frees_it(tmp_path):
         store.retain("checkpoint-1", [a])
         store.release_publications([a])
         assert store.collect_garbage()["reclaimed_files"] == 0
-        assert bytes(store.read(a)[0].payload) == b"a" * 100
+        assert bytes(next(store.read(a)).payload) == b"a" * 100
         assert store.owners() == ["checkpoint-1"]
         assert store.release("checkpoint-1") is True
         assert store.release("checkpoint-1") is False  # unknown owner: False, documented
@@ -78,7 +79,7 @@ def test_retain_replaces_roots(tmp_path):
         store.release_publications([a, b])
         res = store.collect_garbage()
         assert res["tombstoned"] == [a.path]
-        assert b.path in res["retained_packs"]
+        assert b.path in res["retained_pack_paths"]
 
 
 def test_dependencies_are_retained_transitively_across_packs(tmp_path):
@@ -97,7 +98,7 @@ def test_dependencies_are_retained_transitively_across_packs(tmp_path):
         store.release_publications([base, mid, top, sibling])
         res = store.collect_garbage()
         assert res["reclaimed_files"] == 0
-        assert {base.path, mid.path, top.path} <= set(res["retained_packs"])
+        assert {base.path, mid.path, top.path} <= set(res["retained_pack_paths"])
         store.release("owner")
         assert store.collect_garbage()["reclaimed_files"] == 3
 
@@ -122,7 +123,7 @@ def test_pin_holds_during_the_block(tmp_path):
         with store.pin([a]) as pin:
             assert pin.owner.startswith("pin:") and pin.owner in store.owners()
             assert store.collect_garbage()["reclaimed_files"] == 0
-            assert bytes(store.read(a)[0].payload) == b"a" * 100
+            assert bytes(next(store.read(a)).payload) == b"a" * 100
         assert store.owners() == []
         assert store.collect_garbage()["reclaimed_files"] == 1
 

@@ -40,7 +40,7 @@ def _sealed(store: SharedFilesystemStore, name: str) -> RecordSetRef:
 
 
 def _readable(store: SharedFilesystemStore, ref: RecordSetRef) -> bool:
-    recs = store.read(ref)
+    recs = list(store.read(ref))
     return bytes(recs[0].payload) == f"{store.run_id}:{recs[0].record_id}".encode() * 64
 
 
@@ -90,7 +90,7 @@ def test_two_run_ids_in_one_root_collect_never_deletes_other_runs_files(tmp_path
     b.release_publications([rb])
     got = b.collect_garbage()
     assert got["tombstoned"] == [rb.path] and got["reclaimed_files"] == 1
-    assert all(p.startswith("runs/B/") for p in got["retained_packs"])
+    assert all(p.startswith("runs/B/") for p in got["retained_pack_paths"])
     assert _exists(tmp_path, ra) and not _exists(tmp_path, rb)
     assert _readable(a, ra)
     assert a.collect_garbage()["tombstoned"] == [ra.path]
@@ -107,7 +107,7 @@ def test_two_run_ids_in_one_root_owners_lists_only_own_run(tmp_path):
     b.retain("shared-name", [rb])
     assert a.owners() == ["a-only", "shared-name"]
     assert b.owners() == ["shared-name"]
-    assert b.collect_garbage()["owners"] == ["shared-name"]
+    assert b.collect_garbage()["owner_names"] == ["shared-name"]
     a.close()
     b.close()
 
@@ -146,7 +146,7 @@ def test_two_run_ids_in_one_root_queues_of_same_id_are_independent(tmp_path):
     assert qb.read_commits(0, 10).commits == ()
     assert a.owners() == ["queue:default/rollout"] and b.owners() == ["queue:default/rollout"]
     b.collect_garbage()
-    assert _exists(tmp_path, out) and bytes(a.read(out)[0].payload) == b"done"
+    assert _exists(tmp_path, out) and bytes(next(a.read(out)).payload) == b"done"
     for x in (qa, qb, a, b):
         x.close()
 
@@ -252,7 +252,7 @@ def test_pool_wide_collection_is_an_operator_entry_point(tmp_path):
         operator.retain("x", [])
     got = operator.collect_pool()
     operator.close()
-    assert got["tombstoned"] == [ra.path] and got["owners"] == ["B/keep"]
+    assert got["tombstoned"] == [ra.path] and got["owner_names"] == ["B/keep"]
     assert not _exists(tmp_path, ra) and _readable(b, rb)
     a.close()
     b.close()

@@ -25,10 +25,12 @@ from straw import (
 )
 from straw.clock import ManualClock
 from straw.fs import PosixFS
+from tests.refedit import edited, payload_at
 
 
 def _store(root, **kw) -> SharedFilesystemStore:
     kw.setdefault("reserve_bytes", 1 << 20)
+    kw.setdefault("writer_id", "w")  # a named writer: these tests restart it
     return SharedFilesystemStore(str(root), "run", **kw)
 
 
@@ -79,7 +81,7 @@ def test_bad_ids_and_dependencies(tmp_path):
         with pytest.raises(TypeError, match=r"dependencies\[0\] must be a RecordSetRef"):
             store.publish([Record("a", b"x")], submission_id="s", dependencies=["x"])  # type: ignore[list-item]
         ref = store.publish([Record("a", b"x")], submission_id="ok")
-        other_run = dataclasses.replace(ref, run_id="other",
+        other_run = edited(ref, run_id="other",
                                         path=ref.path.replace("runs/run/", "runs/other/"))
         with pytest.raises(InvalidReference, match="run 'other'"):
             store.publish([Record("b", b"y")], submission_id="s2", dependencies=[other_run])
@@ -87,8 +89,8 @@ def test_bad_ids_and_dependencies(tmp_path):
         SharedFilesystemStore(str(tmp_path), "../escape")
     with pytest.raises(ValueError, match="writer_id"):
         SharedFilesystemStore(str(tmp_path), "run", writer_id="a/b")
-    with pytest.raises(ValueError, match="segment_target_bytes"):
-        SharedFilesystemStore(str(tmp_path), "run", segment_target_bytes=0)
+    with pytest.raises(ValueError, match="segment_target_bytes"):  # (0: a pack per write)
+        SharedFilesystemStore(str(tmp_path), "run", segment_target_bytes=-1)
 
 
 def test_registered_codec_and_numpy_without_cast(tmp_path):
@@ -138,25 +140,25 @@ def test_references_outside_the_pool_are_refused_without_opening(tmp_path):
             "",
         ]
         for p in bad_paths:
-            bad = dataclasses.replace(ref, path=p)
+            bad = edited(ref, path=p)
             with pytest.raises(InvalidReference):
                 store.read(bad)
             with pytest.raises(InvalidReference):
                 RecordSetRef.from_dict(bad.to_dict())
         # another run id
         with pytest.raises(InvalidReference, match="run"):
-            store.read(dataclasses.replace(
+            store.read(edited(
                 ref, run_id="other", path=ref.path.replace("runs/run/", "runs/other/")))
         # a symlink inside the pool that leaves it
         link_dir = pool / "runs" / "run" / "writers" / "evil" / "i000001"
         link_dir.mkdir(parents=True)
         os.symlink(outside / "secret.strw", link_dir / "pack-000001.strw")
-        evil = dataclasses.replace(ref, path="runs/run/writers/evil/i000001/pack-000001.strw")
+        evil = edited(ref, path="runs/run/writers/evil/i000001/pack-000001.strw")
         with pytest.raises(InvalidReference, match="outside the pool"):
             store.read(evil)
         # a symlinked directory leaving the pool
         os.symlink(outside, pool / "runs" / "run" / "writers" / "evil2")
-        evil2 = dataclasses.replace(ref, path="runs/run/writers/evil2/i000001/pack-000001.strw")
+        evil2 = edited(ref, path="runs/run/writers/evil2/i000001/pack-000001.strw")
         with pytest.raises(InvalidReference, match="outside the pool"):
             store.read(evil2)
     root = os.path.realpath(pool)
@@ -185,8 +187,8 @@ def test_flipped_byte_anywhere_in_an_extent_is_corrupt_at_once(tmp_path):
             with pytest.raises(CorruptData):
                 store.validate(ref)
             # other extents of the same pack still read
-            assert bytes(store.read(before)[0].payload) == b"b" * 50
-            assert bytes(store.read(after)[0].payload) == b"c" * 50
+            assert bytes(next(store.read(before)).payload) == b"b" * 50
+            assert bytes(next(store.read(after)).payload) == b"c" * 50
         assert clock.now() == t0, "corruption must not be retried"
     pack.write_bytes(original)
 
@@ -196,9 +198,10 @@ def test_read_record_checks_only_what_it_reads(tmp_path):
         ref = store.publish([Record("a", b"A" * 1000), Record("b", b"B" * 1000)],
                             submission_id="s")
         a, b = store.validate(ref)
+        b_at = payload_at(store, b)[1]
     pack = tmp_path / ref.path
     data = bytearray(pack.read_bytes())
-    data[b.offset + 10] ^= 0xFF
+    data[b_at + 10] ^= 0xFF
     pack.write_bytes(data)
     with _store(tmp_path) as store:
         assert bytes(store.read_record(a).payload) == b"A" * 1000
@@ -229,7 +232,7 @@ def test_pack_cut_inside_an_unacknowledged_publication(tmp_path):
         (work / pack_rel).write_bytes(damaged)
         with _store(work, clock=ManualClock()) as store:
             for i, ref in enumerate(acked):
-                assert bytes(store.read(ref)[0].payload) == bytes([i]) * (100 + i)
+                assert bytes(next(store.read(ref)).payload) == bytes([i]) * (100 + i)
             assert store.lookup_submission("torn") is None
             assert store.lookup_submission("s2") == [acked[2]]
             with pytest.raises((CorruptData, StorageUnavailable, InvalidReference)):
@@ -237,7 +240,7 @@ def test_pack_cut_inside_an_unacknowledged_publication(tmp_path):
             # the next writer starts cleanly and republishes under the same id
             again = store.publish([Record("torn", b"T" * 300)], submission_id="torn")
             assert again.path != pack_rel
-            assert bytes(store.read(again)[0].payload) == b"T" * 300
+            assert bytes(next(store.read(again)).payload) == b"T" * 300
         shutil.rmtree(work)
 
 
@@ -326,7 +329,7 @@ def test_short_file_is_retried_a_bounded_number_of_times(tmp_path):
         fs = LaggingFS(0)
         with _store(tmp_path, fs=fs, clock=clock) as reader:
             fs.lag = fs.reads + 3
-            assert bytes(reader.read(ref)[0].payload) == b"x" * 500
+            assert bytes(next(reader.read(ref)).payload) == b"x" * 500
         # lag that never resolves: StorageUnavailable after exactly the configured retries
         fs = LaggingFS(0)
         with _store(tmp_path, fs=fs, clock=clock, visibility_retries=4) as reader:
@@ -396,7 +399,7 @@ def test_partly_visible_fresh_data_is_lag_not_corruption(tmp_path, where):
         fs = PartlyVisibleFS(boundary, lag=0, stale_head=where == "header-stale-head")
         with _store(tmp_path, fs=fs, clock=clock) as reader:
             fs.lag = 2
-            assert bytes(reader.read(ref)[0].payload) == b"x" * 9000
+            assert bytes(next(reader.read(ref)).payload) == b"x" * 9000
             assert clock.now() > 1_000_000.0  # it waited for the data instead of failing
             fs.lag = 10**9  # the zeros never go away: corruption after the bounded retries
             with pytest.raises(CorruptData):

@@ -85,7 +85,7 @@ def test_round_trip_every_dtype_and_shape(store, dtype, shape, seed, use_torch, 
     (ref,) = publish_tensors(store, {"x": value}, submission_id=sid(), chunk_bytes=chunk)
     assert ref.shape == shape and ref.dtype == dtype
     assert ref.source == ("torch" if use_torch else "numpy")
-    assert ref.nbytes == ref.record.length
+    assert ref.nbytes == store._session.payload_location(ref.record)[0].length
     got = ref.load()
     assert _same(value, got)
     if shape:
@@ -111,7 +111,7 @@ def _corrupt(store, ref: TensorRef, at: int) -> None:
     path = os.path.join(store.root, ref.publication.path)
     fd = os.open(path, os.O_RDWR)
     try:
-        pos = ref.record.offset + at
+        pos = store._session.payload_location(ref.record)[2] + at
         b = os.pread(fd, 1, pos)
         os.pwrite(fd, bytes([b[0] ^ 0xFF]), pos)
     finally:
@@ -141,9 +141,9 @@ def test_one_row_read_touches_one_chunk(store, monkeypatch):
     seen = []
     orig = T.TensorRef._read_chunks
     monkeypatch.setattr(T.TensorRef, "_read_chunks",
-                        lambda self, session, expected, e0, lo, hi, dst, base: (
+                        lambda self, session, loc, expected, e0, lo, hi, dst, base: (
                             seen.append((lo, hi, dst.nbytes)),
-                            orig(self, session, expected, e0, lo, hi, dst, base)))
+                            orig(self, session, loc, expected, e0, lo, hi, dst, base)))
     ref[4097:4098]
     k = 4097 * 4096 // CHUNK_BYTES
     assert seen == [(k, k + 1, CHUNK_BYTES)]
@@ -275,8 +275,8 @@ def test_serialisation_binding_and_edited_refs(store, tmp_path):
     edited = TensorRef.from_dict({**d, "shape": [4, 3]}, store)
     with pytest.raises(InvalidReference, match="edited or stale"):
         edited.load()
-    with pytest.raises(InvalidReference):
-        TensorRef.from_dict({**d, "shape": [5, 4]})
+    with pytest.raises(InvalidReference, match="edited or stale"):  # checked before any read
+        TensorRef.from_dict({**d, "shape": [5, 4]}, store).load()
     with pytest.raises(InvalidReference):
         TensorRef.from_dict({"name": "x"})
     lost = TensorRef.from_dict({**d, "root": str(tmp_path / "nowhere")})
@@ -305,7 +305,7 @@ def test_share_updated_and_from_record_set_many(store):
     publication, ordinal = ra.share(store, submission_id="ignored")
     assert (publication, ordinal) == (pub, 1)
     user = store.publish([Record("uses", b"x")], submission_id=sid(), dependencies=[publication])
-    assert store.manifest(user).dependencies == (pub,)
+    assert store.checked_manifest(user).dependencies == (pub,)
     new = ra.updated(store, [[-1, -2]], submission_id=sid(), rows=slice(1, 2))
     expect = a.copy()
     expect[1] = [-1, -2]

@@ -100,8 +100,8 @@ def test_unsealed_pack_with_corrupt_extent_is_sealed_and_reported(tmp_path, capl
             # the writer continues in a new pack; a retry of s2 publishes it again
             again = store.publish([Record("s2", b"s2" * 400)], submission_id="s2")
             assert again.path != pack
-            assert bytes(store.read(again)[0].payload) == b"s2" * 400
-            assert bytes(store.read(refs["s3"])[0].payload) == b"s3" * 400
+            assert bytes(next(store.read(again)).payload) == b"s2" * 400
+            assert bytes(next(store.read(refs["s3"])).payload) == b"s3" * 400
             fresh = store.publish([Record("x", b"x")], submission_id=f"x{restart}")
             assert fresh.path != pack
     assert any("synced extent damaged" in r.getMessage() for r in caplog.records)
@@ -155,14 +155,14 @@ def test_small_publication_fits_nearly_full_disk_with_default_reserve(small_tmpf
     assert free_bytes(small_tmpfs) < 64 << 20  # less than the default reservation
     with SharedFilesystemStore(small_tmpfs, "run") as store:
         ref = store.publish([Record("a", b"0123456789")], submission_id="s")
-        assert bytes(store.read(ref)[0].payload) == b"0123456789"
+        assert bytes(next(store.read(ref)).payload) == b"0123456789"
         big = store.publish([Record("b", b"b" * (1 << 20))], submission_id="big")
-        assert bytes(store.read(big)[0].payload) == b"b" * (1 << 20)
+        assert bytes(next(store.read(big)).payload) == b"b" * (1 << 20)
 
 
 def test_full_disk_publication_failures_leak_no_packs(small_tmpfs):
     root = os.path.join(small_tmpfs, "pool")
-    with SharedFilesystemStore(root, "run") as store:
+    with SharedFilesystemStore(root, "run", writer_id="w") as store:
         first = store.publish([Record("a", b"a" * 100)], submission_id="first")
         filler = _fill(small_tmpfs)
         published = [first]
@@ -184,7 +184,7 @@ def test_full_disk_publication_failures_leak_no_packs(small_tmpfs):
         after = store.publish([Record("p", payload)], submission_id="after")
         for ref in published + [after]:
             assert store.read(ref)
-    with SharedFilesystemStore(root, "run") as store:
+    with SharedFilesystemStore(root, "run", writer_id="w") as store:
         assert store.lookup_submission("after") == [after]
         assert store.lookup_submission("fail0") is None
 
@@ -203,7 +203,7 @@ def test_full_disk_pack_creation_failures_leave_nothing_after_collection(small_t
         assert [f for f in _pack_files(root) if "/w/" in f] == []
         assert [p for p in _open_packs(store) if "/w/" in p] == []
         ref = store.publish([Record("p", b"p" * 100)], submission_id="ok")
-        assert bytes(store.read(ref)[0].payload) == b"p" * 100
+        assert bytes(next(store.read(ref)).payload) == b"p" * 100
 
 
 # --- (7) collection frees what it reports -----------------------------------------------
@@ -283,7 +283,7 @@ def test_dead_writer_open_pack_is_sealed_and_collected(tmp_path):
         assert _pack_state(gc, kept["k1"].path) == "sealed"  # retained: kept
         assert _pack_state(gc, live.path) == "open"  # a live writer keeps its open pack
         assert (tmp_path / live.path).exists()
-        assert bytes(alive.read(live)[0].payload) == b"l"
+        assert bytes(next(alive.read(live)).payload) == b"l"
     # the killed writer id restarts and still finds what was not reclaimed (D7)
     with SharedFilesystemStore(root, "run", writer_id="kept") as kept_again:
         assert kept_again.lookup_submission("k1") == [kept["k1"]]
@@ -296,7 +296,7 @@ def test_dead_writer_open_pack_is_sealed_and_collected(tmp_path):
 
 def test_pack_abandoned_after_failed_sync_is_sealed_and_collected(tmp_path):
     fs = FaultyFS(PosixFS())
-    with SharedFilesystemStore(str(tmp_path), "run", fs=fs, reserve_bytes=0) as store:
+    with SharedFilesystemStore(str(tmp_path), "run", fs=fs, reserve_bytes=0, writer_id="w") as store:
         ok = store.publish([Record("a", b"a")], submission_id="a")
         fs.plan.fail("fdatasync", errno.EIO, path=r"\.strw$")
         with pytest.raises(StorageUnavailable):
@@ -308,7 +308,7 @@ def test_pack_abandoned_after_failed_sync_is_sealed_and_collected(tmp_path):
         assert again.path != ok.path
         store.release_publications([ok])
         assert store.collect_garbage()["tombstoned"] == [ok.path]
-    with SharedFilesystemStore(str(tmp_path), "run") as store:
+    with SharedFilesystemStore(str(tmp_path), "run", writer_id="w") as store:
         assert store.lookup_submission("b") == [again]
 
 

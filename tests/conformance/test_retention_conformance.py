@@ -741,7 +741,7 @@ class RetentionConformance(RuleBasedStateMachine):
                         continue
                     self._fail(f"{cfg.ename(e)} in reclaimed pack {ref.path} still reads")
                 try:
-                    got = rs.read(ref)
+                    got = list(rs.read(ref))
                 except InvalidReference:
                     if cfg.extents[e].pack in s.tombstones:
                         continue  # tombstoned, its unlink not recorded yet: may be gone
