@@ -215,6 +215,7 @@ class SharedFilesystemStore(ProcessBound):
         """This store's writer: its own unique id unless ``writer_id=`` named one.  Record
         it with your request identity to ask ``publication_receipt`` after a lost reply,
         or to ``retire_writer`` it once its process is gone."""
+        self._check_process()
         return self._writer_id
 
     @property
@@ -301,7 +302,7 @@ class SharedFilesystemStore(ProcessBound):
 
     # --- fork safety (straw.process) ---------------------------------------------------
     def _process_subject(self) -> str:
-        return (f"SharedFilesystemStore of run {self.run_id!r} (writer {self.writer_id!r}) "
+        return (f"SharedFilesystemStore of run {self.run_id!r} (writer {self._writer_id!r}) "
                 f"at {self.root}")
 
     def _drop_inherited(self) -> None:
