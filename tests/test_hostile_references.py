@@ -8,7 +8,6 @@ is named after the finding it pins down; retries are counted through an injected
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import socket
 import threading

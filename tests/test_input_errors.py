@@ -36,7 +36,7 @@ from straw.pack import EXTENT_PREFIX, decode_manifest
 from straw.queue_types import ConsumerToken, Lease, Limits, TaskSpec
 from straw.refs import MAX_METADATA_DEPTH, RecordRef, RecordSetRef
 from straw.tensor import TensorRef, publish_tensors, set_load_buffer_cache
-from tests.refedit import edited, payload_at
+from tests.refedit import edited
 
 DOCUMENTED = (TypeError, ValueError, StrawError)
 _n = [0]

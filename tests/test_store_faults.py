@@ -4,7 +4,6 @@ nothing outside the pool is ever opened."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 import struct
