@@ -47,6 +47,17 @@ QUEUE_OWNER = "bench/store_worker.py: the only coordinator of this queue"
 PEER_BATCH = 256
 
 
+def _import_our_straw() -> None:
+    """Import ``straw`` from this repository (the tree being measured), not from wherever
+    the virtualenv's install points: the worker runs with cwd ``/`` and no PYTHONPATH, so
+    an editable install of another checkout would otherwise be measured instead."""
+    sys.path.insert(0, REPO)
+    try:
+        importlib.import_module("straw")
+    finally:
+        sys.path.remove(REPO)
+
+
 def _queue_bench() -> Any:
     """``bench.queue_bench`` (straw only).  This script's directory comes first on
     ``sys.path`` and holds a ``bench.py``, so the repository root goes first while the
@@ -199,6 +210,8 @@ def main() -> int:
     ap.add_argument("--count-pass", nargs=2, metavar=("DIR", "N"),
                     help="run only the syscall-counting pass (under strace) and exit")
     args = ap.parse_args()
+    if args.impl == "ours":
+        _import_our_straw()
     if args.count_pass:
         impl = workloads.ours() if args.impl == "ours" else workloads.peer()
         count_pass(impl, args.count_pass[0], int(args.count_pass[1]))
