@@ -164,7 +164,14 @@ class ExtentInfo:
     members: tuple[tuple[RecordRef, RecordInfo], ...]
     ref: RecordSetRef
     manifest: Manifest
-    manifest_info: RecordInfo
+    payload_start: int  # where the payloads begin in the extent body
+
+    @property
+    def manifest_info(self) -> RecordInfo:
+        """The entry of the manifest ordinal (built on demand: reads rarely ask)."""
+        mjson = _manifest_json(self.manifest)
+        return RecordInfo(f"manifest:{self.ref.digest}", MANIFEST_CODEC, {}, 0, len(mjson),
+                          framing.hash_buffers([mjson]).hex())
 
 
 def manifest_dict(m: Manifest) -> dict[str, Any]:
@@ -339,7 +346,7 @@ class ReadSession(ProcessBound):
         iterator reaches them."""
         self._check_process()
         self._check_ref(ref)
-        ext = self.extent(ref.segment)
+        ext = self._extent(ref.segment)
         self._match(ref, ext)
         if ext.members:
             return self._read_members(ext)
@@ -358,7 +365,7 @@ class ReadSession(ProcessBound):
         (``task_id``/``attempt_id`` keys), else ``InvalidReference``."""
         self._check_process()
         manifest = self.checked_manifest(ref)
-        ext = self.extent(ref.segment)
+        ext = self._extent(ref.segment)
         if ext.members:
             for rref, info in ext.members:
                 self._member_info(rref, info)
@@ -387,7 +394,7 @@ class ReadSession(ProcessBound):
         lengths and checksums, dependencies, record references)."""
         self._check_process()
         self._check_ref(ref)
-        ext = self.extent(ref.segment)
+        ext = self._extent(ref.segment)
         self._match(ref, ext)
         return ext.manifest
 
@@ -421,7 +428,7 @@ class ReadSession(ProcessBound):
         self._check_process()
         info, where = self._locate(record_ref)
         if where is None:  # the manifest
-            ext = self.extent(record_ref.segment)
+            ext = self._extent(record_ref.segment)
             return Record(info.record_id, _manifest_json(ext.manifest), info.codec, {}, 0)
         path, offset = where
         data, view = fresh_bytes(info.length)
@@ -461,6 +468,10 @@ class ReadSession(ProcessBound):
         matches the reference (size, checksum) and the manifest its own checksum."""
         self._check_process()
         self._check_ref(seg)
+        return self._extent(seg)
+
+    def _extent(self, seg: SegmentRef) -> ExtentInfo:
+        """``extent`` of a reference checked already."""
         cached = self._extents.get(seg)
         if cached is not None:
             return cached
@@ -484,7 +495,9 @@ class ReadSession(ProcessBound):
         if not isinstance(record_ref, RecordRef):
             raise TypeError(f"expected a RecordRef, got {type(record_ref).__name__}")
         record_ref.check()
-        ext = self.extent(record_ref.segment)
+        if record_ref.segment.run_id != self.run_id:
+            self._check_ref(record_ref.segment)  # the error naming both runs
+        ext = self._extent(record_ref.segment)
         o = record_ref.ordinal
         if o < len(ext.local):
             return ext.local[o], (record_ref.segment.path, ext.offsets[o])
@@ -533,8 +546,8 @@ class ReadSession(ProcessBound):
         payload is read straight into its own bytes object in chunks, hashed chunk by
         chunk while still in the CPU cache (one pass over memory, no second copy).  A
         mismatch whose bytes end in zero pages may be another client's partial view of
-        fresh data: reread a bounded number of times; if it persists it is corruption."""
-        self._check_ref(seg)
+        fresh data: reread a bounded number of times; if it persists it is corruption.
+        ``seg`` is checked by the caller (``_check_ref``)."""
         if seg.size < framing.HEADER_SIZE:
             raise InvalidReference(f"{seg!r}: too small to be an extent")
         if seg.size > _CHUNK:
@@ -587,13 +600,21 @@ class ReadSession(ProcessBound):
             parts.append((seg.offset + framing.HEADER_SIZE, mbuf))
         hasher = xxhash.xxh3_128()
         hasher.update(mbuf)
-        try:
-            raw, _ = decode_manifest(mbuf, f"{seg.path} offset {seg.offset}")
-        except CorruptData:
-            if _zero_tail(parts, seg.offset, seg.offset + seg.size):
-                return False, None, [], parts  # not all of it visible yet
-            raise
-        lengths = [r[4] for r in raw["recs"]]
+        # The manifest of an extent checked before is not parsed again: the frame header
+        # (checked against the reference) and the body hash below authenticate these same
+        # bytes, so its cached parse describes them.
+        cached = self._extents.get(seg)
+        raw: dict[str, Any] | None = None
+        if cached is not None and cached.payload_start == need:
+            lengths = [i.length for i in cached.local]
+        else:
+            try:
+                raw, _ = decode_manifest(mbuf, f"{seg.path} offset {seg.offset}")
+            except CorruptData:
+                if _zero_tail(parts, seg.offset, seg.offset + seg.size):
+                    return False, None, [], parts  # not all of it visible yet
+                raise
+            lengths = [r[4] for r in raw["recs"]]
         if need + sum(lengths) != header.body_length:
             raise CorruptData(f"{seg.path} offset {seg.offset}: the manifest's records do not "
                               "fill the extent")
@@ -630,6 +651,9 @@ class ReadSession(ProcessBound):
             pos += n
         if hasher.digest() != header.body_hash:
             return False, None, [], parts
+        if raw is None:
+            assert cached is not None
+            return True, cached, payloads, parts
         return True, self._remember(seg, raw, need, header.body_length), payloads, parts
 
     def _check_header(self, ref: SegmentRef | RecordSetRef, buf: Any) -> framing.FrameHeader:
@@ -699,11 +723,8 @@ class ReadSession(ProcessBound):
             infos = tuple(local)
             rrefs = tuple(RecordRef(seg, i) for i in range(len(local)))
         manifest = Manifest(ref, raw["sub"], infos, tuple(deps), rrefs)
-        mjson = _manifest_json(manifest)
         ext = ExtentInfo(seg, raw["v"], raw.get("api", "publish"), tuple(local),
-                         tuple(offsets), tuple(members), ref, manifest,
-                         RecordInfo(f"manifest:{digest}", MANIFEST_CODEC, {}, 0, len(mjson),
-                                    framing.hash_buffers([mjson]).hex()))
+                         tuple(offsets), tuple(members), ref, manifest, payload_start)
         with self._lock:
             self._extents[seg] = ext
             if len(self._extents) > 256:

@@ -791,9 +791,9 @@ class SharedFilesystemStore(ProcessBound):
         if not isinstance(segment_ref, SegmentRef):
             raise TypeError(f"inspect_segment takes a SegmentRef (e.g. ref.manifest.segment "
                             f"or record_ref.segment), got {type(segment_ref).__name__}")
+        ext = self._session.extent(segment_ref)  # checks the reference first
         if verify_payload:
             self._session._read_extent(segment_ref)
-        ext = self._session.extent(segment_ref)
         records = [{"offset": off - segment_ref.offset, "envelope": envelope_dict(info)}
                    for info, off in zip(ext.local, ext.offsets, strict=True)]
         # our manifest sits before the payloads (straw-queue's after them): its offset
