@@ -132,13 +132,36 @@ if _CPYTHON:
     _BYTES_DATA = bytes.__basicsize__ - 1  # offset of the data in a bytes object
 
 
+# Large buffers ask for transparent huge pages, as NumPy does for its arrays (with THP in
+# "madvise" mode, the common default, a 16 MiB payload otherwise takes 4096 page faults).
+_HUGE_MIN = 4 << 20
+try:
+    _libc: Any = ctypes.CDLL(None, use_errno=True)
+    _madvise = _libc.madvise
+    _madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+except (OSError, AttributeError):
+    _madvise = None
+_MADV_HUGEPAGE = 14  # Linux
+
+
+def _advise_huge(addr: int, n: int) -> None:
+    if _madvise is None or n < _HUGE_MIN:
+        return
+    start = -(-addr // _PAGE) * _PAGE  # madvise takes whole pages inside the buffer
+    end = (addr + n) // _PAGE * _PAGE
+    if end > start:
+        _madvise(start, end - start, _MADV_HUGEPAGE)  # advice only: errors are ignored
+
+
 def fresh_bytes(n: int) -> tuple[bytes, memoryview]:
     """A new ``bytes`` of ``n`` bytes and a writable view of its content: the caller fills
     the view completely before the bytes object is used (its content is uninitialised).
     Not on CPython: a bytearray (bytes-like: compares, decodes, slices the same)."""
     if _CPYTHON and n > 0:
         data = _new_bytes(None, n)
-        view = memoryview((ctypes.c_char * n).from_address(id(data) + _BYTES_DATA))
+        addr = id(data) + _BYTES_DATA
+        _advise_huge(addr, n)
+        view = memoryview((ctypes.c_char * n).from_address(addr))
         return data, view.cast("B")
     if n == 0:
         return b"", memoryview(bytearray())
@@ -583,7 +606,10 @@ class ReadSession(ProcessBound):
                                                        list[tuple[int, memoryview]]]:
         """One pass over an extent: (body checksum matched, its manifest, the payloads,
         the (file offset, bytes) parts read, for the zero-tail rule)."""
-        first = min(seg.size, _CHUNK)
+        # A small extent is read whole at once; of a large one only the start (header and
+        # manifest, as a rule): its payloads are read straight into their bytes objects, so
+        # what the first read holds of them is copied once more, and that must stay small.
+        first = seg.size if seg.size <= _CHUNK else _FIRST_READ
         head = _alloc(first)
         self._read_exact(seg.path, seg.offset, first, into=head, frame=True)
         header = self._check_header(seg, head)
