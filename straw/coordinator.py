@@ -122,7 +122,14 @@ from .queue_types import (
     TaskSpec,
     TaskStatus,
 )
-from .refs import NAME_RE, RecordSetRef, canonical_metadata, ref_from_tuple, ref_to_tuple
+from .refs import (
+    NAME_RE,
+    RecordSetRef,
+    canonical_metadata,
+    ref_from_tuple,
+    ref_identity,
+    ref_to_tuple,
+)
 from .siblings import DEFAULT_GROUP_WAIT
 from .store import SharedFilesystemStore
 
@@ -727,7 +734,7 @@ class Coordinator(ProcessBound):
             raise ValueError(f"result_digest {result_digest!r} differs from the reference's "
                              f"digest {ref.digest!r}")
         _check_lease_fields(lease, "lease")
-        key = [lease.task_id, lease.attempt, list(_ref_tuple(ref))]
+        key = [lease.task_id, lease.attempt, list(ref_identity(_ref_tuple(ref)))]
         # siblings: announced to the catalog and the journal, so that concurrent
         # completions share one catalog fsync and one journal sync (group commit)
         with self.journal.incoming(), self.store.catalog.adopting_soon() as announced:
@@ -773,7 +780,7 @@ class Coordinator(ProcessBound):
         if pos is None:
             return None
         rec = self.state.commits[pos]
-        if [rec.task_id, rec.attempt, list(rec.result)] != key:
+        if [rec.task_id, rec.attempt, list(ref_identity(rec.result))] != key:
             raise IdempotencyConflict(
                 f"submission_id {submission_id!r} already accepted task {rec.task_id!r} "
                 f"attempt {rec.attempt} with another result; use a new submission_id")
@@ -842,7 +849,8 @@ class Coordinator(ProcessBound):
                     check_int(f"{w}[{name!r}]", v)
             meta = None if meta is None else self._meta(meta, w)
             rows.append((lease, ref, prio, key, meta))
-        digest = _digest([[r[0].task_id, r[0].attempt, list(_ref_tuple(r[1])) if r[1] else None,
+        digest = _digest([[r[0].task_id, r[0].attempt,
+                           list(ref_identity(_ref_tuple(r[1]))) if r[1] else None,
                            r[2], r[3], r[4]] for r in rows])
         with self._mutex:
             self._check_usable()
@@ -1101,7 +1109,7 @@ class Coordinator(ProcessBound):
             if b is None:
                 raise ValueError(f"unknown batch {batch_id!r}; plan it first")
             if b.ref is not None:
-                if b.ref != _ref_tuple(ref):
+                if ref_identity(b.ref) != ref_identity(_ref_tuple(ref)):
                     raise IdempotencyConflict(f"batch {batch_id!r} is ready with another ref")
                 return self.get_batch(batch_id)
         adopted = self._adopt([ref])

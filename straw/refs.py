@@ -423,6 +423,14 @@ def ref_to_tuple(ref: RecordSetRef) -> RefTuple:
             ref.manifest.ordinal, ref.payload_bytes, ref.tokens)
 
 
+def ref_identity(t: Sequence[Any]) -> tuple[Any, ...]:
+    """What identifies a stored reference: its first six fields (the extent and the
+    publication's digest and record count; the other three follow from the extent).
+    Idempotency keys and request digests use this, so that they are the same for a
+    reference the previous straw journaled and for the same reference now."""
+    return tuple(t[:6])
+
+
 def ref_from_tuple(run_id: str, t: Sequence[Any]) -> RecordSetRef:
     if len(t) == 6:
         path, offset, size, checksum, digest, records = t

@@ -11,7 +11,7 @@ import pytest
 
 from straw import Record, RecordRef, RecordSetRef, SegmentRef, SharedFilesystemStore
 from straw.errors import InvalidReference, UnsupportedSchema
-from straw.refs import ref_from_tuple, ref_to_tuple
+from straw.refs import ref_from_tuple, ref_identity, ref_to_tuple
 
 
 @pytest.fixture
@@ -98,6 +98,9 @@ def test_stored_tuple_form_round_trips_and_reads_the_previous_form(published):
     old = ref_from_tuple("run", ref_to_tuple(base)[:6])
     assert old.segment == base.segment and old.manifest.ordinal == base.records
     assert (old.payload_bytes, old.tokens) == (0, 0)
+    # idempotency keys compare what identifies the reference, the same in both forms
+    assert ref_identity(ref_to_tuple(old)) == ref_identity(ref_to_tuple(base))
+    assert ref_identity(ref_to_tuple(base)) != ref_identity(ref_to_tuple(top))
 
 
 def test_the_previous_straws_flat_dict_still_decodes(published):
