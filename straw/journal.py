@@ -182,7 +182,10 @@ from .pack import storage_error
 from .process import OPEN_QUEUE_IN_CHILD, ProcessBound, close_quietly
 from .siblings import DEFAULT_GROUP_WAIT, Siblings
 
-JOURNAL_VERSION = 1
+# 2: publication references in transactions and snapshots have nine fields
+# (straw.refs.ref_to_tuple); version-1 segments (six-field references) are read as before,
+# and a straw that reads only version 1 refuses these instead of misreading them.
+JOURNAL_VERSION = 2
 DEFAULT_SEGMENT_TARGET = 64 << 20
 DEFAULT_RESERVE = 1 << 20  # reserved ahead of the writes; at most this much zero tail to scan
 
