@@ -19,14 +19,22 @@ Record layout (``tensor.v1``)::
 ``CHUNK_BYTES`` is 256 KiB: a one-row read of a float32 [8192, 1024] tensor (4 KiB rows)
 reads and verifies one 256 KiB chunk, and a 32 MiB tensor carries 128 checksums (4 KiB of
 metadata).  Every read verifies every chunk it touches and nothing else: ``load()`` all
-of them (read with ``readinto`` straight into the returned tensor's memory, hashed while
-still in the CPU cache, in parallel threads for large tensors), ``ref[a:b]`` only those
-overlapping rows ``a..b``.  A mismatch is ``CorruptData`` at once (D6); the chunk list
-itself lives in the publication's manifest, which the reader authenticates.  A reference's
+of them, ``ref[a:b]`` only those overlapping rows ``a..b``.  The bytes go from the page
+cache straight into the returned tensor's memory (``readinto`` of 1 MiB blocks through one
+descriptor), and each chunk is hashed right after its block lands, while it is still in
+the CPU cache: on these machines hashing from the cache takes about a third of the
+copy's time, hashing the same bytes again from memory about two thirds.  One thread does
+it: one core's copy already takes the memory bandwidth a second would share, and on the
+two shared cores measured, helper threads (descheduled while holding the GIL or their
+share of the work) made loads slower, not faster.  A chunk that fails its checksum is
+read once more through a freshly looked-up descriptor (the one held for the load could
+have been closed, its number reused for another file, by another thread of the session)
+and, if it still fails, is ``CorruptData`` at once (D6); the chunk list itself lives in
+the publication's manifest, which the reader authenticates.  A reference's
 shape, dtype and record are checked against that manifest before any buffer is allocated
 (an edited shape is ``InvalidReference``, never a terabyte allocation).  (``load()``
 checks the chunk list rather than the record's whole-payload checksum: the same hashing
-work in one thread, but chunks can be read and checked by several threads at once.)
+work, but done chunk by chunk while the bytes are in the cache.)
 Large ``load()`` results live in recycled buffers (``_BufferCache``: a freed result's
 memory is reused instead of faulting in fresh pages; ``set_load_buffer_cache`` bounds or
 disables it).
@@ -39,7 +47,9 @@ bytes; ``torch.from_numpy(a).view(torch.bfloat16)`` recovers the values).
 ``pin_memory=True`` reads into page-locked memory when torch has an accelerator; without
 one it warns and returns ordinary memory (as torch's DataLoader does).  ``load(out=x)``
 reads into an existing contiguous tensor/array of the same shape and dtype (for example
-a reused pinned staging buffer) and allocates nothing.
+a reused pinned staging buffer) and allocates nothing; a buffer that does not fit is
+refused (``ValueError``/``TypeError`` naming what fits) before anything is read, and
+after a failed read (``CorruptData``, say) its content is unspecified.
 
 ``TensorRef`` is frozen and serialisable (``to_dict``/``from_dict``, pickle for Ray
 drops the binding): it names the record (a ``RecordRef``), shape, dtype, source, chunk
@@ -88,7 +98,7 @@ SOURCES = ("torch", "numpy")
 MAX_DIMS = 64
 _HEX = 32  # hex digits per chunk checksum
 _READ_BYTES = 1 << 20  # one read call covers this much (whole chunks), hashed chunk by chunk
-_PARALLEL_MIN = 8 << 20  # spans at least this large are read by several threads
+_PARALLEL_MIN = 8 << 20  # publish: chunk checksums of this much data on several threads
 
 
 # --- optional dependencies --------------------------------------------------------------
@@ -545,26 +555,36 @@ class TensorRef:
     def _read_chunks(self, session: ReadSession, expected: bytes, e0: int, lo: int, hi: int,
                      dst: memoryview, base: int) -> None:
         """Read whole chunks [lo, hi) into ``dst`` (which starts at payload byte ``base``),
-        ``_READ_BYTES`` at a time, and verify each chunk right after its read, while it is
-        in the CPU cache.  ``expected`` holds the digests of the chunks from ``e0`` on.
-        The caller checked the record against its manifest, so the reads go straight to
-        ``_read_exact`` (which still handles visibility lag)."""
+        ``_READ_BYTES`` at a time, and verify each chunk right after its block landed,
+        while it is still in the CPU cache.  ``expected`` holds the digests of the chunks
+        from ``e0`` on.  The caller checked the record against its manifest, so the reads
+        go straight to the session's block reader (which still handles visibility lag)."""
         c = self.chunk_bytes
-        per_read = max(1, _READ_BYTES // c)
-        n = self.record.length
-        path, origin = self.record.record_set.path, self.record.offset
+        start, stop = lo * c, min(hi * c, self.record.length)
+        span = dst[start - base:stop - base]
         digest = xxhash.xxh3_128_digest
-        k = lo
-        while k < hi:
-            k_end = min(hi, k + per_read)
-            start, stop = k * c, min(k_end * c, n)
-            view = dst[start - base:stop - base]
-            session._read_exact(path, origin + start, stop - start, into=view)
-            for j in range(k, k_end):
-                piece = view[(j - k) * c:(j - k + 1) * c]
-                if digest(piece) != expected[(j - e0) * 16:(j - e0 + 1) * 16]:
-                    raise self._corrupt(j, piece.nbytes)
-            k = k_end
+        for a, b in session._read_blocks(self.record.record_set.path,
+                                         self.record.offset + start, span,
+                                         max(1, _READ_BYTES // c) * c):
+            for pos in range(a, b, c):
+                j = lo - e0 + pos // c
+                want = expected[j * 16:(j + 1) * 16]
+                piece = span[pos:pos + c]  # (the last chunk may be shorter)
+                if digest(piece) != want:
+                    self._recheck(session, want, lo + pos // c, piece, start + pos)
+
+    def _recheck(self, session: ReadSession, want: bytes, chunk: int, view: memoryview,
+                 at: int) -> None:
+        """Chunk ``chunk`` (payload bytes from ``at``, read into ``view``) failed its
+        checksum on the block path: read it once more through ``_read_exact``, which
+        looks the descriptor up afresh (the block path holds one for a whole load; had
+        another thread of the session closed it and its number gone to another file, the
+        bytes read were that file's), and check again.  Still wrong: the stored bytes are
+        damaged, ``CorruptData`` (D6).  Right: ``view`` now holds verified bytes."""
+        session._read_exact(self.record.record_set.path, self.record.offset + at,
+                            view.nbytes, into=view)
+        if xxhash.xxh3_128_digest(view) != want:
+            raise self._corrupt(chunk, view.nbytes)
 
     def _read_into(self, session: ReadSession, chunks: str, start: int, stop: int,
                    dst: memoryview) -> None:
@@ -588,14 +608,7 @@ class TensorRef:
             dst[a - start:b - start] = scratch[a - cs:b - cs]
         if inner_hi <= inner_lo:
             return
-        span = (inner_hi - inner_lo) * c
-        if span < _PARALLEL_MIN or _workers() < 2:
-            self._read_chunks(session, expected, first, inner_lo, inner_hi, dst, start)
-            return
-        futures = [_executor().submit(self._read_chunks, session, expected, first, lo, hi, dst,
-                                      start) for lo, hi in _split(inner_lo, inner_hi, _workers())]
-        for f in futures:
-            f.result()
+        self._read_chunks(session, expected, first, inner_lo, inner_hi, dst, start)
 
     def _want_torch(self, framework: str | None) -> bool:
         if framework not in (None, "torch", "numpy"):
