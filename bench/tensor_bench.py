@@ -137,6 +137,22 @@ NOTE = ("memcpy, alternating: a 16 MiB NumPy copy timed right before every load 
         "run count.")
 
 
+def cpu_line(rounds: list[dict[str, Any]]) -> str:
+    """The loads' CPU-time ratios to memcpy (medians over rounds): immune to other
+    processes taking the cores, which the MiB/s ratios are not."""
+    parts = []
+    for kind in KINDS:
+        ld = [rd[f"tensor_{kind}_load"] for rd in rounds]
+        vals = []
+        for prefix, what in LOADS:
+            got = [x[f"{prefix}cpu_vs_memcpy"] for x in ld
+                   if x.get(f"{prefix}cpu_vs_memcpy") is not None]
+            vals.append(f"{what} {fmt_summary(summary(got)) if got else '-'}")
+        parts.append(f"{kind}: " + ", ".join(vals))
+    return ("loads vs memcpy in CPU time of the process (all threads; not inflated while "
+            "other processes hold the cores): " + "; ".join(parts))
+
+
 def round_line(rd: dict[str, Any]) -> str:
     """A progress fragment for one round of ``just bench``."""
     parts = []

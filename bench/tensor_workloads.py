@@ -18,7 +18,10 @@ about the ``tensor.v1`` codec (straw has it built in).
   (``mib_s``, ``out_mib_s``, ``rows_mib_s``; the memcpy figures, cache-warm, are medians
   too) and of the mean (``mean_mib_s``): a median is what the memcpy limit uses, and on
   two shared cores one preempted call in a handful moves a mean by more than any change
-  of the code.
+  of the code.  ``cpu_vs_memcpy`` (and ``out_``, ``rows_``): the same ratio in CPU
+  time of the whole process (``time.process_time``, every thread), which other
+  processes holding the cores do not inflate: how much work a load costs against a
+  memcpy, where the MiB/s ratios say how long it took.
 * ``tensor_slice``: ``ref[i:i + 1]`` one-row reads at seeded random rows of one tensor
   (after 20 untimed reads); median and p90 latency in ms.
 """
@@ -110,25 +113,31 @@ class _Memcpy:
         self.copy = np.copyto
         self.copy(self.dst, self.src)  # fault the destination pages in
 
-    def seconds(self) -> float:
+    def seconds(self) -> tuple[float, float]:
+        """(wall, CPU) seconds of one cache-warm copy."""
         self.copy(self.dst, self.src)
-        t0 = time.perf_counter()
-        self.copy(self.dst, self.src)
-        return time.perf_counter() - t0
+        return _timed(lambda: self.copy(self.dst, self.src))
 
 
-def _alternating(memcpy: _Memcpy, calls: list[Any], passes: int) -> tuple[list[float],
-                                                                          list[float]]:
-    """(call seconds, memcpy seconds): ``passes`` times each call, each right after one
-    memcpy."""
+def _timed(call: Any) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of this process, all its threads) of ``call()``; the
+    CPU time does not grow while other processes hold the cores."""
+    c0, t0 = time.process_time(), time.perf_counter()
+    got = call()
+    t1, c1 = time.perf_counter(), time.process_time()
+    del got
+    return t1 - t0, c1 - c0
+
+
+def _alternating(memcpy: _Memcpy, calls: list[Any], passes: int
+                 ) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+    """((wall, CPU) seconds of every call, of every memcpy): ``passes`` times each call,
+    each right after one memcpy."""
     times, copies = [], []
     for _ in range(passes):
         for call in calls:
             copies.append(memcpy.seconds())
-            t0 = time.perf_counter()
-            got = call()
-            times.append(time.perf_counter() - t0)
-            del got
+            times.append(_timed(call))
     return times, copies
 
 
@@ -168,13 +177,18 @@ def tensor_load(impl: Any, root: str, *, shape: tuple[int, ...], dtype: str, cou
             kinds.append(("out_", [lambda ref=ref: ref.load(out=out) for ref in refs],
                           nbytes))
         for prefix, calls, size in kinds:
-            times, copies = _alternating(memcpy, calls, passes)
+            timed, copied = _alternating(memcpy, calls, passes)
+            times = [w for w, _ in timed]
             mib_s = size / MiB / statistics.median(times)
-            memcpy_mib_s = MEMCPY_BYTES / MiB / statistics.median(copies)
+            memcpy_mib_s = MEMCPY_BYTES / MiB / statistics.median(w for w, _ in copied)
+            cpu = statistics.median(c for _, c in timed)
+            memcpy_cpu = statistics.median(c for _, c in copied)
             result.update({f"{prefix}mib_s": mib_s,
                            f"{prefix}mean_mib_s": size * len(times) / MiB / sum(times),
                            f"{prefix}memcpy_mib_s": memcpy_mib_s,
                            f"{prefix}vs_memcpy": mib_s / memcpy_mib_s,
+                           f"{prefix}cpu_vs_memcpy": (size / cpu) / (MEMCPY_BYTES / memcpy_cpu)
+                           if cpu > 0 and memcpy_cpu > 0 else None,
                            f"{prefix}per_call_s": times})
     finally:
         store.close()

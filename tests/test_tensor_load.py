@@ -7,6 +7,7 @@ that do not fit are refused, naming what fits, before anything is read."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import numpy as np
@@ -16,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import straw.tensor as T
-from straw import CorruptData, SharedFilesystemStore
+from straw import CorruptData, InvalidReference, SharedFilesystemStore
 from straw.fs import PosixFS
 from straw.reader import ReadSession
 from straw.tensor import publish_tensors
@@ -204,3 +205,23 @@ def test_out_buffers_that_do_not_fit_are_refused_before_reading(tamper):
     fs.calls = 0
     rows = torch.zeros(2, 5)
     assert ref.rows(1, 3, out=rows) is rows and torch.equal(rows, value[1:3])
+
+
+def test_the_manifest_check_runs_once_per_reference_and_session(tamper, monkeypatch):
+    store, _ = tamper
+    value = _random((64, 8), seed=5)
+    (ref,) = publish_tensors(store, {"x": value}, submission_id="a")
+    checks = []
+    real = T.TensorRef._chunks
+    monkeypatch.setattr(T.TensorRef, "_chunks",
+                        lambda self, session: (checks.append(session), real(self, session))[1])
+    assert np.array_equal(ref.load(), value)
+    assert np.array_equal(ref.rows(3, 9), value[3:9])
+    assert np.array_equal(ref.load(out=np.empty_like(value)), value)
+    assert len(checks) == 1
+    with store.read_session() as other:  # another session checks for itself
+        assert np.array_equal(ref.using(other).load(), value) and len(checks) == 2
+    # a reference edited after its original was checked is a new reference: checked, refused
+    edited = dataclasses.replace(ref, shape=(32, 16))._bound(store)
+    with pytest.raises(InvalidReference, match="edited or stale"):
+        edited.load()
