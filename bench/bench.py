@@ -10,8 +10,9 @@ Store workloads (``bench.workloads``): publish of 16 MiB records (vs a, target >
 publish of 1 KiB records (syncs per publication in the steady state counted with
 ``bench.counting.CountingFS``, target <= 2; median latency vs b, target <= 4x), checked read
 of 16 MiB records with a warm page cache (vs c, target >= 0.5).  Tensor figures in a second
-table (``bench.tensor_bench``): publish (vs a), ``load()`` (vs c, target >= 0.7) and one-row
-slices (<= 0.5 ms) of float32 [8192, 1024] and int32 [8192, 48, 8] tensors.
+table (``bench.tensor_bench``): publish (vs a), ``load()``, ``load(out=)`` and ``rows()`` (each
+vs a 16 MiB memcpy timed alternately with its calls, target >= 0.7) and one-row slices
+(<= 0.5 ms) of float32 [8192, 1024] and int32 [8192, 48, 8] tensors.
 
 The disk of these machines is noisy (the same raw test can vary 5x back to back; much of
 it is the VM's memory: the first touch of a page the guest handed back to the host costs
@@ -243,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     print_table(figures)
     print()
     print_table(tensor_figures)
+    print(tensor_bench.NOTE)
+    print(tensor_bench.cpu_line(rounds))
     calls = rounds[-1]["publish_small"]["calls"] or {}
     per = ", ".join(f"{k} {fmt(v / p['small_count'])}" for k, v in calls.items())
     print(f"\nsteady-state filesystem calls per {human_bytes(p['small_size'])} publication "

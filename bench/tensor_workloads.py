@@ -9,7 +9,19 @@ about the ``tensor.v1`` codec (straw has it built in).
 * ``tensor_publish``: ``count`` publications of one tensor each (after one untimed
   warm-up); tensor MiB/s over the timed publications.
 * ``tensor_load``: ``load()`` of ``count`` published tensors, page cache warm (each is
-  loaded and compared once, then loaded once more untimed); MiB/s over ``passes`` passes.
+  loaded and compared once, then loaded once more untimed), ``passes`` passes; then the
+  same for ``load(out=x)`` into one reused tensor (straw only: straw-queue has no
+  ``out``) and for ``ref[1:n - 1]`` (rows(): all but the first and the last row, so both
+  ends cut a checksum chunk).  Every timed call follows a 16 MiB memcpy (NumPy, into a
+  pre-faulted buffer, right after an untimed one) timed in the same process, so each
+  figure has its own memcpy measured alternately with it.  MiB/s of the median call
+  (``mib_s``, ``out_mib_s``, ``rows_mib_s``; the memcpy figures, cache-warm, are medians
+  too) and of the mean (``mean_mib_s``): a median is what the memcpy limit uses, and on
+  two shared cores one preempted call in a handful moves a mean by more than any change
+  of the code.  ``cpu_vs_memcpy`` (and ``out_``, ``rows_``): the same ratio in CPU
+  time of the whole process (``time.process_time``, every thread), which other
+  processes holding the cores do not inflate: how much work a load costs against a
+  memcpy, where the MiB/s ratios say how long it took.
 * ``tensor_slice``: ``ref[i:i + 1]`` one-row reads at seeded random rows of one tensor
   (after 20 untimed reads); median and p90 latency in ms.
 """
@@ -17,6 +29,7 @@ about the ``tensor.v1`` codec (straw has it built in).
 from __future__ import annotations
 
 import importlib
+import os
 import shutil
 import statistics
 import time
@@ -82,37 +95,105 @@ def tensor_publish(impl: Any, root: str, *, shape: tuple[int, ...], dtype: str,
             "per_publication_s": times}
 
 
+MEMCPY_BYTES = 16 * MiB  # as bench.limits.memcpy (the limit of ``just bench``)
+
+
+class _Memcpy:
+    """A 16 MiB NumPy copy into a pre-faulted buffer: ``bench.limits.memcpy``, one timed
+    repetition at a time so that it alternates with the calls it is compared with.  Each
+    timed copy follows an untimed one, so that it runs cache-warm as the back-to-back
+    repetitions of ``bench.limits.memcpy`` do (the strict limit), not with the caches a
+    tensor load just flushed."""
+
+    def __init__(self) -> None:
+        import numpy as np
+
+        self.src = np.frombuffer(os.urandom(MEMCPY_BYTES), dtype=np.uint8)
+        self.dst = np.empty_like(self.src)
+        self.copy = np.copyto
+        self.copy(self.dst, self.src)  # fault the destination pages in
+
+    def seconds(self) -> tuple[float, float]:
+        """(wall, CPU) seconds of one cache-warm copy."""
+        self.copy(self.dst, self.src)
+        return _timed(lambda: self.copy(self.dst, self.src))
+
+
+def _timed(call: Any) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of this process, all its threads) of ``call()``; the
+    CPU time does not grow while other processes hold the cores."""
+    c0, t0 = time.process_time(), time.perf_counter()
+    got = call()
+    t1, c1 = time.perf_counter(), time.process_time()
+    del got
+    return t1 - t0, c1 - c0
+
+
+def _alternating(memcpy: _Memcpy, calls: list[Any], passes: int
+                 ) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+    """((wall, CPU) seconds of every call, of every memcpy): ``passes`` times each call,
+    each right after one memcpy."""
+    times, copies = [], []
+    for _ in range(passes):
+        for call in calls:
+            copies.append(memcpy.seconds())
+            times.append(_timed(call))
+    return times, copies
+
+
 def tensor_load(impl: Any, root: str, *, shape: tuple[int, ...], dtype: str, count: int = 2,
-                passes: int = 2) -> dict[str, Any]:
+                passes: int = 5) -> dict[str, Any]:
     import torch
 
     publish = _publish_tensors()
     data = tensors(shape, dtype, count)
     nbytes = data[0].numel() * data[0].element_size()
+    row = nbytes // shape[0]
+    memcpy = _Memcpy()
     store = _store(impl, root)
     try:
         refs = [publish(store, {"x": t}, submission_id=f"l-{i}")[0]
                 for i, t in enumerate(data)]
+        out = torch.empty_like(data[0])
+        with_out = impl.name != "straw-queue"  # straw-queue's load() has no out=
         for ref, t in zip(refs, data, strict=True):  # check the content once
             got = ref.load()
             if not torch.equal(got, t):
                 raise AssertionError(f"{impl.name}: loaded tensor differs from the published")
+            if not torch.equal(ref[1:shape[0] - 1], t[1:shape[0] - 1]):
+                raise AssertionError(f"{impl.name}: rows differ from the published")
+            if with_out and (ref.load(out=out) is not out or not torch.equal(out, t)):
+                raise AssertionError(f"{impl.name}: load(out=) differs from the published")
             del got
         for ref in refs:  # warm pass
             got = ref.load()
             del got
-        times = []
-        for _ in range(passes):
-            for ref in refs:
-                t0 = time.perf_counter()
-                got = ref.load()
-                times.append(time.perf_counter() - t0)
-                del got
+        result: dict[str, Any] = {}
+        kinds: list[tuple[str, list[Any], int]] = [
+            ("", [ref.load for ref in refs], nbytes),
+            ("rows_", [lambda ref=ref: ref[1:shape[0] - 1] for ref in refs],
+             nbytes - 2 * row)]
+        if with_out:
+            kinds.append(("out_", [lambda ref=ref: ref.load(out=out) for ref in refs],
+                          nbytes))
+        for prefix, calls, size in kinds:
+            timed, copied = _alternating(memcpy, calls, passes)
+            times = [w for w, _ in timed]
+            mib_s = size / MiB / statistics.median(times)
+            memcpy_mib_s = MEMCPY_BYTES / MiB / statistics.median(w for w, _ in copied)
+            cpu = statistics.median(c for _, c in timed)
+            memcpy_cpu = statistics.median(c for _, c in copied)
+            result.update({f"{prefix}mib_s": mib_s,
+                           f"{prefix}mean_mib_s": size * len(times) / MiB / sum(times),
+                           f"{prefix}memcpy_mib_s": memcpy_mib_s,
+                           f"{prefix}vs_memcpy": mib_s / memcpy_mib_s,
+                           f"{prefix}cpu_vs_memcpy": (size / cpu) / (MEMCPY_BYTES / memcpy_cpu)
+                           if cpu > 0 and memcpy_cpu > 0 else None,
+                           f"{prefix}per_call_s": times})
     finally:
         store.close()
         shutil.rmtree(root, ignore_errors=True)
-    return {"mib_s": nbytes * len(times) / MiB / sum(times), "seconds": sum(times),
-            "per_load_s": times}
+    return result
 
 
 def tensor_slice(impl: Any, root: str, *, shape: tuple[int, ...], dtype: str,
@@ -147,8 +228,6 @@ def tensor_slice(impl: Any, root: str, *, shape: tuple[int, ...], dtype: str,
 
 def run_all(impl: Any, directory: str, p: dict[str, int]) -> dict[str, Any]:
     """Every tensor workload for both shapes, as ``tensor_<kind>_<workload>``."""
-    import os
-
     out: dict[str, Any] = {}
     for kind in SHAPES:
         shape, dtype = shape_of(kind, p["tensor_rows"])

@@ -19,14 +19,22 @@ Record layout (``tensor.v1``)::
 ``CHUNK_BYTES`` is 256 KiB: a one-row read of a float32 [8192, 1024] tensor (4 KiB rows)
 reads and verifies one 256 KiB chunk, and a 32 MiB tensor carries 128 checksums (4 KiB of
 metadata).  Every read verifies every chunk it touches and nothing else: ``load()`` all
-of them (read with ``readinto`` straight into the returned tensor's memory, hashed while
-still in the CPU cache, in parallel threads for large tensors), ``ref[a:b]`` only those
-overlapping rows ``a..b``.  A mismatch is ``CorruptData`` at once (D6); the chunk list
-itself lives in the publication's manifest, which the reader authenticates.  A reference's
+of them, ``ref[a:b]`` only those overlapping rows ``a..b``.  The bytes go from the page
+cache straight into the returned tensor's memory (``readinto`` of 1 MiB blocks through one
+descriptor), and each chunk is hashed right after its block lands, while it is still in
+the CPU cache: on these machines hashing from the cache takes about a third of the
+copy's time, hashing the same bytes again from memory about two thirds.  One thread does
+it: one core's copy already takes the memory bandwidth a second would share, and on the
+two shared cores measured, helper threads (descheduled while holding the GIL or their
+share of the work) made loads slower, not faster.  A chunk that fails its checksum is
+read once more through a freshly looked-up descriptor (the one held for the load could
+have been closed, its number reused for another file, by another thread of the session)
+and, if it still fails, is ``CorruptData`` at once (D6); the chunk list itself lives in
+the publication's manifest, which the reader authenticates.  A reference's
 shape, dtype and record are checked against that manifest before any buffer is allocated
 (an edited shape is ``InvalidReference``, never a terabyte allocation).  (``load()``
 checks the chunk list rather than the record's whole-payload checksum: the same hashing
-work in one thread, but chunks can be read and checked by several threads at once.)
+work, but done chunk by chunk while the bytes are in the cache.)
 Large ``load()`` results live in recycled buffers (``_BufferCache``: a freed result's
 memory is reused instead of faulting in fresh pages; ``set_load_buffer_cache`` bounds or
 disables it).
@@ -39,7 +47,9 @@ bytes; ``torch.from_numpy(a).view(torch.bfloat16)`` recovers the values).
 ``pin_memory=True`` reads into page-locked memory when torch has an accelerator; without
 one it warns and returns ordinary memory (as torch's DataLoader does).  ``load(out=x)``
 reads into an existing contiguous tensor/array of the same shape and dtype (for example
-a reused pinned staging buffer) and allocates nothing.
+a reused pinned staging buffer) and allocates nothing; a buffer that does not fit is
+refused (``ValueError``/``TypeError`` naming what fits) before anything is read, and
+after a failed read (``CorruptData``, say) its content is unspecified.
 
 ``TensorRef`` is frozen and serialisable (``to_dict``/``from_dict``, pickle for Ray
 drops the binding): it names the record (a ``RecordRef``), shape, dtype, source, chunk
@@ -90,7 +100,7 @@ from .tensor_format import (
 )
 
 _READ_BYTES = 1 << 20  # one read call covers this much (whole chunks), hashed chunk by chunk
-_PARALLEL_MIN = 8 << 20  # spans at least this large are read by several threads
+_PARALLEL_MIN = 8 << 20  # publish: chunk checksums of this much data on several threads
 
 
 # --- optional dependencies --------------------------------------------------------------
@@ -517,6 +527,22 @@ class TensorRef:
                 f"the publication holds {dtype}{list(shape)} (edited or stale reference)")
         return chunks, path, origin
 
+    def _checked(self, session: ReadSession) -> tuple[bytes, str, int]:
+        """The authenticated chunk digests (16 bytes each), pack path and payload offset,
+        after ``_chunks`` checked the manifest against this reference: once per session
+        (a reference never changes, nor does a publication, so the answer would be the
+        same every time; each read still checks its path and opens nothing outside the
+        pool).  Remembered on the reference like its binding (not a field: ``using``,
+        pickling and ``from_dict`` make references that check again).  On a 12 MiB tensor
+        the check and the hex decoding cost about 5% of a cache-warm load."""
+        memo = getattr(self, "_checked_memo", None)
+        if memo is not None and memo[0] is session:
+            return memo[1]
+        chunks, path, origin = self._chunks(session)
+        where = (bytes.fromhex(chunks), path, origin)
+        object.__setattr__(self, "_checked_memo", (session, where))
+        return where
+
     def _corrupt(self, chunk: int, size: int, path: str, origin: int) -> CorruptData:
         start = chunk * self.chunk_bytes
         return CorruptData(
@@ -528,59 +554,60 @@ class TensorRef:
     def _read_chunks(self, session: ReadSession, loc: tuple[str, int], expected: bytes,
                      e0: int, lo: int, hi: int, dst: memoryview, base: int) -> None:
         """Read whole chunks [lo, hi) into ``dst`` (which starts at payload byte ``base``),
-        ``_READ_BYTES`` at a time, and verify each chunk right after its read, while it is
-        in the CPU cache.  ``expected`` holds the digests of the chunks from ``e0`` on.
-        The caller checked the record against its manifest, so the reads go straight to
-        ``_read_exact`` (which still handles visibility lag)."""
+        ``_READ_BYTES`` at a time, and verify each chunk right after its block landed,
+        while it is still in the CPU cache.  ``expected`` holds the digests of the chunks
+        from ``e0`` on.  The caller checked the record against its manifest, so the reads
+        go straight to the session's block reader (which still handles visibility lag)."""
         c = self.chunk_bytes
-        per_read = max(1, _READ_BYTES // c)
-        n = self.nbytes
         path, origin = loc
+        start, stop = lo * c, min(hi * c, self.nbytes)
+        span = dst[start - base:stop - base]
         digest = xxhash.xxh3_128_digest
-        k = lo
-        while k < hi:
-            k_end = min(hi, k + per_read)
-            start, stop = k * c, min(k_end * c, n)
-            view = dst[start - base:stop - base]
-            session._read_exact(path, origin + start, stop - start, into=view)
-            for j in range(k, k_end):
-                piece = view[(j - k) * c:(j - k + 1) * c]
-                if digest(piece) != expected[(j - e0) * 16:(j - e0 + 1) * 16]:
-                    raise self._corrupt(j, piece.nbytes, path, origin)
-            k = k_end
+        for a, b in session._read_blocks(path, origin + start, span,
+                                         max(1, _READ_BYTES // c) * c):
+            for pos in range(a, b, c):
+                j = lo - e0 + pos // c
+                want = expected[j * 16:(j + 1) * 16]
+                piece = span[pos:pos + c]  # (the last chunk may be shorter)
+                if digest(piece) != want:
+                    self._recheck(session, loc, want, lo + pos // c, piece, start + pos)
 
-    def _read_into(self, session: ReadSession, where: tuple[str, str, int], start: int,
+    def _recheck(self, session: ReadSession, loc: tuple[str, int], want: bytes, chunk: int,
+                 view: memoryview, at: int) -> None:
+        """Chunk ``chunk`` (payload bytes from ``at``, read into ``view``) failed its
+        checksum on the block path: read it once more through ``_read_exact``, which
+        looks the descriptor up afresh (the block path holds one for a whole load; had
+        another thread of the session closed it and its number gone to another file, the
+        bytes read were that file's), and check again.  Still wrong: the stored bytes are
+        damaged, ``CorruptData`` (D6).  Right: ``view`` now holds verified bytes."""
+        path, origin = loc
+        session._read_exact(path, origin + at, view.nbytes, into=view)
+        if xxhash.xxh3_128_digest(view) != want:
+            raise self._corrupt(chunk, view.nbytes, path, origin)
+
+    def _read_into(self, session: ReadSession, where: tuple[bytes, str, int], start: int,
                    stop: int, dst: memoryview) -> None:
         """Payload bytes [start, stop) into ``dst``, verifying every chunk touched
-        (``where``: the authenticated checksums, path and offset from ``_chunks``)."""
+        (``where``: the authenticated digests, path and offset from ``_checked``)."""
         if stop <= start:
             return
-        chunks, loc = where[0], (where[1], where[2])
+        digests, loc = where[0], (where[1], where[2])
         c = self.chunk_bytes
         n = self.nbytes
         first, last = start // c, (stop - 1) // c  # chunks touched, inclusive
         inner_lo = first if start == first * c else first + 1
         inner_hi = last + 1 if stop == min((last + 1) * c, n) else last
-        expected = bytes.fromhex(chunks[first * _HEX:(last + 1) * _HEX])
         for k in sorted({first, last}):  # partial chunks: via a scratch buffer
             if inner_lo <= k < inner_hi:
                 continue
             cs, ce = k * c, min((k + 1) * c, n)
             scratch = _byte_view(np.empty(ce - cs, dtype=np.uint8))
-            self._read_chunks(session, loc, expected, first, k, k + 1, scratch, cs)
+            self._read_chunks(session, loc, digests, 0, k, k + 1, scratch, cs)
             a, b = max(start, cs), min(stop, ce)
             dst[a - start:b - start] = scratch[a - cs:b - cs]
         if inner_hi <= inner_lo:
             return
-        span = (inner_hi - inner_lo) * c
-        if span < _PARALLEL_MIN or _workers() < 2:
-            self._read_chunks(session, loc, expected, first, inner_lo, inner_hi, dst, start)
-            return
-        futures = [_executor().submit(self._read_chunks, session, loc, expected, first, lo, hi,
-                                      dst, start)
-                   for lo, hi in _split(inner_lo, inner_hi, _workers())]
-        for f in futures:
-            f.result()
+        self._read_chunks(session, loc, digests, 0, inner_lo, inner_hi, dst, start)
 
     def _want_torch(self, framework: str | None) -> bool:
         if framework not in (None, "torch", "numpy"):
@@ -643,7 +670,7 @@ class TensorRef:
         # record length agree, so the size below is the real payload's) before anything
         # is allocated: an edited shape must not allocate terabytes.
         session = self._session()
-        chunks = self._chunks(session)
+        where = self._checked(session)
         if rows is None:
             shape, start, stop = self.shape, 0, self.nbytes
         else:
@@ -651,10 +678,10 @@ class TensorRef:
             shape, start, stop = (rows, *self.shape[1:]), row0 * row, (row0 + rows) * row
         if out is not None:
             view = self._out_view(out, shape)
-            self._read_into(session, chunks, start, stop, view)
+            self._read_into(session, where, start, stop, view)
             return out
         result, view = self._alloc(shape, self._want_torch(framework), pin_memory)
-        self._read_into(session, chunks, start, stop, view)
+        self._read_into(session, where, start, stop, view)
         return result
 
     def load(self, *, pin_memory: bool = False, out: Any = None,

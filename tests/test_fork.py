@@ -408,7 +408,7 @@ def test_fork_with_locks_held_by_another_thread(tmp_path):
     q = _queue(store)
     q.submit_tasks("req", [TaskSpec("t0", ref)])
     session = store.read_session()
-    big = np.arange(3 << 20, dtype=np.float32)  # 12 MiB: loaded by the thread pool
+    big = np.arange(3 << 20, dtype=np.float32)  # 12 MiB: hashed by the thread pool
     (tensor,) = publish_tensors(store, {"big": big}, submission_id="big")
     assert np.array_equal(tensor.load(), big)  # the pool's threads exist in the parent
     unbound = pickle.loads(pickle.dumps(tensor))

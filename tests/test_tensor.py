@@ -210,7 +210,7 @@ def test_load_into_out_and_pin_memory(store):
 
 
 def test_large_tensor_parallel_paths(store):
-    value = torch.randn(4096, 1024)  # 16 MiB: chunk hashes and reads use the thread pool
+    value = torch.randn(4096, 1024)  # 16 MiB: publishing hashes chunks in the thread pool
     (ref,) = publish_tensors(store, {"x": value}, submission_id=sid())
     assert torch.equal(ref.load(), value)
     assert torch.equal(ref[100:4000], value[100:4000])
