@@ -33,8 +33,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from . import framing
-from . import pool_view
+from . import framing, pool_view
 from .catalog import CATALOG_NAME, read_state
 from .errors import StrawError, UnsafeRecovery
 from .fs import Filesystem, PosixFS

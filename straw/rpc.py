@@ -163,8 +163,9 @@ class ControlServer(ThreadingHTTPServer):
         method = request["method"]
         target = getattr(self.coordinator, method, None) if method in METHODS else None
         if target is None:
+            served = sorted(m for m in METHODS if hasattr(self.coordinator, m))
             raise ValueError(f"unknown control operation {method!r}; the coordinator serves "
-                             f"{', '.join(sorted(m for m in METHODS if hasattr(self.coordinator, m)))}")
+                             f"{', '.join(served)}")
         args = {k: from_wire(k, v) for k, v in request.get("args", {}).items()}
         return to_wire(target(**args))
 
