@@ -15,6 +15,7 @@ import math
 import os
 import re
 import secrets
+import socket
 import subprocess
 import sys
 import threading
@@ -311,3 +312,85 @@ def test_console_script_points_at_a_working_main(capsys):
         main(["--help"])
     assert exc.value.code == 0
     assert "inspect" in capsys.readouterr().out
+
+
+# --- straw.tracing and straw.benchmark ----------------------------------------------------
+def test_tracing_emits_payload_free_lines_per_process(tmp_path, monkeypatch):
+    import numpy as np
+
+    from straw import tracing
+    monkeypatch.delenv("STRAW_TRACE_DIR", raising=False)
+    tracing.emit("write", root=tmp_path, size=1, seconds=0.1)  # off: nothing anywhere
+    trace = tmp_path / "trace"
+    monkeypatch.setenv("STRAW_TRACE_DIR", str(trace))
+    assert tracing.enabled() and not trace.exists()
+    records = [Record("a", b"secret payload", metadata={"task": "private"}, tokens=3),
+               Record("b", np.zeros((4, 8), dtype=np.int32), codec="tensor.v1",
+                      metadata={"shape": [4, 8], "dtype": "int32", "kind": "numpy"})]
+    tracing.emit("write", root=tmp_path / "pool", size=200, seconds=0.01, records=records)
+    tracing.emit("read_range", root=tmp_path / "pool", size=64, seconds=0.002, checked_bytes=96)
+    pid = os.fork()
+    if pid == 0:  # a forked child traces into its own file
+        tracing.emit("read", root="r", size=1, seconds=0.0)
+        os._exit(0)
+    assert os.waitpid(pid, 0)[1] == 0
+    files = sorted(trace.iterdir())
+    assert [f.name.rsplit("-", 1)[1] for f in files] == sorted([f"{os.getpid()}.jsonl",
+                                                                 f"{pid}.jsonl"])
+    mine = [json.loads(line) for line in
+            (trace / f"{socket.gethostname()}-{os.getpid()}.jsonl").read_text().splitlines()]
+    assert [e["op"] for e in mine] == ["write", "read_range"]
+    assert mine[0]["records"] == [
+        {"bytes": 14, "codec": "bytes.v1", "tokens": 3},
+        {"bytes": 128, "codec": "tensor.v1", "tokens": None, "shape": [4, 8],
+         "dtype": "int32", "kind": "numpy"}]
+    assert mine[1]["checked_bytes"] == 96 and mine[0]["root"] == str(tmp_path / "pool")
+    assert "secret" not in files[0].read_text() + files[1].read_text()
+    assert "private" not in files[0].read_text() + files[1].read_text()
+
+
+def test_benchmark_profile_from_traces(tmp_path, monkeypatch):
+    from straw import benchmark, tracing
+    trace = tmp_path / "trace"
+    monkeypatch.setenv("STRAW_TRACE_DIR", str(trace))
+    tracing.emit("write", root="p", size=3100, seconds=0.5,
+                 records=[Record("a", b"x" * 1000), Record("b", b"y" * 2000)])
+    tracing.emit("write", root="p", size=600, seconds=0.1, records=[Record("c", b"z" * 500)])
+    tracing.emit("read", root="p", size=1500, seconds=0.2)
+    out = tmp_path / "profile.json"
+    benchmark.main(["profile", "--trace", str(trace), "--output", str(out)])
+    prof = json.loads(out.read_text())
+    assert prof["publications"] == [[1000, 2000], [500]]
+    assert prof["observed_write_bytes"] == 3700 and prof["observed_read_bytes"] == 1500
+    assert prof["observed_write_payload_bytes"] == 3500
+    assert prof["write_p50_seconds"] == prof["write_p99_seconds"] == 0.1  # nearest rank below
+    assert prof["hosts"] == [socket.gethostname()]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ValueError, match="no publication"):
+        benchmark.main(["profile", "--trace", str(empty), "--output", str(out)])
+
+
+def test_benchmark_local_run_reads_back_everything_written(tmp_path, capsys):
+    from straw import benchmark
+    root, report = tmp_path / "bench-root", tmp_path / "out" / "report.json"
+    benchmark.main(["run", "--local", "--root", str(root), "--report", str(report),
+                    "--gib", "0.003", "--record-bytes", "65536", "16384", "--writers", "2",
+                    "--readers", "2", "--segment-mib", "1", "--timeout", "120",
+                    "--bind", "127.0.0.1"])
+    result = json.loads(report.read_text())
+    assert result["status"] == "passed"
+    per_task = 65536 + 16384
+    planned = 2 * int(0.003 * 2**30 / (2 * per_task))
+    assert result["publications"] == planned
+    assert result["written_bytes"] == result["read_bytes"] == planned * per_task
+    assert result["data_files"] >= 2  # two writers, each its own packs
+    assert not root.exists()  # a passed run removes its temporary root
+    assert json.loads((tmp_path / "out" / "report.cleanup.json").read_text())["removed"]
+    assert json.loads(capsys.readouterr().out)["status"] == "passed"
+    for extra, words in ((["--hosts", "a", "b"], "--local"), (["--local", "--online-gc"],
+                                                               "retention")):
+        with pytest.raises(ValueError, match=words):
+            benchmark.main(["run", "--root", str(tmp_path / "r2"), "--report",
+                            str(tmp_path / "r2.json"), "--gib", "0.001", *extra])
+        assert not (tmp_path / "r2").exists()
