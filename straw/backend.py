@@ -45,6 +45,7 @@ All reads go through ``straw.fs.Filesystem``; this module writes nothing.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from collections.abc import Callable, Mapping
@@ -177,6 +178,16 @@ class FilesystemBackend:
             raise InvalidReference(f"pool path {relative!r} leads through a symlink to "
                                    f"{real}, outside the pool {self.root}")
         return full
+
+    def sync_directory(self, path: str | os.PathLike[str]) -> None:
+        """fsync the directory ``path`` (through the sync hook and count); an error is
+        raised, never ignored."""
+        self.filesystem(PosixFS()).fsync_dir(os.fspath(path))
+
+    def open_committed(self, relative: str) -> io.BytesIO:
+        """The current content of the pool file ``relative`` (small control files), read
+        with a fresh open (close-to-open visibility on a shared filesystem)."""
+        return io.BytesIO(PosixFS().read_file(str(self.path(relative))))
 
     def filesystem(self, fs: Filesystem) -> Filesystem:
         """``fs`` with this backend's sync hook and sync count (what the store uses)."""

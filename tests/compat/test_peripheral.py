@@ -187,6 +187,12 @@ def test_backend_root_is_resolved_and_paths_stay_inside(tmp_path):
     with SharedFilesystemStore(tmp_path / "via", "run", backend=backend) as store:
         store.publish([Record("r", b"x")], submission_id="s")
     assert backend.metrics["syncs"] > 0  # every sync of the store is counted
+    syncs = backend.metrics["syncs"]
+    backend.sync_directory(backend.root)
+    assert backend.metrics["syncs"] == syncs + 1
+    assert json.loads(backend.open_committed("POOL").read())["format"] == "straw-pool"
+    with pytest.raises(InvalidReference):
+        backend.open_committed("../POOL")
 
 
 def test_backend_fault_hook_fails_a_sync_and_nothing_is_published(tmp_path):
