@@ -18,7 +18,6 @@ import secrets
 import socket
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -123,22 +122,39 @@ def test_rpc_carries_errors_back_as_their_classes(served):
     assert coordinator.pending_tasks() == ["t1"]
 
 
+SERVER = r"""
+import sys
+from straw import Coordinator, SharedFilesystemStore
+from straw.rpc import serve
+
+store = SharedFilesystemStore(sys.argv[1], "run")
+serve(Coordinator(store), ("127.0.0.1", 0), token="t",
+      ready=lambda address: print(address[1], flush=True))
+"""
+
+
 def test_rpc_serve_reports_its_address(tmp_path):
+    """straw-queue's entry point, in a process of its own (it serves until the end)."""
     from straw import rpc
-    with SharedFilesystemStore(tmp_path / "pool", "run") as store:
-        coordinator = Coordinator(store)
-        bound: list[tuple[str, int]] = []
-        ready = threading.Event()
-        threading.Thread(target=rpc.serve, args=(coordinator, ("127.0.0.1", 0)),
-                         kwargs={"token": "t", "ready": lambda a: (bound.append(a), ready.set())},
-                         daemon=True).start()
-        assert ready.wait(30)
-        client = rpc.QueueClient(f"http://127.0.0.1:{bound[0][1]}", token="t")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    server = subprocess.Popen([sys.executable, "-c", SERVER, str(tmp_path / "pool")], env=env,
+                              cwd=str(tmp_path), stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        port = int(server.stdout.readline())  # printed by ready(bound address)
+        client = rpc.QueueClient(f"http://127.0.0.1:{port}", token="t")
         client.call("submit_tasks", request_id="r", tasks=[TaskSpec("x")])
         assert client.call("task_status", task_id="x")["status"] == "pending"
-        with pytest.raises(ValueError, match="token"):
-            rpc.serve(coordinator, ("127.0.0.1", 0), token="")
-        coordinator.close()
+    finally:
+        server.terminate()
+        server.wait(30)
+    with SharedFilesystemStore(tmp_path / "pool", "run") as store:
+        coordinator = Coordinator(store, recover=True)  # the killed server's queue
+        try:
+            with pytest.raises(ValueError, match="token"):
+                rpc.serve(coordinator, ("127.0.0.1", 0), token="")
+        finally:
+            coordinator.close()
 
 
 # --- straw.backend ------------------------------------------------------------------------
