@@ -1,15 +1,16 @@
 """Storage profiles and the deployment declaration, checked against the live mount.
 
-``FilesystemBackend(root, profile=..., declaration=...)`` says what kind of storage a pool
-lives on; ``SharedFilesystemStore(..., backend=backend)`` verifies it when it starts,
-before it writes anything (names as in straw-queue 0.1.6, so its callers port unchanged).
+``FilesystemBackend(root, profile=..., declaration=..., fault=...)`` says what kind of
+storage a pool lives on; ``SharedFilesystemStore(..., backend=backend)`` verifies it when
+it starts, before it writes anything (names, attributes and errors as in straw-queue
+0.1.6, so its callers port unchanged; the live check is ours).
 
 Profiles:
 
 * ``local`` -- a local disk (one machine).  Takes no declaration; nothing to check.
 * ``juicefs`` -- a JuiceFS mount shared by several clients.  Needs a declaration with
-  exactly these fields (strictly typed; an unknown or a missing field is an error naming
-  it)::
+  these fields (a missing or a wrong one is a ``ValueError`` naming it; other fields are
+  kept, reported as unchecked in ``diagnostics()``)::
 
       direct_mount            bool   the client mounted with mount(2) (FuseOpts.DirectMount)
       writeback               bool   must be False: with --writeback an fsync returns before
@@ -30,26 +31,37 @@ Profiles:
   ``fuse.juicefs``, and the client's virtual ``.config`` file at the mount root must agree
   with every checkable field (``Meta.OpenCache`` in ns, ``Chunk.Writeback``,
   ``ReaddirCache``, ``FuseOpts.DirectMount``, ``Version``).  A contradiction raises
-  ``DeploymentMismatch`` naming the declared and the live value.
+  ``DeploymentMismatch`` naming the declared and the live value.  straw-queue only records
+  the declaration (its diagnostics say ``mount_options_automatically_verified: False``).
+
+``fault`` (straw-queue's test hook) is called with the phase ``"before_file_sync"`` or
+``"before_directory_sync"`` before every sync the store (and its coordinators) issue;
+raising ``OSError`` there fails that sync as the storage would (the engine answers with
+``StorageUnavailable`` and publishes nothing).  ``metrics["syncs"]`` counts the syncs.
+Both work through ``filesystem(fs)``, the ``Filesystem`` the store uses.
 
 All reads go through ``straw.fs.Filesystem``; this module writes nothing.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from .errors import DeploymentMismatch
-from .fs import Filesystem, PosixFS
+from .errors import DeploymentMismatch, InvalidReference
+from .fs import Buffer, FileStat, Filesystem, PosixFS
 
 PROFILES = ("local", "juicefs")
 JUICEFS_FSTYPE = "fuse.juicefs"
 MOUNTINFO = "/proc/self/mountinfo"
 CONFIG_NAME = ".config"  # JuiceFS's virtual file at the mount root
+FILE_SYNC = "before_file_sync"
+DIRECTORY_SYNC = "before_directory_sync"
 
 # field -> (kind, required value or None): the declaration's schema
 _FIELDS: dict[str, tuple[str, Any]] = {
@@ -79,7 +91,8 @@ class Mount:
 
 
 def validate_declaration(profile: str, declaration: object) -> dict[str, Any]:
-    """The declaration, checked strictly for ``profile`` (see the module docstring)."""
+    """The declaration, checked strictly for ``profile`` (see the module docstring).
+    Every problem of a field is a ``ValueError`` naming it, as in straw-queue."""
     if profile == "local":
         if declaration not in (None, {}):
             raise ValueError("profile 'local' takes no declaration (a declaration describes "
@@ -91,26 +104,22 @@ def validate_declaration(profile: str, declaration: object) -> dict[str, Any]:
     if not isinstance(declaration, Mapping):
         raise TypeError(f"declaration must be a mapping of field -> value, got "
                         f"{type(declaration).__name__}")
-    unknown = sorted(str(k) for k in declaration if k not in _FIELDS)
-    if unknown:
-        raise ValueError(f"declaration field {unknown[0]!r} is unknown; the fields are "
-                         f"{', '.join(_FIELDS)}")
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {str(k): v for k, v in declaration.items() if k not in _FIELDS}
     for name, (kind, required) in _FIELDS.items():
         if name not in declaration:
             raise ValueError(f"declaration field {name!r} is missing (profile 'juicefs' "
                              "needs every field)")
         value = declaration[name]
         if kind == "bool" and not isinstance(value, bool):
-            raise TypeError(f"declaration field {name!r} must be a bool (true/false), got "
-                            f"{value!r}")
+            raise ValueError(f"declaration field {name!r} must be a bool (true/false), got "
+                             f"{value!r}")
         if kind == "seconds" and (isinstance(value, bool) or not isinstance(value, (int, float))
                                   or value < 0):
-            raise TypeError(f"declaration field {name!r} must be a number of seconds >= 0, "
-                            f"got {value!r}")
+            raise ValueError(f"declaration field {name!r} must be a number of seconds >= 0, "
+                             f"got {value!r}")
         if kind == "str" and (not isinstance(value, str) or not value.strip()):
-            raise TypeError(f"declaration field {name!r} must be a non-empty str, got "
-                            f"{value!r}")
+            raise ValueError(f"declaration field {name!r} must be a non-empty str, got "
+                             f"{value!r}")
         if required is not None and value != required:
             raise ValueError(f"declaration field {name!r} is {value!r}; straw needs "
                              f"{required!r} on JuiceFS ({_WHY[name]}). Remount without it")
@@ -118,20 +127,71 @@ def validate_declaration(profile: str, declaration: object) -> dict[str, Any]:
     return out
 
 
+def _no_fault(phase: str) -> None:
+    return None
+
+
 class FilesystemBackend:
     """The storage a pool lives on: ``profile`` (``local`` or ``juicefs``) and, for
     ``juicefs``, the operator's ``declaration`` of the mount (validated at once;
-    checked against the live mount by ``verify``, which the store calls at start)."""
+    checked against the live mount by ``verify``, which the store calls at start).
+
+    ``root`` is the pool directory, resolved (a ``pathlib.Path``); ``path(rel)`` a file
+    of the pool; ``fault`` the sync hook and ``metrics`` the sync count (module
+    docstring)."""
 
     def __init__(self, root: str | os.PathLike[str], *, profile: str = "local",
-                 declaration: Mapping[str, Any] | None = None) -> None:
+                 declaration: Mapping[str, Any] | None = None,
+                 fault: Callable[[str], Any] | None = None) -> None:
         if profile not in PROFILES:
             raise ValueError(f"storage profile {profile!r} is unknown; use one of "
                              f"{', '.join(PROFILES)}")
-        self.root = os.path.abspath(os.fspath(root))
+        if fault is not None and not callable(fault):
+            raise TypeError(f"fault must be a callable taking the phase, got "
+                            f"{type(fault).__name__}")
+        self.root = Path(PosixFS().realpath(os.path.abspath(os.fspath(root))))
         self.profile = profile
         self.declaration = validate_declaration(profile, declaration)
+        self.fault: Callable[[str], Any] = fault or _no_fault
+        self.metrics: dict[str, int] = {"syncs": 0}
         self.live: dict[str, Any] | None = None  # what verify() read from the mount
+
+    def serves(self, root: str | os.PathLike[str]) -> bool:
+        """Is ``root`` this backend's pool directory (after resolving symlinks)?"""
+        return PosixFS().realpath(os.path.abspath(os.fspath(root))) == str(self.root)
+
+    def path(self, relative: str) -> Path:
+        """The file ``relative`` (plain ``/``-separated names) of the pool.
+        ``InvalidReference`` if it is not such a path or a symlink leads it outside the
+        root."""
+        if not isinstance(relative, str):
+            raise InvalidReference(f"a pool path must be a relative POSIX path (str), got "
+                                   f"{type(relative).__name__}")
+        parts = relative.split("/")
+        if relative.startswith("/") or any(p in ("", ".", "..") or "\0" in p for p in parts):
+            raise InvalidReference(f"pool path {relative!r} leaves the pool {self.root} or is "
+                                   "not plain: give names separated by '/', without '.', "
+                                   "'..' or empty parts")
+        full = self.root.joinpath(*parts)
+        real = PosixFS().realpath(str(full))
+        if real != str(self.root) and not real.startswith(str(self.root) + os.sep):
+            raise InvalidReference(f"pool path {relative!r} leads through a symlink to "
+                                   f"{real}, outside the pool {self.root}")
+        return full
+
+    def sync_directory(self, path: str | os.PathLike[str]) -> None:
+        """fsync the directory ``path`` (through the sync hook and count); an error is
+        raised, never ignored."""
+        self.filesystem(PosixFS()).fsync_dir(os.fspath(path))
+
+    def open_committed(self, relative: str) -> io.BytesIO:
+        """The current content of the pool file ``relative`` (small control files), read
+        with a fresh open (close-to-open visibility on a shared filesystem)."""
+        return io.BytesIO(PosixFS().read_file(str(self.path(relative))))
+
+    def filesystem(self, fs: Filesystem) -> Filesystem:
+        """``fs`` with this backend's sync hook and sync count (what the store uses)."""
+        return fs if isinstance(fs, _ObservedFS) and fs.backend is self else _ObservedFS(fs, self)
 
     def verify(self, fs: Filesystem | None = None) -> None:
         """Check the declaration against the live mount (``juicefs``); raises
@@ -139,10 +199,11 @@ class FilesystemBackend:
         if self.profile != "juicefs":
             return
         fs = fs or PosixFS()
-        mount = mount_of(fs, self.root)
+        root = str(self.root)
+        mount = mount_of(fs, root)
         if mount.fstype != JUICEFS_FSTYPE:
             raise DeploymentMismatch(
-                f"pool {self.root} is declared on JuiceFS (profile 'juicefs') but its mount "
+                f"pool {root} is declared on JuiceFS (profile 'juicefs') but its mount "
                 f"{mount.point} has type {mount.fstype!r}, not {JUICEFS_FSTYPE!r}. Mount "
                 "JuiceFS there, or use profile='local'")
         live = juicefs_settings(read_juicefs_config(fs, mount.point))
@@ -150,20 +211,118 @@ class FilesystemBackend:
         problems = compare(self.declaration, live)
         if problems:
             raise DeploymentMismatch(
-                f"pool {self.root}: the JuiceFS mount {mount.point} contradicts the "
+                f"pool {root}: the JuiceFS mount {mount.point} contradicts the "
                 f"declaration: {'; '.join(problems)}. Remount with the declared options or "
                 "correct the declaration")
 
     def diagnostics(self) -> dict[str, Any]:
+        """straw-queue's keys (``profile``, ``declaration``,
+        ``mount_options_automatically_verified``, ``multi_machine_admission``,
+        ``directory_sync``) and ours (``mount_verified``, ``live``,
+        ``unchecked_fields``)."""
+        verified = self.live is not None
         return {
             "profile": self.profile,
             "declaration": dict(self.declaration),
-            "mount_verified": self.live is not None,
-            "live": dict(self.live) if self.live is not None else None,
+            "mount_options_automatically_verified": verified,
+            # several clients' agreement is what `straw qualify --peer` measures
+            "multi_machine_admission": "not_verified",
+            "directory_sync": "required; errors are fatal",
+            "mount_verified": verified,
+            "live": dict(self.live) if verified and self.live is not None else None,
+            "unchecked_fields": sorted(k for k in self.declaration if k not in _FIELDS),
         }
 
     def __repr__(self) -> str:
-        return f"FilesystemBackend({self.root!r}, profile={self.profile!r})"
+        return f"FilesystemBackend({str(self.root)!r}, profile={self.profile!r})"
+
+
+class _ObservedFS(Filesystem):
+    """A ``Filesystem`` that calls its backend's ``fault`` hook before every sync and
+    counts the syncs; everything else is the wrapped filesystem's own method, bound on
+    the instance (no extra call on the data path)."""
+
+    _PRIMITIVES = ("open", "open_beneath", "close", "writev", "readinto", "truncate",
+                   "fstat", "reserve", "lock", "unlock", "mkdir", "rename", "unlink",
+                   "stat", "listdir", "realpath")
+
+    def __init__(self, inner: Filesystem, backend: FilesystemBackend) -> None:
+        self.inner = inner
+        self.backend = backend
+        for name in self._PRIMITIVES:
+            self.__dict__[name] = getattr(inner, name)
+
+    def __getattr__(self, name: str) -> Any:  # what the wrapped filesystem adds (SimFS)
+        inner = self.__dict__.get("inner")
+        if inner is None:
+            raise AttributeError(name)
+        return getattr(inner, name)
+
+    def _sync(self, phase: str) -> None:
+        self.backend.fault(phase)  # may raise OSError: the sync fails as the storage's would
+        self.backend.metrics["syncs"] = self.backend.metrics.get("syncs", 0) + 1
+
+    def fsync(self, fd: int) -> None:
+        self._sync(FILE_SYNC)
+        self.inner.fsync(fd)
+
+    def fdatasync(self, fd: int) -> None:
+        self._sync(FILE_SYNC)
+        self.inner.fdatasync(fd)
+
+    def fsync_dir(self, path: str) -> None:
+        self._sync(DIRECTORY_SYNC)
+        self.inner.fsync_dir(path)
+
+    # the primitives, for the interface; the instance attributes set above take precedence
+    def open(self, path: str, *, write: bool = False, create: bool = False,
+             exclusive: bool = False) -> int:
+        return self.inner.open(path, write=write, create=create, exclusive=exclusive)
+
+    def open_beneath(self, root: str, rel: str) -> int:
+        return self.inner.open_beneath(root, rel)
+
+    def close(self, fd: int) -> None:
+        self.inner.close(fd)
+
+    def writev(self, fd: int, buffers: Any, offset: int) -> int:
+        return self.inner.writev(fd, buffers, offset)
+
+    def readinto(self, fd: int, buffer: Buffer, offset: int) -> int:
+        return self.inner.readinto(fd, buffer, offset)
+
+    def truncate(self, fd: int, size: int) -> None:
+        self.inner.truncate(fd, size)
+
+    def fstat(self, fd: int) -> FileStat:
+        return self.inner.fstat(fd)
+
+    def reserve(self, fd: int, offset: int, length: int) -> bool:
+        return self.inner.reserve(fd, offset, length)
+
+    def lock(self, fd: int, *, blocking: bool = True) -> bool:
+        return self.inner.lock(fd, blocking=blocking)
+
+    def unlock(self, fd: int) -> None:
+        self.inner.unlock(fd)
+
+    def mkdir(self, path: str) -> None:
+        self.inner.mkdir(path)
+
+    def rename(self, src: str, dst: str) -> None:
+        self.inner.rename(src, dst)
+
+    def unlink(self, path: str) -> None:
+        self.inner.unlink(path)
+
+    def stat(self, path: str) -> FileStat:
+        return self.inner.stat(path)
+
+    def listdir(self, path: str) -> list[str]:
+        return self.inner.listdir(path)
+
+    def realpath(self, path: str) -> str:
+        return self.inner.realpath(path)
 
 
 # --- the live mount -----------------------------------------------------------------------

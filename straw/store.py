@@ -198,6 +198,7 @@ class SharedFilesystemStore(ProcessBound):
         self.reserve_bytes = reserve_bytes
         self._visibility = (visibility_retries, visibility_backoff)
         self.backend = self._check_backend(backend)
+        self.fs = self.backend.filesystem(self.fs)  # its sync hook and count (fault, metrics)
         self._init_pool()
         self._session = ReadSession(self.fs, self.root, self.run_id, self.clock,
                                     visibility_retries=visibility_retries,
@@ -238,7 +239,7 @@ class SharedFilesystemStore(ProcessBound):
         if not isinstance(backend, FilesystemBackend):
             raise TypeError(f"backend must be a straw.backend.FilesystemBackend, got "
                             f"{type(backend).__name__}")
-        if backend.root != self.root:
+        if not backend.serves(self.root):
             raise ValueError(f"backend root {backend.root} differs from the store root "
                              f"{self.root}; build the backend for the pool's root")
         backend.verify(self.fs)

@@ -34,13 +34,13 @@ def _with(**changes):
 
 
 @pytest.mark.parametrize("declaration, error, words", [
-    (_with(writeback="false"), TypeError, ["'writeback'", "bool", "'false'"]),
-    (_with(direct_mount=1), TypeError, ["'direct_mount'", "bool"]),
-    (_with(open_cache=False), TypeError, ["'open_cache'", "seconds"]),
-    (_with(open_cache=-1), TypeError, ["'open_cache'"]),
-    (_with(client_version=142), TypeError, ["'client_version'", "str"]),
-    (_with(durability_description=""), TypeError, ["'durability_description'"]),
-    (_with(extra=True), ValueError, ["'extra'", "unknown"]),
+    # every problem of a field is a ValueError, as in straw-queue (whose callers catch it)
+    (_with(writeback="false"), ValueError, ["'writeback'", "bool", "'false'"]),
+    (_with(direct_mount=1), ValueError, ["'direct_mount'", "bool"]),
+    (_with(open_cache=False), ValueError, ["'open_cache'", "seconds"]),
+    (_with(open_cache=-1), ValueError, ["'open_cache'"]),
+    (_with(client_version=142), ValueError, ["'client_version'", "str"]),
+    (_with(durability_description=""), ValueError, ["'durability_description'"]),
     (_with(readdir_cache=KeyError), ValueError, ["'readdir_cache'", "missing"]),
     (_with(writeback=True), ValueError, ["'writeback'", "False", "Remount"]),
     (_with(open_cache=1), ValueError, ["'open_cache'", "close-to-open"]),
@@ -60,6 +60,10 @@ def test_declaration_profile_errors():
     with pytest.raises(ValueError, match="takes no declaration"):
         FilesystemBackend("/tmp/x", profile="local", declaration=GOOD)
     assert validate_declaration("juicefs", GOOD) == GOOD
+    # fields straw does not know are kept (straw-queue accepts them) and reported unchecked
+    backend = FilesystemBackend("/tmp/x", profile="juicefs", declaration=_with(extra=True))
+    assert backend.declaration == _with(extra=True)
+    assert backend.diagnostics()["unchecked_fields"] == ["extra"]
 
 
 def test_compare_names_declared_and_live_values():

@@ -11,7 +11,7 @@ Exit status: 0 success (qualify: every clause passed), 1 a failed verdict or a s
 error, 2 bad input (a path that is not a pool, a pool of a newer format, a path to
 qualify that does not exist, a peer that is not the same volume, unknown options) --
 with a message naming what was wrong, and nothing written.  ``inspect``, ``top`` and
-``gc --dry-run`` never write to the pool (``straw.cli.pool``).  ``--json FILE`` (``-``:
+``gc --dry-run`` never write to the pool (``straw.pool_view``).  ``--json FILE`` (``-``:
 stdout) writes the report as JSON; ``--plot FILE`` draws it (the ``plot`` extra).
 
 Layering: this package uses the core's public API and read-only accessors only; the core
@@ -143,7 +143,7 @@ def _check_declaration(path: str, root: str) -> dict[str, Any]:
 
 
 def cmd_inspect(args: argparse.Namespace, out: render.Out) -> int:
-    from . import pool
+    from .. import pool_view as pool
     view = pool.inspect(args.pool)
     _report(out, args, view, render.inspect)
     if args.plot:
@@ -152,7 +152,7 @@ def cmd_inspect(args: argparse.Namespace, out: render.Out) -> int:
 
 
 def cmd_top(args: argparse.Namespace, out: render.Out) -> int:
-    from . import pool
+    from .. import pool_view as pool
     _positive("--iterations", args.iterations)
     if args.interval < 0:
         raise BadInput(f"--interval must be >= 0, got {args.interval}")
@@ -174,7 +174,7 @@ def cmd_top(args: argparse.Namespace, out: render.Out) -> int:
 
 
 def cmd_gc(args: argparse.Namespace, out: render.Out) -> int:
-    from . import pool
+    from .. import pool_view as pool
     _report(out, args, pool.collect(args.pool, dry_run=args.dry_run), render.gc)
     return 0
 
@@ -200,7 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .. import demo
         return demo.main(argv[1:])
     args = _parser().parse_args(argv)  # usage errors exit 2 (argparse)
-    from .pool import NotAPool
+    from ..pool_view import NotAPool
     out = render.Out()
     try:
         return COMMANDS[args.command](args, out)

@@ -1,5 +1,7 @@
-"""What ``straw inspect``, ``straw top`` and ``straw gc`` see of a pool: read-only views
-built on the core's read-only accessors (``catalog.read_state``, ``coordinator.read_state``).
+"""What ``straw inspect``, ``straw top``, ``straw gc`` and ``straw.inspect`` see of a pool:
+read-only views built on the core's read-only accessors (``catalog.read_state``,
+``coordinator.read_state``).  A core module, so that the library (``straw.inspect``) and the
+command (``straw.cli``) share one implementation; the core never imports ``straw.cli``.
 
 Read-only means: no file created, no lock taken, nothing appended (the catalog is read
 without its lock and a torn final transaction is ignored, not cut; a queue's journal is
@@ -19,16 +21,16 @@ import os
 from collections import Counter
 from typing import Any
 
-from ..catalog import Catalog, CatalogState, read_state
-from ..clock import SystemClock
-from ..coordinator import read_state as read_queue_state
-from ..errors import StrawError, UnsupportedSchema
-from ..fs import Filesystem, PosixFS
-from ..queue_state import LEASED, TERMINAL
-from ..reader import ReadSession
-from ..recovery import seal_dead_writers
-from ..refs import PACK_PATH_RE, ref_from_tuple
-from ..store import POOL_FORMAT
+from .catalog import Catalog, CatalogState, read_state
+from .clock import SystemClock
+from .coordinator import read_state as read_queue_state
+from .errors import StrawError, UnsupportedSchema
+from .fs import Filesystem, PosixFS
+from .queue_state import LEASED, TERMINAL
+from .reader import ReadSession
+from .recovery import seal_dead_writers
+from .refs import PACK_PATH_RE, ref_from_tuple
+from .store import POOL_FORMAT
 
 MARKER = "POOL"
 MAX_WALK_DEPTH = 8  # queues sit a few levels down; never wander through a whole tree

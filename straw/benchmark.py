@@ -1,0 +1,473 @@
+"""A queue benchmark with durable control and checked payload I/O (straw-queue 0.1.6's
+``python -m straw.benchmark``: ``run``, ``worker``, ``profile``).
+
+``run --local`` starts a coordinator served over ``straw.rpc``, submits tasks, and
+launches one ``worker`` process.  Its writer threads acquire tasks, publish records of
+the workload's sizes into the pool and complete the tasks; its reader threads follow the
+commit log and read every result back, checked.  The run fails unless every planned task
+was published and every byte written was read back; the report (JSON, ``--report``,
+outside the temporary root) gives bandwidth, latency percentiles and pool file counts.
+
+Workloads: ``--record-bytes N ...`` (the records of one publication), ``--profile FILE``
+(a JSON ``{"publications": [[sizes], ...]}``, e.g. from ``profile``), or by default a
+model of routed-expert and top-k tensors per sample (``--tokens``, ``--samples``).
+``profile --trace DIR --output FILE`` summarises ``STRAW_TRACE_DIR`` traces
+(``straw.tracing``) into such a workload.
+
+Differences from straw-queue's: workers run on this machine only (``--hosts`` over SSH is
+refused; start ``worker`` yourself on other hosts, with ``STRAW_RPC_TOKEN`` set, to spread
+them), the token reaches the worker in its environment (``STRAW_RPC_TOKEN``), not in a
+file, and ``--online-gc`` is refused (our retention is always on; ``straw gc`` and
+``collect_garbage`` reclaim).  The machine-relative benchmarks of straw itself are
+``straw bench`` and ``just bench``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import random
+import resource
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .fs import PosixFS
+from .reporting import write_report
+
+TOKEN_ENV = "STRAW_RPC_TOKEN"
+TASK_CHUNK = 128  # tasks per submit_tasks request
+MIB = 1 << 20
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of ``values`` by nearest rank below; 0 when empty."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1)))] if ordered else 0
+
+
+def completion_peak(events: Sequence[dict[str, Any]], window: float, *,
+                    checked: bool = False) -> float | None:
+    """The highest MiB/s credited to one ``window``-second wall-clock bucket (bytes count
+    when their operation completed); None if ``checked`` and a range read lacks
+    ``checked_bytes``."""
+    if checked and any(e["op"] == "read_range" and "checked_bytes" not in e for e in events):
+        return None
+    buckets: defaultdict[int, int] = defaultdict(int)
+    for e in events:
+        buckets[int(e["time"] // window)] += e.get("checked_bytes", e["bytes"]) if checked \
+            else e["bytes"]
+    return max(buckets.values(), default=0) / window / MIB
+
+
+# --- workloads --------------------------------------------------------------------------
+def load_sizes(args: argparse.Namespace) -> list[list[int]]:
+    """The record sizes of each publication, cycled over the tasks."""
+    if args.profile:
+        data = json.loads(PosixFS().read_file(os.path.abspath(args.profile)))
+        publications = list(data["publications"]) if isinstance(data, dict) else None
+        if not publications:
+            raise ValueError(f"--profile {args.profile}: expected a JSON object with a "
+                             "non-empty 'publications' list (the profile command writes one)")
+        random.Random(0).shuffle(publications)
+        width = args.publications_per_task
+        return [[n for p in publications[i:i + width] for n in p]
+                for i in range(0, len(publications), width)]
+    if args.record_bytes:
+        return [list(args.record_bytes)]
+    # per sample: routed experts (tokens x 48 layers x 8 experts x int32) and top-k ids and
+    # log-probs (tokens x 128 x 4 bytes each): a shape model, not measured traffic
+    rows = args.tokens
+    return [[rows * 48 * 8 * 4, rows * 128 * 4, rows * 128 * 4] * args.samples]
+
+
+def _check_sizes(sizes: list[list[int]]) -> None:
+    if not sizes or any(not row or any(type(n) is not int or n <= 0 for n in row)
+                        for row in sizes):
+        raise ValueError("the workload must consist of non-empty publications of positive "
+                         "integer record sizes")
+
+
+def profile(args: argparse.Namespace) -> dict[str, Any]:
+    """Summarise the traces in ``args.trace`` into a workload profile at ``args.output``."""
+    fs = PosixFS()
+    trace = os.path.abspath(args.trace)
+    events: list[dict[str, Any]] = []
+    for name in sorted(fs.listdir(trace)):
+        if name.endswith(".jsonl"):
+            text = fs.read_file(os.path.join(trace, name)).decode()
+            events.extend(json.loads(line) for line in text.splitlines() if line.strip())
+    writes = [e for e in events if e["op"] == "write"]
+    reads = [e for e in events if e["op"] in ("read", "read_range")]
+    sizes = [[r["bytes"] for r in e.get("records", [])] for e in writes]
+    sizes = [s for s in sizes if s and sum(s) > 0]
+    if not sizes:
+        raise ValueError(f"the traces in {trace} hold no publication with payload (set "
+                         "STRAW_TRACE_DIR in the traced processes)")
+    write_bytes = sum(e["bytes"] for e in writes)
+    read_bytes = sum(e["bytes"] for e in reads)
+    checked_known = all(e["op"] != "read_range" or "checked_bytes" in e for e in reads)
+    checked = sum(e.get("checked_bytes", e["bytes"]) for e in reads) if checked_known else None
+    report = {
+        "version": 1,
+        "publications": sizes,
+        "source_trace": trace,
+        "observed_write_bytes": write_bytes,
+        "observed_write_payload_bytes": sum(map(sum, sizes)),
+        "observed_read_bytes": read_bytes,
+        "checked_read_bytes": checked,
+        "observed_seconds": max(e["time"] for e in events) - min(e["time"] for e in events),
+        "hosts": sorted({e["host"] for e in events}),
+        "read_to_extent_write_ratio": read_bytes / max(1, write_bytes),
+        "write_p50_seconds": percentile([e["seconds"] for e in writes], 0.5),
+        "write_p99_seconds": percentile([e["seconds"] for e in writes], 0.99),
+        "payload_completion_rates": [
+            {"window_seconds": w, "write_peak_mib_s": completion_peak(writes, w),
+             "read_peak_mib_s": completion_peak(reads, w),
+             "checked_read_peak_mib_s": completion_peak(reads, w, checked=True)}
+            for w in (1, 10)],
+        "record_shapes": [r for e in writes for r in e.get("records", []) if "shape" in r],
+    }
+    write_report(args.output, report)
+    return report
+
+
+# --- the worker process -----------------------------------------------------------------
+def worker(args: argparse.Namespace) -> dict[str, Any]:
+    """Writer and reader threads of one host, controlled through ``args.address``."""
+    from . import Record, RecordSetRef, SharedFilesystemStore
+    from .rpc import QueueClient
+    token = os.environ.get(TOKEN_ENV)
+    if not token:
+        raise ValueError(f"the worker needs the coordinator's RPC token in {TOKEN_ENV}")
+    fs = PosixFS()
+    root = os.path.abspath(args.root)
+    pool = os.path.join(root, "queue")
+    stop = os.path.join(root, "STOP")
+    write_report(os.path.join(root, f"worker-{args.index}.pid.json"), {"pid": os.getpid()})
+    client = QueueClient(args.address, token=token)
+    sizes = load_sizes(args)
+    expected = args.tasks_per_writer * args.writers * args.host_count \
+        if args.tasks_per_writer else None
+    while time.time() < args.start_at:  # every host starts at once
+        time.sleep(min(0.1, max(0.0, args.start_at - time.time())))
+    cpu, started = time.process_time(), time.monotonic()
+    totals = {"written_bytes": 0, "read_bytes": 0, "publications": 0, "reads": 0}
+    latencies: dict[str, list[float]] = {"write": [], "read": [], "commit": []}
+    lock = threading.Lock()
+    failed = threading.Event()
+
+    def write(rank: int) -> None:
+        rng = random.Random(args.index * 1000 + rank)
+        cache: dict[int, bytes] = {}  # one publication's buffers, reused (never zeros)
+        done = 0
+        with SharedFilesystemStore(pool, "benchmark", writer_id=f"bench-{args.index}-{rank}",
+                                   segment_target_bytes=args.segment_mib * MIB) as store:
+            while not failed.is_set() and not fs.probe(stop):
+                page = client.call("acquire", worker_id=f"host-{args.index}-writer-{rank}",
+                                   max_tasks=1, task_prefix=f"{args.index}:{rank}:")
+                if not page["assignments"]:
+                    return
+                lease = page["assignments"][0]["lease"]  # the server rebuilds the Lease
+                task = lease["task_id"]
+                # the result names its task and attempt (whichever key the lease uses)
+                meta = {k: lease[k] for k in ("task_id", "attempt", "attempt_id") if k in lease}
+                shape = sizes[done % len(sizes)]
+                cache = {n: cache[n] if n in cache else rng.randbytes(n) for n in set(shape)}
+                t0 = time.monotonic()
+                ref = store.publish([Record(f"{task}:{i}", cache[n], metadata=meta)
+                                     for i, n in enumerate(shape)], submission_id=task)
+                t1 = time.monotonic()
+                client.call("complete_task", lease=lease, submission_id=task, result_ref=ref,
+                            result_digest=ref.digest)
+                t2 = time.monotonic()
+                with lock:
+                    totals["written_bytes"] += sum(shape)
+                    totals["publications"] += 1
+                    latencies["write"].append(t1 - t0)
+                    latencies["commit"].append(t2 - t1)
+                done += 1
+
+    def read(rank: int) -> None:
+        cursor = 0
+        with SharedFilesystemStore(pool, "benchmark",
+                                   writer_id=f"bench-reader-{args.index}-{rank}") as store:
+            while not failed.is_set() and not fs.probe(stop):
+                page = client.call("read_commits", cursor=cursor, limit=64)
+                for receipt in page["commits"]:
+                    producer = int(str(receipt["task_id"]).split(":")[0])
+                    # a ring: each host reads the previous host's results (itself alone)
+                    mine = args.fanout == args.host_count or \
+                        producer == (args.index - 1) % args.host_count
+                    if not mine or receipt["position"] % args.readers != rank:
+                        continue
+                    t0 = time.monotonic()
+                    ref = RecordSetRef.from_dict(receipt["result_ref"])
+                    amount = sum(memoryview(r.payload).nbytes for r in store.read(ref))
+                    with lock:
+                        totals["read_bytes"] += amount
+                        totals["reads"] += 1
+                        latencies["read"].append(time.monotonic() - t0)
+                cursor = page.get("cursor", page.get("next_cursor", cursor))
+                if page.get("end_of_input") or (expected is not None and cursor >= expected):
+                    return
+                if not page["commits"]:
+                    time.sleep(0.02)  # poll the commit log
+
+    with concurrent.futures.ThreadPoolExecutor(args.writers + args.readers) as threads:
+        futures = [threads.submit(write, i) for i in range(args.writers)] + \
+            [threads.submit(read, i) for i in range(args.readers)]
+        for future in concurrent.futures.as_completed(futures):
+            try:
+                future.result()
+            except BaseException:
+                failed.set()
+                raise
+    report = {**totals, "host": socket.gethostname(), "index": args.index,
+              "seconds": time.monotonic() - started, "cpu_seconds": time.process_time() - cpu,
+              "rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+              "write_p50_seconds": percentile(latencies["write"], 0.5),
+              "write_p99_seconds": percentile(latencies["write"], 0.99),
+              "read_p50_seconds": percentile(latencies["read"], 0.5),
+              "read_p99_seconds": percentile(latencies["read"], 0.99),
+              "commit_p99_seconds": percentile(latencies["commit"], 0.99)}
+    write_report(os.path.join(root, f"worker-{args.index}.json"), report)
+    return report
+
+
+# --- the orchestrator -------------------------------------------------------------------
+def _files(root: str) -> list[tuple[str, int]]:
+    fs, out, todo = PosixFS(), [], [root]
+    while todo:
+        here = todo.pop()
+        try:
+            names = fs.listdir(here)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for n in names:
+            path = os.path.join(here, n)
+            try:
+                st = fs.stat(path)
+            except FileNotFoundError:
+                continue
+            if st.is_dir:
+                todo.append(path)
+            else:
+                out.append((path, st.size))
+    return out
+
+
+def _plan(args: argparse.Namespace, sizes: list[list[int]]) -> int:
+    """Tasks per writer for ``args.gib``, after checking the storage budget."""
+    average = sum(map(sum, sizes)) / len(sizes)
+    count = max(1, int(args.gib * 2**30 / (args.writers * average)))
+    volume = args.writers * sum(sum(sizes[i % len(sizes)]) for i in range(count))
+    packs = max(1, -(-int(volume / args.writers) // (args.segment_mib * MIB)) + 1)
+    if volume > args.max_gib * 2**30 or packs * args.writers + 32 > args.max_files:
+        raise ValueError(f"the run would write {volume / 2**30:.2f} GiB in about "
+                         f"{packs * args.writers} packs: over --max-gib {args.max_gib} or "
+                         f"--max-files {args.max_files}")
+    return count
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """One local run; returns (and writes to ``--report``) the report."""
+    from . import Coordinator, SharedFilesystemStore, TaskSpec, rpc
+    if not args.local:
+        raise ValueError("straw.benchmark runs its worker on this machine (--local); to "
+                         "spread workers over hosts start `python -m straw.benchmark worker` "
+                         f"on each with {TOKEN_ENV} set")
+    if args.online_gc:
+        raise ValueError("--online-gc: straw's retention is always on; reclaim with "
+                         "`straw gc POOL` or Coordinator.collect_garbage()")
+    if min(args.writers, args.readers, args.timeout, args.max_files, args.segment_mib,
+           args.publications_per_task) <= 0:
+        raise ValueError("writers, readers, timeout, max-files, segment-mib and "
+                         "publications-per-task must be positive")
+    if args.fanout != 1:
+        raise ValueError("--fanout must be 1 with one host")
+    if not 0 < args.gib <= args.max_gib:
+        raise ValueError(f"--gib {args.gib} must be positive and at most --max-gib "
+                         f"{args.max_gib}")
+    root = os.path.abspath(args.root)
+    report_path = os.path.abspath(args.report)
+    if report_path == root or report_path.startswith(root + os.sep):
+        raise ValueError(f"--report {report_path} must lie outside the temporary root {root}")
+    sizes = load_sizes(args)
+    _check_sizes(sizes)
+    count = _plan(args, sizes)
+    fs = PosixFS()
+    if fs.exists(root):
+        raise ValueError(f"--root {root} exists; give a fresh directory (it is removed "
+                         "after a passed run)")
+    fs.makedirs_durable(root)
+    token = secrets.token_hex(32)
+    store = SharedFilesystemStore(os.path.join(root, "queue"), "benchmark",
+                                  writer_id="orchestrator",
+                                  segment_target_bytes=args.segment_mib * MIB)
+    coordinator = Coordinator(store, lease_seconds=max(300.0, float(args.timeout)))
+    server = rpc.start(coordinator, (args.bind, 0), token=token)
+    host = args.advertise_host or ("127.0.0.1" if args.bind in ("", "0.0.0.0") else args.bind)
+    endpoint = f"http://{host}:{server.address[1]}"
+    completed, process, output = False, None, []
+    try:
+        for w in range(args.writers):
+            for start in range(0, count, TASK_CHUNK):
+                coordinator.submit_tasks(f"submit-0-{w}-{start}", [
+                    TaskSpec(f"0:{w}:{i}") for i in range(start, min(count, start + TASK_CHUNK))])
+        command = [sys.executable, "-m", "straw.benchmark", "worker", "--root", root,
+                   "--address", endpoint, "--index", "0", "--host-count", "1",
+                   "--start-at", str(time.time() + 1), "--writers", str(args.writers),
+                   "--readers", str(args.readers), "--fanout", "1",
+                   "--tokens", str(args.tokens), "--samples", str(args.samples),
+                   "--segment-mib", str(args.segment_mib),
+                   "--publications-per-task", str(args.publications_per_task),
+                   "--tasks-per-writer", str(count)]
+        if args.profile:
+            command += ["--profile", os.path.abspath(args.profile)]
+        if args.record_bytes:
+            command += ["--record-bytes", *map(str, args.record_bytes)]
+        # the worker imports the straw this process runs (a source tree or the install)
+        source = args.source_dir or str(Path(__file__).resolve().parent.parent)
+        env = {**os.environ, TOKEN_ENV: token,
+               "PYTHONPATH": os.pathsep.join(filter(None, [source,
+                                                           os.environ.get("PYTHONPATH")]))}
+        process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT)
+        pipe = process.stdout
+        drain = threading.Thread(target=lambda: output.append(pipe.read() if pipe else b""),
+                                 daemon=True)
+        drain.start()
+        deadline = time.monotonic() + args.timeout
+        while True:
+            try:
+                process.wait(timeout=1)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            files = _files(root)
+            if len(files) > args.max_files or sum(s for _, s in files) > args.max_gib * 2**30:
+                raise RuntimeError("the benchmark exceeded its storage budget "
+                                   "(--max-files/--max-gib)")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the worker did not finish within --timeout {args.timeout}s")
+        drain.join(30)
+        if process.returncode:
+            log = b"".join(output).decode(errors="replace")
+            raise RuntimeError(f"the worker failed (exit {process.returncode}):\n{log[-4000:]}")
+        workers = [json.loads(fs.read_file(os.path.join(root, "worker-0.json")))]
+        written = sum(w["written_bytes"] for w in workers)
+        read = sum(w["read_bytes"] for w in workers)
+        publications = sum(w["publications"] for w in workers)
+        if publications != args.writers * count:
+            raise AssertionError(f"the worker published {publications} of "
+                                 f"{args.writers * count} planned tasks")
+        if read != written:
+            raise AssertionError(f"read back {read} bytes of the {written} written")
+        files = _files(os.path.join(root, "queue"))
+        duration = max(w["seconds"] for w in workers)
+        report = {
+            "version": 1, "status": "passed", "hosts": ["localhost"], "workers": workers,
+            "elapsed_seconds": duration, "written_bytes": written, "read_bytes": read,
+            "write_mib_s": written / MIB / duration, "read_mib_s": read / MIB / duration,
+            "file_count": len(files),
+            "data_files": sum(p.endswith(".strw") for p, _ in files),
+            "physical_bytes": sum(s for _, s in files), "publications": publications,
+            "coordinator": rpc.to_wire(coordinator.metrics()),
+            "parameters": {k: v for k, v in vars(args).items() if k != "func"},
+            "cache_policy": "fresh paths, reads by the same client as the writes (one "
+                            "host); no cache eviction: not a cold-storage measurement",
+            "profile_source": "measured trace" if args.profile else
+                              "explicit record sizes" if args.record_bytes else
+                              "routed-expert and top-k size model",
+        }
+        write_report(os.path.join(root, "report.json"), report)
+        write_report(report_path, report)
+        print(json.dumps({k: v for k, v in report.items()
+                          if k not in ("workers", "coordinator", "parameters")}, indent=2))
+        completed = True
+        return report
+    finally:
+        fs.write_file_durable(os.path.join(root, "STOP"), b"")
+        if process is not None and process.poll() is None:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.terminate()
+                process.wait(timeout=30)
+        server.close()
+        coordinator.close()
+        store.close()
+        left = _files(root)
+        write_report(os.path.splitext(report_path)[0] + ".cleanup.json", {
+            "root": root, "files": len(left), "bytes": sum(s for _, s in left),
+            "workers_stopped": True, "removed": completed})
+        if completed:
+            shutil.rmtree(root)  # a temporary tree of this run only, as `straw bench` does
+
+
+# --- the command ------------------------------------------------------------------------
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m straw.benchmark",
+                                description=(__doc__ or "").split("\n\n")[0])
+    sub = p.add_subparsers(dest="role", required=True)
+    extract = sub.add_parser("profile", help="a workload profile from STRAW_TRACE_DIR traces")
+    extract.add_argument("--trace", required=True)
+    extract.add_argument("--output", required=True)
+    for name in ("run", "worker"):
+        r = sub.add_parser(name)
+        r.add_argument("--root", required=True)
+        r.add_argument("--online-gc", action="store_true", help="refused (see the docs)")
+        workload = r.add_mutually_exclusive_group()
+        workload.add_argument("--profile", help="JSON workload from the profile command")
+        workload.add_argument("--record-bytes", nargs="+", type=int,
+                              help="byte sizes of the records of each publication")
+        r.add_argument("--publications-per-task", type=int, default=1)
+        r.add_argument("--writers", type=int, default=2)
+        r.add_argument("--readers", type=int, default=2)
+        r.add_argument("--fanout", type=int, default=1)
+        r.add_argument("--tokens", type=int, default=8192)
+        r.add_argument("--samples", type=int, default=4)
+        r.add_argument("--segment-mib", type=int, default=256)
+        if name == "run":
+            where = r.add_mutually_exclusive_group(required=True)
+            where.add_argument("--hosts", nargs="+", help="refused: workers run locally")
+            where.add_argument("--local", action="store_true", help="one local worker process")
+            r.add_argument("--python", default="python3", help="accepted for straw-queue")
+            r.add_argument("--source-dir", help="a source tree the worker imports straw from")
+            r.add_argument("--advertise-host", help="the address workers reach this host at")
+            r.add_argument("--gib", type=float, default=32)
+            r.add_argument("--report", required=True)
+            r.add_argument("--max-files", type=int, default=256)
+            r.add_argument("--max-gib", type=float, default=64)
+            r.add_argument("--bind", default="0.0.0.0")
+            r.add_argument("--timeout", type=int, default=1800)
+        else:
+            r.add_argument("--address", required=True)
+            r.add_argument("--index", type=int, required=True)
+            r.add_argument("--host-count", type=int, default=4)
+            r.add_argument("--start-at", type=float, required=True)
+            r.add_argument("--tasks-per-writer", type=int,
+                           help="tasks per writer thread: readers stop after all commits")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    {"run": run, "worker": worker, "profile": profile}[args.role](args)
+
+
+__all__ = ["completion_peak", "load_sizes", "main", "percentile", "profile", "run", "worker"]
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,309 @@
+"""Serving a ``Coordinator`` to worker processes: JSON over HTTP with a shared token
+(straw-queue 0.1.6's ``straw.rpc``: ``serve``, ``QueueClient``, ``METHODS``).
+
+Only control messages travel here: leases, task specs, references, receipts.  Payload
+bytes never do; workers read and write them in the pool themselves (a ``bytes`` value in
+a request or a result is refused).
+
+Wire format (the same as straw-queue's, so either side may be straw-queue's):
+
+* request: ``POST`` with ``Authorization: Bearer <token>`` and the body
+  ``{"method": name, "args": {keyword: value}}``; dataclasses travel as their
+  ``dataclasses.asdict`` dicts;
+* reply: ``200 {"result": value}`` (a dataclass result as its asdict dict: a worker
+  rebuilds ``Lease(**assignment["lease"])``, ``RecordSetRef.from_dict(...)``), or
+  ``409 {"error": class name, "message": text}`` for an error of the call, which the
+  client raises again as the same straw error class.  A wrong token is ``403``.
+
+The server decodes arguments back into our types *by keyword*: ``lease``/``leases`` into
+``Lease``, ``tasks`` into ``TaskSpec``, every ``*_ref`` into ``RecordSetRef``, a consumer
+``token`` dict into ``ConsumerToken``, recursively inside lists of dicts (``updates``).
+It calls only methods of the allow-list ``METHODS`` that the coordinator has, by name,
+with the keywords given: whatever the coordinator's exact signatures, a wrong keyword is
+the coordinator's own ``TypeError``, carried back.
+
+Requests are served on threads (``ThreadingHTTPServer``): the coordinator is thread-safe
+and concurrent completions share one journal fsync (group commit).  Uses only the
+standard library.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hmac
+import http.client
+import json
+import os
+import threading
+import urllib.parse
+from collections.abc import Callable, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from . import errors
+from .queue_types import ConsumerToken, Lease, TaskSpec
+from .refs import RecordSetRef
+from .reporting import canonical_json
+
+# The coordinator methods a worker or a producer may call remotely: straw-queue's list,
+# plus our worker-side additions.  Lifecycle (close, takeover) and maintenance
+# (collect_garbage, snapshot) stay with the process that owns the coordinator.
+METHODS = frozenset({
+    "submit_tasks", "acquire", "heartbeat", "release_tasks", "complete_task", "fail_task",
+    "cancel_task", "seal_input", "lookup_submission", "read_commits", "task_status",
+    "metrics", "drain", "open_consumer", "close_consumer", "save_consumer_state",
+    "load_consumer_state", "plan_batch", "batch_ready", "get_batch", "register_checkpoint",
+    "producer_state", "yield_task", "save_task_progress", "save_task_progress_many",
+    # ours
+    "yield_tasks", "pending_tasks", "outstanding_reads", "release_task_reads",
+    "retire_worker",
+})
+
+MAX_REQUEST_BYTES = 64 << 20  # control messages only; 100k task specs fit
+SOCKET_TIMEOUT = 10.0  # a stalled client must not hold a server thread forever
+
+
+class RemoteValueError(errors.StrawError, ValueError):
+    """The coordinator refused an argument (``ValueError`` there).  Both a ``ValueError``
+    and a straw error here: straw-queue's client raised its ``QueueError`` for these."""
+
+
+class RemoteTypeError(errors.StrawError, TypeError):
+    """The coordinator refused an argument's type or keyword (``TypeError`` there)."""
+
+
+class RemoteKeyError(errors.StrawError, KeyError):
+    """The coordinator did not find a key (``KeyError`` there)."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+_BUILTIN = {"ValueError": RemoteValueError, "TypeError": RemoteTypeError,
+            "KeyError": RemoteKeyError}
+
+
+# --- values on the wire ---------------------------------------------------------------
+def to_wire(value: Any) -> Any:
+    """A JSON-able copy of ``value``: dataclasses as their asdict dicts, tuples as lists.
+    Payload bytes are refused (``TypeError``): they never travel over the control
+    channel."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_wire(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Mapping):
+        return {str(k): to_wire(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_wire(v) for v in value]
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        raise TypeError("payload bytes do not travel over straw.rpc: publish them to the "
+                        "pool and pass the RecordSetRef")
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    return value
+
+
+def _build(cls: Any, value: Any, where: str) -> Any:
+    if not isinstance(value, Mapping):
+        return value  # already decoded, or None: the coordinator checks it
+    from_dict = getattr(cls, "from_dict", None)
+    if from_dict is not None:
+        return from_dict(value)
+    try:
+        return cls(**{k: from_wire(k, v) for k, v in value.items()})
+    except TypeError as e:
+        raise TypeError(f"argument {where} is not a {cls.__name__} dict: {e}") from None
+
+
+def from_wire(key: str, value: Any) -> Any:
+    """Decode the value of keyword ``key`` into our types (see the module docstring)."""
+    if key == "lease":
+        return _build(Lease, value, key)
+    if key in ("leases", "tasks") and isinstance(value, list):
+        cls = Lease if key == "leases" else TaskSpec
+        return [_build(cls, v, f"{key}[{i}]") for i, v in enumerate(value)]
+    if key.endswith("_ref"):
+        return _build(RecordSetRef, value, key)
+    if key == "token" and isinstance(value, Mapping):
+        return _build(ConsumerToken, value, key)
+    if isinstance(value, list):
+        return [{k: from_wire(k, v) for k, v in item.items()} if isinstance(item, Mapping)
+                else item for item in value]
+    return value
+
+
+# --- the server -------------------------------------------------------------------------
+class ControlServer(ThreadingHTTPServer):
+    """An HTTP server of one coordinator.  ``address`` is where it is bound (the port
+    chosen when 0 was asked), ``url`` what a ``QueueClient`` connects to."""
+
+    daemon_threads = True
+    request_queue_size = 128
+
+    def __init__(self, coordinator: Any, address: tuple[str, int], *, token: str) -> None:
+        if not isinstance(token, str) or not token:
+            raise ValueError("straw.rpc needs a job-scoped token (a non-empty str, e.g. "
+                             "secrets.token_hex(32)) shared with the workers")
+        self.coordinator = coordinator
+        self.expected = f"Bearer {token}".encode()
+        super().__init__(address, _Handler)
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self.server_address[0], self.server_address[1]  # type: ignore[return-value]
+
+    @property
+    def url(self) -> str:
+        host, port = self.address
+        return f"http://{'127.0.0.1' if host in ('', '0.0.0.0') else host}:{port}"
+
+    def dispatch(self, request: Any) -> Any:
+        if not isinstance(request, Mapping) or not isinstance(request.get("method"), str) \
+                or not isinstance(request.get("args", {}), Mapping):
+            raise ValueError('an RPC request is {"method": name, "args": {keyword: value}}')
+        method = request["method"]
+        target = getattr(self.coordinator, method, None) if method in METHODS else None
+        if target is None:
+            served = sorted(m for m in METHODS if hasattr(self.coordinator, m))
+            raise ValueError(f"unknown control operation {method!r}; the coordinator serves "
+                             f"{', '.join(served)}")
+        args = {k: from_wire(k, v) for k, v in request.get("args", {}).items()}
+        return to_wire(target(**args))
+
+    def close(self) -> None:
+        """Stop serving (from another thread than ``serve_forever``'s) and free the port."""
+        self.shutdown()
+        self.server_close()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: ControlServer
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        self.connection.settimeout(SOCKET_TIMEOUT)
+        given = self.headers.get("Authorization", "").encode()
+        if not hmac.compare_digest(given, self.server.expected):
+            self._reply(403, {"error": "PermissionError",
+                              "message": "the coordinator refused the RPC token"})
+            return
+        try:
+            length = int(self.headers.get("Content-Length", "0"))
+        except ValueError:
+            length = -1
+        if not 0 < length <= MAX_REQUEST_BYTES:
+            self._reply(413 if length > 0 else 400, {
+                "error": "ValueError",
+                "message": f"an RPC request needs a Content-Length of 1..{MAX_REQUEST_BYTES}"})
+            return
+        try:
+            request = json.loads(self.rfile.read(length))
+            body, status = {"result": self.server.dispatch(request)}, 200
+        except (errors.StrawError, ValueError, TypeError, KeyError) as e:
+            body, status = {"error": type(e).__name__, "message": _message(e)}, 409
+        except Exception as e:  # a bug in the call: report it, keep serving
+            body, status = {"error": type(e).__name__, "message": _message(e)}, 500
+        self._reply(status, body)
+
+    def _reply(self, status: int, body: Any) -> None:
+        try:
+            data = canonical_json(body)
+        except (TypeError, ValueError) as e:
+            status, data = 500, canonical_json({"error": "TypeError", "message": str(e)})
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        try:
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the caller can find a durable result again by its idempotency id
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        pass  # a request log per call would flood the coordinator's output
+
+
+def _message(e: BaseException) -> str:
+    return str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
+
+
+def start(coordinator: Any, address: tuple[str, int], *, token: str) -> ControlServer:
+    """Serve ``coordinator`` on a background thread; returns the server (``.url``,
+    ``.address``, ``.close()``).  An addition to straw-queue's ``serve``."""
+    server = ControlServer(coordinator, address, token=token)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
+                     name=f"straw.rpc {server.url}", daemon=True).start()
+    return server
+
+
+def serve(coordinator: Any, address: tuple[str, int], *, token: str,
+          ready: Callable[[tuple[str, int]], Any] | None = None) -> None:
+    """Serve ``coordinator`` at ``address`` (``(host, port)``; port 0 picks one) until the
+    process ends; ``ready(bound_address)`` is called once it accepts connections."""
+    with ControlServer(coordinator, address, token=token) as server:
+        if ready is not None:
+            ready(server.address)
+        server.serve_forever(poll_interval=0.2)
+
+
+# --- the client -------------------------------------------------------------------------
+class QueueClient:
+    """Calls a served coordinator: ``client.call("acquire", worker_id="w", max_tasks=1)``
+    returns the JSON result (dataclasses as dicts, as straw-queue's client returns them);
+    an error of the call is raised again as the same straw error class.  Safe to share
+    between threads (one connection per call)."""
+
+    def __init__(self, address: str, *, token: str, timeout: float = 30,
+                 metadata_bytes: int = 256 * 1024) -> None:
+        url = urllib.parse.urlsplit(address)
+        if url.scheme != "http" or not url.hostname:
+            raise ValueError(f"address {address!r} must be an http://host:port URL (the "
+                             "served coordinator's address)")
+        if not isinstance(token, str) or not token:
+            raise ValueError("token must be the non-empty str the coordinator serves with")
+        self.address, self.token, self.timeout = address, token, timeout
+        self.metadata_bytes = metadata_bytes  # accepted for straw-queue; not a limit here
+        self._host, self._port = url.hostname, url.port or 80
+        self._path = url.path or "/"
+
+    def call(self, method: str, **args: Any) -> Any:
+        data = canonical_json({"method": method, "args": to_wire(args)})
+        conn = http.client.HTTPConnection(self._host, self._port, timeout=self.timeout)
+        try:
+            conn.request("POST", self._path, body=data, headers={
+                "Authorization": f"Bearer {self.token}", "Content-Type": "application/json"})
+            response = conn.getresponse()
+            status, content = response.status, response.read()
+        except OSError as e:  # an OSError, as straw-queue's client raised (URLError)
+            raise ConnectionError(
+                f"straw.rpc: no reply from the coordinator at {self.address} to {method} "
+                f"({e}); if the call mutates, retry with the same idempotency id") from e
+        finally:
+            conn.close()
+        try:
+            value = json.loads(content)
+        except ValueError:
+            value = None
+        if not isinstance(value, dict):
+            raise errors.StrawError(f"straw.rpc: the server at {self.address} sent HTTP "
+                                    f"{status} without a straw reply to {method}")
+        if status == 200 and "result" in value:
+            return value["result"]
+        raise _error(str(value.get("error")), str(value.get("message")), status, self.address)
+
+    def __repr__(self) -> str:
+        return f"QueueClient({self.address!r})"
+
+
+def _error(name: str, message: str, status: int, address: str) -> BaseException:
+    if status == 403:
+        return PermissionError(f"the coordinator at {address} refused the token: use the "
+                               "token it was served with")
+    cls = getattr(errors, name, None) if name in errors.__all__ else None
+    if isinstance(cls, type) and issubclass(cls, errors.StrawError):
+        return cls(message)
+    if name in _BUILTIN:
+        return _BUILTIN[name](message)
+    return errors.StrawError(f"the coordinator at {address} failed with {name}: {message}")
+
+
+__all__ = ["ControlServer", "METHODS", "QueueClient", "RemoteKeyError", "RemoteTypeError",
+           "RemoteValueError", "from_wire", "serve", "start", "to_wire"]
