@@ -364,7 +364,7 @@ def test_tracing_emits_payload_free_lines_per_process(tmp_path, monkeypatch):
     assert [e["op"] for e in mine] == ["write", "read_range"]
     assert mine[0]["records"] == [
         {"bytes": 14, "codec": "bytes.v1", "tokens": 3},
-        {"bytes": 128, "codec": "tensor.v1", "tokens": None, "shape": [4, 8],
+        {"bytes": 128, "codec": "tensor.v1", "tokens": 0, "shape": [4, 8],
          "dtype": "int32", "kind": "numpy"}]
     assert mine[1]["checked_bytes"] == 96 and mine[0]["root"] == str(tmp_path / "pool")
     assert "secret" not in files[0].read_text() + files[1].read_text()
