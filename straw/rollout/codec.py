@@ -91,6 +91,9 @@ def _sample_from_value(value: Any, where: str) -> Sample:
         got = sorted(map(str, value)) if isinstance(value, dict) else type(value).__name__
         raise CorruptData(f"{where} is not a stored sample (keys {got})")
     spans = _field(value, "versions", list, where)
+    for j, span in enumerate(spans):
+        if not isinstance(span, list) or len(span) != 3:
+            raise CorruptData(f"{where}.versions[{j}] is not [start, stop, version]")
     try:
         versions = tuple(VersionSpan(*span) for span in spans)
         return Sample(

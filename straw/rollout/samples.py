@@ -10,7 +10,8 @@ A ``SampleGroup`` is the ``n_samples_per_prompt`` samples of one prompt: the uni
 generation worker takes under one lease and returns.  It belongs to one environment
 (``""`` when a job has a single environment: no id is needed then).
 
-Both are frozen values; every constructor validates, so a group that exists is consistent:
+Both are frozen values (equality leaves the capture tensors out: arrays have no boolean
+``==``); every constructor validates, so a group that exists is consistent:
 
 * a group's samples share one prompt and one group index, and their sample indices are
   distinct (a group mixing prompts is a ``ValueError`` naming both);
@@ -134,9 +135,10 @@ class Sample:
     group_index: int | None = None
     index: int | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
-    routes: Any = None  # R3 routed experts, [len(tokens) - 1, layers, top-k]
-    topk_ids: Any = None  # score centering, [response_length, k]
-    topk_logprobs: Any = None  # score centering, [response_length, k]
+    # captures: compared by nothing (arrays have no boolean ==); compare them yourself
+    routes: Any = field(default=None, compare=False)  # R3, [len(tokens) - 1, layers, top-k]
+    topk_ids: Any = field(default=None, compare=False)  # score centering, [response, k]
+    topk_logprobs: Any = field(default=None, compare=False)  # score centering, [response, k]
 
     def __post_init__(self) -> None:
         tokens = tuple(self.tokens)
