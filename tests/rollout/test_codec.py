@@ -129,6 +129,21 @@ def test_stored_data_that_is_not_a_valid_group_is_refused():
     assert GROUP_SCHEMA == "straw.rollout.group"
 
 
+def test_token_ids_are_packed_as_int32_or_int64():
+    for ids, width in [((0, 5, 2**31 - 1), 4), ((-1, 2**31), 8), ((2**63 - 1, -(2**63)), 8),
+                       ((), 4)]:
+        group = SampleGroup((Sample("p", ids),))
+        value = group_value(group)
+        assert value["samples"][0]["tokens"][0] == width
+        assert group_from_records(group_records(group)[0]).samples[0].tokens == ids
+    with pytest.raises(ValueError, match="64-bit"):
+        Sample("p", (2**63,))
+    value = group_value(SampleGroup((Sample("p", (1, 2)),)))
+    bad = {**value, "samples": [{**value["samples"][0], "tokens": [4, b"abc"]}]}
+    with pytest.raises(CorruptData, match="token bytes"):
+        group_from_records(stored(bad))
+
+
 def test_a_damaged_capture_is_corrupt_data():
     records, _ = group_records(rich_group())
     damaged = bytearray(bytes(memoryview(records[1].payload)))
