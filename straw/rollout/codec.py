@@ -46,7 +46,7 @@ _SAMPLE_KEYS = frozenset({"prompt", "tokens", "response_length", "status", "rewa
                           "versions", "group_index", "index", "metadata", *_CAPTURES})
 
 
-_TOKEN_DTYPES = {4: np.dtype("<i4"), 8: np.dtype("<i8")}
+_TOKEN_DTYPES: dict[int, np.dtype[Any]] = {4: np.dtype("<i4"), 8: np.dtype("<i8")}
 
 
 def _token_bytes(tokens: tuple[int, ...]) -> list[Any]:
