@@ -42,9 +42,10 @@ exclusive_owner=..., lease_seconds=300)`` and one ``DataSource``):
 every ``max(0.1, lease_seconds / 3)`` s, ``StaleAttempt`` drops a lease locally):
 
 * read inputs: ``group_from_records(store.read(ref))`` inside one read session;
-* return a group (``add_samples``): if ``not captures_cover_group(g)``: ``release_tasks``
-  (no failure spent; the task resumes from its previous durable input).  Else
-  ``verdict = decide(g, serving_version, bound)``; REJECT -> ``fail_task(..., failure=
+* return a group (``add_samples``): if ``not captures_cover_group(g)``:
+  ``release_tasks([lease], request_id="release:<attempt_id>")`` (no failure spent; the task
+  resumes from its previous durable input).  Else ``verdict = decide(g, serving_version,
+  bound)``; REJECT -> ``fail_task(lease, request_id="reject:<attempt_id>", failure=
   {"category": "Stale", "reason": verdict.reason}, retryable=False)``; REQUEUE -> return
   ``restart_from_prompt(g)`` instead of ``g``.  Publish ``group_records(g)``, then
   ``yield_tasks([{lease, input_ref, priority=priority(g), scheduling_key=
@@ -54,9 +55,9 @@ every ``max(0.1, lease_seconds / 3)`` s, ``StaleAttempt`` drops a lease locally)
   ``group:<attempt_id>``, ``complete_task(lease, submission_id="result:<attempt_id>",
   result_ref=ref, result_digest=ref.digest)`` -> receipt (a retry returns the same
   receipt; other content under the attempt is ``IdempotencyConflict``);
-* reject a filtered group: ``fail_task(..., failure={"category": "Filtered", "reason": r},
-  retryable=False)``;
-* ``close()`` releases its leases (``release_tasks``).
+* reject a filtered group: ``fail_task(lease, request_id="reject:<attempt_id>",
+  failure={"category": "Filtered", "reason": r}, retryable=False)``;
+* ``close()`` releases its leases (``release_tasks(leases, request_id=...)``).
 
 **Batch builder** (manager side):
 

@@ -199,6 +199,19 @@ class Sample:
         return self.status in FINISHED and self.reward is not None
 
 
+def _same_prompt(a: Any, b: Any) -> bool:
+    """``a == b`` as a bool; a prompt whose ``==`` is not one (a NumPy array) is a clear
+    error rather than numpy's "truth value is ambiguous"."""
+    if a is b:
+        return True
+    try:
+        return bool(a == b)
+    except (TypeError, ValueError):
+        raise TypeError(f"prompts {short_repr(a)} and {short_repr(b)} cannot be compared "
+                        "with ==; put arrays in a prompt inside a value that compares "
+                        "(e.g. a tuple of token ids) or in Sample.metadata") from None
+
+
 def captures_cover(sample: Sample) -> bool:
     """Whether the sample's capture tensors cover its tokens: R3 routes one row per token
     but the last, top-k ids and log-probs one row per response token.  A sample without
@@ -241,7 +254,7 @@ class SampleGroup:
                 raise ValueError(f"SampleGroup.samples[{i}] has group index {s.group_index}, "
                                  f"samples[0] {first.group_index}: a group holds the samples "
                                  "of one prompt")
-            if s.prompt != first.prompt:
+            if not _same_prompt(s.prompt, first.prompt):
                 raise ValueError(f"SampleGroup.samples[{i}] answers prompt "
                                  f"{short_repr(s.prompt)}, samples[0] "
                                  f"{short_repr(first.prompt)}: a group holds the samples of "

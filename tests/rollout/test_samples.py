@@ -35,6 +35,13 @@ def test_group_of_different_prompts_is_an_error():
         SampleGroup((sample(gid=0), sample(gid=1, index=1)))
 
 
+def test_prompts_that_cannot_be_compared_are_a_clear_error():
+    a, b = np.zeros(3), np.zeros(3)
+    with pytest.raises(TypeError, match="cannot be compared"):
+        SampleGroup((Sample(a, group_index=0, index=0), Sample(b, group_index=0, index=1)))
+    assert SampleGroup((Sample(a, index=0), Sample(a, index=1))).prompt is a  # same object
+
+
 def test_group_repeating_a_sample_index_is_an_error():
     with pytest.raises(ValueError, match="repeats sample index 0"):
         SampleGroup((sample(), sample()))
