@@ -4,6 +4,8 @@ API::
 
     ref = encode_sample(store, sample, *, submission_id, dependencies=(), registry=None)
     sample = decode_sample(store, ref, *, lazy_tensors_over=None, registry=None)
+    records, dependencies = sample_records(sample, *, registry=None, tokens=None)
+    sample = sample_from_records(records, *, tensors=None, lazy_tensors_over=None)
     register_type(cls, tag, version, encode, decode)      # the default registry
     register_dataclass(cls, name=None)                    # the default registry
     Registry().register(cls, tag, version, encode, decode)  # a private one
@@ -60,7 +62,7 @@ import dataclasses
 import io
 import struct
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import msgpack
@@ -69,7 +71,14 @@ import numpy as np
 from .checks import check_count, short_repr
 from .errors import CorruptData, StrawError, UnsupportedSchema
 from .refs import Record, RecordSetRef
-from .tensor import DTYPES, TensorRef, _is_torch_tensor, _np_dtype, tensor_record
+from .tensor import (
+    DTYPES,
+    TensorRef,
+    _is_torch_tensor,
+    _np_dtype,
+    tensor_from_record,
+    tensor_record,
+)
 
 CODEC = "sample.v1"
 FORMAT = 1
@@ -321,17 +330,26 @@ def _png(img: Any, path: str) -> bytes:
     return out.getvalue()
 
 
+def sample_records(sample: Any, *, registry: Registry | None = None,
+                   tokens: int | None = None) -> tuple[list[Record], list[RecordSetRef]]:
+    """The records of ``sample``, without publishing them: record 0 the structure (with
+    ``tokens`` as its token count), then one ``tensor.v1`` record per distinct tensor;
+    and the publications its ``TensorRef``s name, which a publication of these records
+    must depend on.  (``encode_sample`` publishes exactly these.)"""
+    enc = _Encoder(_registry(registry))
+    body = msgpack.packb(enc.enc(sample, "sample", 0), use_bin_type=True)
+    meta = {"format": FORMAT, "tensors": len(enc.tensors)}
+    return [Record("sample", body, CODEC, meta, tokens), *enc.tensors], list(enc.deps)
+
+
 def encode_sample(store: Any, sample: Any, *, submission_id: str,
                   dependencies: Sequence[RecordSetRef] = (),
                   registry: Registry | None = None) -> RecordSetRef:
     """Publish ``sample`` as one publication (see the module docstring); returns its
     reference.  Idempotent per ``submission_id`` (D7)."""
-    enc = _Encoder(_registry(registry))
-    body = msgpack.packb(enc.enc(sample, "sample", 0), use_bin_type=True)
-    meta = {"format": FORMAT, "tensors": len(enc.tensors)}
-    deps = list(dependencies) + [d for d in enc.deps if d not in dependencies]
-    return store.publish([Record("sample", body, CODEC, meta), *enc.tensors],
-                         submission_id=submission_id, dependencies=deps)
+    records, found = sample_records(sample, registry=registry)
+    deps = list(dependencies) + [d for d in found if d not in dependencies]
+    return store.publish(records, submission_id=submission_id, dependencies=deps)
 
 
 # --- decoding ---------------------------------------------------------------------------
@@ -342,7 +360,7 @@ class _Decoder:
     naming it, every unknown kind ``UnsupportedSchema``: the record passed its checksum,
     so a structure that does not parse was written wrong or crafted."""
 
-    def __init__(self, store: Any, tensors: dict[int, TensorRef], lazy_over: int | None,
+    def __init__(self, store: Any, tensors: Mapping[int, Any], lazy_over: int | None,
                  registry: Registry) -> None:
         self.store = store
         self.tensors = tensors
@@ -369,9 +387,11 @@ class _Decoder:
                 raise UnsupportedSchema(f"sample names tensor record {ordinal}, which is not a "
                                         "tensor of its publication")
             if ordinal not in self.loaded:
-                ref = self.tensors[ordinal]
-                lazy = self.lazy_over is not None and ref.nbytes > self.lazy_over
-                self.loaded[ordinal] = ref if lazy else ref.load()
+                ref = self.tensors[ordinal]  # a TensorRef, or a tensor decoded already
+                if isinstance(ref, TensorRef):
+                    lazy = self.lazy_over is not None and ref.nbytes > self.lazy_over
+                    ref = ref if lazy else ref.load()
+                self.loaded[ordinal] = ref
             return self.loaded[ordinal]
         if code == _TENSORREF:
             return TensorRef.from_dict(_unpack_ext(data, "tensor reference"), self.store)
@@ -490,20 +510,54 @@ def decode_sample(store: Any, ref: RecordSetRef, *, lazy_tensors_over: int | Non
     body = store.read_record(manifest.record_refs[0]).payload
     dec = _Decoder(store, TensorRef.from_record_set_many(store, ref), lazy_tensors_over,
                    registry)
+    return _unpack(body, dec, repr(ref))
+
+
+def _unpack(body: Any, dec: _Decoder, where: str) -> Any:
     try:
         sample = msgpack.unpackb(body, raw=False, strict_map_key=False, ext_hook=dec.ext,
                                  list_hook=dec.array, use_list=True)
     except StrawError as e:
-        raise type(e)(f"{ref!r}: {e}") from None
+        raise type(e)(f"{where}: {e}") from None
     except Exception as e:  # msgpack raises several types for malformed input
-        raise CorruptData(f"{ref!r}: the sample record does not decode as {CODEC}: "
+        raise CorruptData(f"{where}: the sample record does not decode as {CODEC}: "
                           f"{e}") from None
     if dec.markers_seen != dec.markers_used:
-        raise CorruptData(f"{ref!r}: the sample record holds a marker outside the first item "
+        raise CorruptData(f"{where}: the sample record holds a marker outside the first item "
                           "of an array")
     return sample
 
 
+def sample_from_records(records: Sequence[Record], *,
+                        tensors: Mapping[int, TensorRef] | None = None,
+                        lazy_tensors_over: int | None = None, store: Any = None,
+                        registry: Registry | None = None) -> Any:
+    """The sample ``records`` hold (as ``sample_records`` made them, or as ``store.read``
+    returns them), without a store: its tensors decoded from its ``tensor.v1`` records
+    (chunk checksums verified), or, when ``tensors`` is given (ordinal -> ``TensorRef``,
+    e.g. ``TensorRef.from_record_set_many(store, ref)``), taken from there, those larger
+    than ``lazy_tensors_over`` bytes left lazy.  ``store`` binds the ``TensorRef``s the
+    sample names (unbound ones open their pool when loaded)."""
+    if lazy_tensors_over is not None:
+        check_count("lazy_tensors_over", lazy_tensors_over)
+    registry = _registry(registry)
+    records = list(records)
+    if not records or records[0].codec != CODEC:
+        raise UnsupportedSchema(f"records are not a {CODEC} sample (record 0 is "
+                                f"{records[0].codec if records else 'none'})")
+    fmt = records[0].metadata.get("format")
+    if fmt != FORMAT:
+        raise UnsupportedSchema(f"sample format {fmt!r}; this straw reads {FORMAT}")
+    tensors_: dict[int, Any]
+    if tensors is None:
+        tensors_ = {i: tensor_from_record(r, where=f"records[{i}]")
+                    for i, r in enumerate(records) if i}
+    else:
+        tensors_ = dict(tensors)
+    dec = _Decoder(store, tensors_, lazy_tensors_over, registry)
+    return _unpack(records[0].payload, dec, f"sample record {records[0].record_id!r}")
+
+
 __all__ = ["CODEC", "MAX_DEPTH", "Registry", "DEFAULT_REGISTRY", "register_type",
            "register_dataclass",
-           "encode_sample", "decode_sample"]
+           "encode_sample", "decode_sample", "sample_records", "sample_from_records"]

@@ -86,7 +86,7 @@ from .checks import check_count, short_repr
 from .errors import CorruptData, ForkedProcess, InvalidReference, UnsupportedSchema
 from .process import ProcessBound
 from .reader import ReadSession
-from .refs import Record, RecordInfo, RecordRef, RecordSetRef
+from .refs import Record, RecordInfo, RecordRef, RecordSetRef, payload_view
 from .tensor_format import (
     _HEX,
     CHUNK_BYTES,
@@ -297,6 +297,23 @@ def tensor_record(name: str, value: object, *, chunk_bytes: int = CHUNK_BYTES,
     meta = {"dtype": dtype, "shape": list(shape), "source": source,
             "chunk_bytes": chunk_bytes, "chunks": chunk_checksums(flat, chunk_bytes)}
     return Record(name, flat, CODEC, meta)
+
+
+def tensor_from_record(record: Record, *, where: str | None = None) -> np.ndarray:
+    """The NumPy array an in-memory ``tensor.v1`` record holds (one ``tensor_record`` made,
+    or ``store.read`` returned), its chunk checksums verified (``CorruptData`` on a
+    mismatch, D6), copied out of the record's buffer.  Without a store, so without lazy
+    reads: for those, use ``TensorRef``."""
+    where = where or f"tensor record {getattr(record, 'record_id', '?')!r}"
+    if not isinstance(record, Record) or record.codec != CODEC:
+        raise UnsupportedSchema(f"{where} is not a {CODEC} record (codec "
+                                f"{short_repr(getattr(record, 'codec', None))})")
+    flat = np.frombuffer(payload_view(record.payload, where), dtype=np.uint8)
+    dtype, shape, _, chunk_bytes, chunks = _check_meta(record.metadata, flat.nbytes, where)
+    if chunk_checksums(flat, chunk_bytes) != chunks:
+        raise CorruptData(f"{where}: its bytes do not match their chunk checksums; the "
+                          "record was damaged or edited")
+    return flat.view(_np_dtype(dtype)).reshape(shape).copy()
 
 
 def publish_tensors(store: Any, tensors: Mapping[str, Any], *, submission_id: str,
@@ -804,4 +821,5 @@ def _can_pin(torch: Any) -> bool:
 
 
 __all__ = ["CHUNK_BYTES", "DTYPES", "TensorRef", "chunk_checksums", "publish_tensors",
-           "release_tensor_publications", "set_load_buffer_cache", "tensor_record"]
+           "release_tensor_publications", "set_load_buffer_cache", "tensor_record",
+           "tensor_from_record"]

@@ -1,0 +1,1 @@
+"""Tests of straw.rollout (the RL layer above the queue)."""

@@ -1,0 +1,53 @@
+"""straw.rollout is framework-neutral and looks down only: it imports the standard library,
+NumPy and the core's public names; importing it loads no torch, Ray, vLLM, vime or
+Megatron; the core never imports it."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROLLOUT = ROOT / "straw" / "rollout"
+
+
+def imports(path: pathlib.Path) -> list[tuple[str, list[str], int]]:
+    """(module, names, level) of every import in ``path``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(a.name, [], 0) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            found.append((node.module or "", [a.name for a in node.names], node.level))
+    return found
+
+
+def test_rollout_imports_only_stdlib_numpy_and_public_core_names():
+    for path in sorted(ROLLOUT.rglob("*.py")):
+        for module, names, level in imports(path):
+            top = module.split(".")[0]
+            if level:  # within straw.rollout
+                continue
+            if top == "straw":
+                assert not module.startswith("straw.rollout"), (path, module)
+                assert not any(n.startswith("_") for n in names), \
+                    f"{path.name} imports private core names {names} from {module}"
+                continue
+            assert top in sys.stdlib_module_names or top == "numpy", \
+                f"{path.name} imports {module}: straw.rollout is framework-neutral"
+
+
+def test_the_core_never_imports_rollout():
+    for path in sorted((ROOT / "straw").glob("*.py")):
+        for module, _, level in imports(path):
+            assert "rollout" not in module.split("."), (path, module, level)
+
+
+def test_importing_rollout_loads_no_framework():
+    code = ("import sys, straw.rollout; bad = [m for m in ('torch', 'ray', 'vllm', 'vime', "
+            "'megatron') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
