@@ -88,7 +88,6 @@ from .process import ProcessBound
 from .reader import ReadSession
 from .refs import Record, RecordInfo, RecordRef, RecordSetRef, payload_view
 from .tensor_format import (
-    _HEX,
     CHUNK_BYTES,
     CODEC,
     DTYPES,

@@ -28,7 +28,7 @@ def test_records_are_what_encode_sample_publishes(store):
     assert [r.codec for r in records] == ["sample.v1", "tensor.v1", "tensor.v1"]
     assert records[0].tokens == 17 and deps == []
     ref = encode_sample(store, sample, submission_id="same")
-    stored = store.read(ref)
+    stored = list(store.read(ref))
     assert [r.codec for r in stored] == [r.codec for r in records]
     assert [bytes(memoryview(r.payload)) for r in stored[1:]] == \
         [bytes(memoryview(r.payload).cast("B")) for r in records[1:]]

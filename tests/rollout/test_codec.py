@@ -75,7 +75,7 @@ def test_round_trip_through_a_store_and_lazy_captures(store):
     group = rich_group()
     records, deps = group_records(group)
     ref = store.publish(records, submission_id="group-1", dependencies=deps)
-    stored = store.read(ref)
+    stored = list(store.read(ref))
     assert same_group(group_from_records(stored), group)
     lazy = group_from_records(stored, tensors=TensorRef.from_record_set_many(store, ref),
                               lazy_tensors_over=0)
