@@ -31,7 +31,7 @@ from typing import Any
 from straw import Publication, Record, SharedFilesystemStore
 from straw.coordinator import Coordinator
 from straw.fs import PosixFS
-from straw.queue_types import Limits, TaskSpec
+from straw.protocol import Limits, TaskSpec
 
 from .counting import CountingFS
 

@@ -75,7 +75,7 @@ from straw.clock import ManualClock
 from straw.coordinator import Coordinator
 from straw.errors import CorruptData, Fenced, IndeterminateCommit
 from straw.fs import Filesystem
-from straw.queue_types import Lease, TaskSpec
+from straw.protocol import Lease, TaskSpec
 
 ROOT = "/pool"
 RUN = "run"

@@ -66,8 +66,8 @@ from fault_injection.fuzz import (
 from straw import Record, RecordSetRef, SharedFilesystemStore
 from straw.coordinator import Coordinator
 from straw.fs import PosixFS
+from straw.protocol import Lease, TaskSpec
 from straw.publication_log import AckLog
-from straw.queue_types import Lease, TaskSpec
 
 RUN = "qfuzz"
 QUEUE = "fuzzq"

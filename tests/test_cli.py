@@ -15,7 +15,7 @@ import pytest
 from straw import Record, SharedFilesystemStore
 from straw.cli import main
 from straw.coordinator import Coordinator
-from straw.queue_types import TaskSpec
+from straw.protocol import TaskSpec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOOD_DECLARATION = {"direct_mount": True, "writeback": False, "open_cache": 0,

@@ -28,7 +28,7 @@ import pytest
 
 from straw import ForkedProcess, Record, RecordSetRef, SharedFilesystemStore, UnsafeRecovery
 from straw.coordinator import Coordinator
-from straw.queue_types import TaskSpec
+from straw.protocol import TaskSpec
 from straw.tensor import TensorRef, publish_tensors
 
 DEADLOCK_GUARD = 120.0  # seconds: far above what any child here needs

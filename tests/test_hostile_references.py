@@ -28,7 +28,7 @@ from straw import (
 from straw.clock import ManualClock
 from straw.coordinator import Coordinator
 from straw.fs import PosixFS
-from straw.queue_types import TaskSpec
+from straw.protocol import TaskSpec
 from straw.tensor import TensorRef, publish_tensors
 
 

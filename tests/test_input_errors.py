@@ -33,7 +33,7 @@ from straw import (
 from straw.clock import ManualClock
 from straw.coordinator import Coordinator
 from straw.pack import EXTENT_PREFIX, decode_manifest
-from straw.queue_types import ConsumerToken, Lease, Limits, TaskSpec
+from straw.protocol import ConsumerToken, Lease, Limits, TaskSpec
 from straw.refs import MAX_METADATA_DEPTH, RecordRef, RecordSetRef
 from straw.tensor import TensorRef, publish_tensors, set_load_buffer_cache
 
@@ -365,7 +365,7 @@ def test_sample_codec_builds_only_registered_dataclasses(store):
     would bypass its checks, and Lease) is UnsupportedSchema; registered ones round trip."""
     ref = store.publish([Record("a", b"x")], submission_id=uid())
     for name, fields in (("straw.refs:RecordSetRef", {**ref.to_dict(), "offset": -5}),
-                         ("straw.queue_types:Lease", {"queue_id": "q", "task_id": "t",
+                         ("straw.protocol:Lease", {"queue_id": "q", "task_id": "t",
                                                       "attempt": 1, "worker_id": "w",
                                                       "epoch": 99, "deadline": 0.0}),
                          (f"{__name__}:Registered", {"a": 1, "b": []})):

@@ -24,7 +24,7 @@ from straw import (
 from straw.catalog import LEGACY_RUN, Catalog
 from straw.coordinator import Coordinator
 from straw.fs import PosixFS
-from straw.queue_types import TaskSpec
+from straw.protocol import TaskSpec
 
 
 def _store(root: object, run: str, writer: str = "w") -> SharedFilesystemStore:

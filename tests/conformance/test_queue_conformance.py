@@ -68,7 +68,7 @@ from spec.state import State, TaskStatus, initial_state
 from straw import Fenced, IndeterminateCommit, LeaseExpired, Record, StaleAttempt
 from straw.clock import ManualClock
 from straw.coordinator import Coordinator
-from straw.queue_types import Lease, TaskSpec
+from straw.protocol import Lease, TaskSpec
 from straw.store import SharedFilesystemStore
 
 LEASE_SECONDS = 10.0
