@@ -995,6 +995,7 @@ class Coordinator(ProcessBound):
     def yield_task(self, lease: Lease, *, request_id: str,
                    input_ref: RecordSetRef | None) -> str:
         """``yield_tasks`` of one lease: the task returns to pending with ``input_ref``."""
+        self._check_process()
         return self.yield_tasks([{"lease": lease, "input_ref": input_ref}],
                                 request_id=request_id)
 
@@ -1069,6 +1070,7 @@ class Coordinator(ProcessBound):
     def save_task_progress(self, lease: Lease, *, request_id: str,
                            input_ref: RecordSetRef) -> str:
         """``save_task_progress_many`` of one lease."""
+        self._check_process()
         return self.save_task_progress_many([{"lease": lease, "input_ref": input_ref}],
                                             request_id=request_id)
 
