@@ -560,6 +560,7 @@ def acquire(cfg: Config, mut: Mutants, s: State, w: int, q: int) -> Outcome | No
             status=TaskStatus.LEASED,
             attempt=lease.attempt,
             lease_epoch=c.serving,
+            holder=w,
             expired=False,
         ),
     )
@@ -780,16 +781,27 @@ def worker_crash(cfg: Config, mut: Mutants, s: State, w: int) -> Outcome | None:
     )
 
 
-def retire_worker(cfg: Config, mut: Mutants, s: State, w: int) -> Outcome | None:
-    """retire_worker(w): confirmed that w reads nothing any more; drop its read pins.
-    Pre: w has no reads and holds pins."""
+def retire_worker(cfg: Config, mut: Mutants, s: State, w: int, q: int) -> Outcome | None:
+    """retire_worker(w) at queue q's coordinator: confirmed that w is stopped (it reads
+    nothing any more): drop its read pins, and revoke every lease of q's task table granted
+    to w — each spends one unit of its task's retry budget, like an expiry (Q6), and the
+    task returns to PENDING (FAILED when the budget is exhausted). Pre: w has no reads; w
+    holds pins or leased tasks of q; with leases to revoke, q's coordinator may acknowledge
+    (the revocation is journaled)."""
     wname = cfg.workers[w]
     if any(r[0] == w for r in s.reads):
         return None
     mine = {pn for pn in s.storage.pins if pn[0] == wname}
-    if not mine:
+    leased = [t for t, tk in enumerate(s.tasks) if tk.status == TaskStatus.LEASED
+              and tk.holder == w and cfg.tasks[t].queue == q]
+    if not mine and not leased:
         return None
-    return Outcome("retired", replace(s, storage=replace(s.storage, pins=s.storage.pins - mine)))
+    if leased and not may_acknowledge(s.coords[q]):
+        return None
+    s = replace(s, storage=replace(s.storage, pins=s.storage.pins - mine))
+    for t in leased:
+        s = _end_lease(cfg, mut, s, t, spend=not mut.retire_spends_no_budget)
+    return Outcome("retired", s)
 
 
 # =============================================================================================
@@ -1091,7 +1103,15 @@ def successors(cfg: Config, mut: Mutants, s: State) -> Iterator[tuple[Action, St
                 WORKER,
             )
         yield from emit(worker_crash(cfg, mut, s, w), "worker_crash", (wname,), FAULT)
-        yield from emit(retire_worker(cfg, mut, s, w), "retire_worker", (wname,), COORDINATOR)
+        for q, qname in enumerate(cfg.queues):
+            yield from emit(
+                retire_worker(cfg, mut, s, w, q),
+                "retire_worker",
+                (wname, qname),
+                COORDINATOR,
+                s.coords[q].serving,
+                q,
+            )
 
     # --- coordinators, consumers, checkpoints ---
     for q, qname in enumerate(cfg.queues):

@@ -63,6 +63,9 @@ class Mutants:
     order_ignores_priority: bool = False
     # L2: expired leases are never requeued by the coordinator.
     expired_task_never_requeued: bool = False
+    # Q6: retire_worker revokes the retired worker's leases without spending their budget
+    # (a task whose workers keep dying would be retried forever).
+    retire_spends_no_budget: bool = False
 
 
 CORRECT = Mutants()

@@ -1229,7 +1229,8 @@ class Coordinator(ProcessBound):
         current input), ``generation`` (leases granted), ``failures`` (budget spent),
         ``lease`` (the current lease, or the last one of a finished task, as a dict),
         ``pending_order`` and, once it failed, ``failure``.  straw adds ``position`` (the
-        commit position of a completed task)."""
+        commit position of a completed task) and ``deadline`` (of a leased task's lease, in
+        the coordinator's clock)."""
         self._check_process()
         if not isinstance(task_id, str):
             raise TypeError(f"task_id must be a str, got {type(task_id).__name__}")
@@ -1247,6 +1248,8 @@ class Coordinator(ProcessBound):
                 out["failure"] = task.last_error
             if task.position is not None:
                 out["position"] = task.position
+            if task.status == LEASED and task.task_id in self._deadlines:
+                out["deadline"] = self._deadlines[task.task_id]  # in the coordinator's clock
             return out
 
     def pending_tasks(self, *, task_prefix: str | None = None,

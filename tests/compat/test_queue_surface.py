@@ -122,7 +122,7 @@ def test_producer_cursor_commits_with_its_tasks(store, queue):
     assert queue.producer_state("dataset") is None
     assert queue.acquire("reader-0", 4, task_prefix="prompt:").status == "empty"
     cursor = {"version": 1, "cursor": {"sample_index": 0}}
-    for round_ in range(2):
+    for _ in range(2):
         start = (queue.producer_state("dataset") or cursor)["cursor"]["sample_index"]
         groups = [store.publish([Record(f"s{start + i}", f"prompt {start + i}".encode(),
                                         metadata={"task_id": f"prompt:{start + i}"})],
