@@ -1,5 +1,5 @@
 """Numbered invariants of the straw protocol: the DESIGN obligations D1–D9 refined into
-checkable predicates, the queue's own Q1–Q5, the retention rule R1, and liveness L1–L2.
+checkable predicates, the queue's own Q1–Q7, the retention rule R1, and liveness L1–L2.
 
 Role: what must hold. State invariants are predicates on one state; step invariants are
 predicates on one transition (state, action, next state) — the TLA+ [][A]_v form, for
@@ -265,12 +265,25 @@ def q6_revocations_spend_budget(cfg: Config, s: State, a: Action, s2: State) -> 
     return None
 
 
+def q7_retries_answered_from_the_journal(cfg: Config, s: State, a: Action,
+                                         s2: State) -> str | None:
+    """Q7 (D7 for control calls): the retry of a request that is journaled under its request
+    id (a fail whose reply was lost) is answered with the original outcome, not refused."""
+    if a.name != "fail":
+        return None
+    retried = (s.leases - s2.leases) & s.answered
+    if retried and not a.reply.endswith("(original)"):
+        return f"the retry of a journaled fail of {sorted(retried)} was answered {a.reply!r}"
+    return None
+
+
 STEP_INVARIANTS: dict[str, StepCheck] = {
     "D5": d5_only_explicit_release_of_pins,
     "D8": d8_only_current_epoch_writes,
     "Q3": q3_only_live_leases_commit,
     "Q4": q4_scheduling_order,
     "Q6": q6_revocations_spend_budget,
+    "Q7": q7_retries_answered_from_the_journal,
 }
 
 

@@ -164,6 +164,9 @@ class State:
     reads: frozenset[tuple[int, int, int]]  # (worker, task, extent) still being read
     crashes: int = 0
     pauses: int = 0
+    # leases whose fail request is journaled under its request id (durable: the journal
+    # answers a retry after a lost reply, Q7)
+    answered: frozenset[Lease] = frozenset()
 
 
 def initial_state(cfg: Config) -> State:

@@ -538,8 +538,9 @@ class QueueConformance(RuleBasedStateMachine):
         w = self._pick(self._holders(), w)
         h = self.held[w]
         STEPS["fail"] += 1
-        crashed, res, err = self._engine_call(lambda: self.coord.fail_task(h.engine), crash)
-        steps: list[Step] = [("fail", (h.spec,)), ("release_reads", (w, h.spec.task))]
+        crashed, res, err = self._engine_call(
+            lambda: self.coord.fail_task(h.engine, request_id=f"f-{sid_of(h.spec)}"), crash)
+        steps: list[Step] = [("fail", (h.spec, True)), ("release_reads", (w, h.spec.task))]
         if crashed:
             self.resolve([[], steps], f"fail {h.spec}")
             return
