@@ -31,7 +31,7 @@ from typing import Any
 from straw import Publication, Record, SharedFilesystemStore
 from straw.coordinator import Coordinator
 from straw.fs import PosixFS
-from straw.queue_types import Limits, TaskSpec
+from straw.protocol import Limits, TaskSpec
 
 from .counting import CountingFS
 
@@ -47,7 +47,7 @@ def _work(store: SharedFilesystemStore, q: Coordinator, worker: str, n: int) -> 
             return
         lease = got.assignments[0].lease
         ref = store.publish([Record("out", payload, metadata={"task_id": lease.task_id,
-                                                              "attempt": lease.attempt})],
+                                                              "attempt_id": lease.attempt_id})],
                             submission_id=f"out-{lease.task_id}")
         q.complete_task(lease, submission_id=f"done-{lease.task_id}", result_ref=ref)
 
@@ -78,7 +78,7 @@ def _client_process(conn: Connection, root: str, worker: str) -> None:
             if lease is None:
                 break
             ref = store.publish([Record("out", payload, metadata={
-                "task_id": lease.task_id, "attempt": lease.attempt})],
+                "task_id": lease.task_id, "attempt_id": lease.attempt_id})],
                 submission_id=f"out-{lease.task_id}")
             conn.send(("complete", lease, f"done-{lease.task_id}", ref))
             conn.recv()
@@ -159,7 +159,7 @@ def reopen(root: str, n: int) -> dict[str, float]:
             # one small result per task (they must name their lease), one publish_many
             refs = store.publish_many(
                 [Publication([Record("out", b"r" * 256, metadata={
-                    "task_id": a.lease.task_id, "attempt": a.lease.attempt})])
+                    "task_id": a.lease.task_id, "attempt_id": a.lease.attempt_id})])
                  for a in got.assignments], submission_id=f"results-{b}")
             for a, r in zip(got.assignments, refs, strict=True):
                 q.complete_task(a.lease, submission_id=f"done-{a.lease.task_id}", result_ref=r)

@@ -75,7 +75,7 @@ from straw.clock import ManualClock
 from straw.coordinator import Coordinator
 from straw.errors import CorruptData, Fenced, IndeterminateCommit
 from straw.fs import Filesystem
-from straw.queue_types import Lease, TaskSpec
+from straw.protocol import Lease, TaskSpec
 
 ROOT = "/pool"
 RUN = "run"
@@ -133,13 +133,14 @@ class QueueLog:
     submits: dict[str, tuple[str, ...]] = field(default_factory=dict)
     attempts: dict[str, tuple[str, int, RecordSetRef]] = field(default_factory=dict)
     receipts: dict[str, Ack] = field(default_factory=dict)
+    leases: dict[str, Lease] = field(default_factory=dict)  # of each attempted completion
     forbidden: set[str] = field(default_factory=set)
     terminal: dict[str, str] = field(default_factory=dict)  # acknowledged final failure
     # or cancellation: task -> status
 
     def copy(self) -> QueueLog:
         return QueueLog(dict(self.submits), dict(self.attempts), dict(self.receipts),
-                        set(self.forbidden), dict(self.terminal))
+                        dict(self.leases), set(self.forbidden), dict(self.terminal))
 
 
 def payload(submission_id: str) -> bytes:
@@ -168,12 +169,12 @@ class Driver:
         self.clock = ManualClock()
 
     def submit(self, q: Coordinator, req: str, specs: Sequence[TaskSpec]) -> None:
-        res = q.submit_tasks(req, list(specs))
-        self.log.submits[req] = res.task_ids
+        self.log.submits[req] = tuple(q.submit_tasks(req, list(specs)))
 
     def result(self, store: SharedFilesystemStore, lease: Lease, sid: str) -> RecordSetRef:
         return store.publish([Record("out", payload(sid), metadata={
-            "task_id": lease.task_id, "attempt": lease.attempt})], submission_id=f"pub-{sid}")
+            "task_id": lease.task_id, "attempt_id": lease.attempt_id})],
+            submission_id=f"pub-{sid}")
 
     def complete(self, q: Coordinator, store: SharedFilesystemStore, lease: Lease,
                  sid: str, *, forbidden: bool = False) -> None:
@@ -181,12 +182,13 @@ class Driver:
         if forbidden:
             self.log.forbidden.add(sid)
         else:
-            self.log.attempts[sid] = (lease.task_id, lease.attempt, ref)
+            self.log.attempts[sid] = (lease.task_id, lease.generation, ref)
+            self.log.leases[sid] = lease
         r = q.complete_task(lease, submission_id=sid, result_ref=ref)
         if forbidden:
             raise Violation(f"a fenced coordinator acknowledged {sid!r}: {r}")
-        got = (r.task_id, r.attempt, r.position, r.result_ref)
-        if (r.task_id, r.attempt, r.result_ref) != (lease.task_id, lease.attempt, ref):
+        got = (r.task_id, lease.generation, r.position, r.result_ref)
+        if (r.task_id, r.result_ref) != (lease.task_id, ref):
             raise Violation(f"receipt {got} of {sid!r} names another task/attempt/result")
         self.log.receipts[sid] = got
 
@@ -203,7 +205,7 @@ def wl_basic(d: Driver) -> None:
     d.submit(q, "r1", d.inputs(store, ["t0", "t1", "t2", "t3"]))
     a, b = q.acquire("w0", 2).assignments
     d.complete(q, store, a.lease, "s-a")
-    q.fail_task(b.lease, error="boom")  # retried later
+    q.fail_task(b.lease, failure="boom")  # retried later
     (c,) = q.acquire("w1").assignments
     cont = store.publish([Record("cont", b"continuation")], submission_id="cont-1")
     q.yield_tasks([{"lease": c.lease, "input_ref": cont, "priority": 5}], request_id="y1")
@@ -228,9 +230,8 @@ def wl_basic(d: Driver) -> None:
     # a lost reply, retried with the same submission id and result
     sid = "s-0"
     task, attempt, ref = d.log.attempts[sid]
-    lease = Lease(QUEUE, task, attempt, "w2", q.epoch, 0.0)
-    r = q.complete_task(lease, submission_id=sid, result_ref=ref)
-    if (r.task_id, r.attempt, r.position, r.result_ref) != d.log.receipts[sid]:
+    r = q.complete_task(d.log.leases[sid], submission_id=sid, result_ref=ref)
+    if (r.task_id, attempt, r.position, r.result_ref) != d.log.receipts[sid]:
         raise Violation(f"retry of {sid!r} returned another receipt {r}")
     q.close()
     store.close()
@@ -276,7 +277,7 @@ def wl_lifecycle(d: Driver) -> None:
     d.clock.advance(2000.0)  # both leases expire
     got = q.acquire("w1", 2).assignments  # journals the expiries, leases again
     d.complete(q, store, got[0].lease, "s-0")
-    q.fail_task(got[1].lease, error="final", retry=False)
+    q.fail_task(got[1].lease, failure="final", retryable=False)
     d.log.terminal[got[1].lease.task_id] = "failed"
     q.cancel_task("t4")
     d.log.terminal["t4"] = "cancelled"
@@ -317,15 +318,15 @@ def _all_commits(q: Coordinator) -> list[Any]:
         out += page.commits
         if not page.commits:
             return out
-        cursor = page.next_cursor
+        cursor = page.cursor
 
 
 def check_coordinator(q: Coordinator, store: SharedFilesystemStore, log: QueueLog) -> None:
     """The recovered coordinator ``q`` against ``log``; raises ``Violation``."""
     for sid, want in log.receipts.items():
         r = q.lookup_submission(sid)
-        got = None if r is None else (r.task_id, r.attempt, r.position, r.result_ref)
-        if got != want:
+        got = None if r is None else (r.task_id, r.position, r.result_ref)
+        if got != (want[0], want[2], want[3]):
             raise Violation(f"acknowledged receipt {sid!r} {want[:3]} lost: lookup returned "
                             f"{got}")
         recs = list(store.read(want[3]))
@@ -342,21 +343,19 @@ def check_coordinator(q: Coordinator, store: SharedFilesystemStore, log: QueueLo
         att = log.attempts.get(c.submission_id)
         if att is None:
             raise Violation(f"commit {c.position} {c.submission_id!r} was never attempted")
-        if (c.task_id, c.attempt, c.result_ref) != att:
-            raise Violation(f"commit {c.position} {c.submission_id!r} is "
-                            f"{(c.task_id, c.attempt)} with another result than attempted")
+        if (c.task_id, c.result_ref) != (att[0], att[2]):
+            raise Violation(f"commit {c.position} {c.submission_id!r} is task "
+                            f"{c.task_id!r} with another result than attempted")
     for tid, status in log.terminal.items():
-        now = q.task_status(tid).status
+        now = q.task_status(tid)["state"]
         if now != status or tid in seen:
             raise Violation(f"task {tid!r} was acknowledged {status}; after recovery it is "
                             f"{now}{' and accepted' if tid in seen else ''}")
     for req, tids in log.submits.items():
         for t in tids:
-            try:
-                q.task_status(t)
-            except ValueError:
+            if q.task_status(t) is None:
                 raise Violation(f"task {t!r} of acknowledged submission {req!r} is "
-                                "missing") from None
+                                "missing")
 
 
 def recover_and_check(fs: Filesystem, log: QueueLog, fresh_tag: str = "fresh",

@@ -66,8 +66,8 @@ from fault_injection.fuzz import (
 from straw import Record, RecordSetRef, SharedFilesystemStore
 from straw.coordinator import Coordinator
 from straw.fs import PosixFS
+from straw.protocol import Lease, TaskSpec
 from straw.publication_log import AckLog
-from straw.queue_types import Lease, TaskSpec
 
 RUN = "qfuzz"
 QUEUE = "fuzzq"
@@ -123,7 +123,7 @@ def _serve(q: Coordinator, conn: Connection) -> None:
                     v = q.complete_task(a["lease"], submission_id=a["sid"],
                                         result_ref=a["ref"])
                 elif op == "fail":
-                    v = q.fail_task(a["lease"], error="fuzz failure")
+                    v = q.fail_task(a["lease"], failure="fuzz failure")
                 elif op == "submit":
                     v = q.submit_tasks(a["req"], a["tasks"])
                 elif op == "gc":
@@ -276,7 +276,7 @@ def worker_main(root: str, acks: str, logdir: str, worker_id: str, seed: int,
                     rep = c.call("submit", req=req, tasks=tasks)
                     if rep[0] == "ok":
                         log.append({"kind": "submit", "req": req, "epoch": rep[2],
-                                    "tasks": list(rep[1].task_ids)})
+                                    "tasks": list(rep[1])})
                     else:
                         _refused(c, log, logdir, worker_id, rep, "submit")
                     continue
@@ -290,9 +290,10 @@ def worker_main(root: str, acks: str, logdir: str, worker_id: str, seed: int,
                     if rep[0] == "err":
                         _refused(c, log, logdir, worker_id, rep, "fail")
                     continue
-                sid = f"{worker_id}:{lease.task_id}:{lease.attempt}:{lease.epoch}"
+                sid = (f"{worker_id}:{lease.task_id}:{lease.generation}:"
+                       f"{lease.coordinator_epoch}")
                 ref = store.publish([Record("out", payload(sid), metadata={
-                    "task_id": lease.task_id, "attempt": lease.attempt})],
+                    "task_id": lease.task_id, "attempt_id": lease.attempt_id})],
                     submission_id=f"pub-{sid}")
                 retry = {"sid": sid, "lease": lease, "ref": ref}
                 if _complete(c, log, logdir, worker_id, retry):
@@ -336,11 +337,11 @@ def _complete(c: _Conn, log: AckLog, logdir: str, worker_id: str,
     if rep[0] == "ok":
         rc = rep[1]
         log.append({"kind": "receipt", "sid": job["sid"], "task": rc.task_id,
-                    "attempt": rc.attempt, "position": rc.position,
-                    "ref": rc.result_ref.to_dict(), "epoch": rep[2], "receipt_epoch": rc.epoch,
+                    "attempt": job["lease"].generation, "position": rc.position,
+                    "ref": rc.result_ref.to_dict(), "epoch": rep[2],
+                    "receipt_epoch": int(job["lease"].coordinator_epoch),
                     "t_send": t_send, "t_ack": time.time(), "gen": c.gen})
-        if (rc.task_id, rc.attempt, rc.result_ref) != (job["lease"].task_id,
-                                                       job["lease"].attempt, job["ref"]):
+        if (rc.task_id, rc.result_ref) != (job["lease"].task_id, job["ref"]):
             _report(logdir, worker_id, f"receipt {rc} does not match {job['sid']}")
         return True
     _refused(c, log, logdir, worker_id, rep, "complete")
@@ -558,8 +559,8 @@ def check_queue(root: str, acks: str, logdir: str, workers: Sequence[str],
         for e in receipts:
             got = q.lookup_submission(e["sid"])
             ref = RecordSetRef.from_dict(e["ref"])
-            want = (e["task"], e["attempt"], e["position"], ref)
-            if got is None or (got.task_id, got.attempt, got.position, got.result_ref) != want:
+            want = (e["task"], e["position"], ref)
+            if got is None or (got.task_id, got.position, got.result_ref) != want:
                 s.violations.append(f"lost receipt {e['sid']} (position {e['position']}, "
                                     f"epoch {e['epoch']}): lookup returned {got}")
                 continue
@@ -586,13 +587,11 @@ def check_queue(root: str, acks: str, logdir: str, workers: Sequence[str],
                     s.violations.append(f"task {cm.task_id} accepted twice (positions "
                                         f"{seen[cm.task_id]} and {cm.position})")
                 seen[cm.task_id] = cm.position
-            cursor = page.next_cursor
+            cursor = page.cursor
         s.commits = len(seen)
         for e in submits:
             for t in e["tasks"]:
-                try:
-                    q.task_status(t)
-                except ValueError:
+                if q.task_status(t) is None:
                     s.violations.append(f"task {t} of acknowledged submission {e['req']} "
                                         "is missing")
             s.submits += 1

@@ -65,6 +65,8 @@ MUTANT_HOME: dict[str, str] = {
     "lease_attempt_not_incremented": "queue",
     "order_ignores_priority": "order",
     "expired_task_never_requeued": "queue",
+    "retire_spends_no_budget": "queue",
+    "request_retry_refused": "queue",
 }
 
 

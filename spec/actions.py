@@ -560,6 +560,7 @@ def acquire(cfg: Config, mut: Mutants, s: State, w: int, q: int) -> Outcome | No
             status=TaskStatus.LEASED,
             attempt=lease.attempt,
             lease_epoch=c.serving,
+            holder=w,
             expired=False,
         ),
     )
@@ -664,14 +665,29 @@ def _commit(cfg: Config, mut: Mutants, s: State, lease: Lease) -> State:
     return _with_task(s, t, replace(task, status=TaskStatus.COMPLETED, expired=False))
 
 
-def fail(cfg: Config, mut: Mutants, s: State, lease: Lease) -> Outcome | None:
-    """fail_task(lease): the lease ends and spends one unit of the retry budget; task
-    PENDING, or FAILED when the budget (max_attempts failures) is exhausted. Pre: lease held
-    and live; may acknowledge."""
+def fail(cfg: Config, mut: Mutants, s: State, lease: Lease, delivered: bool) -> Outcome | None:
+    """fail_task(lease, request_id=...): the lease ends and spends one unit of the retry
+    budget; task PENDING, or FAILED when the budget (max_attempts failures) is exhausted.
+    The request id is journaled with it (`answered`). Pre: lease held; may acknowledge.
+    **Retry** (the request is journaled: its reply was lost): nothing changes, the worker
+    gets the original outcome (Q7) and drops the lease. **Fresh**: the lease is live.
+    `delivered=False` models a lost reply (the worker keeps the lease and retries)."""
     q = cfg.tasks[lease.task].queue
-    if lease not in s.leases or not may_acknowledge(s.coords[q]) or not live(cfg, s, lease, mut):
+    if lease not in s.leases or not may_acknowledge(s.coords[q]):
+        return None
+    if lease in s.answered:
+        if not delivered:
+            return None  # a lost reply to a retry changes nothing
+        # request_retry_refused: the lease is checked before the request id, so the retry
+        # of a fail that took effect is told StaleAttempt
+        reply = "StaleAttempt" if mut.request_retry_refused else "failed (original)"
+        return Outcome(reply, replace(s, leases=s.leases - {lease}))
+    if not live(cfg, s, lease, mut):
         return None
     s = _end_lease(cfg, mut, s, lease.task, spend=True)
+    s = replace(s, answered=s.answered | {lease})
+    if not delivered:
+        return Outcome("reply lost", s)
     s = replace(s, leases=s.leases - {lease})
     return Outcome(s.tasks[lease.task].status.value, s)
 
@@ -730,8 +746,8 @@ def abandon(cfg: Config, mut: Mutants, s: State, lease: Lease) -> Outcome | None
     """The worker drops a lease that can no longer commit, after a StaleAttempt /
     LeaseExpired reply. Its reads and read pin stay until release_reads. (A worker that gives
     up a live lease silently is a worker crash.)"""
-    if lease not in s.leases or live(cfg, s, lease):
-        return None
+    if lease not in s.leases or live(cfg, s, lease) or lease in s.answered:
+        return None  # (a lost fail reply is retried: the journal answers it)
     return Outcome("StaleAttempt: dropped", replace(s, leases=s.leases - {lease}))
 
 
@@ -780,16 +796,27 @@ def worker_crash(cfg: Config, mut: Mutants, s: State, w: int) -> Outcome | None:
     )
 
 
-def retire_worker(cfg: Config, mut: Mutants, s: State, w: int) -> Outcome | None:
-    """retire_worker(w): confirmed that w reads nothing any more; drop its read pins.
-    Pre: w has no reads and holds pins."""
+def retire_worker(cfg: Config, mut: Mutants, s: State, w: int, q: int) -> Outcome | None:
+    """retire_worker(w) at queue q's coordinator: confirmed that w is stopped (it reads
+    nothing any more): drop its read pins, and revoke every lease of q's task table granted
+    to w — each spends one unit of its task's retry budget, like an expiry (Q6), and the
+    task returns to PENDING (FAILED when the budget is exhausted). Pre: w has no reads; w
+    holds pins or leased tasks of q; with leases to revoke, q's coordinator may acknowledge
+    (the revocation is journaled)."""
     wname = cfg.workers[w]
     if any(r[0] == w for r in s.reads):
         return None
     mine = {pn for pn in s.storage.pins if pn[0] == wname}
-    if not mine:
+    leased = [t for t, tk in enumerate(s.tasks) if tk.status == TaskStatus.LEASED
+              and tk.holder == w and cfg.tasks[t].queue == q]
+    if not mine and not leased:
         return None
-    return Outcome("retired", replace(s, storage=replace(s.storage, pins=s.storage.pins - mine)))
+    if leased and not may_acknowledge(s.coords[q]):
+        return None
+    s = replace(s, storage=replace(s.storage, pins=s.storage.pins - mine))
+    for t in leased:
+        s = _end_lease(cfg, mut, s, t, spend=not mut.retire_spends_no_budget)
+    return Outcome("retired", s)
 
 
 # =============================================================================================
@@ -1072,7 +1099,8 @@ def successors(cfg: Config, mut: Mutants, s: State) -> Iterator[tuple[Action, St
             yield from emit(
                 complete(cfg, mut, s, lease, False), "complete", (wname, ls), WORKER, ep, q
             )
-            yield from emit(fail(cfg, mut, s, lease), "fail", (wname, ls), WORKER, ep, q)
+            yield from emit(fail(cfg, mut, s, lease, True), "fail", (wname, ls), WORKER, ep, q)
+            yield from emit(fail(cfg, mut, s, lease, False), "fail", (wname, ls), WORKER, ep, q)
             yield from emit(yield_task(cfg, mut, s, lease), "yield", (wname, ls), WORKER, ep, q)
             yield from emit(abandon(cfg, mut, s, lease), "abandon", (wname, ls), WORKER)
             yield from emit(
@@ -1091,7 +1119,15 @@ def successors(cfg: Config, mut: Mutants, s: State) -> Iterator[tuple[Action, St
                 WORKER,
             )
         yield from emit(worker_crash(cfg, mut, s, w), "worker_crash", (wname,), FAULT)
-        yield from emit(retire_worker(cfg, mut, s, w), "retire_worker", (wname,), COORDINATOR)
+        for q, qname in enumerate(cfg.queues):
+            yield from emit(
+                retire_worker(cfg, mut, s, w, q),
+                "retire_worker",
+                (wname, qname),
+                COORDINATOR,
+                s.coords[q].serving,
+                q,
+            )
 
     # --- coordinators, consumers, checkpoints ---
     for q, qname in enumerate(cfg.queues):

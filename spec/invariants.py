@@ -1,5 +1,5 @@
 """Numbered invariants of the straw protocol: the DESIGN obligations D1–D9 refined into
-checkable predicates, the queue's own Q1–Q5, the retention rule R1, and liveness L1–L2.
+checkable predicates, the queue's own Q1–Q7, the retention rule R1, and liveness L1–L2.
 
 Role: what must hold. State invariants are predicates on one state; step invariants are
 predicates on one transition (state, action, next state) — the TLA+ [][A]_v form, for
@@ -204,7 +204,7 @@ def d5_only_explicit_release_of_pins(cfg: Config, s: State, a: Action, s2: State
 
 def _journal_view(cfg: Config, s: State, q: int) -> tuple[object, ...]:
     tasks = tuple(
-        (tk.status, tk.attempt, tk.failures, tk.lease_epoch, tk.input)
+        (tk.status, tk.attempt, tk.failures, tk.lease_epoch, tk.holder, tk.input)
         for t, tk in enumerate(s.tasks)
         if cfg.tasks[t].queue == q
     )
@@ -246,11 +246,44 @@ def q4_scheduling_order(cfg: Config, s: State, a: Action, s2: State) -> str | No
     return None
 
 
+# lease ends that spend the retry budget: a failure, an expiry, a retired worker's lease
+BUDGET_SPENDING_ACTIONS = frozenset({"fail", "requeue_expired", "retire_worker"})
+
+
+def q6_revocations_spend_budget(cfg: Config, s: State, a: Action, s2: State) -> str | None:
+    """Q6: a lease that ends by failure, expiry or its worker's retirement spends one unit of
+    its task's retry budget (so a task whose workers keep failing or dying ends FAILED
+    instead of being retried forever); no other action spends it."""
+    spends = a.name in BUDGET_SPENDING_ACTIONS
+    for t, (tk, tk2) in enumerate(zip(s.tasks, s2.tasks, strict=True)):
+        ended = tk.status == TaskStatus.LEASED and tk2.status in (
+            TaskStatus.PENDING, TaskStatus.FAILED)
+        want = tk.failures + 1 if spends and ended else tk.failures
+        if tk2.failures != want:
+            return (f"{a.name} took {cfg.tasks[t].name}'s spent budget from {tk.failures} to "
+                    f"{tk2.failures} (expected {want})")
+    return None
+
+
+def q7_retries_answered_from_the_journal(cfg: Config, s: State, a: Action,
+                                         s2: State) -> str | None:
+    """Q7 (D7 for control calls): the retry of a request that is journaled under its request
+    id (a fail whose reply was lost) is answered with the original outcome, not refused."""
+    if a.name != "fail":
+        return None
+    retried = (s.leases - s2.leases) & s.answered
+    if retried and not a.reply.endswith("(original)"):
+        return f"the retry of a journaled fail of {sorted(retried)} was answered {a.reply!r}"
+    return None
+
+
 STEP_INVARIANTS: dict[str, StepCheck] = {
     "D5": d5_only_explicit_release_of_pins,
     "D8": d8_only_current_epoch_writes,
     "Q3": q3_only_live_leases_commit,
     "Q4": q4_scheduling_order,
+    "Q6": q6_revocations_spend_budget,
+    "Q7": q7_retries_answered_from_the_journal,
 }
 
 
@@ -318,10 +351,11 @@ LIVENESS: tuple[Liveness, ...] = (
         "L2",
         "every submitted task eventually becomes completed, failed or cancelled, assuming "
         "workers keep acquiring and finishing, the clock advances, and a coordinator is "
-        "eventually (re)started",
+        "eventually (re)started (not on an operator cancelling tasks or retiring workers)",
         lambda cfg: bool(cfg.tasks),
         _tasks_terminal,
-        lambda a: a.kind in (COORDINATOR, WORKER, CLOCK, CONSUMER) and a.name != "cancel",
+        lambda a: a.kind in (COORDINATOR, WORKER, CLOCK, CONSUMER)
+        and a.name not in ("cancel", "retire_worker"),
     ),
 )
 

@@ -63,6 +63,12 @@ class Mutants:
     order_ignores_priority: bool = False
     # L2: expired leases are never requeued by the coordinator.
     expired_task_never_requeued: bool = False
+    # Q6: retire_worker revokes the retired worker's leases without spending their budget
+    # (a task whose workers keep dying would be retried forever).
+    retire_spends_no_budget: bool = False
+    # Q7: a retried request (fail_task after a lost reply) is checked against the lease before
+    # its request id, so a fail that took effect is answered StaleAttempt.
+    request_retry_refused: bool = False
 
 
 CORRECT = Mutants()

@@ -95,14 +95,16 @@ class Lease:
 class Task:
     """The durable task record. attempt counts leases granted (grants are journaled, so
     recovery never reuses an attempt number); failures is the retry budget spent (fail and
-    lease expiry spend it; yield, release and recovery do not); lease_epoch is the epoch of
-    the current lease; expired is the abstract clock: the current lease's deadline has
-    passed."""
+    lease expiry spend it, and so does a revocation by retire_worker; yield, release and
+    recovery do not); lease_epoch is the epoch of the current lease and holder the worker it
+    was granted to (journaled with the grant: retire_worker revokes that worker's leases);
+    expired is the abstract clock: the current lease's deadline has passed."""
 
     status: TaskStatus = TaskStatus.UNSUBMITTED
     attempt: int = 0
     failures: int = 0
     lease_epoch: int = 0
+    holder: int = -1
     expired: bool = False
     input: int = -1
     yielded: bool = False
@@ -162,6 +164,9 @@ class State:
     reads: frozenset[tuple[int, int, int]]  # (worker, task, extent) still being read
     crashes: int = 0
     pauses: int = 0
+    # leases whose fail request is journaled under its request id (durable: the journal
+    # answers a retry after a lost reply, Q7)
+    answered: frozenset[Lease] = frozenset()
 
 
 def initial_state(cfg: Config) -> State:

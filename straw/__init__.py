@@ -24,7 +24,7 @@ from .errors import (
     WriterBusy,
     WriterFenced,
 )
-from .queue_types import Limits, TaskSpec
+from .protocol import Limits, TaskSpec
 from .reader import ReadSession
 from .refs import (
     Manifest,

@@ -65,12 +65,15 @@ fence the parent).
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import os
 import re
 import threading
+import time
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import msgpack
@@ -96,31 +99,29 @@ from .errors import (
 from .fs import Filesystem
 from .pack import storage_error
 from .process import OPEN_QUEUE_IN_CHILD, ProcessBound, close_quietly
+from .protocol import (
+    INT64,
+    AcquireResult,
+    Assignment,
+    BatchInfo,
+    CommitPage,
+    CommitReceipt,
+    ConsumerState,
+    ConsumerToken,
+    Lease,
+    Limits,
+    TaskSpec,
+)
 from .queue_state import (
+    CANCELLED,
     COMPLETED,
+    FAILED,
     LEASED,
     PENDING,
     TERMINAL,
     QueueState,
     RefTuple,
     bulk_objects,
-)
-from .queue_types import (
-    INT64,
-    AcquireResult,
-    Assignment,
-    BatchInfo,
-    Commit,
-    CommitPage,
-    ConsumerState,
-    ConsumerToken,
-    Lease,
-    Limits,
-    ReadLease,
-    Receipt,
-    SubmitResult,
-    TaskSpec,
-    TaskStatus,
 )
 from .refs import (
     NAME_RE,
@@ -151,8 +152,39 @@ def _digest(value: Any) -> str:
     return xxhash.xxh3_128_hexdigest(msgpack.packb(value, use_bin_type=True))
 
 
+class _CallableClock:
+    """A straw-queue clock (a callable returning seconds, ``time.monotonic`` by default) as
+    a ``Clock``; it is itself callable, like the clock straw-queue's coordinator exposes."""
+
+    def __init__(self, fn: Callable[[], float]) -> None:
+        self._fn = fn
+
+    def now(self) -> float:
+        return float(self._fn())
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    def __call__(self) -> float:
+        return self.now()
+
+
+# namespace=False/True (straw-queue) name these namespaces; a str names its own
+NAMESPACE_FALSE = "default"
+NAMESPACE_TRUE = "namespaced"
+
+
 class Coordinator(ProcessBound):
-    """The coordinator of queue ``queue_id`` in ``namespace`` of ``store``'s pool."""
+    """The coordinator of queue ``queue_id`` in ``namespace`` of ``store``'s pool.
+
+    straw-queue 0.1.6's constructor: ``namespace`` False (the run's default namespace) or
+    True (a namespace of its own, beside the default one), or the name of a namespace;
+    ``exclusive_owner`` describes the external guarantee that this is the queue's only
+    coordinator (recorded with the epoch lock: a second coordinator's error quotes it; the
+    lock itself enforces exclusivity either way); ``clock`` is a callable returning seconds
+    (it times lease deadlines, which live in memory) or a ``straw.clock.Clock`` (then it
+    also stamps the journal).  straw's additions: ``takeover`` (fence a paused holder),
+    ``consumer_id``, ``snapshot_every``, ``segment_target_bytes``, ``group_wait``."""
 
     _process_state = "its epoch lock, journal and queue state"
     _process_remedy = OPEN_QUEUE_IN_CHILD
@@ -162,11 +194,12 @@ class Coordinator(ProcessBound):
         store: SharedFilesystemStore,
         *,
         queue_id: str = "rollout",
-        namespace: str = "default",
+        namespace: bool | str = False,
+        exclusive_owner: str | None = None,
         recover: bool = False,
-        lease_seconds: float = 60.0,
-        clock: Clock | None = None,
         limits: Limits | None = None,
+        lease_seconds: float = 300,
+        clock: Clock | Callable[[], float] | None = None,
         takeover: bool = False,
         consumer_id: str = DEFAULT_CONSUMER,
         snapshot_every: int = 20_000,
@@ -177,6 +210,12 @@ class Coordinator(ProcessBound):
         if not isinstance(store, SharedFilesystemStore):
             raise TypeError(f"store must be a SharedFilesystemStore, got {type(store).__name__}")
         store._check_process()  # an inherited store: refused before any epoch is created
+        if isinstance(namespace, bool):
+            namespace = NAMESPACE_TRUE if namespace else NAMESPACE_FALSE
+        if exclusive_owner is not None and (not isinstance(exclusive_owner, str)
+                                            or not exclusive_owner.strip()):
+            raise ValueError("exclusive_owner must describe, in a non-empty str, what makes "
+                             "this the queue's only coordinator")
         for name, value in (("queue_id", queue_id), ("namespace", namespace)):
             if not isinstance(value, str) or not NAME_RE.match(value):
                 raise ValueError(f"{name} {short_repr(value)} must be 1-128 letters, digits, "
@@ -194,7 +233,18 @@ class Coordinator(ProcessBound):
         self.namespace = namespace
         self.owner = f"queue:{namespace}/{queue_id}"
         self.lease_seconds = float(lease_seconds)
-        self.clock = clock or store.clock
+        self.exclusive_owner = exclusive_owner
+        # deadlines follow the caller's clock; the journal and lock stamps a wall clock
+        if clock is None:
+            self.clock: Clock = store.clock
+            self._wall: Clock = store.clock
+        elif hasattr(clock, "now"):
+            self.clock = self._wall = clock  # type: ignore[assignment]
+        elif callable(clock):
+            self.clock, self._wall = _CallableClock(clock), store.clock
+        else:
+            raise TypeError(f"clock must be a callable returning seconds or a straw Clock, "
+                            f"got {type(clock).__name__}")
         self.limits = limits or Limits()
         self.consumer_id = consumer_id
         self.snapshot_every = snapshot_every
@@ -243,7 +293,7 @@ class Coordinator(ProcessBound):
     # --- exclusivity, epochs, recovery (D8, D9) ------------------------------------------
     def _check_latest_is_dead(self, latest: int, takeover: bool) -> None:
         """Refuse to start while the latest epoch's coordinator lives (naming it)."""
-        fd, holder_desc = holder.take(self.fs, self._epoch_path(latest) + ".lock", self.clock)
+        fd, holder_desc = holder.take(self.fs, self._epoch_path(latest) + ".lock", self._wall)
         holder.release(self.fs, fd)  # we only looked: it was free, so that one is gone
         if fd is None and not takeover:
             raise UnsafeRecovery(
@@ -281,7 +331,7 @@ class Coordinator(ProcessBound):
         self.epoch = (max(existing) if existing else 0) + 1
         # our epoch's lock first, then its marker: whoever sees the marker sees it held
         self._lock_fd, _ = holder.take(self.fs, self._epoch_path(self.epoch) + ".lock",
-                                       self.clock)
+                                       self._wall, purpose=self.exclusive_owner or "")
         if self._lock_fd is None:
             raise UnsafeRecovery(f"another coordinator of {self.namespace}/{self.queue_id} is "
                                  f"taking epoch {self.epoch} right now; only one may recover")
@@ -302,7 +352,7 @@ class Coordinator(ProcessBound):
         self.recovery_stats = dict(recovered.stats)
         self.journal = journal_mod.Journal(
             self.fs, self.journal_dir, epoch=self.epoch, recovered=recovered,
-            clock=self.clock, fence=self._fence_check, group_wait=self.group_wait,
+            clock=self._wall, fence=self._fence_check, group_wait=self.group_wait,
             segment_target_bytes=self.segment_target_bytes,
         )
         self._mark_started()
@@ -477,10 +527,10 @@ class Coordinator(ProcessBound):
 
     def _meta(self, metadata: object, where: str) -> Any:
         text = canonical_metadata(metadata, where)
-        if len(text) > self.limits.max_metadata_bytes:
+        if len(text) > self.limits.metadata_bytes:
             raise ResourceLimitExceeded(
                 f"{where}.metadata is {len(text)} bytes; the limit is "
-                f"{self.limits.max_metadata_bytes} (Limits.max_metadata_bytes)")
+                f"{self.limits.metadata_bytes} (Limits.metadata_bytes)")
         return json.loads(text)
 
     def _task(self, task_id: object) -> Any:
@@ -491,27 +541,47 @@ class Coordinator(ProcessBound):
             raise ValueError(f"queue {self.owner}: unknown task id {task_id!r}")
         return task
 
-    def _check_lease(self, lease: object, *, allow_expired: bool = False) -> Any:
+    def _id(self, *parts: Any) -> str:
+        """A name derived from this queue's identity (run, namespace, queue) and ``parts``:
+        the same in every process and after recovery, distinct across queues and runs."""
+        key = json.dumps([self.store.run_id, self.namespace, self.queue_id, *parts],
+                         separators=(",", ":"))
+        return hashlib.sha256(key.encode()).hexdigest()
+
+    def _attempt_id(self, task_id: str, generation: int) -> str:
+        # generations are never reused (lease grants are journaled), so neither is this
+        return self._id("attempt", task_id, generation)[:32]
+
+    def _token(self, attempt_id: str, worker_id: str, epoch: int) -> str:
+        # binds the lease's fields: a lease edited by hand (another worker, another epoch)
+        # is not current; it is a checksum, not a secret
+        return self._id("lease", attempt_id, worker_id, epoch)
+
+    def _check_lease(self, lease: object, *, allow_expired: bool = False,
+                     where: str = "lease") -> Any:
         """The task of a current lease (mutex held); StaleAttempt/LeaseExpired otherwise."""
-        lease = _check_lease_fields(lease, "lease")
-        if lease.queue_id != self.queue_id:
-            raise ValueError(f"lease of queue {lease.queue_id!r} given to queue "
-                             f"{self.queue_id!r}")
-        if lease.epoch != self.epoch:
+        lease = _check_lease_fields(lease, where)
+        if lease.queue_id != self.queue_id or lease.run_id != self.store.run_id:
+            raise ValueError(f"{where} of queue {lease.queue_id!r} (run {lease.run_id!r}) given "
+                             f"to queue {self.queue_id!r} (run {self.store.run_id!r})")
+        if lease.coordinator_epoch != str(self.epoch):
             raise StaleAttempt(
-                f"lease of task {lease.task_id!r} attempt {lease.attempt} was granted by "
-                f"coordinator epoch {lease.epoch}; the queue is at epoch {self.epoch}. Drop "
-                "the work; the task was returned to the queue")
+                f"lease of task {lease.task_id!r} attempt {lease.attempt_id} was granted by "
+                f"coordinator epoch {lease.coordinator_epoch}; the queue is at epoch "
+                f"{self.epoch}. Drop the work; the task was returned to the queue")
         task = self._task(lease.task_id)
-        if task.status != LEASED or task.lease is None or task.lease[0] != lease.attempt \
-                or task.lease[1] != lease.worker_id:
+        current = (task.status == LEASED and task.lease is not None
+                   and task.lease[0] == lease.generation and task.lease[1] == lease.worker_id)
+        if not current or lease.attempt_id != self._attempt_id(task.task_id, lease.generation) \
+                or lease.token != self._token(lease.attempt_id, lease.worker_id, self.epoch):
             raise StaleAttempt(
-                f"task {lease.task_id!r} attempt {lease.attempt} is no longer leased to "
-                f"{lease.worker_id!r} (status {task.status}, attempt {task.attempt})")
+                f"task {lease.task_id!r} attempt {lease.attempt_id} (generation "
+                f"{lease.generation}) is no longer leased to {lease.worker_id!r} (status "
+                f"{task.status}, generation {task.attempt})")
         if not allow_expired and self.clock.now() > self._deadlines.get(lease.task_id, 0.0):
             # journaled as an expiry by the next acquire; the right to commit ends now
             raise LeaseExpired(
-                f"lease of task {lease.task_id!r} attempt {lease.attempt} expired; renew "
+                f"lease of task {lease.task_id!r} attempt {lease.attempt_id} expired; renew "
                 "leases with heartbeat before their deadline")
         return task
 
@@ -532,27 +602,59 @@ class Coordinator(ProcessBound):
                     del self._deadlines[tid]
         return seq
 
+    def _lease_from(self, task_id: str, generation: int, worker_id: str, epoch: int) -> Lease:
+        attempt_id = self._attempt_id(task_id, generation)
+        return Lease(self.store.run_id, self.queue_id, task_id, attempt_id, generation,
+                     str(epoch), self._token(attempt_id, worker_id, epoch), worker_id)
+
     def _lease_of(self, task: Any) -> Lease:
-        attempt, worker, epoch = task.lease
-        return Lease(self.queue_id, task.task_id, attempt, worker, epoch,
-                     self._deadlines.get(task.task_id, 0.0))
+        generation, worker, epoch = task.lease
+        return self._lease_from(task.task_id, generation, worker, epoch)
 
     def _spec_of(self, task: Any) -> TaskSpec:
-        return TaskSpec(task.task_id, self._to_ref(task.input), task.metadata, task.priority,
-                        task.key, task.max_attempts, task.control)
+        records, nbytes, tokens = task.estimates
+        return TaskSpec(task.task_id, self._to_ref(task.input), task.metadata,
+                        task.allow_empty, task.max_attempts, records, nbytes, tokens,
+                        task.control, task.priority, task.key)
 
     def _to_ref(self, t: RefTuple | None) -> RecordSetRef | None:
         if t is None:
             return None
         return ref_from_tuple(self.store.run_id, t)
 
+    def _known(self, request_id: str, digest: str, kind: str) -> tuple[str, ...] | None:
+        """The reply of an earlier request with this id (mutex held): D7, a retry is
+        answered from the state; another content under the id is a conflict."""
+        known = self.state.requests.get(request_id)
+        if known is None:
+            return None
+        if known[0] != digest:
+            raise IdempotencyConflict(
+                f"queue {self.owner}: request_id {request_id!r} was already used for other "
+                f"content (this is a {kind}); use a new request_id for new content")
+        return known[1]
+
+    def _replayed(self, result: tuple[str, ...]) -> tuple[str, ...]:
+        """Answer a retry once the original is durable (it may still be in flight)."""
+        self._wait(self._last_seq)
+        return result
+
+    def _request_id(self, request_id: object, *, optional: bool = False) -> str | None:
+        if request_id is None and optional:
+            return None
+        _check_id("request_id", request_id)
+        return request_id  # type: ignore[return-value]
+
     # --- tasks --------------------------------------------------------------------------
     def submit_tasks(self, request_id: str, tasks: Sequence[TaskSpec], *,
                      producer_id: str | None = None,
-                     producer_state: Mapping[str, Any] | None = None) -> SubmitResult:
-        """Submit tasks atomically.  A retry with the same ``request_id`` and content
-        returns the original result; different content raises ``IdempotencyConflict``.
-        ``producer_state`` (small JSON) is saved in the same transaction."""
+                     producer_state: Mapping[str, Any] | None = None) -> list[str]:
+        """Submit tasks atomically; returns their ids.  A retry with the same
+        ``request_id`` and content returns the original ids; different content raises
+        ``IdempotencyConflict`` (so does a task id another request submitted).
+        ``producer_state`` (small JSON, ``producer_state(producer_id)`` reads it back) is
+        saved in the same journal transaction: a producer's cursor advances exactly when
+        its tasks exist."""
         self._check_process()
         _check_id("request_id", request_id)
         if isinstance(tasks, TaskSpec) or not isinstance(tasks, Sequence):
@@ -564,38 +666,24 @@ class Coordinator(ProcessBound):
         rows = []
         seen: set[str] = set()
         for i, spec in enumerate(tasks):
-            w = f"tasks[{i}]"
-            if not isinstance(spec, TaskSpec):
-                raise TypeError(f"{w} must be a TaskSpec, got {type(spec).__name__}")
-            _check_id(f"{w}.task_id", spec.task_id)
-            if spec.task_id in seen:
-                raise ValueError(f"{w}.task_id {spec.task_id!r} appears twice in the request")
-            seen.add(spec.task_id)
-            inp = None if spec.input_ref is None else _ref_tuple(
-                self._check_ref(spec.input_ref, f"{w}.input_ref"))
-            for name in ("priority", "scheduling_key"):
-                _check_int64(f"{w}.{name}", getattr(spec, name))
-            check_count(f"{w}.max_attempts", spec.max_attempts, minimum=1)
-            if spec.control is not None and not isinstance(spec.control, str):
-                raise TypeError(f"{w}.control must be None or a str")
-            rows.append([spec.task_id, list(inp) if inp else None,
-                         self._meta(spec.metadata, w), spec.priority, spec.scheduling_key,
-                         spec.max_attempts, spec.control])
+            rows.append(self._task_row(f"tasks[{i}]", spec, seen))
         producer = None
         if producer_id is not None:
             _check_id("producer_id", producer_id)
             producer = [producer_id, self._meta(producer_state or {}, "producer_state")]
-        digest = _digest([rows, producer])
+        elif producer_state is not None:
+            raise ValueError("producer_state needs a producer_id to be saved under")
+        digest = _digest(["submit", rows, producer])
         with self._mutex:
             self._check_usable()
-            known = self.state.requests.get(request_id)
+            known = self._known(request_id, digest, "submit")
         if known is not None:
-            return self._replay_request(request_id, digest, known)
+            return list(self._replayed(known))
         adopted = self._adopt([t.input_ref for t in tasks if t.input_ref is not None])
         try:
             with self._mutex:
                 self._check_usable()
-                known = self.state.requests.get(request_id)
+                known = self._known(request_id, digest, "submit")
                 if known is not None:
                     seq = -1  # a concurrent retry got there first: replayed below
                 elif self.state.sealed:
@@ -603,34 +691,66 @@ class Coordinator(ProcessBound):
                 else:
                     for r in rows:
                         if r[0] in self.state.tasks:
-                            raise ValueError(f"queue {self.owner}: task id {r[0]!r} already "
-                                             "exists (submitted by another request)")
-                    if self.state.pending_count + len(rows) > self.limits.max_pending_tasks:
+                            raise IdempotencyConflict(
+                                f"queue {self.owner}: task id {r[0]!r} already exists "
+                                "(submitted by another request); task ids are new within a "
+                                "queue")
+                    if self.state.pending_count + len(rows) > self.limits.pending_tasks:
                         raise ResourceLimitExceeded(
                             f"queue {self.owner} holds {self.state.pending_count} pending "
-                            f"tasks; the limit is {self.limits.max_pending_tasks}")
+                            f"tasks; the limit is {self.limits.pending_tasks} "
+                            "(Limits.pending_tasks)")
                     seq = self._enqueue({"t": "submit", "req": request_id, "digest": digest,
                                          "tasks": rows, "producer": producer})
         finally:
             self._done_adopting(adopted)
         if known is not None:  # outside the mutex: replaying waits for the original
-            return self._replay_request(request_id, digest, known)
+            return list(self._replayed(known))
         self._wait(seq, adopted)
-        return SubmitResult(request_id, tuple(r[0] for r in rows))
+        return [r[0] for r in rows]
 
-    def _replay_request(self, request_id: str, digest: str,
-                        known: tuple[str, tuple[str, ...]]) -> SubmitResult:
-        if known[0] != digest:
-            raise IdempotencyConflict(
-                f"request_id {request_id!r} was already used for different tasks; use a new "
-                "request_id for new content")
-        self._wait(self._last_seq)  # the original may still be in flight
-        return SubmitResult(request_id, known[1])
+    def _task_row(self, w: str, spec: object, seen: set[str]) -> list[Any]:
+        """A TaskSpec checked and as its journal row (see ``straw.queue_state``)."""
+        if not isinstance(spec, TaskSpec):
+            raise TypeError(f"{w} must be a TaskSpec, got {type(spec).__name__}")
+        _check_id(f"{w}.task_id", spec.task_id)
+        if spec.task_id in seen:
+            raise IdempotencyConflict(f"{w}.task_id {spec.task_id!r} appears twice in the "
+                                      "request; task ids are new within a queue")
+        seen.add(spec.task_id)
+        inp = None if spec.input_ref is None else _ref_tuple(
+            self._check_ref(spec.input_ref, f"{w}.input_ref"))
+        for name in ("priority", "scheduling_key"):
+            _check_int64(f"{w}.{name}", getattr(spec, name))
+        check_count(f"{w}.max_attempts", spec.max_attempts, minimum=1)
+        for name in ("allow_empty", "control"):
+            if not isinstance(getattr(spec, name), bool):
+                raise TypeError(f"{w}.{name} must be a bool, got "
+                                f"{type(getattr(spec, name)).__name__}")
+        est = [check_count(f"{w}.estimated_{n}", getattr(spec, f"estimated_{n}"))
+               for n in ("records", "bytes", "tokens")]
+        if spec.control and any(est):
+            raise ValueError(f"{w} is a control task: its estimated_records, estimated_bytes "
+                             "and estimated_tokens must be 0 (control tasks reserve no "
+                             "production)")
+        return [spec.task_id, list(inp) if inp else None, self._meta(spec.metadata, w),
+                spec.priority, spec.scheduling_key, spec.max_attempts, spec.control,
+                spec.allow_empty, *est]
 
-    def acquire(self, worker_id: str, max_tasks: int = 1, *, task_prefix: str | None = None,
-                task_ids: Sequence[str] | None = None,
-                control: str | None = None) -> AcquireResult:
-        """Lease up to ``max_tasks`` pending tasks in scheduling order."""
+    def producer_state(self, producer_id: str) -> Any:
+        """The state last saved with ``submit_tasks(..., producer_id=...)``, or None."""
+        self._check_process()
+        _check_id("producer_id", producer_id)
+        with self._mutex:
+            state = self.state.producers.get(producer_id)
+        return None if state is None else json.loads(json.dumps(state))  # the caller's copy
+
+    def acquire(self, worker_id: str, max_tasks: int = 1, *,
+                task_ids: Sequence[str] | None = None, task_prefix: str | None = None,
+                control: bool = False) -> AcquireResult:
+        """Lease up to ``max_tasks`` pending tasks of the default lane (of the control lane
+        with ``control=True``) in scheduling order; ``task_ids`` is a set filter (repeated,
+        unknown or non-pending ids are skipped), ``task_prefix`` another."""
         self._check_process()
         _check_id("worker_id", worker_id)
         check_count("max_tasks", max_tasks, minimum=1)
@@ -638,23 +758,31 @@ class Coordinator(ProcessBound):
             raise TypeError(f"task_prefix must be None or a str, got {type(task_prefix).__name__}")
         if isinstance(task_ids, (str, bytes)):  # a str would lease its characters
             raise TypeError("task_ids must be a list of task ids, not one str")
-        if control is not None and not isinstance(control, str):
-            raise TypeError(f"control must be None or a str, got {type(control).__name__}")
+        if not isinstance(control, bool):
+            raise TypeError(f"control must be a bool, got {type(control).__name__}")
+        lim = self.limits
         with self.journal.incoming(), self._mutex:
             self._check_usable()
             last = self._expire_due()
             st = self.state
-            held = sum(1 for t in self._deadlines
-                       if (lease := st.tasks[t].lease) is not None and lease[1] == worker_id)
-            lagging = (self.limits.max_unconsumed_results is not None and
+            held = in_lane = 0
+            for t in self._deadlines:
+                task = st.tasks[t]
+                if task.status != LEASED or task.lease is None:
+                    continue
+                held += task.lease[1] == worker_id
+                in_lane += task.control == control
+            lane_limit = lim.control_tasks if control else lim.inflight_tasks
+            room = min(lim.max_leases_per_worker - held, lane_limit - in_lane)
+            # the control lane drains produced work: a lagging consumer does not hold it
+            lagging = (not control and lim.max_unconsumed_results is not None and
                        len(st.commits) - st.retirement_cursor(self.consumer_id)
-                       >= self.limits.max_unconsumed_results)
-            if held >= self.limits.max_leases_per_worker or lagging:
+                       >= lim.max_unconsumed_results)
+            if room <= 0 or lagging:
                 status = "backpressured"
                 chosen = []
             else:
-                chosen = self._choose(max_tasks, task_prefix, task_ids, control,
-                                      self.limits.max_leases_per_worker - held)
+                chosen = self._choose(max_tasks, task_prefix, task_ids, control, room)
                 status = "acquired" if chosen else self._idle_status()
             if chosen:
                 grants = [[t.task_id, t.attempt + 1] for t in chosen]
@@ -671,16 +799,20 @@ class Coordinator(ProcessBound):
         return AcquireResult(status, out)
 
     def _choose(self, n: int, prefix: str | None, task_ids: Sequence[str] | None,
-                control: str | None, room: int) -> list[Any]:
+                control: bool, room: int) -> list[Any]:
         n = min(n, room)
-        out: list[Any] = []
-        if task_ids is not None:
-            for tid in dict.fromkeys(task_ids):  # a repeated id is one task, leased once
-                task = self._task(tid)
-                if task.status == PENDING and task.control == control and len(out) < n:
-                    out.append(task)
-            return out
-        return self.state.best_pending(control, n, prefix)
+        if task_ids is None:
+            return self.state.best_pending(control, n, prefix)
+        wanted = []
+        for tid in dict.fromkeys(task_ids):  # a repeated id is one task, leased once
+            if not isinstance(tid, str):
+                raise TypeError(f"task_ids must hold str task ids, got {type(tid).__name__}")
+            task = self.state.tasks.get(tid)
+            if task is not None and task.status == PENDING and task.control == control and \
+                    (prefix is None or tid.startswith(prefix)):
+                wanted.append(task)
+        wanted.sort(key=lambda t: t.order())  # scheduling order decides among them
+        return wanted[:n]
 
     def _idle_status(self) -> str:
         st = self.state
@@ -690,40 +822,44 @@ class Coordinator(ProcessBound):
             return "end_of_input"
         return "draining"
 
-    def heartbeat(self, leases: Sequence[Lease]) -> list[Lease]:
-        """Renew leases; returns them with new deadlines.  ``StaleAttempt`` (or
-        ``LeaseExpired``) if any is no longer current — the others are renewed first."""
+    def heartbeat(self, leases: Sequence[Lease]) -> list[str]:
+        """Renew leases.  One outcome per lease, in order: ``extended`` (its deadline moved
+        on), ``LeaseExpired`` (its deadline had passed: it can no longer commit) or
+        ``StaleAttempt`` (it is not current: completed, re-leased, cancelled, or of an older
+        coordinator epoch).  ``Fenced`` if this coordinator is no longer the queue's."""
         self._check_process()
-        if isinstance(leases, Lease) or not isinstance(leases, Sequence):
+        if isinstance(leases, (Lease, Mapping)) or not isinstance(leases, Sequence):
             raise TypeError("leases must be a list of Lease")
-        for i, lease in enumerate(leases):  # all checked before any deadline moves
-            _check_lease_fields(lease, f"leases[{i}]")
-        renewed, stale = [], []
+        leases = [_check_lease_fields(le, f"leases[{i}]") for i, le in enumerate(leases)]
         try:
             self._fence_check()  # a fenced coordinator must not keep workers busy
         except Fenced as e:
             self._fail(e)
+        out = []
         with self._mutex:
             self._check_usable()
-            for lease in leases:
+            for i, lease in enumerate(leases):
                 try:
-                    task = self._check_lease(lease)
-                except StaleAttempt as e:
-                    stale.append(e)
+                    task = self._check_lease(lease, where=f"leases[{i}]")
+                except LeaseExpired:
+                    out.append("LeaseExpired")
+                    continue
+                except StaleAttempt:
+                    out.append("StaleAttempt")
                     continue
                 self._deadlines[task.task_id] = self.clock.now() + self.lease_seconds
-                renewed.append(self._lease_of(task))
-        if stale:
-            raise stale[0]
-        return renewed
+                out.append("extended")
+        return out
 
     def complete_task(self, lease: Lease, *, submission_id: str, result_ref: RecordSetRef,
-                      result_digest: str | None = None) -> Receipt:
+                      result_digest: str | None = None) -> CommitReceipt:
         """Accept the result of a leased attempt, exactly once (receipt).  A retry with the
         same ``submission_id`` and result returns the original receipt, even after the
         lease ended; different content raises ``IdempotencyConflict``.  The result's
-        records must name the lease's task and attempt in their metadata
-        (``task_id``, ``attempt``)."""
+        records must name the lease in their metadata (``task_id``, ``attempt_id``); a
+        result of no records is accepted only for a task submitted with
+        ``allow_empty=True``.  ``InvalidReference`` if the result is not the attempt's or
+        ``result_digest`` is not the reference's digest."""
         self._check_process()
         _check_id("submission_id", submission_id)
         ref = self._check_ref(result_ref, "result_ref")
@@ -731,10 +867,10 @@ class Coordinator(ProcessBound):
             raise TypeError(f"result_digest must be None or a str, got "
                             f"{type(result_digest).__name__}")
         if result_digest is not None and result_digest != ref.digest:
-            raise ValueError(f"result_digest {result_digest!r} differs from the reference's "
-                             f"digest {ref.digest!r}")
-        _check_lease_fields(lease, "lease")
-        key = [lease.task_id, lease.attempt, list(ref_identity(_ref_tuple(ref)))]
+            raise InvalidReference(f"result_digest {result_digest!r} differs from the "
+                                   f"reference's digest {ref.digest!r}")
+        lease = _check_lease_fields(lease, "lease")
+        key = [lease.task_id, lease.generation, list(ref_identity(_ref_tuple(ref)))]
         # siblings: announced to the catalog and the journal, so that concurrent
         # completions share one catalog fsync and one journal sync (group commit)
         with self.journal.incoming(), self.store.catalog.adopting_soon() as announced:
@@ -746,17 +882,17 @@ class Coordinator(ProcessBound):
 
     def _complete(self, lease: Lease, submission_id: str, ref: RecordSetRef,
                   key: list[Any], announced: Announcement
-                  ) -> tuple[int, Receipt | None, list[Extent]]:
+                  ) -> tuple[int, CommitReceipt | None, list[Extent]]:
         """complete_task up to the enqueue: (sequence number to wait for, the original
         receipt of a retry or None, the extents adopted)."""
         with self._mutex:
             self._check_usable()
             done = self._completed_receipt(submission_id, key)
             if done is None:
-                self._check_lease(lease, allow_expired=True)
+                allow_empty = self._check_lease(lease, allow_expired=True).allow_empty
         if done is not None:
             return self._last_seq, done, []
-        self._check_result_names_attempt(ref, lease)
+        self._check_result(ref, lease, allow_empty)
         adopted = self._adopt([ref], announced)
         try:
             with self._mutex:
@@ -765,9 +901,10 @@ class Coordinator(ProcessBound):
                 if done is None:
                     task = self._check_lease(lease)
                     seq = self._enqueue({"t": "complete", "task": task.task_id,
-                                         "attempt": lease.attempt, "sub": submission_id,
+                                         "attempt": lease.generation, "sub": submission_id,
                                          "result": list(_ref_tuple(ref)), "digest": ref.digest,
-                                         "epoch": self.epoch, "meta": None})
+                                         "epoch": self.epoch,
+                                         "meta": {"worker": lease.worker_id}})
                     self._deadlines.pop(task.task_id, None)
                 else:
                     seq = self._last_seq
@@ -775,7 +912,7 @@ class Coordinator(ProcessBound):
             self._done_adopting(adopted)
         return seq, done, adopted
 
-    def _completed_receipt(self, submission_id: str, key: list[Any]) -> Receipt | None:
+    def _completed_receipt(self, submission_id: str, key: list[Any]) -> CommitReceipt | None:
         pos = self.state.submissions.get(submission_id)
         if pos is None:
             return None
@@ -783,62 +920,103 @@ class Coordinator(ProcessBound):
         if [rec.task_id, rec.attempt, list(ref_identity(rec.result))] != key:
             raise IdempotencyConflict(
                 f"submission_id {submission_id!r} already accepted task {rec.task_id!r} "
-                f"attempt {rec.attempt} with another result; use a new submission_id")
+                f"attempt {self._attempt_id(rec.task_id, rec.attempt)} with another result; "
+                "use a new submission_id")
         return self._receipt(pos)
 
-    def _receipt(self, pos: int) -> Receipt:
+    def _receipt(self, pos: int) -> CommitReceipt:
         rec = self.state.commits[pos]
         ref = self._to_ref(rec.result)
         assert ref is not None
-        return Receipt(self.queue_id, rec.task_id, rec.attempt, rec.submission_id, pos,
-                       rec.epoch, ref)
+        return CommitReceipt(self._id("commit", pos, rec.submission_id)[:32], rec.task_id,
+                             rec.submission_id, rec.digest, pos, ref)
 
-    def _check_result_names_attempt(self, ref: RecordSetRef, lease: Lease) -> None:
+    def _check_result(self, ref: RecordSetRef, lease: Lease, allow_empty: bool) -> None:
+        """The result belongs to the lease's attempt and is within the result limits."""
         manifest = self.store.checked_manifest(ref)
+        if not manifest.records:
+            if not allow_empty:
+                raise InvalidReference(
+                    f"the result of task {lease.task_id!r} has no records; the task does not "
+                    "allow an empty result (submit it with allow_empty=True)")
+            return
         named = False
+        nbytes = tokens = 0
         for info in manifest.records:
+            nbytes += info.length
+            tokens += info.tokens or 0
             meta = info.metadata
-            if "task_id" in meta or "attempt" in meta:
-                if meta.get("task_id") != lease.task_id or meta.get("attempt") != lease.attempt:
-                    raise ValueError(
+            if "task_id" in meta or "attempt_id" in meta:
+                if meta.get("task_id") != lease.task_id or \
+                        meta.get("attempt_id") != lease.attempt_id:
+                    raise InvalidReference(
                         f"result record {info.record_id!r} names task "
-                        f"{meta.get('task_id')!r} attempt {meta.get('attempt')!r}, but the "
-                        f"lease is task {lease.task_id!r} attempt {lease.attempt}")
+                        f"{meta.get('task_id')!r} attempt {meta.get('attempt_id')!r}, but the "
+                        f"lease is task {lease.task_id!r} attempt {lease.attempt_id!r}")
                 named = True
         if not named:
-            raise ValueError(
+            raise InvalidReference(
                 "the result's records must name the lease in their metadata: publish them "
-                f"with metadata={{'task_id': {lease.task_id!r}, 'attempt': {lease.attempt}}}")
+                f"with metadata={{'task_id': {lease.task_id!r}, 'attempt_id': "
+                f"{lease.attempt_id!r}}}")
+        for what, value, limit in (("bytes", nbytes, self.limits.max_result_bytes),
+                                   ("tokens", tokens, self.limits.max_result_tokens)):
+            if value > limit:
+                raise ResourceLimitExceeded(
+                    f"the result of task {lease.task_id!r} holds {value} payload {what}; the "
+                    f"limit is {limit} (Limits.max_result_{what})")
 
-    def fail_task(self, lease: Lease, *, error: str | None = None,
-                  retry: bool = True) -> TaskStatus:
-        """The attempt failed: the task returns to the queue while its attempt budget
-        lasts (``retry=False`` fails it for good)."""
+    def fail_task(self, lease: Lease, *, request_id: str | None = None, failure: Any = None,
+                  retryable: bool = True) -> str:
+        """The attempt failed (``failure``: JSON describing why).  The task returns to the
+        queue while its attempt budget lasts (``pending``), else, or with
+        ``retryable=False``, it fails for good (``failed``); returns which.  With a
+        ``request_id``, a retry after a lost reply gets the same answer."""
         self._check_process()
-        if error is not None and not isinstance(error, str):
-            raise TypeError("error must be a str")
+        request_id = self._request_id(request_id, optional=True)
+        if not isinstance(retryable, bool):
+            raise TypeError(f"retryable must be a bool, got {type(retryable).__name__}")
+        error = self._meta({"failure": failure}, "failure")["failure"]
+        lease = _check_lease_fields(lease, "lease")
+        digest = _digest(["fail", lease.task_id, lease.generation, lease.attempt_id, error,
+                          retryable])
         with self._mutex:
             self._check_usable()
-            task = self._check_lease(lease)
-            final = (not retry) or task.failures + 1 >= task.max_attempts
-            seq = self._enqueue({"t": "fail", "task": task.task_id, "attempt": lease.attempt,
-                                 "error": error, "final": final})
-            self._deadlines.pop(task.task_id, None)
+            known = None if request_id is None else self._known(request_id, digest, "fail")
+            if known is None:
+                task = self._check_lease(lease)
+                final = (not retryable) or task.failures + 1 >= task.max_attempts
+                outcome = FAILED if final else PENDING
+                txn: dict[str, Any] = {"t": "fail", "task": task.task_id,
+                                       "attempt": lease.generation, "error": error,
+                                       "final": final}
+                if request_id is not None:
+                    txn.update(req=request_id, digest=digest, result=[outcome])
+                seq = self._enqueue(txn)
+                self._deadlines.pop(task.task_id, None)
+        if known is not None:
+            return self._replayed(known)[0]
         self._wait(seq)
-        return self.task_status(lease.task_id)
+        return outcome
 
-    def yield_tasks(self, updates: Sequence[Mapping[str, Any]], *,
-                    request_id: str) -> SubmitResult:
+    def yield_task(self, lease: Lease, *, request_id: str,
+                   input_ref: RecordSetRef | None) -> str:
+        """``yield_tasks`` of one lease: the task returns to pending with ``input_ref``."""
+        self._check_process()
+        return self.yield_tasks([{"lease": lease, "input_ref": input_ref}],
+                                request_id=request_id)
+
+    def yield_tasks(self, updates: Sequence[Mapping[str, Any]], *, request_id: str) -> str:
         """Return leased tasks with continuation inputs, atomically for the batch, without
-        spending a retry.  Each update: ``lease``, ``input_ref``, and optionally
-        ``priority``, ``scheduling_key``, ``metadata``."""
+        spending a retry; returns ``pending``.  Each update: ``lease``, ``input_ref`` (None
+        keeps the input), and optionally ``priority``, ``scheduling_key``, ``metadata``.
+        A stale lease refuses the whole batch; a retry of the same request returns the
+        same answer."""
         self._check_process()
         _check_id("request_id", request_id)
         rows = []
-        for i, u in enumerate(updates):
+        for i, u in self._updates(updates):
             w = f"updates[{i}]"
-            if not isinstance(u, Mapping):
-                raise TypeError(f"{w} must be a dict")
             lease = _check_lease_fields(u.get("lease"), f"{w}['lease']")
             inp = u.get("input_ref")
             ref = None if inp is None else self._check_ref(inp, f"{w}['input_ref']")
@@ -849,75 +1027,181 @@ class Coordinator(ProcessBound):
                     check_int(f"{w}[{name!r}]", v)
             meta = None if meta is None else self._meta(meta, w)
             rows.append((lease, ref, prio, key, meta))
-        digest = _digest([[r[0].task_id, r[0].attempt,
-                           list(ref_identity(_ref_tuple(r[1]))) if r[1] else None,
-                           r[2], r[3], r[4]] for r in rows])
+        digest = _digest(["yield", [[r[0].task_id, r[0].generation, r[0].attempt_id,
+                                     list(ref_identity(_ref_tuple(r[1]))) if r[1] else None,
+                                     r[2], r[3], r[4]]
+                                    for r in rows]])
         with self._mutex:
             self._check_usable()
-            known = self.state.requests.get(request_id)
+            known = self._known(request_id, digest, "yield")
         if known is not None:
-            return self._replay_request(request_id, digest, known)
+            self._replayed(known)
+            return PENDING
         adopted = self._adopt([r[1] for r in rows if r[1] is not None])
         try:
             with self._mutex:
                 self._check_usable()
-                txn_rows = []
-                for lease, ref, prio, key, meta in rows:
-                    task = self._check_lease(lease)
-                    prio = task.priority if prio is None else prio
-                    key = task.key if key is None else key
-                    meta = task.metadata if meta is None else meta
-                    new_input = list(_ref_tuple(ref)) if ref is not None else (
-                        list(task.input) if task.input else None)
-                    txn_rows.append([task.task_id, lease.attempt, new_input, prio, key, meta])
-                seq = self._enqueue({"t": "yield", "req": request_id, "digest": digest,
-                                     "updates": txn_rows})
-                for r in txn_rows:
-                    self._deadlines.pop(r[0], None)
+                known = self._known(request_id, digest, "yield")
+                if known is None:
+                    txn_rows = []
+                    for i, (lease, ref, prio, key, meta) in enumerate(rows):
+                        task = self._check_lease(lease, where=f"updates[{i}]['lease']")
+                        prio = task.priority if prio is None else prio
+                        key = task.key if key is None else key
+                        meta = task.metadata if meta is None else meta
+                        new_input = list(_ref_tuple(ref)) if ref is not None else (
+                            list(task.input) if task.input else None)
+                        txn_rows.append([task.task_id, lease.generation, new_input, prio, key,
+                                         meta])
+                    seq = self._enqueue({"t": "yield", "req": request_id, "digest": digest,
+                                         "updates": txn_rows})
+                    for r in txn_rows:
+                        self._deadlines.pop(r[0], None)
         finally:
             self._done_adopting(adopted)
+        if known is not None:
+            self._replayed(known)
+            return PENDING
         self._wait(seq, adopted)
-        return SubmitResult(request_id, tuple(r[0] for r in txn_rows))
+        return PENDING
 
-    def release_tasks(self, leases: Sequence[Lease]) -> None:
-        """Give leased tasks back unfinished, without spending a retry."""
+    def _updates(self, updates: object) -> list[tuple[int, Mapping[str, Any]]]:
+        if isinstance(updates, (Mapping, str, bytes)) or not isinstance(updates, Sequence):
+            raise TypeError("updates must be a list of dicts with 'lease' and 'input_ref'")
+        if not updates:
+            raise ValueError("updates is empty: give at least one lease")
+        for i, u in enumerate(updates):
+            if not isinstance(u, Mapping):
+                raise TypeError(f"updates[{i}] must be a dict, got {type(u).__name__}")
+        return list(enumerate(updates))
+
+    def save_task_progress(self, lease: Lease, *, request_id: str,
+                           input_ref: RecordSetRef) -> str:
+        """``save_task_progress_many`` of one lease."""
         self._check_process()
-        if isinstance(leases, Lease) or not isinstance(leases, Sequence):
+        return self.save_task_progress_many([{"lease": lease, "input_ref": input_ref}],
+                                            request_id=request_id)
+
+    def save_task_progress_many(self, updates: Sequence[Mapping[str, Any]], *,
+                                request_id: str) -> str:
+        """Make each update's ``input_ref`` (a continuation) the input of its leased task,
+        atomically for the batch, keeping the leases (``yield_tasks`` ends them); returns
+        ``saved``.  A later attempt (after expiry, failure or recovery) starts from it.
+        What the worker read before stays protected until its attempt ends (D5)."""
+        self._check_process()
+        _check_id("request_id", request_id)
+        rows = []
+        for i, u in self._updates(updates):
+            w = f"updates[{i}]"
+            lease = _check_lease_fields(u.get("lease"), f"{w}['lease']")
+            rows.append((lease, self._check_ref(u.get("input_ref"), f"{w}['input_ref']")))
+        digest = _digest(["progress", [[le.task_id, le.generation, le.attempt_id,
+                                        list(_ref_tuple(r))] for le, r in rows]])
+        with self._mutex:
+            self._check_usable()
+            known = self._known(request_id, digest, "save_task_progress")
+        if known is not None:
+            return self._replayed(known)[0]
+        adopted = self._adopt([r for _, r in rows])
+        try:
+            with self._mutex:
+                self._check_usable()
+                known = self._known(request_id, digest, "save_task_progress")
+                if known is None:
+                    txn_rows = [[self._check_lease(le, where=f"updates[{i}]['lease']").task_id,
+                                 le.generation, list(_ref_tuple(r))]
+                                for i, (le, r) in enumerate(rows)]
+                    seq = self._enqueue({"t": "progress", "req": request_id, "digest": digest,
+                                         "updates": txn_rows, "result": ["saved"]})
+        finally:
+            self._done_adopting(adopted)
+        if known is not None:
+            return self._replayed(known)[0]
+        self._wait(seq, adopted)
+        return "saved"
+
+    def release_tasks(self, leases: Sequence[Lease], *,
+                      request_id: str | None = None) -> list[str]:
+        """Give leased tasks back unfinished, without spending a retry.  One outcome per
+        lease: ``released``, or ``StaleAttempt`` for a lease that is no longer current
+        (nothing to give back).  With a ``request_id`` a retry gets the same answer."""
+        self._check_process()
+        request_id = self._request_id(request_id, optional=True)
+        if isinstance(leases, (Lease, Mapping)) or not isinstance(leases, Sequence):
             raise TypeError("leases must be a list of Lease")
+        leases = [_check_lease_fields(le, f"leases[{i}]") for i, le in enumerate(leases)]
+        digest = _digest(["release", [[le.task_id, le.generation, le.attempt_id]
+                                      for le in leases]])
         with self._mutex:
             self._check_usable()
-            rows = [[self._check_lease(lease, allow_expired=True).task_id, lease.attempt]
-                    for lease in leases]
-            if not rows:
-                return
-            seq = self._enqueue({"t": "release", "leases": rows})
-            for tid, _ in rows:
-                self._deadlines.pop(tid, None)
-        self._wait(seq)
+            known = None if request_id is None else self._known(request_id, digest,
+                                                                "release")
+            if known is None:
+                rows, outcomes = [], []
+                for i, lease in enumerate(leases):
+                    try:
+                        task = self._check_lease(lease, allow_expired=True,
+                                                 where=f"leases[{i}]")
+                    except StaleAttempt:
+                        outcomes.append("StaleAttempt")
+                        continue
+                    if [task.task_id, lease.generation] in rows:
+                        outcomes.append("StaleAttempt")  # given twice: released once
+                        continue
+                    rows.append([task.task_id, lease.generation])
+                    outcomes.append("released")
+                seq = None
+                if rows:
+                    txn: dict[str, Any] = {"t": "release", "leases": rows}
+                    if request_id is not None:
+                        txn.update(req=request_id, digest=digest, result=outcomes)
+                    seq = self._enqueue(txn)
+                    for tid, _ in rows:
+                        self._deadlines.pop(tid, None)
+        if known is not None:
+            return list(self._replayed(known))
+        if seq is not None:
+            self._wait(seq)
+        return outcomes
 
-    def cancel_task(self, task_id: str) -> bool:
+    def cancel_task(self, task_id: str, *, request_id: str | None = None) -> str:
         """Cancel a pending or leased task (its lease can no longer commit; a reader keeps
-        its protection, D5).  Returns False if the task was already terminal."""
+        its protection, D5); returns ``cancelled``.  ``ValueError`` for an unknown or
+        terminal task, except for a retry of the same request."""
         self._check_process()
+        request_id = self._request_id(request_id, optional=True)
+        if not isinstance(task_id, str):
+            raise TypeError(f"task_id must be a str, got {type(task_id).__name__}")
+        digest = _digest(["cancel", task_id])
         with self._mutex:
             self._check_usable()
-            task = self._task(task_id)
-            if task.status in TERMINAL:
-                return False
-            seq = self._enqueue({"t": "cancel", "task": task_id})
-            self._deadlines.pop(task_id, None)
+            known = None if request_id is None else self._known(request_id, digest, "cancel")
+            if known is None:
+                task = self._task(task_id)
+                if task.status in TERMINAL:
+                    raise ValueError(f"queue {self.owner}: task {task_id!r} is already "
+                                     f"{task.status}; only pending or leased tasks can be "
+                                     "cancelled")
+                txn: dict[str, Any] = {"t": "cancel", "task": task_id}
+                if request_id is not None:
+                    txn.update(req=request_id, digest=digest, result=[CANCELLED])
+                seq = self._enqueue(txn)
+                self._deadlines.pop(task_id, None)
+        if known is not None:
+            return self._replayed(known)[0]
         self._wait(seq)
-        return True
+        return CANCELLED
 
-    def seal_input(self) -> None:
-        """No more submissions: ``acquire`` answers ``end_of_input`` once all are done."""
+    def seal_input(self, request_id: str | None = None) -> str:
+        """No more submissions: ``acquire`` answers ``end_of_input`` once all are done.
+        Idempotent (a retry, under any request id, answers ``sealed``)."""
         self._check_process()
+        self._request_id(request_id, optional=True)
         with self._mutex:
             self._check_usable()
-            if self.state.sealed:
-                return
-            seq = self._enqueue({"t": "seal"})
-        self._wait(seq)
+            seq = None if self.state.sealed else self._enqueue({"t": "seal"})
+        self._wait(self._last_seq if seq is None else seq)
+        return "sealed"
 
     # --- reading ------------------------------------------------------------------------
     def read_commits(self, cursor: int = 0, limit: int = 100) -> CommitPage:
@@ -927,16 +1211,17 @@ class Coordinator(ProcessBound):
         check_count("limit", limit, minimum=1)
         with self._mutex:
             end = self._durable_commits
-            recs = self.state.commits[cursor:min(end, cursor + limit)]
-            out = []
-            for i, rec in enumerate(recs):
-                ref = self._to_ref(rec.result)
-                assert ref is not None
-                out.append(Commit(cursor + i, rec.task_id, rec.attempt, rec.submission_id,
-                                  ref, rec.metadata or {}))
-        return CommitPage(tuple(out), cursor + len(out), end)
+            if cursor > end:
+                raise ValueError(f"cursor {cursor} is past the commit log ({end} durable "
+                                 "commits)")
+            stop = min(end, cursor + limit)
+            out = tuple(self._receipt(pos) for pos in range(cursor, stop))
+            st = self.state
+            done = (st.sealed and st.pending_count == 0 and st.leased_count == 0
+                    and stop == end == len(st.commits))
+        return CommitPage(out, stop, done)
 
-    def lookup_submission(self, submission_id: str) -> Receipt | None:
+    def lookup_submission(self, submission_id: str) -> CommitReceipt | None:
         """The receipt of a completion by its submission id (after a lost reply)."""
         self._check_process()
         _check_id("submission_id", submission_id)
@@ -946,62 +1231,108 @@ class Coordinator(ProcessBound):
                 return None
             return self._receipt(pos)
 
-    def task_status(self, task_id: str) -> TaskStatus:
+    def task_status(self, task_id: str) -> dict[str, Any] | None:
+        """A task as straw-queue reports it, or None if unknown: ``state`` (pending,
+        leased, completed, failed, cancelled), ``spec`` (its TaskSpec as a dict, with its
+        current input), ``generation`` (leases granted), ``failures`` (budget spent),
+        ``lease`` (the current lease, or the last one of a finished task, as a dict),
+        ``pending_order`` and, once it failed, ``failure``.  straw adds ``position`` (the
+        commit position of a completed task) and ``deadline`` (of a leased task's lease, in
+        the coordinator's clock)."""
         self._check_process()
+        if not isinstance(task_id, str):
+            raise TypeError(f"task_id must be a str, got {type(task_id).__name__}")
         with self._mutex:
-            task = self._task(task_id)
-            return TaskStatus(task.task_id, task.status, task.attempt, task.failures,
-                              task.max_attempts,
-                              self._lease_of(task) if task.lease else None, task.position,
-                              self._to_ref(task.input), task.last_error)
-
-    def pending_tasks(self, limit: int | None = None) -> list[str]:
-        """Pending task ids in scheduling order."""
-        self._check_process()
-        if limit is not None:
-            check_count("limit", limit)
-        with self._mutex:
-            return self.state.pending_in_order(limit)
-
-    # --- readers (D5) -------------------------------------------------------------------
-    def outstanding_reads(self) -> list[ReadLease]:
-        self._check_process()
-        with self._mutex:
-            out = []
-            for (w, t, a), ref in sorted(self.state.reads.items()):
-                r = self._to_ref(ref)
-                assert r is not None
-                out.append(ReadLease(w, t, a, r))
+            task = self.state.tasks.get(task_id)
+            if task is None:
+                return None
+            out: dict[str, Any] = {
+                "failures": task.failures, "generation": task.attempt,
+                "lease": None if task.lease is None else self._lease_of(task).to_dict(),
+                "pending_order": task.fifo - 1,
+                "spec": dataclasses.asdict(self._spec_of(task)), "state": task.status,
+            }
+            if task.last_error is not None:
+                out["failure"] = task.last_error
+            if task.position is not None:
+                out["position"] = task.position
+            if task.status == LEASED and task.task_id in self._deadlines:
+                out["deadline"] = self._deadlines[task.task_id]  # in the coordinator's clock
             return out
 
-    def release_task_reads(self, task_id: str, attempt: int | None = None) -> int:
-        """A supervisor confirmed these readers finished: drop their protection."""
+    def pending_tasks(self, *, task_prefix: str | None = None,
+                      min_priority: int | None = None) -> list[TaskSpec]:
+        """Pending tasks (both lanes) in acquisition order, as TaskSpecs with their current
+        inputs: a snapshot (coordinate a pause to act on it)."""
         self._check_process()
-        if attempt is not None:
-            check_count("attempt", attempt)
+        if task_prefix is not None and not isinstance(task_prefix, str):
+            raise TypeError(f"task_prefix must be None or a str, got {type(task_prefix).__name__}")
+        if min_priority is not None:
+            _check_int64("min_priority", min_priority)
+        with self._mutex:
+            out = []
+            for tid in self.state.pending_in_order():
+                task = self.state.tasks[tid]
+                if task_prefix is not None and not tid.startswith(task_prefix):
+                    continue
+                if min_priority is not None and task.priority < min_priority:
+                    continue
+                out.append(self._spec_of(task))
+            return out
+
+    # --- readers (D5) -------------------------------------------------------------------
+    def outstanding_reads(self) -> tuple[Lease, ...]:
+        """The leases whose reads were not ended (D5: a reader's protection outlives its
+        lease; only its own completion, failure or yield, ``release_task_reads`` or
+        ``retire_worker`` end it)."""
+        self._check_process()
+        with self._mutex:
+            st = self.state
+            return tuple(self._lease_from(t, a, w, st.read_epochs.get((w, t, a), 0))
+                         for (w, t, a) in sorted(st.reads))
+
+    def release_task_reads(self, leases: Sequence[Lease]) -> None:
+        """A supervisor confirmed that the readers of these leases finished (expired,
+        cancelled or recovered leases included): drop their protection."""
+        self._check_process()
+        if isinstance(leases, (Lease, Mapping)) or not isinstance(leases, Sequence):
+            raise TypeError("leases must be a list of Lease")
+        leases = [_check_lease_fields(le, f"leases[{i}]") for i, le in enumerate(leases)]
+        seq = None
         with self._mutex:
             self._check_usable()
-            self._task(task_id)
-            n = sum(1 for k in self.state.reads if k[1] == task_id and
-                    (attempt is None or k[2] == attempt))
-            if not n:
-                return 0
-            seq = self._enqueue({"t": "reads", "task": task_id, "attempt": attempt})
-        self._wait(seq)
-        return n
+            for lease in leases:
+                if (lease.worker_id, lease.task_id, lease.generation) in self.state.reads:
+                    seq = self._enqueue({"t": "reads", "task": lease.task_id,
+                                         "attempt": lease.generation})
+        if seq is not None:
+            self._wait(seq)
 
-    def retire_worker(self, worker_id: str) -> int:
-        """The worker is confirmed dead or finished: drop all its read protections."""
+    def retire_worker(self, worker_id: str) -> list[dict[str, Any]]:
+        """The worker is confirmed stopped: its leases are revoked (each spends one unit of
+        its task's budget, failure ``{"category": "WorkerLost"}``) and its read
+        protections dropped.  Returns the receipts (as dicts) of its accepted results
+        that the designated consumer has not processed yet, for the caller to deliver."""
         self._check_process()
         _check_id("worker_id", worker_id)
         with self._mutex:
             self._check_usable()
-            n = sum(1 for k in self.state.reads if k[0] == worker_id)
-            if not n:
-                return 0
-            seq = self._enqueue({"t": "retire", "worker": worker_id})
-        self._wait(seq)
-        return n
+            st = self.state
+            leased = [t for t in self._deadlines if (task := st.tasks[t]).status == LEASED
+                      and task.lease is not None and task.lease[1] == worker_id]
+            seq = None
+            if leased or any(k[0] == worker_id for k in st.reads):
+                seq = self._enqueue({"t": "retire", "worker": worker_id, "revoke": True})
+                for t in leased:
+                    self._deadlines.pop(t, None)
+            c = st.consumers.get(self.consumer_id)
+            start = c.processed if c is not None else 0
+            mine = [pos for pos in range(start, self._durable_commits)
+                    if (st.commits[pos].metadata or {}).get("worker") == worker_id]
+            receipts = [dataclasses.asdict(self._receipt(pos)) for pos in mine]
+        if seq is not None:
+            self._wait(seq)
+        return receipts
 
     # --- consumers ----------------------------------------------------------------------
     def open_consumer(self, consumer_id: str = DEFAULT_CONSUMER) -> ConsumerToken:
@@ -1269,15 +1600,18 @@ def _check_int64(name: str, value: object) -> None:
 
 def _check_lease_fields(lease: object, where: str) -> Lease:
     """A Lease whose fields have the types leases have (what a caller may have rebuilt
-    from a dict): TypeError/ValueError naming the field otherwise."""
+    from a dict; a dict of ``asdict(lease)`` is taken too): TypeError/ValueError naming the
+    field otherwise."""
+    if isinstance(lease, Mapping):
+        lease = Lease.from_dict(lease)
     if not isinstance(lease, Lease):
         raise TypeError(f"{where} must be a Lease, got {type(lease).__name__}")
-    for name in ("queue_id", "task_id", "worker_id"):
+    for name in ("run_id", "queue_id", "task_id", "attempt_id", "coordinator_epoch", "token",
+                 "worker_id"):
         if not isinstance(getattr(lease, name), str):
             raise TypeError(f"{where}.{name} must be a str, got "
                             f"{type(getattr(lease, name)).__name__}")
-    check_count(f"{where}.attempt", lease.attempt)
-    check_count(f"{where}.epoch", lease.epoch)
+    check_count(f"{where}.generation", lease.generation)
     return lease
 
 

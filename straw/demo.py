@@ -32,8 +32,8 @@ import numpy as np
 
 from .coordinator import Coordinator
 from .fs import PosixFS
+from .protocol import TaskSpec
 from .publication_log import AckLog
-from .queue_types import TaskSpec
 from .refs import Publication, Record, RecordSetRef
 from .store import SharedFilesystemStore
 from .tensor import CHUNK_BYTES, publish_tensors
@@ -84,7 +84,7 @@ def queue_step(root: str, tasks: int = 6) -> dict[str, object]:
     with SharedFilesystemStore(root, RUN, writer_id="producer") as producer, \
             SharedFilesystemStore(root, RUN, writer_id="worker-0") as worker, \
             SharedFilesystemStore(root, RUN, writer_id="trainer-q") as trainer:
-        q = Coordinator(trainer, queue_id="rollout")
+        q = Coordinator(trainer, queue_id="rollout", exclusive_owner="the demo's only process")
         prompts = [producer.publish([Record("prompt", f"prompt {i}".encode())],
                                     submission_id=f"prompt-{i}") for i in range(tasks)]
         q.submit_tasks("prompts-0", [TaskSpec(f"p{i}", input_ref=ref, priority=i % 2)
@@ -97,7 +97,7 @@ def queue_step(root: str, tasks: int = 6) -> dict[str, object]:
             (prompt,) = worker.read(a.task.input_ref)
             out = worker.publish([Record("sample", bytes(prompt.payload) + b" -> answer",
                                          metadata={"task_id": a.lease.task_id,
-                                                   "attempt": a.lease.attempt})],
+                                                   "attempt_id": a.lease.attempt_id})],
                                  submission_id=f"sample-{a.lease.task_id}")
             receipt = q.complete_task(a.lease, submission_id=f"done-{a.lease.task_id}",
                                       result_ref=out)
@@ -109,11 +109,12 @@ def queue_step(root: str, tasks: int = 6) -> dict[str, object]:
             (rec,) = trainer.read(c.result_ref)
             assert bytes(rec.payload).endswith(b" -> answer")
         token = q.open_consumer("training")
-        q.save_consumer_state(token, fetch_cursor=page.next_cursor,
-                              processed_cursor=page.next_cursor)
+        q.save_consumer_state(token, fetch_cursor=page.cursor,
+                              processed_cursor=page.cursor)
         q.close()
         # the coordinator "dies"; a new one recovers the same queue under a new epoch
-        q = Coordinator(trainer, queue_id="rollout", recover=True)
+        q = Coordinator(trainer, queue_id="rollout", recover=True,
+                        exclusive_owner="the demo's only process (the old one is closed)")
         assert [c.task_id for c in q.read_commits(0, 100).commits] == order
         epoch = q.epoch
         q.close()

@@ -8,16 +8,20 @@ leases, idempotency, limits, the clock); this module only records.
 
 Transactions (``t`` is the type)::
 
-    submit   req, digest, tasks[[id, input, meta, prio, key, max_att, control]], producer
+    submit   req, digest, tasks[[id, input, meta, prio, key, max_att, control,
+             allow_empty, est_records, est_bytes, est_tokens]], producer
     lease    epoch, worker, grants[[task, attempt]]          (acquire; read roots begin)
-    complete task, attempt, sub, result, digest, meta        (commit log grows by one)
-    fail     task, attempt, error, final                     (attempt budget)
+    complete task, attempt, sub, result, digest, meta        (commit log grows by one;
+                                                              meta {"worker": w})
+    fail     task, attempt, error, final [, req, digest, result]   (attempt budget)
     expire   task, attempt                                   (lease deadline passed)
-    yield    req, updates[[task, attempt, input, prio, key, meta]]
-    release  leases[[task, attempt]]                         (back, no budget spent)
-    cancel   task
-    seal
-    reads    task, attempt | None    /   retire  worker      (D5: only these end reads)
+    yield    req, digest, updates[[task, attempt, input, prio, key, meta]] [, result]
+    progress req, digest, updates[[task, attempt, input]], result   (lease kept)
+    release  leases[[task, attempt]] [, req, digest, result] (back, no budget spent)
+    cancel   task [, req, digest, result]
+    seal     [req, digest, result]
+    reads    task, attempt | None                            (D5: these and retire
+    retire   worker [, revoke]                                 end reads)
     cons_open  consumer, token   /   cons_save consumer, token, fetch, processed, state,
                                                    finished
     batch_plan batch, positions  /   batch_ready batch, ref
@@ -25,6 +29,14 @@ Transactions (``t`` is the type)::
     epoch    epoch                                           (recovery: leases revoked)
 
 References are stored as tuples ``(path, offset, size, checksum, digest, records)``.
+
+Request ids (D7 for control calls).  A transaction carrying ``req`` records
+``requests[req] = (digest, result)``: a retry of the same request (same digest) is answered
+``result`` from the state, without a second transaction, even after a recovery; another
+digest under the same id is an ``IdempotencyConflict``.  ``result`` is the reply (a tuple
+of strings: task ids, or outcomes such as ``pending``/``failed``/``released``).  Fields in
+brackets are absent from journals written before they existed (replay gives them their
+defaults: a submit's row ends at ``control``, whose None is the default lane).
 
 Scheduling order is priority desc, key asc, then FIFO = submission position (kept when a
 task returns to pending).
@@ -89,14 +101,18 @@ class Task:
     priority: int
     key: int
     max_attempts: int
-    control: str | None
+    control: bool  # the control lane (acquired only with acquire(control=True))
     fifo: int
     status: str = PENDING
     attempt: int = 0  # leases granted so far (attempt numbers start at 1)
     failures: int = 0  # fail_task and expiries: the attempt budget
-    lease: tuple[int, str, int] | None = None  # (attempt, worker, epoch)
+    # (attempt, worker, epoch): the current lease while LEASED, the last one once terminal
+    # (task_status shows it); None while pending
+    lease: tuple[int, str, int] | None = None
     position: int | None = None
-    last_error: str | None = None
+    last_error: Any = None  # the last failure (JSON: fail_task's failure, or a reason)
+    allow_empty: bool = False  # may complete with a result of no records
+    estimates: tuple[int, int, int] = (1, 0, 0)  # estimated records, bytes, tokens
 
     def order(self) -> tuple[int, int, int]:
         return (-self.priority, self.key, self.fifo)
@@ -117,6 +133,8 @@ class CommitRecord(NamedTuple):
 # a snapshot task row: Task's fields in order (metadata None: it is kept apart)
 _TASK_FIELDS = [f.name for f in dataclasses.fields(Task)]
 TASK_ROW_FIELDS = len(_TASK_FIELDS)
+# rows of snapshots written before allow_empty/estimates existed (they take the defaults)
+_OLD_TASK_ROW_FIELDS = _TASK_FIELDS.index("allow_empty")
 _STATUS = _TASK_FIELDS.index("status")
 _MISSING: Any = object()
 # a CommitRecord from a decoded row, in C (no per-row Python frame)
@@ -178,7 +196,7 @@ class TaskTable(MutableMapping[str, Task]):
         if len(meta) != len(rows):
             raise CorruptData(f"queue snapshot: {len(rows)} task rows but {len(meta)} "
                               "metadata entries")
-        if any(n != TASK_ROW_FIELDS for n in set(map(len, rows))):
+        if any(n not in (TASK_ROW_FIELDS, _OLD_TASK_ROW_FIELDS) for n in set(map(len, rows))):
             raise CorruptData(f"queue snapshot: task rows must have {TASK_ROW_FIELDS} fields")
         table = cls()
         ids = list(map(operator.itemgetter(0), rows))
@@ -194,6 +212,7 @@ class TaskTable(MutableMapping[str, Task]):
     def _load(self, task_id: str, i: int) -> Task:
         task = Task(*self._rows[i])
         task.metadata = self._meta[i]
+        task.control = bool(task.control)  # an older journal's default lane was None
         self._map[task_id] = task
         return task
 
@@ -261,7 +280,7 @@ class TaskTable(MutableMapping[str, Task]):
             else:
                 rows.append((v.task_id, v.input, None, v.priority, v.key, v.max_attempts,
                              v.control, v.fifo, v.status, v.attempt, v.failures, v.lease,
-                             v.position, v.last_error))
+                             v.position, v.last_error, v.allow_empty, v.estimates))
                 meta.append(v.metadata)
         return rows, meta
 
@@ -336,9 +355,10 @@ class QueueState:
     tasks: TaskTable = field(default_factory=TaskTable)
     commits: CommitLog = field(default_factory=CommitLog)
     submissions: dict[str, int] = field(default_factory=dict)  # completion id -> position
-    requests: dict[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
+    requests: dict[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)  # D7
     producers: dict[str, Any] = field(default_factory=dict)
     reads: dict[tuple[str, str, int], RefTuple] = field(default_factory=dict)
+    read_epochs: dict[tuple[str, str, int], int] = field(default_factory=dict)  # grant epoch
     consumers: dict[str, Consumer] = field(default_factory=dict)
     batches: dict[str, Batch] = field(default_factory=dict)
     checkpoints: dict[str, tuple[RefTuple | None, int]] = field(default_factory=dict)
@@ -347,8 +367,7 @@ class QueueState:
     pending_count: int = 0
     leased_count: int = 0
     # scheduling index per lane: heap of (order, task_id); stale entries skipped lazily
-    lanes: dict[str | None, list[tuple[tuple[int, int, int], str]]] = field(
-        default_factory=dict)
+    lanes: dict[bool, list[tuple[tuple[int, int, int], str]]] = field(default_factory=dict)
 
     # --- scheduling ---------------------------------------------------------------------
     def _make_pending(self, task: Task) -> None:
@@ -374,7 +393,7 @@ class QueueState:
         task = self.tasks.get(entry[1])
         return task is not None and task.status == PENDING and task.order() == entry[0]
 
-    def best_pending(self, control: str | None, n: int = 1,
+    def best_pending(self, control: bool, n: int = 1,
                      prefix: str | None = None) -> list[Task]:
         """Q4: up to ``n`` best pending tasks of a lane, in scheduling order (priority
         descending, scheduling key ascending, then FIFO), without changing
@@ -401,7 +420,7 @@ class QueueState:
         return out
 
     def pending_in_order(self, limit: int | None = None) -> list[str]:
-        """Pending task ids in scheduling order across lanes (inspection only)."""
+        """Pending task ids in scheduling order across lanes (inspection, pending_tasks)."""
         entries = sorted(e for heap in self.lanes.values() for e in heap if self._live_entry(e))
         # a requeued task may have two identical live heap entries
         ids = list(dict.fromkeys(tid for _, tid in entries))
@@ -411,15 +430,22 @@ class QueueState:
     def apply(self, txn: dict[str, Any]) -> None:
         getattr(self, "_t_" + txn["t"])(txn)
 
+    def _request(self, txn: dict[str, Any], default: tuple[str, ...] = ()) -> None:
+        """Record the transaction's request id, if it has one, with its reply."""
+        if txn.get("req") is not None:
+            self.requests[txn["req"]] = (txn["digest"], tuple(txn.get("result", default)))
+
     def _t_submit(self, txn: dict[str, Any]) -> None:
         ids = []
-        for tid, inp, meta, prio, key, max_att, control in txn["tasks"]:
+        for tid, inp, meta, prio, key, max_att, control, *extra in txn["tasks"]:
+            allow_empty, *est = extra or (False, 1, 0, 0)
             task = Task(tid, tuple(inp) if inp else None, meta, prio, key,  # type: ignore[arg-type]
-                        max_att, control, 0)
+                        max_att, bool(control), 0, allow_empty=allow_empty,
+                        estimates=tuple(est))  # type: ignore[arg-type]
             self.tasks[tid] = task
             self._make_pending(task)
             ids.append(tid)
-        self.requests[txn["req"]] = (txn["digest"], tuple(ids))
+        self._request(txn, tuple(ids))
         if txn.get("producer") is not None:
             pid, state = txn["producer"]
             self.producers[pid] = state
@@ -435,13 +461,19 @@ class QueueState:
             self.leased_count += 1
             if task.input is not None:
                 self.reads[(worker, tid, attempt)] = task.input
+                self.read_epochs[(worker, tid, attempt)] = epoch
+
+    def _drop_read(self, key: tuple[str, str, int]) -> None:
+        self.reads.pop(key, None)
+        self.read_epochs.pop(key, None)
 
     def _end_attempt(self, tid: str, attempt: int, *, reader_done: bool) -> Task:
+        """The task leaves its status; its lease stays recorded (``task_status`` shows it)
+        until it becomes pending again."""
         task = self.tasks[tid]
         if task.lease is not None and reader_done:
-            self.reads.pop((task.lease[1], tid, attempt), None)
+            self._drop_read((task.lease[1], tid, attempt))
         self._leave(task)
-        task.lease = None
         return task
 
     def _t_complete(self, txn: dict[str, Any]) -> None:
@@ -461,6 +493,7 @@ class QueueState:
             task.status = FAILED
         else:
             self._make_pending(task)
+        self._request(txn)
 
     def _t_expire(self, txn: dict[str, Any]) -> None:
         # the right to commit ends; the reader's protection does not (D5)
@@ -478,28 +511,52 @@ class QueueState:
             task.input = tuple(inp) if inp else None  # type: ignore[assignment]
             task.priority, task.key, task.metadata = prio, key, meta
             self._make_pending(task)
-        self.requests[txn["req"]] = (txn["digest"], tuple(u[0] for u in txn["updates"]))
+        self._request(txn, tuple(u[0] for u in txn["updates"]))
+
+    def _t_progress(self, txn: dict[str, Any]) -> None:
+        """save_task_progress: a leased task's input becomes the continuation; the lease
+        and the reader's protection of what it read (D5) stay."""
+        for tid, _attempt, inp in txn["updates"]:
+            self.tasks[tid].input = tuple(inp)  # type: ignore[assignment]
+        self._request(txn)
 
     def _t_release(self, txn: dict[str, Any]) -> None:
         for tid, attempt in txn["leases"]:
             self._make_pending(self._end_attempt(tid, attempt, reader_done=True))
+        self._request(txn)
 
     def _t_cancel(self, txn: dict[str, Any]) -> None:
         task = self.tasks[txn["task"]]
         self._end_attempt(task.task_id, task.attempt, reader_done=False)
         task.status = CANCELLED
+        self._request(txn)
 
     def _t_seal(self, txn: dict[str, Any]) -> None:
         self.sealed = True
+        self._request(txn)
 
     def _t_reads(self, txn: dict[str, Any]) -> None:
         for key in [k for k in self.reads if k[1] == txn["task"] and
                     (txn["attempt"] is None or k[2] == txn["attempt"])]:
-            del self.reads[key]
+            self._drop_read(key)
 
     def _t_retire(self, txn: dict[str, Any]) -> None:
-        for key in [k for k in self.reads if k[0] == txn["worker"]]:
-            del self.reads[key]
+        """The worker is confirmed stopped: its reads end and, with ``revoke``, its
+        leases too (each spends one unit of the task's budget, like an expiry)."""
+        worker = txn["worker"]
+        for key in [k for k in self.reads if k[0] == worker]:
+            self._drop_read(key)
+        if not txn.get("revoke") or self.leased_count == 0:
+            return
+        for task in list(self.tasks.loaded()):  # leased tasks are loaded
+            if task.status == LEASED and task.lease is not None and task.lease[1] == worker:
+                self._end_attempt(task.task_id, task.attempt, reader_done=False)
+                task.failures += 1
+                task.last_error = {"category": "WorkerLost"}
+                if task.failures >= task.max_attempts:
+                    task.status = FAILED
+                else:
+                    self._make_pending(task)
 
     def _t_epoch(self, txn: dict[str, Any]) -> None:
         """A new coordinator epoch: every lease of an older epoch is revoked (the task
@@ -580,7 +637,8 @@ class QueueState:
             "commits": msgpack.packb(self.commits.rows(), use_bin_type=True),
             "requests": [[k, d, list(ids)] for k, (d, ids) in self.requests.items()],
             "producers": self.producers,
-            "reads": [[w, t, a, r] for (w, t, a), r in self.reads.items()],
+            "reads": [[w, t, a, r, self.read_epochs.get((w, t, a), 0)]
+                      for (w, t, a), r in self.reads.items()],
             "consumers": [[k, c.token, c.fetch, c.processed, c.state, list(c.finished)]
                           for k, c in self.consumers.items()],
             "batches": [[k, list(b.positions), b.ref, b.finished]
@@ -616,7 +674,9 @@ class QueueState:
         st.submissions = dict(zip(subs, range(len(rows)), strict=True))
         st.requests = {k: (d, tuple(ids)) for k, d, ids in snap["requests"]}
         st.producers = dict(snap["producers"])
-        st.reads = {(w, t, a): tuple(r) for w, t, a, r in snap["reads"]}  # type: ignore[misc]
+        for w, t, a, r, *e in snap["reads"]:  # the grant's epoch: absent in older snapshots
+            st.reads[(w, t, a)] = tuple(r)  # type: ignore[assignment]
+            st.read_epochs[(w, t, a)] = e[0] if e else 0
         for k, token, fetch, processed, state, finished in snap["consumers"]:
             st.consumers[k] = Consumer(token, fetch, processed,
                                        tuple(state) if state else None,  # type: ignore[arg-type]

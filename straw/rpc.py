@@ -41,7 +41,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from . import errors
-from .queue_types import ConsumerToken, Lease, TaskSpec
+from .protocol import ConsumerToken, Lease, TaskSpec
 from .refs import RecordSetRef
 from .reporting import canonical_json
 

@@ -15,7 +15,7 @@ import pytest
 from straw import Record, SharedFilesystemStore
 from straw.cli import main
 from straw.coordinator import Coordinator
-from straw.queue_types import TaskSpec
+from straw.protocol import TaskSpec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOOD_DECLARATION = {"direct_mount": True, "writeback": False, "open_cache": 0,
@@ -59,7 +59,7 @@ def live_pool(tmp_path):
     got = q.acquire("gen-0", 3)
     for a, staleness in zip(got.assignments[:2], (1, 3), strict=True):
         out = worker.publish([Record("sample", b"tokens", metadata={
-            "task_id": a.lease.task_id, "attempt": a.lease.attempt, "staleness": staleness})],
+            "task_id": a.lease.task_id, "attempt_id": a.lease.attempt_id, "staleness": staleness})],
             submission_id=f"s-{a.lease.task_id}")
         q.complete_task(a.lease, submission_id=f"done-{a.lease.task_id}", result_ref=out)
     token = q.open_consumer("trainer")

@@ -28,7 +28,7 @@ import pytest
 
 from straw import ForkedProcess, Record, RecordSetRef, SharedFilesystemStore, UnsafeRecovery
 from straw.coordinator import Coordinator
-from straw.queue_types import TaskSpec
+from straw.protocol import TaskSpec
 from straw.tensor import TensorRef, publish_tensors
 
 DEADLOCK_GUARD = 120.0  # seconds: far above what any child here needs
@@ -152,7 +152,7 @@ def test_fork_child_store_refuses(tmp_path):
     q.submit_tasks("req", [TaskSpec("t0", first), TaskSpec("t1", first)])
     (assignment,) = q.acquire("worker").assignments
     lease = assignment.lease
-    result = store.publish(_rec("answer", task_id=lease.task_id, attempt=lease.attempt),
+    result = store.publish(_rec("answer", task_id=lease.task_id, attempt_id=lease.attempt_id),
                            submission_id="result")
 
     def child() -> dict[str, Any]:
@@ -226,7 +226,7 @@ def test_fork_child_store_refuses(tmp_path):
         with Coordinator(s, queue_id="q", recover=True) as again:
             page = again.read_commits()
             assert [c.task_id for c in page.commits] == ["t0"]
-            assert again.task_status("t1").status == "pending"
+            assert again.task_status("t1")["state"] == "pending"
 
 
 def test_fork_child_every_public_method_refuses(tmp_path):
@@ -296,7 +296,7 @@ def test_fork_child_close_touches_nothing(tmp_path):
     after = store.publish(_rec("after"), submission_id="after")
     assert after.path == ref.path and after.offset > ref.offset
     (a,) = q.acquire("w").assignments
-    out = store.publish(_rec("out", task_id="t0", attempt=a.lease.attempt),
+    out = store.publish(_rec("out", task_id="t0", attempt_id=a.lease.attempt_id),
                         submission_id="out")
     q.complete_task(a.lease, submission_id="done", result_ref=out)
     assert bytes(next(session.read(ref)).payload) == b"before"
@@ -394,7 +394,7 @@ def test_fork_child_does_not_keep_parent_locks(tmp_path):
         with _store(tmp_path) as s:
             assert s.lookup_submission("p") is not None
             with Coordinator(s, queue_id="q", recover=True) as q:
-                assert q.task_status("t0").status == "pending"
+                assert q.task_status("t0")["state"] == "pending"
     finally:
         os.close(hold_w)  # C exits
 

@@ -27,7 +27,7 @@ from straw import (
 from straw.clock import ManualClock
 from straw.coordinator import Coordinator
 from straw.fs import PosixFS
-from straw.queue_types import TaskSpec
+from straw.protocol import TaskSpec
 from straw.tensor import TensorRef, publish_tensors
 from tests.refedit import edited, payload_at
 
@@ -449,7 +449,7 @@ def test_queue_refuses_references_that_name_no_publication(tmp_path):
             with pytest.raises(InvalidReference):
                 q.register_checkpoint("c", bad, cursor=0)
             result = store.publish([Record("out", b"r", metadata={
-                "task_id": a.lease.task_id, "attempt": a.lease.attempt})], submission_id="out")
+                "task_id": a.lease.task_id, "attempt_id": a.lease.attempt_id})], submission_id="out")
             with pytest.raises(InvalidReference):
                 q.complete_task(a.lease, submission_id="done",
                                 result_ref=edited(result, digest=_flipped(

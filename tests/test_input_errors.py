@@ -33,7 +33,7 @@ from straw import (
 from straw.clock import ManualClock
 from straw.coordinator import Coordinator
 from straw.pack import EXTENT_PREFIX, decode_manifest
-from straw.queue_types import ConsumerToken, Lease, Limits, TaskSpec
+from straw.protocol import ConsumerToken, Lease, Limits, TaskSpec
 from straw.refs import MAX_METADATA_DEPTH, RecordRef, RecordSetRef
 from straw.tensor import TensorRef, publish_tensors, set_load_buffer_cache
 from tests.refedit import edited
@@ -129,14 +129,14 @@ def test_counts_past_64_bits_are_value_errors(store, q):
         q.submit_tasks(uid(), [TaskSpec(uid(), max_attempts=2**64)])
     with pytest.raises(ValueError, match=r"updates\[0\]\['priority'\]"):
         q.yield_tasks([{"lease": lease, "priority": 2**64}], request_id=uid())
-    with pytest.raises(ValueError, match=r"updates\[0\]\['lease'\]\.attempt"):
-        q.yield_tasks([{"lease": dataclasses.replace(lease, attempt=2**64)}],
+    with pytest.raises(ValueError, match=r"updates\[0\]\['lease'\]\.generation"):
+        q.yield_tasks([{"lease": dataclasses.replace(lease, generation=2**64)}],
                       request_id=uid())
     with pytest.raises(ValueError, match="cursor"):
         q.read_commits(2**64)
     with pytest.raises(ValueError, match="reserve_bytes"):
         SharedFilesystemStore(store.root, "run", writer_id="other", reserve_bytes=2**64)
-    assert q.task_status(lease.task_id).status == "leased"  # nothing happened to it
+    assert q.task_status(lease.task_id)["state"] == "leased"  # nothing happened to it
 
 
 def test_reference_offsets_past_63_bits_are_invalid_reference(store, q):
@@ -173,25 +173,29 @@ def test_bools_refused_as_counts(store, q):
         "max_tasks": lambda: q.acquire("w", True),
         "cursor": lambda: q.read_commits(True),
         "limit": lambda: q.read_commits(0, True),
-        "attempt": lambda: q.heartbeat([dataclasses.replace(lease, attempt=True)]),
+        "generation": lambda: q.heartbeat([dataclasses.replace(lease, generation=True)]),
         "fetch_cursor": lambda: q.save_consumer_state(token, fetch_cursor=True,
                                                       processed_cursor=0),
         "token.token": lambda: q.save_consumer_state(
             ConsumerToken(token.consumer_id, True), fetch_cursor=0, processed_cursor=0),
         r"positions\[0\]": lambda: q.plan_batch(uid(), [True]),
         "register cursor": lambda: q.register_checkpoint(uid(), cursor=False),
-        "release attempt": lambda: q.release_task_reads(lease.task_id, True),
+        "release generation": lambda: q.release_task_reads(
+            [dataclasses.replace(lease, generation=True)]),
         "reserve_bytes": lambda: SharedFilesystemStore(store.root, "run", writer_id="b",
                                                        reserve_bytes=True),
         "lease_seconds": lambda: Coordinator(store, queue_id="b", lease_seconds=True),
-        "Limits.max_pending_tasks": lambda: Limits(max_pending_tasks=True),
+        "Limits.pending_tasks": lambda: Limits(pending_tasks=True),
+        "allow_empty": lambda: q.submit_tasks(uid(), [TaskSpec(uid(), allow_empty=1)]),
+        "estimated_tokens": lambda: q.submit_tasks(uid(), [TaskSpec(uid(),
+                                                                    estimated_tokens=True)]),
     }
     for name, call in calls.items():
         with pytest.raises(TypeError, match="bool") as e:
             call()
         assert name.split()[-1].replace("\\", "") in str(e.value), (name, e.value)
     assert _files(store.root) == before  # nothing written
-    assert q.task_status(lease.task_id).attempt == 1
+    assert q.task_status(lease.task_id)["generation"] == 1
 
 
 def test_options_are_checked_when_the_store_or_coordinator_opens(tmp_path):
@@ -218,8 +222,9 @@ def test_options_are_checked_when_the_store_or_coordinator_opens(tmp_path):
 
 
 def test_lease_from_dict_and_argument_shapes(q):
-    with pytest.raises(ValueError, match="lacks attempt, epoch"):
-        Lease.from_dict({"queue_id": "q", "task_id": "t", "worker_id": "w", "deadline": 1.0})
+    with pytest.raises(ValueError, match="lacks run_id, attempt_id, generation"):
+        Lease.from_dict({"queue_id": "q", "task_id": "t", "worker_id": "w", "deadline": 1.0,
+                         "coordinator_epoch": "1", "token": "x"})
     with pytest.raises(TypeError, match="mapping"):
         Lease.from_dict(["q"])  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="task_ids"):
@@ -366,7 +371,7 @@ def test_sample_codec_builds_only_registered_dataclasses(store):
     would bypass its checks, and Lease) is UnsupportedSchema; registered ones round trip."""
     ref = store.publish([Record("a", b"x")], submission_id=uid())
     for name, fields in (("straw.refs:RecordSetRef", {**ref.to_dict(), "offset": -5}),
-                         ("straw.queue_types:Lease", {"queue_id": "q", "task_id": "t",
+                         ("straw.protocol:Lease", {"queue_id": "q", "task_id": "t",
                                                       "attempt": 1, "worker_id": "w",
                                                       "epoch": 99, "deadline": 0.0}),
                          (f"{__name__}:Registered", {"a": 1, "b": []})):
@@ -462,17 +467,28 @@ def _entry_points(store, q):  # type: ignore[no-untyped-def]
         "acquire control": lambda v: q.acquire("w", control=v),
         "cursor": lambda v: q.read_commits(v),
         "limit": lambda v: q.read_commits(0, v),
-        "pending limit": lambda v: q.pending_tasks(v),
-        "lease attempt": lambda v: q.heartbeat([dataclasses.replace(lease, attempt=v)]),
-        "lease epoch": lambda v: q.complete_task(dataclasses.replace(lease, epoch=v),
-                                                 submission_id=uid(), result_ref=ref),
+        "pending prefix": lambda v: q.pending_tasks(task_prefix=v),
+        "pending min_priority": lambda v: q.pending_tasks(min_priority=v),
+        "lease generation": lambda v: q.heartbeat([dataclasses.replace(lease, generation=v)]),
+        "lease epoch": lambda v: q.complete_task(
+            dataclasses.replace(lease, coordinator_epoch=v), submission_id=uid(),
+            result_ref=ref),
+        "lease token": lambda v: q.heartbeat([dataclasses.replace(lease, token=v)]),
         "lease task_id": lambda v: q.fail_task(dataclasses.replace(lease, task_id=v)),
         "yield priority": lambda v: q.yield_tasks(
-            [{"lease": dataclasses.replace(lease, attempt=lease.attempt + 1),
+            [{"lease": dataclasses.replace(lease, generation=lease.generation + 1),
               "priority": v}], request_id=uid()),
         "yield metadata": lambda v: q.yield_tasks(
-            [{"lease": dataclasses.replace(lease, attempt=lease.attempt + 1),
+            [{"lease": dataclasses.replace(lease, generation=lease.generation + 1),
               "metadata": {"v": v}}], request_id=uid()),
+        "progress ref": lambda v: q.save_task_progress(lease, request_id=uid(), input_ref=v),
+        "release request_id": lambda v: q.release_tasks(
+            [dataclasses.replace(lease, generation=99)], request_id=v),
+        "cancel request_id": lambda v: q.cancel_task("nope", request_id=v),
+        "seal request_id": lambda v: q.seal_input(v) if not isinstance(v, str) else None,
+        "producer_state id": lambda v: q.producer_state(v),
+        "estimated_bytes": lambda v: sub(estimated_bytes=v),
+        "allow_empty": lambda v: sub(allow_empty=v),
         "yield lease": lambda v: q.yield_tasks([{"lease": v}], request_id=uid()),
         "fetch_cursor": lambda v: q.save_consumer_state(token, fetch_cursor=v,
                                                         processed_cursor=0),
@@ -481,9 +497,10 @@ def _entry_points(store, q):  # type: ignore[no-untyped-def]
         "plan positions": lambda v: q.plan_batch(uid(), [v]),
         "plan positions seq": lambda v: q.plan_batch(uid(), v),
         "checkpoint cursor": lambda v: q.register_checkpoint(uid(), cursor=v),
-        "release reads": lambda v: q.release_task_reads(lease.task_id, v),
-        "lease from_dict": lambda v: Lease.from_dict({**lease.to_dict(), "attempt": v}),
+        "release reads": lambda v: q.release_task_reads(v),
+        "lease from_dict": lambda v: Lease.from_dict({**lease.to_dict(), "generation": v}),
         "limits": lambda v: Limits(max_ready_batches=v),
+        "limits pending": lambda v: Limits(pending_tasks=v),
         "lazy": lambda v: C.decode_sample(store, sample, lazy_tensors_over=v),
         "sample": lambda v: C.encode_sample(store, {"v": v}, submission_id=uid()),
         "decode ref": lambda v: C.decode_sample(store, v),
@@ -504,9 +521,12 @@ def _entry_points(store, q):  # type: ignore[no-untyped-def]
         "get_batch": lambda v: q.get_batch(v),
         "batch_ready": lambda v: q.batch_ready(v, ref),
         "release_checkpoint": lambda v: q.release_checkpoint(v),
-        "fail error": lambda v: q.fail_task(dataclasses.replace(lease, attempt=99), error=v),
+        "fail failure": lambda v: q.fail_task(dataclasses.replace(lease, generation=99),
+                                              failure=v),
+        "fail request_id": lambda v: q.fail_task(dataclasses.replace(lease, generation=99),
+                                                 request_id=v),
         "result_digest": lambda v: q.complete_task(
-            dataclasses.replace(lease, attempt=99), submission_id=uid(), result_ref=ref,
+            dataclasses.replace(lease, generation=99), submission_id=uid(), result_ref=ref,
             result_digest=v),
         "tensor row": lambda v: tensor[v],
         "tensor rows": lambda v: tensor.rows(v, 3),

@@ -31,7 +31,8 @@ def _ref(i: int) -> list[Any]:
 
 def _fields(t: Task) -> tuple[Any, ...]:
     return (t.task_id, t.input, t.metadata, t.priority, t.key, t.max_attempts, t.control,
-            t.fifo, t.status, t.attempt, t.failures, t.lease, t.position, t.last_error)
+            t.fifo, t.status, t.attempt, t.failures, t.lease, t.position, t.last_error,
+            t.allow_empty, t.estimates)
 
 
 def _busy_state() -> QueueState:
@@ -55,6 +56,18 @@ def _busy_state() -> QueueState:
     st.apply({"t": "yield", "req": "y", "digest": "z",
               "updates": [["t08", 1, _ref(8), 5, 0, {"y": 1}]]})
     st.apply({"t": "release", "leases": [["t09", 1]]})
+    # the current row and transaction shapes: allow_empty and estimates, request ids on
+    # control calls, progress kept under a lease, a retired worker's leases revoked
+    st.apply({"t": "submit", "req": "r3", "digest": "x3", "producer": None,
+              "tasks": [[f"n{i}", _ref(i), {}, 0, 0, 2, i == 3, i == 1, 0 if i == 3 else 2,
+                         0, 5] for i in range(4)]})
+    st.apply({"t": "lease", "epoch": 1, "worker": "v", "grants": [[f"n{i}", 1] for i in range(4)]})
+    st.apply({"t": "progress", "req": "p", "digest": "pd", "updates": [["n0", 1, _ref(40)]],
+              "result": ["saved"]})
+    st.apply({"t": "fail", "task": "n1", "attempt": 1, "error": {"category": "x"},
+              "final": False, "req": "f", "digest": "fd", "result": ["pending"]})
+    st.apply({"t": "cancel", "task": "n3", "req": "c", "digest": "cd", "result": ["cancelled"]})
+    st.apply({"t": "retire", "worker": "v", "revoke": True})
     st.apply({"t": "cons_open", "consumer": "training", "token": 1})
     st.apply({"t": "batch_plan", "batch": "b", "positions": [0, 1]})
     st.apply({"t": "cons_save", "consumer": "training", "token": 1, "fetch": 3,
@@ -111,10 +124,11 @@ def test_terminal_tasks_load_once_and_stay_loaded() -> None:
     assert table.get("nope") is None and table.get("nope", 0) == 0
     with pytest.raises(KeyError):
         table["nope"]
-    assert len(table) == 30 and list(table) == [f"t{i:02d}" for i in range(30)]
+    ids = [f"t{i:02d}" for i in range(30)] + [f"n{i}" for i in range(4)]
+    assert len(table) == 34 and list(table) == ids
     t.last_error = "changed"  # a change to a loaded task is kept
     assert table["t01"].last_error == "changed"
-    assert len(list(table.values())) == 30 and len(list(table.loaded())) == 30
+    assert len(list(table.values())) == 34 and len(list(table.loaded())) == 34
 
 
 def test_commit_log_reads_as_records() -> None:
@@ -191,9 +205,9 @@ def test_best_pending_takes_k_distinct_tasks_in_order_and_keeps_the_heap():
     for prefix in (None, "t1"):
         expect = [t for t in want if prefix is None or t.startswith(prefix)]
         for k in (1, 7, 50, 80):
-            got = [t.task_id for t in st.best_pending(None, k, prefix)]
+            got = [t.task_id for t in st.best_pending(False, k, prefix)]
             assert got == expect[:k]
-    assert st.best_pending("other-lane", 5) == []
+    assert st.best_pending(True, 5) == []  # the control lane is empty
     assert st.pending_in_order() == want  # nothing was taken
 
 

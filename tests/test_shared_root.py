@@ -24,7 +24,7 @@ from straw import (
 from straw.catalog import LEGACY_RUN, Catalog
 from straw.coordinator import Coordinator
 from straw.fs import PosixFS
-from straw.queue_types import TaskSpec
+from straw.protocol import TaskSpec
 
 
 def _store(root: object, run: str, writer: str = "w") -> SharedFilesystemStore:
@@ -140,7 +140,8 @@ def test_two_run_ids_in_one_root_queues_of_same_id_are_independent(tmp_path):
     assert qb.pending_tasks() == [] and qb.acquire("wb", 1).assignments == ()
     got = qa.acquire("wa", 1).assignments  # A is not fenced
     assert [x.lease.task_id for x in got] == ["a-task"]
-    out = a.publish([Record("out", b"done", metadata={"task_id": "a-task", "attempt": 1})],
+    out = a.publish([Record("out", b"done", metadata={"task_id": "a-task",
+                                                      "attempt_id": got[0].lease.attempt_id})],
                     submission_id="out")
     qa.complete_task(got[0].lease, submission_id="c", result_ref=out)
     assert qb.read_commits(0, 10).commits == ()

@@ -38,7 +38,7 @@ WORKER = r"""
 import sys
 from straw import Record, SharedFilesystemStore
 from straw.rpc import QueueClient
-from straw.queue_types import Lease
+from straw.protocol import Lease
 
 url, token, root = sys.argv[1:4]
 client = QueueClient(url, token=token, timeout=30)

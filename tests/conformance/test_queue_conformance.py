@@ -68,7 +68,7 @@ from spec.state import State, TaskStatus, initial_state
 from straw import Fenced, IndeterminateCommit, LeaseExpired, Record, StaleAttempt
 from straw.clock import ManualClock
 from straw.coordinator import Coordinator
-from straw.queue_types import Lease, TaskSpec
+from straw.protocol import Lease, TaskSpec
 from straw.store import SharedFilesystemStore
 
 LEASE_SECONDS = 10.0
@@ -265,20 +265,24 @@ class QueueConformance(RuleBasedStateMachine):
     def observe_engine(self) -> tuple[Any, ...]:
         tasks = []
         for t, name in enumerate(TASKS):
-            if t not in self.submitted:
-                try:
-                    self.coord.task_status(name)
-                except ValueError:
-                    tasks.append((name, "unsubmitted", 0, 0))
-                    continue
-                self.submitted.add(t)
             ts = self.coord.task_status(name)
-            tasks.append((name, ts.status, ts.attempt, ts.failures))
+            if ts is None:
+                tasks.append((name, "unsubmitted", 0, 0))
+                continue
+            self.submitted.add(t)
+            tasks.append((name, ts["state"], ts["generation"], ts["failures"]))
         page = self.coord.read_commits(0, 100)
-        commits = tuple((c.task_id, c.attempt, c.submission_id) for c in page.commits)
-        reads = frozenset((r.worker_id, self._ename(r.input_ref))
+        # a completed task's generation is its committed attempt (it is never leased again)
+        commits = tuple((c.task_id, self.coord.task_status(c.task_id)["generation"],
+                         c.submission_id) for c in page.commits)
+        reads = frozenset((r.worker_id, self._ename(self._read_input(r)))
                           for r in self.coord.outstanding_reads())
         return tuple(tasks), commits, reads
+
+    def _read_input(self, lease: Lease) -> Any:
+        """The input an outstanding read protects (the engine's reads table)."""
+        t = self.coord.state.reads[(lease.worker_id, lease.task_id, lease.generation)]
+        return self.coord._to_ref(t)
 
     def observe_spec(self, s: State) -> tuple[Any, ...]:
         tasks = tuple((TASKS[t], tk.status.value, tk.attempt, tk.failures)
@@ -290,10 +294,11 @@ class QueueConformance(RuleBasedStateMachine):
 
     def engine_may_commit(self, le: Lease) -> bool:
         ts = self.coord.task_status(le.task_id)
-        cur = ts.lease
-        return (ts.status == "leased" and cur is not None and cur.attempt == le.attempt
-                and cur.worker_id == le.worker_id and le.epoch == self.coord.epoch
-                and not self.clock.now() > cur.deadline)
+        cur = ts["lease"]
+        return (ts["state"] == "leased" and cur is not None
+                and cur["generation"] == le.generation and cur["worker_id"] == le.worker_id
+                and le.coordinator_epoch == str(self.coord.epoch)
+                and not self.clock.now() > ts["deadline"])
 
     @invariant()
     def engine_matches_spec(self) -> None:
@@ -302,7 +307,8 @@ class QueueConformance(RuleBasedStateMachine):
             raise Disagreement(f"engine {eng}\n     != spec {spec}")
         for w, h in self.held.items():
             le = h.engine
-            if (TASKS.index(le.task_id), le.attempt, le.epoch, WORKERS.index(le.worker_id)) != (
+            if (TASKS.index(le.task_id), le.generation, int(le.coordinator_epoch),
+                    WORKERS.index(le.worker_id)) != (
                     h.spec.task, h.spec.attempt, h.spec.epoch, w):
                 raise Disagreement(f"worker {w}: engine lease {le} != spec lease {h.spec}")
             if self.engine_may_commit(le) != A.live(CFG, self.s, h.spec):
@@ -316,14 +322,16 @@ class QueueConformance(RuleBasedStateMachine):
         """D2 on the engine: everything its journal names (inputs of pending/leased tasks,
         inputs being read, results of commits: no consumer retires any here) is a root of
         the queue's owner in the catalog."""
-        named = [r.input_ref for r in self.coord.outstanding_reads()]
+        named = [self._read_input(r) for r in self.coord.outstanding_reads()]
+        for spec in self.coord.pending_tasks():
+            if spec.input_ref is not None:
+                named.append(spec.input_ref)
         for name in TASKS:
-            try:
-                ts = self.coord.task_status(name)
-            except ValueError:
-                continue
-            if ts.status in ("pending", "leased") and ts.input_ref is not None:
-                named.append(ts.input_ref)
+            ts = self.coord.task_status(name)
+            if ts is not None and ts["state"] == "leased":
+                inp = self.coord.state.tasks[name].input
+                if inp is not None:
+                    named.append(self.coord._to_ref(inp))
         named += [c.result_ref for c in self.coord.read_commits(0, 100).commits]
         with self.store.catalog.locked() as cst:
             roots = cst.owners.get((self.store.run_id, self.coord.owner), frozenset())
@@ -362,7 +370,8 @@ class QueueConformance(RuleBasedStateMachine):
             else new[t % len(new)]
         STEPS["submit (retry)" if t in self.submitted else "submit"] += 1
         d = CFG.tasks[t]
-        spec = TaskSpec(d.name, self.inputs[t], {}, d.priority, d.key, CFG.max_attempts)
+        spec = TaskSpec(d.name, self.inputs[t], {}, priority=d.priority, scheduling_key=d.key,
+                        max_attempts=CFG.max_attempts)
         again = t in self.submitted
         crashed, res, err = self._engine_call(
             lambda: self.coord.submit_tasks(f"req-{d.name}", [spec]), crash)
@@ -375,7 +384,7 @@ class QueueConformance(RuleBasedStateMachine):
             return
         if err is not None:
             raise Disagreement(f"submit {d.name} failed: {err!r}")
-        assert res.task_ids == (d.name,)
+        assert res == [d.name]
         self.submitted.add(t)
         self.apply(steps, f"submit {d.name}")
 
@@ -390,9 +399,11 @@ class QueueConformance(RuleBasedStateMachine):
         if crashed:
             self.resolve([[], [("cancel", (t,))]], f"cancel {TASKS[t]}")
             return
+        if isinstance(err, ValueError) and "already" in str(err):
+            err = None  # a terminal task: refused (the spec must refuse too, below)
         if err is not None:
             raise Disagreement(f"cancel failed: {err!r}")
-        if res:
+        if res == "cancelled":
             self.apply([("cancel", (t,))], f"cancel {TASKS[t]}")
         elif A.cancel(CFG, CORRECT, self.s, t) is not None:
             raise Disagreement(f"engine refused to cancel {TASKS[t]}, the spec allows it")
@@ -407,8 +418,8 @@ class QueueConformance(RuleBasedStateMachine):
         steps: list[Step] = []
         for t, tk in enumerate(self.s.tasks):
             if tk.status == TaskStatus.LEASED and not tk.expired:
-                cur = self.coord.task_status(TASKS[t]).lease
-                if cur is None or now > cur.deadline:
+                deadline = self.coord.task_status(TASKS[t]).get("deadline")
+                if deadline is None or now > deadline:
                     steps.append(("expire", (t,)))
         self.apply(steps, "clock")
 
@@ -457,11 +468,8 @@ class QueueConformance(RuleBasedStateMachine):
         STEPS["heartbeat"] += 1
         spec_ok = A.heartbeat(CFG, CORRECT, self.s, h.spec)
         assert spec_ok is not None
-        try:
-            (h.engine,) = self.coord.heartbeat([h.engine])
-            ok = True
-        except (LeaseExpired, StaleAttempt):
-            ok = False
+        (outcome,) = self.coord.heartbeat([h.engine])
+        ok = outcome == "extended"
         if ok != (spec_ok.reply == "ok"):
             raise Disagreement(f"heartbeat {h.spec}: engine ok={ok}, spec {spec_ok.reply}")
 
@@ -479,7 +487,8 @@ class QueueConformance(RuleBasedStateMachine):
     def _publish_result(self, h: Held) -> Any:
         le = h.engine
         ref = self.store.publish(
-            [Record("out", b"result", metadata={"task_id": le.task_id, "attempt": le.attempt})],
+            [Record("out", b"result", metadata={"task_id": le.task_id,
+                                                "attempt_id": le.attempt_id})],
             submission_id=f"out-{sid_of(h.spec)}")
         self.refs[(ref.path, ref.offset)] = CFG.ename(CFG.tasks[h.spec.task].result)
         return ref
@@ -529,8 +538,9 @@ class QueueConformance(RuleBasedStateMachine):
         w = self._pick(self._holders(), w)
         h = self.held[w]
         STEPS["fail"] += 1
-        crashed, res, err = self._engine_call(lambda: self.coord.fail_task(h.engine), crash)
-        steps: list[Step] = [("fail", (h.spec,)), ("release_reads", (w, h.spec.task))]
+        crashed, res, err = self._engine_call(
+            lambda: self.coord.fail_task(h.engine, request_id=f"f-{sid_of(h.spec)}"), crash)
+        steps: list[Step] = [("fail", (h.spec, True)), ("release_reads", (w, h.spec.task))]
         if crashed:
             self.resolve([[], steps], f"fail {h.spec}")
             return
@@ -550,9 +560,11 @@ class QueueConformance(RuleBasedStateMachine):
         if crashed:
             self.resolve([[], steps], f"release {h.spec}")
             return
-        if err is not None and not isinstance(err, (LeaseExpired, StaleAttempt)):
+        if err is not None:
             raise Disagreement(f"release failed: {err!r}")
-        self._lease_ended(w, err is None, steps, f"release {h.spec}")
+        if res not in (["released"], ["StaleAttempt"]):
+            raise Disagreement(f"release answered {res}")
+        self._lease_ended(w, res == ["released"], steps, f"release {h.spec}")
 
     @precondition(lambda self: self._holders())
     @rule(w=st.integers(0, 1), crash=crashes)
@@ -587,10 +599,11 @@ class QueueConformance(RuleBasedStateMachine):
         mine = sorted({r[1] for r in self.s.reads if r[0] == w})
         STEPS["release_reads"] += 1
         t = mine[0]
-        (attempt,) = [r.attempt for r in self.coord.outstanding_reads()
-                      if r.worker_id == WORKERS[w] and r.task_id == TASKS[t]]
-        n = self.coord.release_task_reads(TASKS[t], attempt)
-        assert n == 1
+        mine = [r for r in self.coord.outstanding_reads()
+                if r.worker_id == WORKERS[w] and r.task_id == TASKS[t]]
+        assert len(mine) == 1
+        self.coord.release_task_reads(mine)
+        assert mine[0] not in self.coord.outstanding_reads()
         self.apply([("release_reads", (w, t))], "release_task_reads")
 
     @rule(w=st.integers(0, 1))
@@ -601,12 +614,13 @@ class QueueConformance(RuleBasedStateMachine):
             return
         STEPS["worker_crash"] += 1
         self.apply([("worker_crash", (w,))], "worker crash")
-        n = self.coord.retire_worker(WORKERS[w])
-        if A.retire_worker(CFG, CORRECT, self.s, w) is None:
-            assert n == 0
+        had = [r for r in self.coord.outstanding_reads() if r.worker_id == WORKERS[w]]
+        self.coord.retire_worker(WORKERS[w])
+        assert not [r for r in self.coord.outstanding_reads() if r.worker_id == WORKERS[w]]
+        if A.retire_worker(CFG, CORRECT, self.s, w, Q) is None:
+            assert not had
             return
-        assert n >= 1
-        self.apply([("retire_worker", (w,))], "retire_worker")
+        self.apply([("retire_worker", (w, Q))], "retire_worker")
 
     # --- coordinators -----------------------------------------------------------------------
     @rule(variant=st.sampled_from(VARIANTS), p=st.integers(0, 7))
@@ -651,9 +665,10 @@ class QueueConformance(RuleBasedStateMachine):
         ref = self._publish_result(h)
         # in the old coordinator's own (stale) view, may this lease commit?
         ts = old.task_status(h.engine.task_id)
-        cur = ts.lease
-        current = (ts.status == "leased" and cur is not None and cur.attempt == h.engine.attempt
-                   and not self.clock.now() > cur.deadline)
+        cur = ts["lease"]
+        current = (ts["state"] == "leased" and cur is not None
+                   and cur["generation"] == h.engine.generation
+                   and not self.clock.now() > ts["deadline"])
         try:
             old.complete_task(h.engine, submission_id=sid_of(h.spec), result_ref=ref)
         except (IndeterminateCommit, Fenced):

@@ -18,7 +18,7 @@ from fault_injection.queue_campaign import (
 from fault_injection.queue_fuzz import run_queue
 from straw import SharedFilesystemStore, UnsafeRecovery
 from straw.coordinator import Coordinator
-from straw.queue_types import TaskSpec
+from straw.protocol import TaskSpec
 
 
 def test_bounded_coordinator_campaign() -> None:
