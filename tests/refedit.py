@@ -19,12 +19,12 @@ _SEGMENT = ("run_id", "path", "offset", "size", "checksum", "segment_id", "versi
 
 
 def edited_segment(seg: SegmentRef, **changes: Any) -> SegmentRef:
-    if ("path" in changes or "offset" in changes) and "segment_id" not in changes:
-        try:
-            changes["segment_id"] = segment_id_of(changes.get("path", seg.path),
-                                                  changes.get("offset", seg.offset))
-        except (AttributeError, IndexError, TypeError):
-            pass  # not a pack path or offset: the original id, refused anyway
+    path, offset = changes.get("path", seg.path), changes.get("offset", seg.offset)
+    if ("path" in changes or "offset" in changes) and "segment_id" not in changes \
+            and isinstance(path, str) and path.count("/") >= 3 and path.endswith(".strw") \
+            and type(offset) is int:
+        changes["segment_id"] = segment_id_of(path, offset)
+    # (anything else keeps the original id: the edited field is refused first anyway)
     return dataclasses.replace(seg, **changes)
 
 
