@@ -148,31 +148,6 @@ class ReadLease:
 
 
 @dataclass(frozen=True)
-class ConsumerToken:
-    consumer_id: str
-    token: int
-
-
-@dataclass(frozen=True)
-class ConsumerState:
-    consumer_id: str
-    token: int
-    fetch_cursor: int
-    processed_cursor: int
-    state_ref: RecordSetRef | None
-    finished_batches: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class BatchInfo:
-    batch_id: str
-    positions: tuple[int, ...]
-    ref: RecordSetRef | None
-    ready: bool
-    finished: bool
-
-
-@dataclass(frozen=True)
 class Limits:
     """Bounds that answer with backpressure or ``ResourceLimitExceeded``."""
 
