@@ -1633,10 +1633,10 @@ class Coordinator(ProcessBound):
     def requests(self) -> dict[str, Any]:
         self._check_process()
         with self._mutex:
-            out: dict[str, Any] = {json.dumps(["submit", k]): [d, list(ids)]
+            out: dict[str, Any] = {_canonical(["submit", k]): [d, list(ids)]
                                    for k, (d, ids) in self.state.requests.items()}
             for (c, r), (d, v) in self.state.consumer_requests.items():
-                out[json.dumps([f"consumer:{c}", r])] = [d, self._consumer_view(*v)]
+                out[_canonical([f"consumer:{c}", r])] = [d, self._consumer_view(*v)]
             return out
 
     @property
