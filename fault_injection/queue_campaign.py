@@ -282,8 +282,10 @@ def wl_lifecycle(d: Driver) -> None:
     q.cancel_task("t4")
     d.log.terminal["t4"] = "cancelled"
     q.seal_input()
-    token = q.open_consumer()
-    q.save_consumer_state(token, fetch_cursor=1, processed_cursor=0)
+    token = q.open_consumer("training", exclusive_owner="the campaign's one trainer")
+    state = store.publish([Record("state", b"trainer state")], submission_id="state")
+    q.save_consumer_state("training", token=token, request_id="save", state_ref=state,
+                          fetch_cursor=1, processed_cursor=0)
     q.close()
     store.close()
     store = open_store(d.sim, d.clock)

@@ -38,8 +38,8 @@ from spec.mutants import CORRECT, MUTANT_NAMES, Mutants, mutant
 from spec.state import State, initial_state
 
 CONFIG_SETS: dict[str, tuple[str, ...]] = {
-    "small": ("gc-small", "queue-small", "order-small", "share"),
-    "full": ("gc-full", "queue-full", "order-full", "share"),
+    "small": ("gc-small", "queue-small", "order-small", "share", "consume", "restore"),
+    "full": ("gc-full", "queue-full", "order-full", "share", "consume", "restore"),
 }
 
 # Where each mutant is expected to be caught first (the other configurations are tried after).
@@ -57,6 +57,9 @@ MUTANT_HOME: dict[str, str] = {
     "release_removes_shared_root": "share",
     "pin_dropped_on_expiry": "queue",
     "checkpoint_rewind_without_readopt": "share",
+    "sparse_ack_ignores_checkpoint": "consume",
+    "restore_without_readopt": "consume",
+    "restore_skips_usable_check": "restore",
     "lease_grant_not_journaled": "queue",
     "expired_lease_commits": "queue",
     "retry_without_idempotency": "queue",

@@ -60,6 +60,7 @@ RARE = frozenset(
         "register_checkpoint",
         "release_checkpoint",
         "rewind",
+        "restore",
     }
 )
 

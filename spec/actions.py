@@ -27,6 +27,7 @@ from spec.helpers import (
     lease_is_live,
     order_key,
     release_threshold,
+    sparse_released,
     unreachable_sealed_packs,
 )
 from spec.mutants import Mutants
@@ -157,9 +158,12 @@ def queue_log(cfg: Config, s: State, q: int) -> tuple[Commit, ...]:
     return tuple(c for c in s.commits if cfg.tasks[c.lease.task].queue == q)
 
 
-def journal_named(cfg: Config, s: State, q: int) -> frozenset[int]:
+def journal_named(cfg: Config, s: State, q: int, mut: Mutants | None = None) -> frozenset[int]:
     """What queue q's durable journal names and still needs (D2): inputs of pending and leased
-    tasks, and results of commits the consumer (or a rewind to its checkpoint) may still read."""
+    tasks, and results of commits the consumer (or a rewind to its checkpoint) may still read:
+    those at or past the release threshold, except the ones the consumer acknowledged out of
+    order that no checkpoint keeps (``sparse_released``). With `mut`, the (possibly mutated)
+    rule the coordinator applies when it trims; without, the true rule of the invariants."""
     named = {
         s.tasks[t].input
         for t, decl in enumerate(cfg.tasks)
@@ -168,7 +172,14 @@ def journal_named(cfg: Config, s: State, q: int) -> frozenset[int]:
     cons = s.consumers[q]
     log = queue_log(cfg, s, q)
     thr = release_threshold(cons.cursor, cons.ck_cursor)
-    named |= {c.result for c in log[thr:]}
+    ck = cons.ck_cursor
+    if mut is not None and mut.sparse_ack_ignores_checkpoint:
+        ck = None
+    named |= {
+        c.result
+        for i, c in enumerate(log)
+        if i >= thr and not sparse_released(i, i in cons.acked, ck)
+    }
     return frozenset(named)
 
 
@@ -221,14 +232,12 @@ def _release_input(cfg: Config, mut: Mutants, st: Storage, q: int, e: int) -> St
     return _with_roots(st, o, st.roots[o] - {e})
 
 
-def _trim_results(cfg: Config, s: State, q: int) -> State:
-    """The queue owner releases results below the release threshold that nothing else in its
-    journal names any more."""
+def _trim_results(cfg: Config, mut: Mutants, s: State, q: int) -> State:
+    """The queue owner releases results its journal no longer names (below the release
+    threshold, or acknowledged out of order and kept by no checkpoint)."""
     o = cfg.queue_owner(q)
     log = queue_log(cfg, s, q)
-    cons = s.consumers[q]
-    thr = release_threshold(cons.cursor, cons.ck_cursor)
-    drop = {c.result for c in log[:thr]} - journal_named(cfg, s, q)
+    drop = {c.result for c in log} - journal_named(cfg, s, q, mut)
     st = _with_roots(s.storage, o, s.storage.roots[o] - drop)
     return replace(s, storage=st)
 
@@ -934,10 +943,68 @@ def consume(cfg: Config, mut: Mutants, s: State, q: int) -> Outcome | None:
     r = log[cons.cursor].result
     o = cfg.consumer_owner(q)
     st = _with_roots(s.storage, o, s.storage.roots[o] | {r})
+    cursor, acked = _slide(cons.cursor + 1, cons.acked)
     consumers = list(s.consumers)
-    consumers[q] = replace(cons, cursor=cons.cursor + 1, buffer=cons.buffer | {r})
+    consumers[q] = replace(cons, cursor=cursor, acked=acked, buffer=cons.buffer | {r})
     s = replace(s, storage=st, consumers=tuple(consumers))
-    return Outcome(f"read {cfg.ename(r)}", _trim_results(cfg, s, q))
+    return Outcome(f"read {cfg.ename(r)}", _trim_results(cfg, mut, s, q))
+
+
+def _slide(cursor: int, acked: frozenset[int]) -> tuple[int, frozenset[int]]:
+    """The processed cursor passes the contiguous acknowledged positions after it."""
+    while cursor in acked:
+        acked = acked - {cursor}
+        cursor += 1
+    return cursor, acked
+
+
+def acknowledge(cfg: Config, mut: Mutants, s: State, q: int, i: int) -> Outcome | None:
+    """save_consumer_state with a progress record listing commit i as processed out of order
+    (past the cursor): the consumer adopts its result under its own owner (it relies on it
+    until trained), then the queue releases it unless a checkpoint keeps it. Pre: commit i
+    exists, i > cursor, not acknowledged yet; lock free."""
+    cons = s.consumers[q]
+    log = queue_log(cfg, s, q)
+    if not cons.cursor < i < len(log) or i in cons.acked or not lock_free(mut, s):
+        return None
+    r = log[i].result
+    o = cfg.consumer_owner(q)
+    st = _with_roots(s.storage, o, s.storage.roots[o] | {r})
+    consumers = list(s.consumers)
+    consumers[q] = replace(cons, acked=cons.acked | {i}, buffer=cons.buffer | {r})
+    s = replace(s, storage=st, consumers=tuple(consumers))
+    return Outcome(f"acknowledged {cfg.ename(r)}", _trim_results(cfg, mut, s, q))
+
+
+def restore(cfg: Config, mut: Mutants, s: State, q: int) -> Outcome | None:
+    """save_consumer_state with an older view (straw-queue's rewind: the consumer state of an
+    application checkpoint, here cursor 0 and nothing acknowledged), relying on no checkpoint
+    cursor: every result the new view needs that the queue no longer roots must still be
+    usable (someone else retained it); the coordinator checks that and re-adopts them under
+    the queue owner before journaling. Otherwise the reply is InvalidReference and nothing
+    changes (not a transition). Pre: the view moves back; lock free (it adds roots)."""
+    cons = s.consumers[q]
+    if (cons.cursor == 0 and not cons.acked) or not lock_free(mut, s):
+        return None
+    consumers = list(s.consumers)
+    consumers[q] = replace(cons, cursor=0, acked=frozenset())
+    new = _readopt_history(cfg, mut, replace(s, consumers=tuple(consumers)), q)
+    return None if new is None else Outcome("restored", new)
+
+
+def _readopt_history(cfg: Config, mut: Mutants, new: State, q: int) -> State | None:
+    """A consumer view that needs released history again (a restore, or a checkpoint whose
+    cursor keeps acknowledged results): what the new state's journal names that the queue
+    owner no longer roots must be usable, and is re-adopted (before the journal records the
+    view, D2); None (InvalidReference, nothing changes) if any of it is not usable."""
+    o = cfg.queue_owner(q)
+    st = new.storage
+    again = journal_named(cfg, new, q) - st.roots[o]
+    if not mut.restore_skips_usable_check and not all(usable(cfg, st, e) for e in again):
+        return None
+    if mut.restore_without_readopt:
+        return new
+    return replace(new, storage=_with_roots(st, o, st.roots[o] | again))
 
 
 def consumer_drop(cfg: Config, mut: Mutants, s: State, q: int, e: int) -> Outcome | None:
@@ -955,16 +1022,23 @@ def consumer_drop(cfg: Config, mut: Mutants, s: State, q: int, e: int) -> Outcom
 def register_checkpoint(cfg: Config, mut: Mutants, s: State, q: int) -> Outcome | None:
     """register_checkpoint: the checkpoint owner's roots are replaced by the consumer's current
     state (a new checkpoint replaces the old one: retain new roots, then release old — one
-    replace), and the checkpoint remembers the cursor. Pre: registrations left; lock free."""
+    replace), and the checkpoint remembers the cursor and the out-of-order acknowledgements;
+    results it keeps that the queue had released are re-adopted (they must be usable). Pre:
+    registrations left; lock free."""
     cons = s.consumers[q]
     if cons.registrations >= cfg.checkpoints or not lock_free(mut, s):
         return None
     o = cfg.checkpoint_owner(q)
     st = _with_roots(s.storage, o, cons.buffer)
     consumers = list(s.consumers)
-    consumers[q] = replace(cons, ck_cursor=cons.cursor, registrations=cons.registrations + 1)
-    s = replace(s, storage=st, consumers=tuple(consumers))
-    return Outcome("registered" if cons.ck_cursor is None else "replaced", _trim_results(cfg, s, q))
+    consumers[q] = replace(cons, ck_cursor=cons.cursor, ck_acked=cons.acked,
+                           registrations=cons.registrations + 1)
+    # the checkpoint keeps every result from its cursor on: acknowledged ones come back
+    new = _readopt_history(cfg, mut, replace(s, storage=st, consumers=tuple(consumers)), q)
+    if new is None:
+        return None  # InvalidReference: an acknowledged result was reclaimed meanwhile
+    return Outcome("registered" if cons.ck_cursor is None else "replaced",
+                   _trim_results(cfg, mut, new, q))
 
 
 def release_checkpoint(cfg: Config, mut: Mutants, s: State, q: int) -> Outcome | None:
@@ -975,9 +1049,9 @@ def release_checkpoint(cfg: Config, mut: Mutants, s: State, q: int) -> Outcome |
     o = cfg.checkpoint_owner(q)
     st = _with_roots(s.storage, o, frozenset())
     consumers = list(s.consumers)
-    consumers[q] = replace(cons, ck_cursor=None)
+    consumers[q] = replace(cons, ck_cursor=None, ck_acked=frozenset())
     s = replace(s, storage=st, consumers=tuple(consumers))
-    return Outcome("released", _trim_results(cfg, s, q))
+    return Outcome("released", _trim_results(cfg, mut, s, q))
 
 
 def rewind(cfg: Config, mut: Mutants, s: State, q: int) -> Outcome | None:
@@ -992,7 +1066,7 @@ def rewind(cfg: Config, mut: Mutants, s: State, q: int) -> Outcome | None:
     if not mut.checkpoint_rewind_without_readopt:
         st = _with_roots(st, cfg.consumer_owner(q), ck_roots)
     consumers = list(s.consumers)
-    consumers[q] = replace(cons, cursor=cons.ck_cursor, buffer=ck_roots)
+    consumers[q] = replace(cons, cursor=cons.ck_cursor, acked=cons.ck_acked, buffer=ck_roots)
     return Outcome("rewound", replace(s, storage=st, consumers=tuple(consumers)))
 
 
@@ -1032,6 +1106,15 @@ def successors(cfg: Config, mut: Mutants, s: State) -> Iterator[tuple[Action, St
         yield from emit(release(cfg, mut, s, 0), "release", ("app",), APP)
     for p in app_packs:
         yield from emit(seal(cfg, mut, s, p), "seal", (cfg.packs[p],), APP)
+    if cfg.gc:
+        # With collection, a workers' result pack is sealed too (and then reclaimable) once
+        # every extent declared in it was written: the model's packs are fixed, so nothing
+        # may be written to one after it is sealed (the engine writes to a new pack instead).
+        result_packs = sorted({cfg.extents[d.result].pack for d in cfg.tasks} - set(app_packs))
+        for p in result_packs:
+            if all(s.storage.extents[e] != ExtentStatus.NONE
+                   for e, x in enumerate(cfg.extents) if x.pack == p):
+                yield from emit(seal(cfg, mut, s, p), "seal", (cfg.packs[p],), WORKER)
     for wr in app_writers:
         yield from emit(writer_crash(cfg, mut, s, wr), "writer_crash", (wr,), FAULT)
 
@@ -1143,6 +1226,11 @@ def successors(cfg: Config, mut: Mutants, s: State) -> Iterator[tuple[Action, St
         )
         if q in cfg.consumer_queues:
             yield from emit(consume(cfg, mut, s, q), "consume", (qname,), CONSUMER)
+            for i in range(s.consumers[q].cursor + 1, len(queue_log(cfg, s, q))):
+                yield from emit(
+                    acknowledge(cfg, mut, s, q, i), "acknowledge", (qname, str(i)), CONSUMER
+                )
+            yield from emit(restore(cfg, mut, s, q), "restore", (qname,), CONSUMER)
             for e in sorted(s.consumers[q].buffer):
                 yield from emit(
                     consumer_drop(cfg, mut, s, q, e), "consumer_drop", (qname, X(e)), CONSUMER

@@ -220,6 +220,47 @@ SHARE = Config(
     consumer_queues=(0,),
 )
 
+# --- a consumer acknowledging out of order and restoring older views ------------------------
+# consume: two results (out-of-order acknowledgement needs two), a checkpoint, no collection.
+# restore: one result in its own pack, with collection, so a restore can find it reclaimed.
+
+CONSUME = Config(
+    name="consume",
+    packs=("p0", "p1", "p2"),
+    pack_writer=("prod", "work", "work"),
+    extents=(_x("i0", 0), _x("i1", 0), _x("r0", 1), _x("r1", 2)),
+    preloaded=(0, 1),
+    queues=("q0",),
+    tasks=(
+        TaskDecl("t0", 0, input=0, result=2, priority=1, key=0, fifo=0),
+        TaskDecl("t1", 0, input=1, result=3, priority=0, key=0, fifo=1),
+    ),
+    workers=("w0",),
+    max_attempts=1,
+    checkpoints=1,
+    consumer_queues=(0,),
+    worker_crashes=False,
+    cancel=False,
+)
+
+RESTORE = Config(
+    name="restore",
+    packs=("p0", "p1"),
+    pack_writer=("prod", "work"),
+    extents=(_x("i0", 0), _x("r0", 1)),
+    preloaded=(0,),
+    queues=("q0",),
+    tasks=(TaskDecl("t0", 0, input=0, result=1, priority=0, key=0, fifo=0),),
+    workers=("w0",),
+    max_attempts=1,
+    max_epoch=2,
+    max_crashes=1,
+    gc=True,
+    consumer_queues=(0,),
+    worker_crashes=False,
+    cancel=False,
+)
+
 # --- everything at once: only for random (Hypothesis) exploration ----------------------------
 # t2 (queue q1) shares its input i0 with t0 (queue q0).
 
@@ -259,5 +300,6 @@ LARGE = Config(
 
 CONFIGS: dict[str, Config] = {
     c.name: c
-    for c in (GC_SMALL, GC_FULL, QUEUE_SMALL, QUEUE_FULL, ORDER_SMALL, ORDER_FULL, SHARE, LARGE)
+    for c in (GC_SMALL, GC_FULL, QUEUE_SMALL, QUEUE_FULL, ORDER_SMALL, ORDER_FULL, SHARE, CONSUME,
+              RESTORE, LARGE)
 }

@@ -175,6 +175,18 @@ def range_within(offset: int, size: int, file_size: int) -> bool:
     return offset >= 0 and size >= 0 and offset + size <= file_size
 
 
+def sparse_released(i: int, acked: bool, ck_cursor: int | None) -> bool:
+    """Commit i, at or past the release threshold, no longer needs its result retained by the
+    queue: the consumer acknowledged it out of order (a processed position of its progress
+    record) and no checkpoint keeps it (a rewind to the checkpoint's cursor would read it).
+
+    pre: i >= 0
+    post: not __return__ or acked
+    post: not __return__ or ck_cursor is None or i < ck_cursor
+    """
+    return acked and (ck_cursor is None or i < ck_cursor)
+
+
 def release_threshold(cursor: int, ck_cursor: int | None) -> int:
     """Commits at index >= this are still needed by the consumer or by a rewind to its
     checkpoint, so the queue owner keeps their results (D2).

@@ -95,7 +95,8 @@ def d4_reachable_not_reclaimed(cfg: Config, s: State) -> str | None:
 def r1_relied_on_protected(cfg: Config, s: State) -> str | None:
     """R1: every reference a client still relies on is protected (reachable): inputs of the
     producer's unacknowledged submissions, extents being read by workers, the consumer's state,
-    and results of commits at or after the consumer's cursor."""
+    and results of commits at or after the consumer's cursor that it did not acknowledge out
+    of order (those it holds in its state, the buffer, until it drops them)."""
     prot = reachable(cfg, s.storage)
     needs: list[tuple[int, str]] = []
     for t, decl in enumerate(cfg.tasks):
@@ -107,8 +108,9 @@ def r1_relied_on_protected(cfg: Config, s: State) -> str | None:
         cons = s.consumers[q]
         for e in sorted(cons.buffer):
             needs.append((e, f"consumer of {cfg.queues[q]} state"))
-        for c in queue_log(cfg, s, q)[cons.cursor :]:
-            needs.append((c.result, f"consumer of {cfg.queues[q]} unread commit"))
+        for i, c in enumerate(queue_log(cfg, s, q)):
+            if i >= cons.cursor and i not in cons.acked:
+                needs.append((c.result, f"consumer of {cfg.queues[q]} unread commit"))
     for e, why in needs:
         if e not in prot:
             return f"{cfg.ename(e)} unprotected although relied on by {why}"
@@ -350,11 +352,12 @@ LIVENESS: tuple[Liveness, ...] = (
     Liveness(
         "L2",
         "every submitted task eventually becomes completed, failed or cancelled, assuming "
-        "workers keep acquiring and finishing, the clock advances, and a coordinator is "
-        "eventually (re)started (not on an operator cancelling tasks or retiring workers)",
+        "workers keep acquiring and finishing, the clock advances, a coordinator is "
+        "eventually (re)started, and a collector holding the lock eventually releases it "
+        "(not on an operator cancelling tasks or retiring workers)",
         lambda cfg: bool(cfg.tasks),
         _tasks_terminal,
-        lambda a: a.kind in (COORDINATOR, WORKER, CLOCK, CONSUMER)
+        lambda a: a.kind in (COORDINATOR, WORKER, CLOCK, CONSUMER, COLLECTOR)
         and a.name not in ("cancel", "retire_worker"),
     ),
 )

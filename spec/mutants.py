@@ -45,6 +45,14 @@ class Mutants:
     pin_dropped_on_expiry: bool = False
     # R1: rewinding a consumer to a checkpoint does not re-adopt the checkpoint's roots.
     checkpoint_rewind_without_readopt: bool = False
+    # D2: releasing an out-of-order acknowledgement ignores the checkpoint's cursor
+    # (journal_named, as the coordinator trims).
+    sparse_ack_ignores_checkpoint: bool = False
+    # D2: restoring an older consumer view does not re-adopt the history it needs (restore).
+    restore_without_readopt: bool = False
+    # D4: restoring an older consumer view re-adopts history without checking it is still
+    # usable, so a reclaimed result becomes a root (restore).
+    restore_skips_usable_check: bool = False
     # D5: acquire does not journal the lease grant (coord_recover): recovery forgets it, rolls
     # the attempt counter back and loses the reader's protection the grant recorded.
     lease_grant_not_journaled: bool = False

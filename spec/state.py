@@ -142,12 +142,16 @@ class Consumer:
     """The consumer of one queue's commit log, and its checkpoint.
 
     cursor: next commit index to read. buffer: results the consumer relies on (its state).
-    ck_cursor: cursor saved by the registered checkpoint (None: no checkpoint).
+    acked: commit indices past the cursor the consumer acknowledged out of order (the sparse
+    processed positions of its progress record).
+    ck_cursor, ck_acked: cursor and acked saved by the registered checkpoint (None: none).
     registrations: how many checkpoints were registered (bounded by Config.checkpoints)."""
 
     cursor: int = 0
     buffer: frozenset[int] = frozenset()
+    acked: frozenset[int] = frozenset()
     ck_cursor: int | None = None
+    ck_acked: frozenset[int] = frozenset()
     registrations: int = 0
 
 

@@ -67,12 +67,14 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import hmac
 import json
 import os
 import re
+import resource
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -81,7 +83,7 @@ import xxhash
 
 from . import holder
 from . import journal as journal_mod
-from .catalog import Announcement, Extent
+from .catalog import Announcement, Extent, run_prefix
 from .checks import check_count, check_int, check_seconds, short_repr
 from .clock import Clock
 from .errors import (
@@ -103,11 +105,8 @@ from .protocol import (
     INT64,
     AcquireResult,
     Assignment,
-    BatchInfo,
     CommitPage,
     CommitReceipt,
-    ConsumerState,
-    ConsumerToken,
     Lease,
     Limits,
     TaskSpec,
@@ -125,6 +124,7 @@ from .queue_state import (
 )
 from .refs import (
     NAME_RE,
+    Record,
     RecordSetRef,
     canonical_metadata,
     ref_from_tuple,
@@ -265,6 +265,12 @@ class Coordinator(ProcessBound):
         self._durable_commits = 0
         self._since_snapshot = 0
         self.snapshot_failures = 0
+        # consumer id -> (token, exclusive owner): this process's open consumers
+        self._consumer_owners: dict[str, tuple[str, str]] = {}
+        self._draining = False  # drain(): no more acquisitions or submissions here
+        self._complete_seconds: deque[float] = deque(maxlen=1024)
+        self._cpu_started = time.process_time()
+        self.recovery_seconds = 0.0
         self._refuse_legacy_layout()
         try:
             self.fs.makedirs_durable(self.epochs_dir)
@@ -346,9 +352,11 @@ class Coordinator(ProcessBound):
                 f"another coordinator of {self.namespace}/{self.queue_id} took epoch "
                 f"{self.epoch} at the same time; only one may recover"
             ) from None
+        started = time.perf_counter()
         recovered = journal_mod.recover(self.fs, self.journal_dir,
                                         started_epoch=self._newest_started(existing))
         self.state = replay(recovered)
+        self.recovery_seconds = time.perf_counter() - started
         self.recovery_stats = dict(recovered.stats)
         self.journal = journal_mod.Journal(
             self.fs, self.journal_dir, epoch=self.epoch, recovered=recovered,
@@ -367,7 +375,12 @@ class Coordinator(ProcessBound):
             raise Fenced(f"queue {self.owner} was taken over by a newer coordinator")
         with self.store.catalog.locked() as st:
             self._rooted = set(st.owners.get((self.store.run_id, self.owner), ()))
-        self._retired = self.state.retirement_cursor(self.consumer_id)
+        # What this coordinator's last collection released (results below the cursor, and
+        # the positions): read_commits refuses them.  Nothing is known released at start:
+        # a crash may have come before the collection (a reference read_commits returns
+        # then may name reclaimed data, which the read reports).  Rewinds do not rely on
+        # it: they retain whatever acknowledged history the queue does not root.
+        self._released: _Released = (0, frozenset())
 
     def _mark_started(self) -> None:
         """Our epoch-start record is durable: say so, durably, in our epoch file, so that
@@ -484,7 +497,7 @@ class Coordinator(ProcessBound):
             # this caller's transaction is already durable: a failed snapshot must not be
             # reported as its failure (the journal stays usable; a later one retries)
             try:
-                self.snapshot()
+                self._write_snapshot()
             except Fenced:
                 raise
             except Exception:  # noqa: BLE001 - counted, retried at the next threshold
@@ -506,9 +519,8 @@ class Coordinator(ProcessBound):
             seq = self._enqueue(txn)
         self._wait(seq)
 
-    def snapshot(self) -> None:
-        """Write a snapshot now (recovery then reads it plus a short journal suffix)."""
-        self._check_process()
+    def _write_snapshot(self) -> None:
+        """Write a journal snapshot now (recovery then reads it plus a short suffix)."""
         with self._mutex:
             self._check_usable()
             state = msgpack.packb(self.state.to_snapshot(), use_bin_type=True)
@@ -686,8 +698,9 @@ class Coordinator(ProcessBound):
                 known = self._known(request_id, digest, "submit")
                 if known is not None:
                     seq = -1  # a concurrent retry got there first: replayed below
-                elif self.state.sealed:
-                    raise ValueError(f"queue {self.owner}: input is sealed; no more tasks")
+                elif self.state.sealed or self._draining:
+                    raise ValueError(f"queue {self.owner}: input is sealed or draining; no "
+                                     "more tasks")
                 else:
                     for r in rows:
                         if r[0] in self.state.tasks:
@@ -778,9 +791,11 @@ class Coordinator(ProcessBound):
             lagging = (not control and lim.max_unconsumed_results is not None and
                        len(st.commits) - st.retirement_cursor(self.consumer_id)
                        >= lim.max_unconsumed_results)
-            if room <= 0 or lagging:
+            chosen: list[Any] = []
+            if self._draining:  # drain(): nothing more is handed out here
+                status = "draining"
+            elif room <= 0 or lagging:
                 status = "backpressured"
-                chosen = []
             else:
                 chosen = self._choose(max_tasks, task_prefix, task_ids, control, room)
                 status = "acquired" if chosen else self._idle_status()
@@ -873,11 +888,13 @@ class Coordinator(ProcessBound):
         key = [lease.task_id, lease.generation, list(ref_identity(_ref_tuple(ref)))]
         # siblings: announced to the catalog and the journal, so that concurrent
         # completions share one catalog fsync and one journal sync (group commit)
+        started = time.perf_counter()
         with self.journal.incoming(), self.store.catalog.adopting_soon() as announced:
             seq, done, adopted = self._complete(lease, submission_id, ref, key, announced)
         self._wait(seq, adopted)
         if done is not None:
             return done
+        self._complete_seconds.append(time.perf_counter() - started)
         return self._receipt(self.state.submissions[submission_id])
 
     def _complete(self, lease: Lease, submission_id: str, ref: RecordSetRef,
@@ -1215,11 +1232,24 @@ class Coordinator(ProcessBound):
                 raise ValueError(f"cursor {cursor} is past the commit log ({end} durable "
                                  "commits)")
             stop = min(end, cursor + limit)
+            self._check_not_released(cursor, stop)
             out = tuple(self._receipt(pos) for pos in range(cursor, stop))
             st = self.state
             done = (st.sealed and st.pending_count == 0 and st.leased_count == 0
                     and stop == end == len(st.commits))
         return CommitPage(out, stop, done)
+
+    def _check_not_released(self, start: int, stop: int) -> None:
+        """Mutex held: no commit in [start, stop) was released (acknowledged by the
+        designated consumer and collected): its data may be gone."""
+        cursor, sparse = self._released
+        gone = [start] if start < min(stop, cursor) else sorted(
+            p for p in sparse if start <= p < stop)
+        if gone:
+            raise InvalidReference(
+                f"queue {self.owner}: commit {gone[0]} was released (consumer "
+                f"{self.consumer_id!r} acknowledged it and collect_garbage retired it); "
+                "resume from a retained checkpoint or a live cursor")
 
     def lookup_submission(self, submission_id: str) -> CommitReceipt | None:
         """The receipt of a completion by its submission id (after a lost reply)."""
@@ -1335,179 +1365,516 @@ class Coordinator(ProcessBound):
         return receipts
 
     # --- consumers ----------------------------------------------------------------------
-    def open_consumer(self, consumer_id: str = DEFAULT_CONSUMER) -> ConsumerToken:
-        """Open (or take over) a consumer: the new token makes older ones stale."""
+    # A consumer (the designated one, ``self.consumer_id`` = "training", is the one whose
+    # progress releases accepted results) has one owner at a time: ``open_consumer``
+    # hands it a token that every save, plan and ready call must present.  Tokens belong
+    # to this coordinator process and are not journaled (a recovered coordinator has no
+    # open consumer); the saved progress is.
+    def open_consumer(self, consumer_id: str, *, exclusive_owner: str) -> str:
+        """Become the consumer's one owner: returns its token.  ``UnsafeRecovery`` while
+        another owner has it open (close it first, or recover the queue if that owner is
+        gone).  ``exclusive_owner`` says, in prose, why this caller is the only one."""
         self._check_process()
         _check_id("consumer_id", consumer_id)
+        _check_id("exclusive_owner", exclusive_owner)
         with self._mutex:
             self._check_usable()
-            c = self.state.consumers.get(consumer_id)
-            token = (c.token if c else 0) + 1
-            seq = self._enqueue({"t": "cons_open", "consumer": consumer_id, "token": token})
-        self._wait(seq)
-        return ConsumerToken(consumer_id, token)
+            held = self._consumer_owners.get(consumer_id)
+            if held is not None:
+                raise UnsafeRecovery(
+                    f"consumer {consumer_id!r} of queue {self.owner} is open (owner "
+                    f"{held[1]!r}); a consumer has one owner at a time: close it with "
+                    "close_consumer(consumer_id, token), or recover the queue if that owner "
+                    "is gone")
+            token = os.urandom(32).hex()
+            self._consumer_owners[consumer_id] = (token, exclusive_owner)
+        return token
 
-    def save_consumer_state(self, token: ConsumerToken, *, fetch_cursor: int,
-                            processed_cursor: int, state_ref: RecordSetRef | None = None,
-                            finished_batches: Sequence[str] = ()) -> ConsumerState:
-        """Durably record how far the consumer fetched and processed, and its state."""
+    def close_consumer(self, consumer_id: str, token: str) -> None:
+        """Give the consumer up (its saved state stays).  ``StaleAttempt`` if ``token`` is
+        not its current token."""
         self._check_process()
-        if not isinstance(token, ConsumerToken):
-            raise TypeError(f"expected a ConsumerToken, got {type(token).__name__}")
-        _check_id("token.consumer_id", token.consumer_id)
-        check_count("token.token", token.token)
-        ref = None if state_ref is None else self._check_ref(state_ref, "state_ref")
-        for name, v in (("fetch_cursor", fetch_cursor), ("processed_cursor", processed_cursor)):
-            check_count(name, v)
-        if isinstance(finished_batches, (str, bytes)):
-            raise TypeError("finished_batches must be a list of batch ids, not one str")
-        for i, b in enumerate(finished_batches):
-            _check_id(f"finished_batches[{i}]", b)
-        if processed_cursor > fetch_cursor:
-            raise ValueError("processed_cursor cannot pass fetch_cursor")
-        adopted = self._adopt([ref] if ref else [])
-        try:
-            with self._mutex:
-                self._check_usable()
-                c = self.state.consumers.get(token.consumer_id)
-                if c is None or c.token != token.token:
-                    raise Fenced(f"consumer {token.consumer_id!r} token {token.token} is not "
-                                 "current (another open_consumer took over)")
-                if fetch_cursor > self._durable_commits:
-                    raise ValueError(f"fetch_cursor {fetch_cursor} is past the commit log "
-                                     f"({self._durable_commits} durable commits)")
-                floor = self._retired if token.consumer_id == self.consumer_id else 0
-                if processed_cursor < c.processed and processed_cursor < floor:
-                    raise ValueError(
-                        f"processed_cursor {processed_cursor} rewinds below retired history "
-                        f"({floor}); register a checkpoint to keep results for a rewind")
-                for b in finished_batches:
-                    if b not in self.state.batches:
-                        raise ValueError(f"unknown batch {b!r}")
-                seq = self._enqueue({"t": "cons_save", "consumer": token.consumer_id,
-                                     "token": token.token, "fetch": fetch_cursor,
-                                     "processed": processed_cursor,
-                                     "state": list(_ref_tuple(ref)) if ref else None,
-                                     "finished": list(finished_batches)})
-        finally:
-            self._done_adopting(adopted)
-        self._wait(seq, adopted)
-        state = self.load_consumer_state(token.consumer_id)
-        assert state is not None
-        return state
+        with self._mutex:
+            self._check_usable()
+            self._check_token(consumer_id, token)
+            del self._consumer_owners[consumer_id]
 
-    def load_consumer_state(self, consumer_id: str = DEFAULT_CONSUMER) -> ConsumerState | None:
+    def _check_token(self, consumer_id: str, token: object) -> None:
+        """Mutex held: ``token`` is the consumer's current token."""
+        _check_id("consumer_id", consumer_id)
+        if not isinstance(token, str):
+            raise TypeError(f"token must be the str open_consumer returned, got "
+                            f"{type(token).__name__}")
+        held = self._consumer_owners.get(consumer_id)
+        if held is None or not hmac.compare_digest(held[0], token):
+            raise StaleAttempt(
+                f"consumer {consumer_id!r} token is not current (the consumer was closed, "
+                "or this coordinator was recovered since it was opened): open_consumer again")
+
+    def save_consumer_state(self, consumer_id: str, *, token: str, request_id: str,
+                            state_ref: RecordSetRef, fetch_cursor: int,
+                            processed_cursor: int,
+                            progress_ref: RecordSetRef | None = None) -> dict[str, Any]:
+        """Durably record how far the consumer fetched and processed, its state, and
+        (optionally) its progress record: one ``json.v1`` record ``{"version": 1,
+        "processed_positions": [...], "finished_batches": [...]}`` of positions processed
+        past ``processed_cursor`` and batches all ranks finished reading.  For the
+        designated consumer the processed positions release their results, and finished
+        batches their plan and ready data, at the next ``collect_garbage``.
+
+        A save may rewind (a lower cursor, fewer positions or batches, as when restoring a
+        checkpoint): history that was released must still be retained by someone else (a
+        checkpoint's dependencies, an application owner); it is checked (every byte) and
+        retained by the queue again before the save is journaled, else the save fails
+        (``InvalidReference``/``CorruptData``) and changes nothing.  A retry with the same
+        ``request_id`` and content returns the original reply; other content raises
+        ``IdempotencyConflict``."""
         self._check_process()
+        _check_id("request_id", request_id)
+        save = self._prepare_save(consumer_id, state_ref, fetch_cursor, processed_cursor,
+                                  progress_ref)
+        save.txn["req"] = request_id
+        key = (consumer_id, request_id)
+
+        def replay() -> dict[str, Any] | None:
+            known = self.state.consumer_requests.get(key)
+            if known is None:
+                return None
+            if known[0] != save.digest:
+                raise IdempotencyConflict(
+                    f"consumer {consumer_id!r} request_id {request_id!r} was used for another "
+                    "state; use a new request_id for new content")
+            return self._consumer_view(*known[1])
+
+        done = self._commit_save(consumer_id, token, save, replay, lambda: save.txn)
+        if done is not None:
+            return done
+        c = self.state.consumers[consumer_id]
+        return self._consumer_view(c.fetch, c.processed, c.state, c.progress)
+
+    def load_consumer_state(self, consumer_id: str) -> dict[str, Any] | None:
+        """The consumer's last saved state (None if it never saved one)."""
+        self._check_process()
+        _check_id("consumer_id", consumer_id)
         with self._mutex:
             c = self.state.consumers.get(consumer_id)
             if c is None:
                 return None
-            return ConsumerState(consumer_id, c.token, c.fetch, c.processed,
-                                 self._to_ref(c.state), c.finished)
+            return self._consumer_view(c.fetch, c.processed, c.state, c.progress)
 
-    # --- batches and checkpoints --------------------------------------------------------
-    def plan_batch(self, batch_id: str, positions: Sequence[int]) -> BatchInfo:
-        self._check_process()
-        _check_id("batch_id", batch_id)
-        if isinstance(positions, (str, bytes)) or not isinstance(positions, Sequence):
-            raise TypeError("positions must be a list of commit positions")
-        pos = [check_count(f"positions[{i}]", p) for i, p in enumerate(positions)]
-        with self._mutex:
-            self._check_usable()
-            if batch_id in self.state.batches:
-                b = self.state.batches[batch_id]
-                if list(b.positions) != pos:
-                    raise IdempotencyConflict(f"batch {batch_id!r} was planned with other "
-                                              "positions")
-                return self.get_batch(batch_id)
-            if any(p < 0 or p >= self._durable_commits for p in pos):
-                raise ValueError(f"batch positions must be durable commits "
-                                 f"(0..{self._durable_commits - 1})")
-            open_batches = sum(1 for b in self.state.batches.values() if not b.finished)
-            if open_batches >= self.limits.max_ready_batches:
-                raise ResourceLimitExceeded(f"{open_batches} unfinished batches; the limit is "
-                                            f"{self.limits.max_ready_batches}")
-            seq = self._enqueue({"t": "batch_plan", "batch": batch_id, "positions": pos})
-        self._wait(seq)
-        return self.get_batch(batch_id)
+    def _consumer_view(self, fetch: int, processed: int, state: RefTuple | None,
+                       progress: RefTuple | None) -> dict[str, Any]:
+        out: dict[str, Any] = {"version": 1, "fetch_cursor": fetch,
+                               "processed_cursor": processed,
+                               "state_ref": _ref_dict(self._to_ref(state))}
+        if progress is not None:
+            out["progress_ref"] = _ref_dict(self._to_ref(progress))
+        return out
 
-    def batch_ready(self, batch_id: str, batch_ref: RecordSetRef) -> BatchInfo:
-        self._check_process()
-        _check_id("batch_id", batch_id)
-        ref = self._check_ref(batch_ref, "batch_ref")
-        with self._mutex:
-            b = self.state.batches.get(batch_id)
-            if b is None:
-                raise ValueError(f"unknown batch {batch_id!r}; plan it first")
-            if b.ref is not None:
-                if ref_identity(b.ref) != ref_identity(_ref_tuple(ref)):
-                    raise IdempotencyConflict(f"batch {batch_id!r} is ready with another ref")
-                return self.get_batch(batch_id)
-        adopted = self._adopt([ref])
+    def _prepare_save(self, consumer_id: str, state_ref: object, fetch: object,
+                      processed: object, progress_ref: object) -> _Save:
+        """Everything of a consumer save that needs no queue state: argument checks and
+        the progress record (read through the store: checked, parsed as JSON)."""
+        _check_id("consumer_id", consumer_id)
+        if state_ref is None:
+            raise InvalidReference("state_ref is required: publish the consumer's state and "
+                                   "pass its RecordSetRef")
+        state = self._check_ref(state_ref, "state_ref")
+        progress = None if progress_ref is None else self._check_ref(progress_ref,
+                                                                      "progress_ref")
+        check_count("fetch_cursor", fetch)
+        check_count("processed_cursor", processed)
+        if processed > fetch:  # type: ignore[operator]
+            raise ValueError(f"processed_cursor {processed} cannot pass fetch_cursor {fetch}")
+        sparse, finished = ((), ()) if progress is None else self._read_progress(progress)
+        refs = [state] + ([progress] if progress is not None else [])
+        txn = {"t": "cons_save", "consumer": consumer_id, "req": None, "fetch": fetch,
+               "processed": processed, "state": list(_ref_tuple(state)),
+               "progress": list(_ref_tuple(progress)) if progress else None,
+               "sparse": list(sparse), "finished": list(finished)}
+        digest = _digest([consumer_id, txn["state"], txn["progress"], fetch, processed])
+        txn["digest"] = digest
+        return _Save(txn, refs, digest)
+
+    def _read_progress(self, ref: RecordSetRef) -> tuple[tuple[int, ...], tuple[str, ...]]:
+        """A progress record's positions and batches: one ``json.v1`` record, version 1,
+        unique entries (its content is JSON, never unpickled)."""
+        where = f"progress_ref (consumer progress record {ref.path} offset {ref.offset})"
+        records = list(self.store.read(ref))
+        if len(records) != 1 or records[0].codec != "json.v1":
+            raise InvalidReference(f"{where} must hold exactly one json.v1 record "
+                                   "{version: 1, processed_positions, finished_batches}")
         try:
-            with self._mutex:
-                self._check_usable()
-                seq = self._enqueue({"t": "batch_ready", "batch": batch_id,
-                                     "ref": list(_ref_tuple(ref))})
+            value = json.loads(bytes(records[0].payload))
+        except ValueError as e:
+            raise InvalidReference(f"{where} is not valid JSON: {e}") from None
+        if not isinstance(value, dict) or value.get("version") != 1:
+            raise InvalidReference(f"{where} must be a JSON object with version 1")
+        positions = value.get("processed_positions", [])
+        batches = value.get("finished_batches", [])
+        if not isinstance(positions, list) or not all(
+                isinstance(p, int) and not isinstance(p, bool) and 0 <= p < 2**63
+                for p in positions):
+            raise InvalidReference(f"{where}: processed_positions must be a list of commit "
+                                   "positions")
+        if not isinstance(batches, list) or not all(
+                isinstance(b, str) and b for b in batches):
+            raise InvalidReference(f"{where}: finished_batches must be a list of batch ids")
+        if len(set(positions)) != len(positions) or len(set(batches)) != len(batches):
+            raise InvalidReference(f"{where} lists a position or a batch twice")
+        return tuple(sorted(positions)), tuple(batches)
+
+    def _check_save(self, consumer_id: str, txn: dict[str, Any]) -> None:
+        """Mutex held: the save fits the queue (cursors, positions, batches)."""
+        fetch, processed = txn["fetch"], txn["processed"]
+        if fetch > self._durable_commits:
+            raise ValueError(f"fetch_cursor {fetch} is past the commit log "
+                             f"({self._durable_commits} durable commits)")
+        for p in txn["sparse"]:
+            if not processed <= p < fetch:
+                raise InvalidReference(
+                    f"progress of consumer {consumer_id!r} lists position {p}, outside the "
+                    f"fetched, unprocessed range [{processed}, {fetch})")
+        for b in txn["finished"]:
+            batch = self.state.batches.get(b)
+            if batch is None or batch.consumer != consumer_id or batch.ref is None:
+                raise InvalidReference(
+                    f"progress of consumer {consumer_id!r} lists batch {b!r}, which is not a "
+                    "ready batch of that consumer (batch_ready it first)")
+
+    def _acknowledged(self, processed: int, sparse: Iterable[int],
+                      floor: int | None) -> _Released:
+        """What the designated consumer's ``processed`` cursor and ``sparse`` positions
+        acknowledge, given the lowest checkpoint cursor ``floor``."""
+        cursor = processed if floor is None else min(processed, floor)
+        return cursor, frozenset(p for p in sparse if p >= cursor and
+                                 (floor is None or p < floor))
+
+    def _current_acknowledged(self) -> _Released:
+        return (self.state.retirement_cursor(self.consumer_id),
+                self.state.retired_sparse(self.consumer_id))
+
+    def _history_needed(self, new: _Released) -> list[RefTuple]:
+        """Mutex held: results acknowledged now that ``new`` needs again (a rewind)."""
+        old = self._current_acknowledged()
+        again = [p for p in range(new[0], old[0]) if p not in new[1]]
+        again += [p for p in old[1] if p >= new[0] and p not in new[1]]
+        return [self.state.commits[p].result for p in sorted(again)]
+
+    def _unrooted(self, refs: Iterable[RefTuple]) -> list[RecordSetRef]:
+        """Mutex held: those of ``refs`` the queue does not root now (a collection may
+        have dropped them since they were acknowledged)."""
+        out = [self._to_ref(t) for t in dict.fromkeys(refs) if (t[0], t[1]) not in self._rooted]
+        return [r for r in out if r is not None]
+
+    def _rewound(self, consumer_id: str, txn: dict[str, Any]) -> list[RecordSetRef]:
+        """Mutex held: what a save makes needed again that the queue may no longer root
+        (a rewind): acknowledged results it no longer acknowledges, and the plan and
+        ready data of batches it no longer lists as finished."""
+        out: list[RefTuple] = []
+        if consumer_id == self.consumer_id:
+            out += self._history_needed(self._acknowledged(
+                txn["processed"], txn["sparse"], self.state.checkpoint_floor()))
+        c = self.state.consumers.get(consumer_id)
+        kept = {b for ck in self.state.checkpoints.values() for b in ck.batches}
+        for b in set(c.finished if c else ()) - set(txn["finished"]) - kept:
+            batch = self.state.batches[b]
+            out += [r for r in (batch.plan, batch.ref) if r is not None]
+        return self._unrooted(out)
+
+    def _verify_history(self, refs: Sequence[RecordSetRef]) -> None:
+        """Every byte of ``refs`` and of their dependencies is intact (checked reads:
+        ``CorruptData``/``InvalidReference`` otherwise), before a rewind retains them."""
+        seen: set[Extent] = set()
+        todo = list(refs)
+        while todo:
+            ref = todo.pop()
+            if (ref.path, ref.offset) in seen:
+                continue
+            seen.add((ref.path, ref.offset))
+            self.store.validate(ref)
+            todo.extend(self.store.checked_manifest(ref).dependencies)
+
+    def _retain_then_journal(self, refs: Sequence[RecordSetRef],
+                             step: Callable[[bool], tuple[str, Any]]) -> Any:
+        """The path of calls that may need released history again (consumer saves,
+        checkpoints with a cursor) and of batch plans.  ``step(final)``, mutex held,
+        checks the call against the queue and answers ``("done", reply)`` for a retry
+        answered from the state, ``("need", refs)`` with the history it needs that the
+        queue does not root, or — when ``final`` and nothing is missing — journals and
+        answers ``("seq", seq)``.  Missing history is checked (every byte) and retained
+        with ``refs`` before the final step; if a collection released more meanwhile,
+        that is retained too.  Returns the reply of a retry, else None once durable."""
+        adopted: list[Extent] = []
+        pending = list(refs)
+        final = False
+        try:
+            while True:
+                with self._mutex:
+                    self._check_usable()
+                    kind, value = step(final)
+                if kind != "need":
+                    break
+                self._verify_history(value)  # outside the mutex: it reads every byte
+                adopted += self._adopt([*pending, *value])
+                pending, final = [], True
         finally:
             self._done_adopting(adopted)
-        self._wait(seq, adopted)
-        return self.get_batch(batch_id)
+        if kind == "done":
+            return value
+        self._wait(value, adopted)
+        return None
 
-    def get_batch(self, batch_id: str) -> BatchInfo:
+    def _commit_save(self, consumer_id: str, token: str, save: _Save,
+                     replay: Callable[[], Any], make_txn: Callable[[], dict[str, Any]],
+                     extra: Sequence[RecordSetRef] = ()) -> Any:
+        """Every consumer save (``save_consumer_state``, ``batch_ready``): token, retry,
+        checks, a rewind's history, then the journal."""
+
+        def step(final: bool) -> tuple[str, Any]:
+            self._check_token(consumer_id, token)
+            done = replay()
+            if done is not None:
+                return "done", done
+            self._check_save(consumer_id, save.txn)
+            again = self._rewound(consumer_id, save.txn)
+            if again or not final:
+                return "need", again
+            seq = self._enqueue(make_txn())
+            if consumer_id == self.consumer_id:
+                self._released = _common_release(self._released, self._acknowledged(
+                    save.txn["processed"], save.txn["sparse"], self.state.checkpoint_floor()))
+            return "seq", seq
+
+        return self._retain_then_journal([*save.refs, *extra], step)
+
+    # --- batches ------------------------------------------------------------------------
+    def plan_batch(self, consumer_id: str, *, token: str, batch_id: str,
+                   input_positions: Sequence[int], plan_ref: RecordSetRef) -> dict[str, Any]:
+        """Record, before any conversion hook runs, which accepted results batch
+        ``batch_id`` reads and its plan (kept until the batch is finished).  Planning the
+        same batch again with the same content returns it; other content raises
+        ``IdempotencyConflict``."""
         self._check_process()
+        _check_id("consumer_id", consumer_id)
+        _check_id("batch_id", batch_id)
+        if isinstance(input_positions, (str, bytes)) or not isinstance(input_positions,
+                                                                       Sequence):
+            raise TypeError("input_positions must be a list of commit positions")
+        pos = [check_count(f"input_positions[{i}]", p) for i, p in enumerate(input_positions)]
+        ref = self._check_ref(plan_ref, "plan_ref")
+        digest = _digest([consumer_id, pos, list(_ref_tuple(ref))])
+
+        def step(final: bool) -> tuple[str, Any]:
+            self._check_token(consumer_id, token)
+            b = self.state.batches.get(batch_id)
+            if b is not None:
+                if b.digest != digest:
+                    raise IdempotencyConflict(
+                        f"batch {batch_id!r} was planned with other positions, plan or "
+                        "consumer; use a new batch_id")
+                return "done", True
+            for p in pos:
+                if p >= self._durable_commits:
+                    raise InvalidReference(
+                        f"batch {batch_id!r} input position {p} is not an accepted commit "
+                        f"({self._durable_commits} durable commits)")
+            unfinished = sum(1 for k in self.state.batches if not self.state.batch_finished(k))
+            if unfinished >= self.limits.max_ready_batches:
+                raise ResourceLimitExceeded(
+                    f"{unfinished} unfinished batches; the limit is "
+                    f"{self.limits.max_ready_batches} (Limits.max_ready_batches)")
+            if not final:
+                return "need", []
+            return "seq", self._enqueue({"t": "batch_plan", "batch": batch_id,
+                                         "consumer": consumer_id, "positions": pos,
+                                         "plan": list(_ref_tuple(ref)), "digest": digest})
+
+        if self._retain_then_journal([ref], step) is not None:
+            self._wait(self._last_seq)  # the original may still be in flight
+        view = self.get_batch(batch_id)
+        assert view is not None
+        return view
+
+    def batch_ready(self, consumer_id: str, *, token: str, batch_id: str,
+                    ready_ref: RecordSetRef, state_ref: RecordSetRef, fetch_cursor: int,
+                    processed_cursor: int,
+                    progress_ref: RecordSetRef | None = None) -> dict[str, Any]:
+        """Batch ``batch_id`` is published (``ready_ref``), and the consumer's state with it,
+        in one transaction (its ready data is kept until the consumer's progress lists
+        the batch finished).  A retry with the same content returns the original reply;
+        another ready reference or state raises ``IdempotencyConflict``."""
+        self._check_process()
+        _check_id("batch_id", batch_id)
+        ready = self._check_ref(ready_ref, "ready_ref")
+        save = self._prepare_save(consumer_id, state_ref, fetch_cursor, processed_cursor,
+                                  progress_ref)
+        digest = _digest([list(_ref_tuple(ready)), save.digest])
+
+        def replay() -> dict[str, Any] | None:
+            b = self.state.batches.get(batch_id)
+            if b is None or b.consumer != consumer_id:
+                raise InvalidReference(
+                    f"batch {batch_id!r} is not a planned batch of consumer {consumer_id!r}; "
+                    "plan_batch it first")
+            if b.ref is None:
+                return None
+            if b.ready_digest != digest:
+                raise IdempotencyConflict(
+                    f"batch {batch_id!r} was already made ready with another ready reference "
+                    "or consumer state")
+            return self._ready_view(batch_id)
+
+        def txn() -> dict[str, Any]:
+            return {"t": "batch_ready", "batch": batch_id, "ref": list(_ref_tuple(ready)),
+                    "digest": digest, "save": save.txn}
+
+        done = self._commit_save(consumer_id, token, save, replay, txn, extra=[ready])
+        return done if done is not None else self._ready_view(batch_id)
+
+    def _ready_view(self, batch_id: str) -> dict[str, Any]:
+        b = self.state.batches[batch_id]
+        assert b.ready_state is not None
+        return {"batch_id": batch_id, "ready_ref": _ref_dict(self._to_ref(b.ref)),
+                "state": self._consumer_view(*b.ready_state)}
+
+    def get_batch(self, batch_id: str) -> dict[str, Any] | None:
+        """The batch as planned (and its ready reference once ready); None if unknown.
+        ``finished`` (ours) says whether its consumer's progress lists it."""
+        self._check_process()
+        _check_id("batch_id", batch_id)
         with self._mutex:
             b = self.state.batches.get(batch_id)
             if b is None:
-                raise ValueError(f"unknown batch {batch_id!r}")
-            return BatchInfo(batch_id, b.positions, self._to_ref(b.ref), b.ref is not None,
-                             b.finished)
+                return None
+            out: dict[str, Any] = {"batch_id": batch_id, "consumer_id": b.consumer,
+                                   "input_positions": list(b.positions),
+                                   "plan_ref": _ref_dict(self._to_ref(b.plan)),
+                                   "ready": b.ref is not None,
+                                   "finished": self.state.batch_finished(batch_id)}
+            if b.ref is not None:
+                out["ready_ref"] = _ref_dict(self._to_ref(b.ref))
+            return out
 
-    def register_checkpoint(self, checkpoint_id: str, ref: RecordSetRef | None = None, *,
-                            cursor: int) -> None:
-        """Keep ``ref`` and every result from commit ``cursor`` on until released (a
-        consumer may rewind to ``cursor`` when it restores this checkpoint).  Registering
-        the same id again replaces it (retain the new one before the old goes)."""
+    # --- checkpoints ----------------------------------------------------------------------
+    def register_checkpoint(self, checkpoint_id: str, checkpoint_ref: RecordSetRef, *,
+                            cursor: int | None = None) -> dict[str, Any]:
+        """Keep a checkpoint until ``release_checkpoint``: its root ``checkpoint_ref`` (one
+        ``json.v1`` record ``{version: 1, checkpoint_id, consumer_state: RecordSetRef,
+        batch_ids: [...], training_dependencies: [RecordSetRef, ...]}`` whose publication
+        lists ``consumer_state`` and every training dependency as dependencies), the plan
+        and ready data of the ready batches it names, and (ours) with ``cursor`` every
+        result from that commit position on, so a consumer may rewind there.  Registering
+        the same id with the same content returns it; other content raises
+        ``IdempotencyConflict``."""
         self._check_process()
         _check_id("checkpoint_id", checkpoint_id)
-        check_count("cursor", cursor)
-        r = None if ref is None else self._check_ref(ref, "ref")
-        adopted = self._adopt([r] if r else [])
-        try:
-            with self._mutex:
-                self._check_usable()
-                floor = self._retired  # results below it are no longer retained
-                if not isinstance(cursor, int) or cursor < 0 or cursor > self._durable_commits:
-                    raise ValueError("cursor must be a durable commit position")
-                if cursor < floor:
-                    raise InvalidReference(
-                        f"checkpoint cursor {cursor} is below retired history ({floor}): those "
-                        "results may already be reclaimed")
-                seq = self._enqueue({"t": "ckpt", "id": checkpoint_id,
-                                     "ref": list(_ref_tuple(r)) if r else None,
-                                     "cursor": cursor})
-        finally:
-            self._done_adopting(adopted)
-        self._wait(seq, adopted)
+        ref = self._check_ref(checkpoint_ref, "checkpoint_ref")
+        if cursor is not None:
+            check_count("cursor", cursor)
+        record = self._read_checkpoint(checkpoint_id, ref)
+        digest = _digest([list(_ref_tuple(ref)), cursor])
 
-    def release_checkpoint(self, checkpoint_id: str) -> bool:
+        def step(final: bool) -> tuple[str, Any]:
+            known = self.state.checkpoints.get(checkpoint_id)
+            if known is not None:
+                if known.digest != digest:
+                    raise IdempotencyConflict(
+                        f"checkpoint {checkpoint_id!r} is registered with another reference "
+                        "or cursor; release it first, or use a new id")
+                return "done", True
+            for b in record["batch_ids"]:
+                batch = self.state.batches.get(b)
+                if batch is None or batch.ref is None:
+                    raise InvalidReference(
+                        f"checkpoint {checkpoint_id!r} names batch {b!r}, which is not a "
+                        "ready batch of this queue")
+            again: list[RecordSetRef] = []
+            if cursor is not None:
+                if cursor > self._durable_commits:
+                    raise ValueError(f"cursor {cursor} is past the commit log "
+                                     f"({self._durable_commits} durable commits)")
+                # keeping results from cursor on: acknowledged ones are needed again
+                c = self.state.consumers.get(self.consumer_id)
+                floor = self.state.checkpoint_floor()
+                floor = cursor if floor is None else min(floor, cursor)
+                again = self._unrooted(self._history_needed(self._acknowledged(
+                    c.processed if c else 0, c.sparse if c else (), floor)))
+            if again or not final:
+                return "need", again
+            return "seq", self._enqueue({"t": "ckpt", "id": checkpoint_id,
+                                         "ref": list(_ref_tuple(ref)), "cursor": cursor,
+                                         "batches": list(record["batch_ids"]),
+                                         "digest": digest, "record": record})
+
+        if self._retain_then_journal([ref], step) is not None:
+            self._wait(self._last_seq)  # the original may still be in flight
+        return self._checkpoint_view(checkpoint_id)
+
+    def _read_checkpoint(self, checkpoint_id: str, ref: RecordSetRef) -> dict[str, Any]:
+        """The checked JSON of a checkpoint record (see ``register_checkpoint``)."""
+        where = f"checkpoint_ref of checkpoint {checkpoint_id!r} ({ref.path} offset {ref.offset})"
+        records = list(self.store.read(ref))
+        if len(records) != 1 or records[0].codec != "json.v1":
+            raise InvalidReference(f"{where} must hold exactly one json.v1 checkpoint record")
+        try:
+            value = json.loads(bytes(records[0].payload))
+        except ValueError as e:
+            raise InvalidReference(f"{where} is not valid JSON: {e}") from None
+        if not isinstance(value, dict) or value.get("version") != 1 \
+                or value.get("checkpoint_id") != checkpoint_id:
+            raise InvalidReference(f"{where} must be a JSON object with version 1 and "
+                                   f"checkpoint_id {checkpoint_id!r}")
+        batches = value.get("batch_ids")
+        deps = value.get("training_dependencies")
+        if not isinstance(batches, list) or not all(isinstance(b, str) for b in batches) \
+                or len(set(batches)) != len(batches):
+            raise InvalidReference(f"{where}: batch_ids must be a list of distinct batch ids")
+        if not isinstance(deps, list):
+            raise InvalidReference(f"{where}: training_dependencies must be a list of "
+                                   "RecordSetRefs")
+        listed = [_canonical(_ref_dict(d)) for d in self.store.checked_manifest(ref).dependencies]
+        for name, named in [("consumer_state", value.get("consumer_state"))] + [
+                (f"training_dependencies[{i}]", d) for i, d in enumerate(deps)]:
+            if not isinstance(named, dict) or _canonical(named) not in listed:
+                raise InvalidReference(
+                    f"{where}: {name} must be a RecordSetRef the checkpoint's publication "
+                    "lists as a dependency (publish it with dependencies=[...])")
+        return value
+
+    def _checkpoint_view(self, checkpoint_id: str) -> dict[str, Any]:
+        with self._mutex:
+            ck = self.state.checkpoints[checkpoint_id]
+            out = dict(ck.record) if isinstance(ck.record, dict) else {}
+            out["checkpoint_ref"] = _ref_dict(self._to_ref(ck.ref))
+            if ck.cursor is not None:
+                out["cursor"] = ck.cursor
+            return out
+
+    def release_checkpoint(self, checkpoint_id: str) -> None:
+        """Stop keeping the checkpoint (a no-op if it is not registered); its data goes
+        at a later ``collect_garbage`` unless something else keeps it."""
         self._check_process()
+        _check_id("checkpoint_id", checkpoint_id)
         with self._mutex:
             self._check_usable()
             if checkpoint_id not in self.state.checkpoints:
-                return False
+                return
             seq = self._enqueue({"t": "ckpt_release", "id": checkpoint_id})
         self._wait(seq)
-        return True
 
-    # --- garbage, metrics, close --------------------------------------------------------
+    # --- garbage, inspection, metrics, close ------------------------------------------------
     def _live_extents(self) -> set[Extent]:
         return {(r[0], r[1]) for r in self.state.live_refs(self.consumer_id)}
 
     def collect_garbage(self) -> dict[str, Any]:
-        """Retire the roots of acknowledged history (results processed by the consumer and
-        not kept by a checkpoint, inputs of finished tasks without readers), drop the
-        staging of adopted data, then collect the pool."""
+        """Retire the roots of acknowledged history (results the designated consumer
+        processed and no checkpoint keeps, finished batches, inputs of finished tasks
+        without readers), drop the staging of adopted data, then collect the pool.
+        Returns straw-queue's counts (``reclaimed_files``, ``reclaimed_bytes``,
+        ``tombstones``, ``owners``, ``retained_packs``, ``open_packs``) and ours (the
+        ``tombstoned`` paths, ``finished_interrupted``, ``sealed_for_dead_writers``,
+        ``damaged``)."""
         self._check_process()
         with self._mutex:
             self._check_usable()
@@ -1519,23 +1886,186 @@ class Coordinator(ProcessBound):
                 self._fail(Fenced(f"queue {self.owner}: a newer coordinator owns it"))
             self._rooted = live
             self._unstage -= unstage
-            self._retired = self.state.retirement_cursor(self.consumer_id)
-        return self.store.collect_garbage()
+            self._released = (self.state.retirement_cursor(self.consumer_id),
+                              self.state.retired_sparse(self.consumer_id))
+        result = self.store.collect_garbage()
+        with self.store.catalog.locked() as st:
+            prefix = run_prefix(self.store.run_id)
+            open_packs = sum(1 for p, info in st.packs.items()
+                             if p.startswith(prefix) and info.state == "open")
+        out = {k: (v if isinstance(v, int) else len(v)) for k, v in result.items()
+               if k in ("reclaimed_files", "reclaimed_bytes", "owners", "retained_packs")}
+        out["tombstones"] = len(result.get("tombstoned", ()))
+        out["open_packs"] = open_packs
+        for k in ("tombstoned", "finished_interrupted", "sealed_for_dead_writers", "damaged"):
+            if k in result:
+                out[k] = result[k]
+        return out
+
+    def snapshot(self) -> RecordSetRef:
+        """Publish an inspection artifact of the queue (one ``json.v1`` record: consumers,
+        batches, checkpoints, producers, task counts, commit count, epoch) and return
+        its reference; it is staged like any publication (release it with
+        ``store.release_publications`` when done).  Not a startup head: the queue always
+        recovers from its journal — but ours also writes a journal snapshot now, so
+        recovery reads it plus a short suffix."""
+        self._check_process()
+        self._write_snapshot()
+        with self._mutex:
+            self._check_usable()
+            body = {"version": 1, "queue": self.owner, "epoch": self.epoch,
+                    "commits": self._durable_commits, "sealed": self.state.sealed,
+                    "tasks": dict(self.state.tasks.status_counts()),
+                    "consumers": self._consumers_view(), "batches": self._batches_view(),
+                    "checkpoints": self._checkpoints_view(),
+                    "producers": dict(self.state.producers)}
+            name = f"queue-snapshot:{self.owner}:e{self.epoch}:{self._last_seq}"
+        payload = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+        return self.store.publish([Record("queue-snapshot", payload, codec="json.v1")],
+                                  submission_id=name)
+
+    def _consumers_view(self) -> dict[str, Any]:
+        return {k: self._consumer_view(c.fetch, c.processed, c.state, c.progress)
+                for k, c in self.state.consumers.items()}
+
+    def _batches_view(self) -> dict[str, Any]:
+        return {k: self.get_batch(k) for k in self.state.batches}
+
+    def _checkpoints_view(self) -> dict[str, Any]:
+        return {k: self._checkpoint_view(k) for k in self.state.checkpoints}
+
+    def drain(self) -> int:
+        """Stop handing out and accepting tasks, in this coordinator (not journaled):
+        ``acquire`` answers ``draining``, ``submit_tasks`` refuses.  Leased tasks may still
+        complete.  Returns how many tasks are leased."""
+        self._check_process()
+        with self._mutex:
+            self._check_usable()
+            self._draining = True
+            return self.state.leased_count
+
+    # read-only views of the queue's state, in straw-queue's shapes (each a fresh copy)
+    @property
+    def tasks(self) -> dict[str, Any]:
+        self._check_process()
+        with self._mutex:
+            ids = list(self.state.tasks)
+        return {tid: _plain(self.task_status(tid)) for tid in ids}
+
+    @property
+    def commits(self) -> list[Any]:
+        self._check_process()
+        with self._mutex:
+            n = self._durable_commits
+        return [_plain(self._receipt(p)) for p in range(n)]
+
+    @property
+    def submissions(self) -> dict[str, Any]:
+        self._check_process()
+        with self._mutex:
+            subs = [(s, p) for s, p in self.state.submissions.items()
+                    if p < self._durable_commits]
+        return {s: {"receipt": _plain(self._receipt(p))} for s, p in subs}
+
+    @property
+    def requests(self) -> dict[str, Any]:
+        self._check_process()
+        with self._mutex:
+            out: dict[str, Any] = {_canonical(["submit", k]): [d, list(ids)]
+                                   for k, (d, ids) in self.state.requests.items()}
+            for (c, r), (d, v) in self.state.consumer_requests.items():
+                out[_canonical([f"consumer:{c}", r])] = [d, self._consumer_view(*v)]
+            return out
+
+    @property
+    def consumers(self) -> dict[str, Any]:
+        self._check_process()
+        with self._mutex:
+            return self._consumers_view()
+
+    @property
+    def batches(self) -> dict[str, Any]:
+        self._check_process()
+        with self._mutex:
+            return self._batches_view()
+
+    @property
+    def checkpoints(self) -> dict[str, Any]:
+        self._check_process()
+        with self._mutex:
+            return self._checkpoints_view()
+
+    @property
+    def producers(self) -> dict[str, Any]:
+        self._check_process()
+        with self._mutex:
+            return json.loads(json.dumps(self.state.producers))  # type: ignore[no-any-return]
+
+    @property
+    def sealed(self) -> bool:
+        self._check_process()
+        return self.state.sealed
+
+    @property
+    def draining(self) -> bool:
+        self._check_process()
+        return self._draining
+
+    @property
+    def storage_failed(self) -> bool:
+        """True once a storage failure stopped this coordinator (recover a new one)."""
+        self._check_process()
+        return self._broken is not None
+
+    @property
+    def counters(self) -> dict[str, int]:
+        self._check_process()
+        return {"snapshot_failures": self.snapshot_failures} if self.snapshot_failures else {}
 
     def metrics(self) -> dict[str, Any]:
+        """straw-queue's keys (``tasks`` by status, ``usage_with_reservations``,
+        ``complete_seconds``, ``journal_bytes``, ``recovery_seconds``, process CPU and
+        RSS) and ours (counts, the journal's and recovery's own metrics)."""
         self._check_process()
         with self._mutex:
             st = self.state
             counts = st.tasks.status_counts()  # never loads recovered history
-            return {
+            journal = self.journal.metrics()
+            out: dict[str, Any] = {
                 "queue": self.owner, "epoch": self.epoch,
                 "pending": st.pending_count, "leased": st.leased_count,
                 "completed": counts.get(COMPLETED, 0), "failed": counts.get("failed", 0),
                 "cancelled": counts.get("cancelled", 0), "commits": len(st.commits),
                 "durable_commits": self._durable_commits, "outstanding_reads": len(st.reads),
-                "sealed": st.sealed, "journal": self.journal.metrics(),
-                "recovery": self.recovery_stats,
+                "sealed": st.sealed, "journal": journal, "recovery": self.recovery_stats,
+                "tasks": {k: v for k, v in sorted(counts.items()) if v},
+                "counters": self.counters, "journal_bytes": journal["bytes"],
+                "recovery_seconds": self.recovery_seconds,
+                "complete_seconds": list(self._complete_seconds),
+                "usage_with_reservations": self._usage(),
             }
+        out["process_cpu_seconds"] = time.process_time() - self._cpu_started
+        out["process_rss_high_water_kib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return out
+
+    def _usage(self) -> dict[str, Any]:
+        """Mutex held: what the queue holds for its designated consumer (accepted and not
+        yet released results; ready data of unfinished batches) and in flight."""
+        st = self.state
+        c = st.consumers.get(self.consumer_id)
+        start, acked = (c.processed, set(c.sparse)) if c else (0, set())
+        accepted = _usage_of(self._to_ref(rec.result)
+                             for p, rec in enumerate(st.commits[start:], start)
+                             if p not in acked)
+        ready = _usage_of(self._to_ref(b.ref) for k, b in st.batches.items()
+                          if b.ref is not None and not st.batch_finished(k))
+        control = sum(1 for t in st.tasks.loaded() if t.status == LEASED and t.control)
+        return {"accepted_unprocessed": accepted, "train_ready": ready,
+                "bytes": accepted["bytes"] + ready["bytes"],
+                "records": accepted["records"] + ready["records"] + st.leased_count,
+                "tokens": accepted["tokens"] + ready["tokens"],
+                "ready_bytes": ready["bytes"], "inflight": st.leased_count - control,
+                "control_inflight": control}
 
     def close(self) -> None:
         """Stop serving (leases stay until a recovery revokes them).  Idempotent.  In a
@@ -1613,6 +2143,57 @@ def _check_lease_fields(lease: object, where: str) -> Lease:
                             f"{type(getattr(lease, name)).__name__}")
     check_count(f"{where}.generation", lease.generation)
     return lease
+
+
+# what the designated consumer's acknowledgements released: (cursor, sparse positions)
+_Released = tuple[int, frozenset[int]]
+
+
+def _common_release(a: _Released, b: _Released) -> _Released:
+    """Positions released in both ``a`` and ``b`` (after a save, history stays released
+    only if the new state acknowledges it too: a rewind made the rest needed again)."""
+    cursor = min(a[0], b[0])
+    sparse = {p for p in a[1] if p < b[0] or p in b[1]}
+    sparse |= {p for p in b[1] if p < a[0]}
+    return cursor, frozenset(p for p in sparse if p >= cursor)
+
+
+@dataclasses.dataclass
+class _Save:
+    """A consumer save, checked but not yet applied: its transaction, the references it
+    makes the queue retain, and its idempotency digest."""
+
+    txn: dict[str, Any]
+    refs: list[RecordSetRef]
+    digest: str
+
+
+def _ref_dict(ref: RecordSetRef | None) -> dict[str, Any] | None:
+    return None if ref is None else dataclasses.asdict(ref)
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def _plain(value: Any) -> Any:
+    """A dataclass reply as a dict (straw-queue's state views are plain JSON values)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    return value
+
+
+def _usage_of(refs: Iterable[RecordSetRef | None]) -> dict[str, int]:
+    """Bytes, records and tokens of ``refs`` (payload bytes and tokens where the
+    reference carries them, else the extent's size)."""
+    out = {"bytes": 0, "records": 0, "tokens": 0}
+    for ref in refs:
+        if ref is None:
+            continue
+        out["bytes"] += getattr(ref, "payload_bytes", ref.size)
+        out["records"] += ref.records
+        out["tokens"] += getattr(ref, "tokens", 0) or 0
+    return out
 
 
 __all__ = ["Coordinator", "StorageUnavailable", "read_state", "replay"]

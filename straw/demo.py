@@ -108,8 +108,11 @@ def queue_step(root: str, tasks: int = 6) -> dict[str, object]:
         for c in page.commits:
             (rec,) = trainer.read(c.result_ref)
             assert bytes(rec.payload).endswith(b" -> answer")
-        token = q.open_consumer("training")
-        q.save_consumer_state(token, fetch_cursor=page.cursor,
+        token = q.open_consumer("training", exclusive_owner="the demo's one trainer")
+        state = trainer.publish([Record("trainer-state", b"step 1")],
+                                submission_id="trainer-state-1")
+        q.save_consumer_state("training", token=token, request_id="trained-1",
+                              state_ref=state, fetch_cursor=page.cursor,
                               processed_cursor=page.cursor)
         q.close()
         # the coordinator "dies"; a new one recovers the same queue under a new epoch

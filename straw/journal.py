@@ -157,6 +157,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pathlib
 import re
 import struct
 import threading
@@ -819,6 +820,14 @@ class Journal(ProcessBound):
         self._check_process()
         with self._mu:
             return (self.epoch, self._seg, self._end)
+
+    @property
+    def path(self) -> pathlib.Path:
+        """The segment this journal appends to now (straw-queue's ``journal.path`` names
+        its one journal file; ours is a directory of segments, and this is the newest)."""
+        self._check_process()
+        with self._mu:
+            return pathlib.Path(self.dir, segment_name(self.epoch, self._seg))
 
     @property
     def seq(self) -> int:

@@ -155,8 +155,8 @@ def queue_view(fs: Filesystem, root: str, rel: str) -> dict[str, Any]:
                 isinstance(t.metadata.get(STAGE_KEY), str):
             stages[f"{t.metadata[STAGE_KEY]}/{t.status}"] += 1
     staleness = _staleness(fs, root, [c.result for c in st.commits[-STALENESS_SAMPLE:]])
-    batches = Counter("finished" if b.finished else "ready" if b.ref is not None
-                      else "planned" for b in st.batches.values())
+    batches = Counter("finished" if st.batch_finished(k) else "ready" if b.ref is not None
+                      else "planned" for k, b in st.batches.items())
     return {
         "queue": rel,
         "epoch": st.epoch,

@@ -211,32 +211,6 @@ class CommitPage:
     end_of_input: bool
 
 
-# --- consumers and batches ----------------------------------------------------------------
-@dataclass(frozen=True)
-class ConsumerToken:
-    consumer_id: str
-    token: int
-
-
-@dataclass(frozen=True)
-class ConsumerState:
-    consumer_id: str
-    token: int
-    fetch_cursor: int
-    processed_cursor: int
-    state_ref: RecordSetRef | None
-    finished_batches: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class BatchInfo:
-    batch_id: str
-    positions: tuple[int, ...]
-    ref: RecordSetRef | None
-    ready: bool
-    finished: bool
-
-
 # --- limits -------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Limits:
@@ -286,6 +260,6 @@ class Limits:
 __all__ = [
     "encode", "decode", "digest", "bounded_metadata",
     "TaskSpec", "Lease", "Assignment", "AcquireResult", "CommitReceipt", "CommitPage",
-    "ConsumerToken", "ConsumerState", "BatchInfo", "Limits",
+    "Limits",
     "SegmentRef", "RecordRef", "RecordSetRef", "Record", "Publication",
 ]

@@ -22,10 +22,12 @@ Transactions (``t`` is the type)::
     seal     [req, digest, result]
     reads    task, attempt | None                            (D5: these and retire
     retire   worker [, revoke]                                 end reads)
-    cons_open  consumer, token   /   cons_save consumer, token, fetch, processed, state,
-                                                   finished
-    batch_plan batch, positions  /   batch_ready batch, ref
-    ckpt     id, ref, cursor     /   ckpt_release id
+    cons_save  consumer, req, digest, fetch, processed, state, progress, sparse, finished
+    batch_plan batch, consumer, positions, plan, digest
+    batch_ready batch, ref, digest, save (a cons_save of the batch's consumer, same txn)
+    ckpt     id, ref, cursor, batches, digest   /   ckpt_release id
+    (cons_open, of journals written before consumer tokens became per-coordinator, is
+    replayed as a no-op)
     epoch    epoch                                           (recovery: leases revoked)
 
 References are stored as tuples ``(path, offset, size, checksum, digest, records)``.
@@ -335,18 +337,46 @@ class CommitLog(Sequence[CommitRecord]):
 
 @dataclass
 class Consumer:
-    token: int = 0
+    """A consumer's saved progress.  ``sparse`` and ``finished`` come from its progress
+    record (``progress``): positions processed past the contiguous prefix, and batches
+    every rank finished reading.  Its ownership token is not here: a token belongs to one
+    coordinator process (recovery ends every open consumer), so it is not journaled."""
+
     fetch: int = 0
     processed: int = 0
     state: RefTuple | None = None
+    progress: RefTuple | None = None
+    sparse: tuple[int, ...] = ()
     finished: tuple[str, ...] = ()
 
 
 @dataclass
 class Batch:
+    """A planned training batch of ``consumer``: the commit positions it reads and its
+    plan; ``ref`` once it is ready.  It is finished while its consumer's saved progress
+    lists it (so a rewind to older progress makes it unfinished, and kept, again)."""
+
     positions: tuple[int, ...]
+    consumer: str = "training"
+    plan: RefTuple | None = None
+    digest: str = ""
     ref: RefTuple | None = None
-    finished: bool = False
+    ready_digest: str = ""
+    # the consumer state saved with it: (fetch, processed, state, progress)
+    ready_state: tuple[Any, ...] | None = None
+
+
+@dataclass
+class Checkpoint:
+    """A registered checkpoint: its root ``ref`` (kept with its dependencies), the ready
+    batches it names (their plan and ready refs are kept too) and, optionally, a commit
+    ``cursor`` from which every result is kept (a consumer may rewind there)."""
+
+    ref: RefTuple | None
+    cursor: int | None = None
+    batches: tuple[str, ...] = ()
+    digest: str = ""
+    record: Any = None  # the checkpoint record's JSON, as checked at registration
 
 
 @dataclass
@@ -361,7 +391,10 @@ class QueueState:
     read_epochs: dict[tuple[str, str, int], int] = field(default_factory=dict)  # grant epoch
     consumers: dict[str, Consumer] = field(default_factory=dict)
     batches: dict[str, Batch] = field(default_factory=dict)
-    checkpoints: dict[str, tuple[RefTuple | None, int]] = field(default_factory=dict)
+    checkpoints: dict[str, Checkpoint] = field(default_factory=dict)
+    # save_consumer_state's request ids: (consumer, request) -> (digest, the saved values)
+    consumer_requests: dict[tuple[str, str], tuple[str, tuple[Any, ...]]] = field(
+        default_factory=dict)
     sealed: bool = False
     fifo: int = 0
     pending_count: int = 0
@@ -570,39 +603,71 @@ class QueueState:
                 self._make_pending(task)
 
     def _t_cons_open(self, txn: dict[str, Any]) -> None:
-        self.consumers.setdefault(txn["consumer"], Consumer()).token = txn["token"]
+        """Journals of an older straw recorded consumer tokens; they are not state now."""
 
     def _t_cons_save(self, txn: dict[str, Any]) -> None:
-        c = self.consumers[txn["consumer"]]
+        c = self.consumers.setdefault(txn["consumer"], Consumer())
         c.fetch, c.processed = txn["fetch"], txn["processed"]
         c.state = tuple(txn["state"]) if txn["state"] else None  # type: ignore[assignment]
-        c.finished = tuple(txn["finished"])
-        for b in c.finished:
-            if b in self.batches:
-                self.batches[b].finished = True
+        c.progress = tuple(txn["progress"]) if txn.get("progress") else None  # type: ignore[assignment]
+        c.sparse = tuple(txn.get("sparse", ()))
+        c.finished = tuple(txn.get("finished", ()))
+        if txn.get("req") is not None:
+            self.consumer_requests[(txn["consumer"], txn["req"])] = (
+                txn["digest"], (c.fetch, c.processed, c.state, c.progress))
 
     def _t_batch_plan(self, txn: dict[str, Any]) -> None:
-        self.batches[txn["batch"]] = Batch(tuple(txn["positions"]))
+        self.batches[txn["batch"]] = Batch(
+            tuple(txn["positions"]), txn.get("consumer", "training"),
+            tuple(txn["plan"]) if txn.get("plan") else None,  # type: ignore[arg-type]
+            txn.get("digest", ""))
 
     def _t_batch_ready(self, txn: dict[str, Any]) -> None:
-        self.batches[txn["batch"]].ref = tuple(txn["ref"])  # type: ignore[assignment]
+        b = self.batches[txn["batch"]]
+        b.ref = tuple(txn["ref"])  # type: ignore[assignment]
+        b.ready_digest = txn.get("digest", "")
+        if txn.get("save") is not None:  # the consumer's state, in the same transaction
+            self._t_cons_save(txn["save"])
+            c = self.consumers[b.consumer]
+            b.ready_state = (c.fetch, c.processed, c.state, c.progress)
 
     def _t_ckpt(self, txn: dict[str, Any]) -> None:
-        self.checkpoints[txn["id"]] = (tuple(txn["ref"]) if txn["ref"] else None,  # type: ignore[assignment]
-                                       txn["cursor"])
+        self.checkpoints[txn["id"]] = Checkpoint(
+            tuple(txn["ref"]) if txn["ref"] else None,  # type: ignore[arg-type]
+            txn.get("cursor"), tuple(txn.get("batches", ())), txn.get("digest", ""),
+            txn.get("record"))
 
     def _t_ckpt_release(self, txn: dict[str, Any]) -> None:
         self.checkpoints.pop(txn["id"], None)
 
+    def batch_finished(self, batch_id: str) -> bool:
+        b = self.batches.get(batch_id)
+        c = None if b is None else self.consumers.get(b.consumer)
+        return c is not None and batch_id in c.finished
+
     # --- what the queue must keep (its owner's roots, D2/D5) ------------------------------
+    def checkpoint_floor(self) -> int | None:
+        """The lowest commit cursor a checkpoint keeps results from (None: none does)."""
+        cursors = [ck.cursor for ck in self.checkpoints.values() if ck.cursor is not None]
+        return min(cursors) if cursors else None
+
     def retirement_cursor(self, consumer: str) -> int:
         """Commits below this position are no longer needed: processed by the designated
-        consumer and not protected by a checkpoint."""
+        consumer and not protected by a checkpoint's cursor."""
         c = self.consumers.get(consumer)
         cursor = c.processed if c else 0
-        for _, ck_cursor in self.checkpoints.values():
-            cursor = min(cursor, ck_cursor)
-        return cursor
+        floor = self.checkpoint_floor()
+        return cursor if floor is None else min(cursor, floor)
+
+    def retired_sparse(self, consumer: str) -> frozenset[int]:
+        """Positions past the retirement cursor that are no longer needed either: the
+        designated consumer's sparse acknowledgements (its progress record) below every
+        checkpoint's cursor."""
+        c = self.consumers.get(consumer)
+        if c is None:
+            return frozenset()
+        floor = self.checkpoint_floor()
+        return frozenset(p for p in c.sparse if floor is None or p < floor)
 
     def live_refs(self, consumer: str) -> set[RefTuple]:
         refs: set[RefTuple] = set()
@@ -610,17 +675,19 @@ class QueueState:
             if task.status not in TERMINAL and task.input is not None:
                 refs.add(task.input)
         refs.update(self.reads.values())
-        for rec in self.commits[self.retirement_cursor(consumer):]:
-            refs.add(rec.result)
+        cursor, sparse = self.retirement_cursor(consumer), self.retired_sparse(consumer)
+        for pos, rec in enumerate(self.commits[cursor:], cursor):
+            if pos not in sparse:
+                refs.add(rec.result)
         for c in self.consumers.values():
-            if c.state is not None:
-                refs.add(c.state)
-        for b in self.batches.values():
-            if b.ref is not None and not b.finished:
-                refs.add(b.ref)
-        for ref, _ in self.checkpoints.values():
-            if ref is not None:
-                refs.add(ref)
+            refs.update(r for r in (c.state, c.progress) if r is not None)
+        kept = {b for ck in self.checkpoints.values() for b in ck.batches}
+        for bid, b in self.batches.items():
+            if bid in kept or not self.batch_finished(bid):
+                refs.update(r for r in (b.plan, b.ref) if r is not None)
+        for ck in self.checkpoints.values():
+            if ck.ref is not None:
+                refs.add(ck.ref)
         return refs
 
     # --- snapshots ------------------------------------------------------------------------
@@ -639,11 +706,15 @@ class QueueState:
             "producers": self.producers,
             "reads": [[w, t, a, r, self.read_epochs.get((w, t, a), 0)]
                       for (w, t, a), r in self.reads.items()],
-            "consumers": [[k, c.token, c.fetch, c.processed, c.state, list(c.finished)]
-                          for k, c in self.consumers.items()],
-            "batches": [[k, list(b.positions), b.ref, b.finished]
-                        for k, b in self.batches.items()],
-            "checkpoints": [[k, r, cur] for k, (r, cur) in self.checkpoints.items()],
+            "consumers": [[k, c.fetch, c.processed, c.state, c.progress, list(c.sparse),
+                           list(c.finished)] for k, c in self.consumers.items()],
+            "consumer_requests": [[k, r, d, list(v)]
+                                  for (k, r), (d, v) in self.consumer_requests.items()],
+            "batches": [[k, list(b.positions), b.consumer, b.plan, b.digest, b.ref,
+                         b.ready_digest, None if b.ready_state is None else
+                         list(b.ready_state)] for k, b in self.batches.items()],
+            "checkpoints": [[k, ck.ref, ck.cursor, list(ck.batches), ck.digest, ck.record]
+                            for k, ck in self.checkpoints.items()],
         }
 
     @classmethod
@@ -677,13 +748,38 @@ class QueueState:
         for w, t, a, r, *e in snap["reads"]:  # the grant's epoch: absent in older snapshots
             st.reads[(w, t, a)] = tuple(r)  # type: ignore[assignment]
             st.read_epochs[(w, t, a)] = e[0] if e else 0
-        for k, token, fetch, processed, state, finished in snap["consumers"]:
-            st.consumers[k] = Consumer(token, fetch, processed,
-                                       tuple(state) if state else None,  # type: ignore[arg-type]
-                                       tuple(finished))
-        for k, positions, ref, finished in snap["batches"]:
-            st.batches[k] = Batch(tuple(positions), tuple(ref) if ref else None,  # type: ignore[arg-type]
-                                  finished)
-        st.checkpoints = {k: (tuple(r) if r else None, cur)  # type: ignore[misc]
-                          for k, r, cur in snap["checkpoints"]}
+        _t = _tuple_or_none
+        for row in snap["consumers"]:
+            if len(row) == 6:  # an older straw's row: [k, token, fetch, processed, state, fin]
+                k, _token, fetch, processed, state, finished = row
+                st.consumers[k] = Consumer(fetch, processed, _t(state), None, (),
+                                           tuple(finished))
+                continue
+            k, fetch, processed, state, progress, sparse, finished = row
+            st.consumers[k] = Consumer(fetch, processed, _t(state), _t(progress),
+                                       tuple(sparse), tuple(finished))
+        for k, r, d, v in snap.get("consumer_requests", ()):
+            fetch, processed, state, progress = v
+            st.consumer_requests[(k, r)] = (d, (fetch, processed, _t(state), _t(progress)))
+        for row in snap["batches"]:
+            if len(row) == 4:  # older: [k, positions, ready ref, finished flag]
+                k, positions, ref, _finished = row
+                st.batches[k] = Batch(tuple(positions), ref=_t(ref))
+                continue
+            k, positions, consumer, plan, digest, ref, ready_digest, saved = row
+            if saved is not None:
+                saved = (saved[0], saved[1], _t(saved[2]), _t(saved[3]))
+            st.batches[k] = Batch(tuple(positions), consumer, _t(plan), digest, _t(ref),
+                                  ready_digest, saved)
+        for row in snap["checkpoints"]:
+            if len(row) == 3:  # older: [k, ref, cursor]
+                k, r, cur = row
+                st.checkpoints[k] = Checkpoint(_t(r), cur)
+                continue
+            k, r, cur, batches, digest, record = row
+            st.checkpoints[k] = Checkpoint(_t(r), cur, tuple(batches), digest, record)
         return st
+
+
+def _tuple_or_none(ref: Sequence[Any] | None) -> Any:
+    return tuple(ref) if ref else None

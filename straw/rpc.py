@@ -17,7 +17,7 @@ Wire format (the same as straw-queue's, so either side may be straw-queue's):
 
 The server decodes arguments back into our types *by keyword*: ``lease``/``leases`` into
 ``Lease``, ``tasks`` into ``TaskSpec``, every ``*_ref`` into ``RecordSetRef``, a consumer
-``token`` dict into ``ConsumerToken``, recursively inside lists of dicts (``updates``).
+recursively inside lists of dicts (``updates``); a consumer ``token`` is a plain str.
 It calls only methods of the allow-list ``METHODS`` that the coordinator has, by name,
 with the keywords given: whatever the coordinator's exact signatures, a wrong keyword is
 the coordinator's own ``TypeError``, carried back.
@@ -41,7 +41,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from . import errors
-from .protocol import ConsumerToken, Lease, TaskSpec
+from .protocol import Lease, TaskSpec
 from .refs import RecordSetRef
 from .reporting import canonical_json
 
@@ -123,8 +123,6 @@ def from_wire(key: str, value: Any) -> Any:
         return [_build(cls, v, f"{key}[{i}]") for i, v in enumerate(value)]
     if key.endswith("_ref"):
         return _build(RecordSetRef, value, key)
-    if key == "token" and isinstance(value, Mapping):
-        return _build(ConsumerToken, value, key)
     if isinstance(value, list):
         return [{k: from_wire(k, v) for k, v in item.items()} if isinstance(item, Mapping)
                 else item for item in value]

@@ -3,6 +3,7 @@ where promised), qualify and bench, bad input -> exit status 2 with nothing writ
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -62,10 +63,17 @@ def live_pool(tmp_path):
             "task_id": a.lease.task_id, "attempt_id": a.lease.attempt_id, "staleness": staleness})],
             submission_id=f"s-{a.lease.task_id}")
         q.complete_task(a.lease, submission_id=f"done-{a.lease.task_id}", result_ref=out)
-    token = q.open_consumer("trainer")
-    q.save_consumer_state(token, fetch_cursor=2, processed_cursor=1)
-    q.register_checkpoint("step-10", cursor=0)
-    q.plan_batch("batch-0", [0, 1])
+    token = q.open_consumer("trainer", exclusive_owner="the test's one trainer")
+    state = worker.publish([Record("state", b"step 10")], submission_id="trainer-state")
+    q.save_consumer_state("trainer", token=token, request_id="save-10", state_ref=state,
+                          fetch_cursor=2, processed_cursor=1)
+    ck = worker.publish([Record("ck", json.dumps({
+        "version": 1, "checkpoint_id": "step-10", "consumer_state": dataclasses.asdict(state),
+        "batch_ids": [], "training_dependencies": []}).encode(), codec="json.v1")],
+        submission_id="ck-10", dependencies=[state])
+    q.register_checkpoint("step-10", ck, cursor=0)
+    q.plan_batch("trainer", token=token, batch_id="batch-0", input_positions=[0, 1],
+                 plan_ref=state)
     with SharedFilesystemStore(root, "job", writer_id="junk") as junk:
         ref = junk.publish([Record("junk", b"x" * 4096)], submission_id="junk-0")
         junk.seal()

@@ -3,6 +3,8 @@ readers (D5), consumers, checkpoints and retention of queue data (D2)."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -306,15 +308,29 @@ def test_consumer_tokens_cursors_and_retirement(store):
         receipts.append(_run_one(store, q))
         store.seal()  # one pack per result
     store.release_publications([r.result_ref for r in receipts])  # the queue owns them
-    tok = q.open_consumer()
+    tok = q.open_consumer("training", exclusive_owner="the test")
     page = q.read_commits(0, 2)
-    q.save_consumer_state(tok, fetch_cursor=2, processed_cursor=2)
-    tok2 = q.open_consumer()
-    with pytest.raises(Fenced, match="not current"):
-        q.save_consumer_state(tok, fetch_cursor=2, processed_cursor=2)
-    state = q.load_consumer_state()
-    assert state is not None and state.processed_cursor == 2 and state.token == tok2.token
-    q.register_checkpoint("ck", cursor=1)
+    mine = store.publish([Record("state", b"s")], submission_id="state")
+    ck = store.publish([Record("ck", json.dumps({
+        "version": 1, "checkpoint_id": "ck", "consumer_state": dataclasses.asdict(mine),
+        "batch_ids": [], "training_dependencies": []}).encode(), codec="json.v1")],
+        submission_id="ck", dependencies=[mine])
+
+    def save(token, request_id):  # type: ignore[no-untyped-def]
+        return q.save_consumer_state("training", token=token, request_id=request_id,
+                                     state_ref=mine, fetch_cursor=2, processed_cursor=2)
+
+    save(tok, "s1")
+    with pytest.raises(UnsafeRecovery, match="one owner at a time"):
+        q.open_consumer("training", exclusive_owner="another")
+    q.close_consumer("training", tok)
+    tok2 = q.open_consumer("training", exclusive_owner="the next owner")
+    with pytest.raises(StaleAttempt, match="not current"):
+        save(tok, "s2")
+    state = q.load_consumer_state("training")
+    assert state is not None and state["processed_cursor"] == 2
+    assert save(tok2, "s2") == state
+    q.register_checkpoint("ck", ck, cursor=1)
     q.collect_garbage()
     # commit 0 retired (processed, below the checkpoint cursor 1); 1 kept by checkpoint
     # (fresh read sessions: a session's cached open file could still read a reclaimed pack)
@@ -322,7 +338,7 @@ def test_consumer_tokens_cursors_and_retirement(store):
         s.read(page.commits[0].result_ref)
     with store.read_session() as s:
         assert bytes(next(s.read(page.commits[1].result_ref)).payload) == b"answer"
-    assert q.release_checkpoint("ck") is True
+    assert q.release_checkpoint("ck") is None
     q.collect_garbage()
     with store.read_session() as s:
         with pytest.raises(InvalidReference):

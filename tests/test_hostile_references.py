@@ -443,9 +443,10 @@ def test_queue_refuses_references_that_name_no_publication(tmp_path):
             bad = fabricated["pack never written"]
             with pytest.raises(InvalidReference):
                 q.yield_tasks([{"lease": a.lease, "input_ref": bad}], request_id="y")
-            token = q.open_consumer()
+            token = q.open_consumer("training", exclusive_owner="the test")
             with pytest.raises(InvalidReference):
-                q.save_consumer_state(token, fetch_cursor=0, processed_cursor=0, state_ref=bad)
+                q.save_consumer_state("training", token=token, request_id="s", state_ref=bad,
+                                      fetch_cursor=0, processed_cursor=0)
             with pytest.raises(InvalidReference):
                 q.register_checkpoint("c", bad, cursor=0)
             result = store.publish([Record("out", b"r", metadata={

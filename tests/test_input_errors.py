@@ -33,7 +33,7 @@ from straw import (
 from straw.clock import ManualClock
 from straw.coordinator import Coordinator
 from straw.pack import EXTENT_PREFIX, decode_manifest
-from straw.protocol import ConsumerToken, Lease, Limits, TaskSpec
+from straw.protocol import Lease, Limits, TaskSpec
 from straw.refs import MAX_METADATA_DEPTH, RecordRef, RecordSetRef
 from straw.tensor import TensorRef, publish_tensors, set_load_buffer_cache
 from tests.refedit import edited
@@ -164,7 +164,9 @@ def test_reference_offsets_past_63_bits_are_invalid_reference(store, q):
 
 def test_bools_refused_as_counts(store, q):
     lease = _lease(q)
-    token = q.open_consumer(uid("c"))
+    consumer = uid("c")
+    token = q.open_consumer(consumer, exclusive_owner="the test")
+    ref = store.publish([Record("state", b"s")], submission_id=uid())
     before = _files(store.root)
     calls = {
         "tokens": lambda: store.publish([Record("a", b"x", tokens=True)], submission_id=uid()),
@@ -174,12 +176,15 @@ def test_bools_refused_as_counts(store, q):
         "cursor": lambda: q.read_commits(True),
         "limit": lambda: q.read_commits(0, True),
         "generation": lambda: q.heartbeat([dataclasses.replace(lease, generation=True)]),
-        "fetch_cursor": lambda: q.save_consumer_state(token, fetch_cursor=True,
-                                                      processed_cursor=0),
-        "token.token": lambda: q.save_consumer_state(
-            ConsumerToken(token.consumer_id, True), fetch_cursor=0, processed_cursor=0),
-        r"positions\[0\]": lambda: q.plan_batch(uid(), [True]),
-        "register cursor": lambda: q.register_checkpoint(uid(), cursor=False),
+        "fetch_cursor": lambda: q.save_consumer_state(
+            consumer, token=token, request_id=uid(), state_ref=ref, fetch_cursor=True,
+            processed_cursor=0),
+        "token": lambda: q.save_consumer_state(
+            consumer, token=True, request_id=uid(), state_ref=ref, fetch_cursor=0,
+            processed_cursor=0),
+        r"positions\[0\]": lambda: q.plan_batch(consumer, token=token, batch_id=uid(),
+                                                 input_positions=[True], plan_ref=ref),
+        "register cursor": lambda: q.register_checkpoint(uid(), ref, cursor=False),
         "release generation": lambda: q.release_task_reads(
             [dataclasses.replace(lease, generation=True)]),
         "reserve_bytes": lambda: SharedFilesystemStore(store.root, "run", writer_id="b",
@@ -230,9 +235,9 @@ def test_lease_from_dict_and_argument_shapes(q):
     with pytest.raises(TypeError, match="task_ids"):
         q.acquire("w", task_ids="abc")  # would lease tasks 'a', 'b' and 'c'
     with pytest.raises(TypeError, match="positions"):
-        q.plan_batch(uid(), "0")
+        q.plan_batch(uid(), token="t", batch_id=uid(), input_positions="0", plan_ref=None)
     with pytest.raises(TypeError, match=r"positions\[0\]"):
-        q.plan_batch(uid(), [0.5])
+        q.plan_batch(uid(), token="t", batch_id=uid(), input_positions=[0.5], plan_ref=None)
     with pytest.raises(TypeError, match="leases"):
         q.heartbeat(_lease(q))  # type: ignore[arg-type]
 
@@ -425,7 +430,7 @@ def _entry_points(store, q):  # type: ignore[no-untyped-def]
     ref = store.publish([Record("a", b"xyz")], submission_id="ep-ref")
     rref = store.checked_manifest(ref).record_refs[0]
     lease = _lease(q)
-    token = q.open_consumer("ep")
+    token = q.open_consumer("ep", exclusive_owner="the test")
     sample = C.encode_sample(store, 1, submission_id="ep-sample")
     (tensor,) = publish_tensors(store, {"t": np.arange(12.0).reshape(4, 3)},
                                 submission_id="ep-tensor")
@@ -490,13 +495,24 @@ def _entry_points(store, q):  # type: ignore[no-untyped-def]
         "estimated_bytes": lambda v: sub(estimated_bytes=v),
         "allow_empty": lambda v: sub(allow_empty=v),
         "yield lease": lambda v: q.yield_tasks([{"lease": v}], request_id=uid()),
-        "fetch_cursor": lambda v: q.save_consumer_state(token, fetch_cursor=v,
-                                                        processed_cursor=0),
+        "fetch_cursor": lambda v: q.save_consumer_state(
+            "ep", token=token, request_id=uid(), state_ref=ref, fetch_cursor=v,
+            processed_cursor=0),
         "consumer token": lambda v: q.save_consumer_state(
-            ConsumerToken("ep", v), fetch_cursor=0, processed_cursor=0),
-        "plan positions": lambda v: q.plan_batch(uid(), [v]),
-        "plan positions seq": lambda v: q.plan_batch(uid(), v),
-        "checkpoint cursor": lambda v: q.register_checkpoint(uid(), cursor=v),
+            "ep", token=v, request_id=uid(), state_ref=ref, fetch_cursor=0,
+            processed_cursor=0),
+        "consumer request": lambda v: q.save_consumer_state(
+            "ep", token=token, request_id=v, state_ref=ref, fetch_cursor=0,
+            processed_cursor=0),
+        "progress_ref": lambda v: q.save_consumer_state(
+            "ep", token=token, request_id=uid(), state_ref=ref, fetch_cursor=0,
+            processed_cursor=0, progress_ref=v),
+        "plan positions": lambda v: q.plan_batch("ep", token=token, batch_id=uid(),
+                                                 input_positions=[v], plan_ref=ref),
+        "plan positions seq": lambda v: q.plan_batch("ep", token=token, batch_id=uid(),
+                                                     input_positions=v, plan_ref=ref),
+        "checkpoint ref": lambda v: q.register_checkpoint(uid(), v),
+        "checkpoint cursor": lambda v: q.register_checkpoint(uid(), ref, cursor=v),
         "release reads": lambda v: q.release_task_reads(v),
         "lease from_dict": lambda v: Lease.from_dict({**lease.to_dict(), "generation": v}),
         "limits": lambda v: Limits(max_ready_batches=v),
@@ -517,9 +533,14 @@ def _entry_points(store, q):  # type: ignore[no-untyped-def]
         "cancel": lambda v: q.cancel_task(v),
         "lookup_submission": lambda v: q.lookup_submission(v),
         "retire_worker": lambda v: q.retire_worker(v),
-        "open_consumer": lambda v: q.open_consumer(v),
+        "open_consumer": lambda v: q.open_consumer(v, exclusive_owner="ep"),
+        "consumer owner": lambda v: q.open_consumer(uid(), exclusive_owner=v),
+        "close_consumer": lambda v: q.close_consumer("ep", v),
+        "load_consumer_state": lambda v: q.load_consumer_state(v),
         "get_batch": lambda v: q.get_batch(v),
-        "batch_ready": lambda v: q.batch_ready(v, ref),
+        "batch_ready": lambda v: q.batch_ready("ep", token=token, batch_id=v, ready_ref=ref,
+                                               state_ref=ref, fetch_cursor=0,
+                                               processed_cursor=0),
         "release_checkpoint": lambda v: q.release_checkpoint(v),
         "fail failure": lambda v: q.fail_task(dataclasses.replace(lease, generation=99),
                                               failure=v),
