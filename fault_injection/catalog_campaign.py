@@ -107,6 +107,19 @@ class Driver:
         self.refs: dict[str, RecordSetRef] = {}
         self.records: dict[str, list[Record]] = {}
         self.pins: dict[str, Pin] = {}  # pin owner -> Pin
+        # (before, after) counts of mutating ops around each compaction step: the crash
+        # points inside compaction (tests/test_catalog_snapshot.py)
+        self.compaction_ops: list[tuple[int, int]] = []
+
+    def _mutations(self) -> int:
+        return sum(1 for e in self.sim.trace if e.op in MUTATING_OPS)
+
+    def _compaction_step(self, fn: Callable[[], object]) -> None:
+        lo = self._mutations()
+        try:
+            self._call(lambda m: None, fn)
+        finally:
+            self.compaction_ops.append((lo, self._mutations()))
 
     def _call(self, change: Callable[[Model], None], fn: Callable[[], object]) -> object:
         self.post = self.pre.copy()
@@ -172,6 +185,23 @@ class Driver:
         self.post = self.pre.copy()
 
 
+    def compact(self, client: str) -> None:
+        """A whole compaction (CS1): the catalog's content does not change."""
+        self._compaction_step(self.stores[client].catalog.compact)
+
+    def compact_around(self, client: str, meanwhile: Callable[[], None]) -> None:
+        """A compaction whose snapshot is written (steps 1-2) before ``meanwhile`` commits
+        on another client, then installed (steps 3-6): the base frame must carry the
+        operations appended after the snapshot (the suffix)."""
+        cat = self.stores[client].catalog
+        jobs: list[object] = []
+        self._compaction_step(lambda: jobs.append(cat._write_snapshot()))
+        meanwhile()
+        job = jobs[0]
+        if job is not None:
+            self._compaction_step(lambda: cat._make_base(job))  # type: ignore[arg-type]
+
+
 # --- the workloads ---------------------------------------------------------------------------
 
 def wl_owners(d: Driver) -> None:
@@ -217,7 +247,29 @@ def wl_pins(d: Driver) -> None:
     d.collect("c0")  # everything released: reclaimed
 
 
-WORKLOADS: dict[str, Callable[[Driver], None]] = {"owners": wl_owners, "pins": wl_pins}
+def wl_compact(d: Driver) -> None:
+    """Catalog compaction (CS1) between owner changes and collections: a plain one, one
+    with operations committed by the other client while its snapshot was written, and
+    one that replaces a generation (its older snapshot is deleted)."""
+    d.publish("c0", "a")
+    d.publish("c0", "b", deps=["a"])
+    d.seal("c0")
+    d.publish("c1", "x")
+    d.retain("c1", "keep", ["b", "x"])
+    d.release_publications("c0", ["a", "b"])
+    d.collect("c0")  # keep reaches both packs: nothing
+    d.compact("c0")
+    d.publish("c1", "y")
+    d.seal("c1")
+    d.retain("c0", "ckpt", ["y"])
+    d.compact_around("c1", lambda: d.release("c0", "keep"))
+    d.release_publications("c1", ["x", "y"])
+    d.collect("c1")  # reclaims c0's pack (a, b): keep was released in the suffix
+    d.compact("c0")
+
+
+WORKLOADS: dict[str, Callable[[Driver], None]] = {"owners": wl_owners, "pins": wl_pins,
+                                                  "compact": wl_compact}
 
 
 # --- the check -------------------------------------------------------------------------------

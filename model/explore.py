@@ -38,8 +38,8 @@ from spec.mutants import CORRECT, MUTANT_NAMES, Mutants, mutant
 from spec.state import State, initial_state
 
 CONFIG_SETS: dict[str, tuple[str, ...]] = {
-    "small": ("gc-small", "queue-small", "order-small", "share"),
-    "full": ("gc-full", "queue-full", "order-full", "share"),
+    "small": ("gc-small", "queue-small", "order-small", "share", "catalog"),
+    "full": ("gc-full", "queue-full", "order-full", "share", "catalog"),
 }
 
 # Where each mutant is expected to be caught first (the other configurations are tried after).
@@ -65,6 +65,9 @@ MUTANT_HOME: dict[str, str] = {
     "lease_attempt_not_incremented": "queue",
     "order_ignores_priority": "order",
     "expired_task_never_requeued": "queue",
+    "catalog_truncated_before_snapshot_durable": "catalog",
+    "compaction_drops_suffix": "catalog",
+    "old_snapshot_deleted_early": "catalog",
 }
 
 
