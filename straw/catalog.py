@@ -164,12 +164,14 @@ import os
 import threading
 import time
 from collections.abc import Iterable, Iterator
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
 
 from . import framing
+from .catalog_roots import RootSet
 from .catalog_snapshot import (
     HEAD_NAME,
     SNAP_PREFIX,
@@ -196,8 +198,8 @@ CATALOG_VERSION = 3  # 3: base frames (snapshots); 2: owner operations carry the
 # compaction (CS1): a snapshot is written once the suffix (the bytes after the base frame)
 # exceeds both this and the last snapshot's size / COMPACT_RATIO, so that an open replays at
 # most about that much on top of decoding the snapshot
-COMPACT_AFTER = 2 << 20
-COMPACT_RATIO = 8
+COMPACT_AFTER = 1 << 20
+COMPACT_RATIO = 16
 RESERVE_STEP = 256 << 10  # the reservation grows in these steps
 RESERVE_FLOOR = 64 << 10  # reserved bytes past the data that only freeing appends may use
 _CLEAN_RUN = 8 << 10  # this many zero bytes after the frames: the clean end of the catalog
@@ -227,7 +229,8 @@ def run_prefix(run: str) -> str:
 @dataclass
 class PackInfo:
     state: str = "open"  # open | sealed
-    offsets: frozenset[int] = frozenset()  # extents, known once sealed
+    # extents, known once sealed (a SortedOffsets when decoded from a snapshot)
+    offsets: AbstractSet[int] = frozenset()
     unstaged: set[int] = field(default_factory=set)
     tombstoned: bool = False
     unlinked: bool = False
@@ -249,7 +252,8 @@ class CatalogState:
     edge_offsets: dict[str, set[int]] = field(default_factory=dict)
     # updated in place: a queue adds roots one completion group at a time, and copying
     # its whole root set per adopt made replay and the completion path quadratic
-    owners: dict[OwnerKey, set[Extent]] = field(default_factory=dict)
+    # (grouped by pack: a snapshot decodes a million roots without building tuples)
+    owners: dict[OwnerKey, RootSet] = field(default_factory=dict)
     owner_epochs: dict[OwnerKey, int] = field(default_factory=dict)
     # version-1 owner operations (no run field): the key each v1 owner name resolved to
     v1_owners: dict[str, OwnerKey] = field(default_factory=dict)
@@ -281,7 +285,8 @@ class CatalogState:
                 srcs.discard(off)
                 del self.edges[(op["path"], off)]
         elif kind == "retain":
-            self.owners[self._owner_key(op, op["roots"])] = {(p, o) for p, o in op["roots"]}
+            self.owners[self._owner_key(op, op["roots"])] = RootSet(
+                (p, o) for p, o in op["roots"])
         elif kind == "release":
             self.owners.pop(self._current_key(op), None)
         elif kind == "adopt":
@@ -291,9 +296,9 @@ class CatalogState:
             owner = self._owner_key(op, [*op.get("add", ()), *(op.get("replace") or ())])
             self.owner_epochs[owner] = epoch
             if op.get("replace") is not None:
-                roots = self.owners[owner] = {(p, o) for p, o in op["replace"]}
+                roots = self.owners[owner] = RootSet((p, o) for p, o in op["replace"])
             else:
-                roots = self.owners.setdefault(owner, set())
+                roots = self.owners.setdefault(owner, RootSet())
             roots.update((p, o) for p, o in op.get("add", ()))
             for p, o in op.get("unstage", ()):
                 self.packs.setdefault(p, PackInfo()).unstaged.add(o)
@@ -347,7 +352,7 @@ class CatalogState:
         self.v1_owners[name] = key
         return key
 
-    def run_owners(self, run: str) -> dict[str, set[Extent]]:
+    def run_owners(self, run: str) -> dict[str, RootSet]:
         """The owners of ``run`` by name, with their roots (a new dict, same sets)."""
         return {name: roots for (r, name), roots in self.owners.items() if r == run}
 

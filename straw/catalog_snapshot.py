@@ -26,15 +26,12 @@ arrays grouped by pack path, so a million extents decode with a few C-level call
 
 from __future__ import annotations
 
-import sys
-from array import array
-from collections import defaultdict
-from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 import msgpack
 
 from . import framing
+from .catalog_roots import RootSet, SortedOffsets, le_u64
 from .errors import CorruptData, UnsupportedSchema
 
 if TYPE_CHECKING:
@@ -43,7 +40,6 @@ if TYPE_CHECKING:
 SNAPSHOT_VERSION = 1
 SNAP_PREFIX = "CATALOG.snap-"
 HEAD_NAME = "CATALOG.head"
-_LITTLE = sys.byteorder == "little"
 
 
 def snapshot_name(gen: int, token: str) -> str:
@@ -59,34 +55,21 @@ def snapshot_gen(name: str) -> int | None:
     return int(gen) if gen.isdigit() and token else None
 
 
-def _pack_u64(values: Any) -> bytes:
-    a = array("Q", sorted(values))
-    if not _LITTLE:
-        a.byteswap()
-    return a.tobytes()
+def _grouped(roots: RootSet) -> list[list[Any]]:
+    return [[p, data] for p, data in roots.packed()]
 
 
-def _unpack_u64(data: bytes, where: str) -> array[int]:
-    if len(data) % 8:
-        raise CorruptData(f"{where}: an offset array of {len(data)} bytes")
-    a = array("Q")
-    a.frombytes(data)
-    if not _LITTLE:
-        a.byteswap()
-    return a
-
-
-def _grouped(extents: Any) -> list[list[Any]]:
-    by_pack: dict[str, list[int]] = defaultdict(list)
-    for p, o in extents:
-        by_pack[p].append(o)
-    return [[p, _pack_u64(offs)] for p, offs in sorted(by_pack.items())]
+def _offsets(data: bytes, where: str) -> SortedOffsets:
+    try:
+        return SortedOffsets.from_le_bytes(data)
+    except (TypeError, ValueError) as e:
+        raise CorruptData(f"{where}: {e}") from None
 
 
 def encode_state(state: CatalogState, gen: int) -> bytes:
     """The snapshot file's content: one catalog frame holding ``state``."""
     packs = [[path, info.state == "sealed", info.tombstoned, info.unlinked,
-              _pack_u64(info.offsets), _pack_u64(info.unstaged)]
+              le_u64(info.offsets), le_u64(info.unstaged)]
              for path, info in state.packs.items()]
     edges = [[src[0], src[1], [list(d) for d in deps]] for src, deps in state.edges.items()]
     owners = [[run, name, _grouped(roots)] for (run, name), roots in state.owners.items()]
@@ -134,16 +117,14 @@ def decode_state(data: bytes, where: str, *, gen: int, want_digest: bytes) -> Ca
         for path, sealed, tomb, unlinked, offs, unstaged in snap["packs"]:
             st.packs[path] = PackInfo(
                 state="sealed" if sealed else "open",
-                offsets=frozenset(_unpack_u64(offs, where)),
-                unstaged=set(_unpack_u64(unstaged, where)), tombstoned=tomb, unlinked=unlinked)
+                offsets=_offsets(offs, where),
+                unstaged=set(_offsets(unstaged, where)), tombstoned=tomb, unlinked=unlinked)
         for path, off, deps in snap["edges"]:
             st.edges[(path, off)] = tuple((p, o) for p, o in deps)
             st.edge_offsets.setdefault(path, set()).add(off)
         for run, name, groups in snap["owners"]:
-            roots: set[tuple[str, int]] = set()
-            for path, offs in groups:
-                roots.update(zip(repeat(path), _unpack_u64(offs, where)))
-            st.owners[(run, name)] = roots
+            st.owners[(run, name)] = RootSet.from_packs(
+                {path: _offsets(offs, where) for path, offs in groups})
         for run, name, epoch in snap["epochs"]:
             st.owner_epochs[(run, name)] = epoch
         for name, run, oname in snap["v1"]:
