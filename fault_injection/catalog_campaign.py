@@ -29,7 +29,15 @@ The damaged-tail check (``check_damaged_tail``, issue 11 finding 3): after each 
 workload, one byte at a time of the last acknowledged catalog transaction is flipped; a
 fresh client must fail closed with ``CorruptData`` (D6), never cut it off as a torn tail.
 Its negative control (``fault_injection.controls.CATALOG_CONTROLS``: the catalog without
-confirm frames) must be caught.  Exit status 1 on any violation or a missed control.
+confirm frames) must be caught.
+
+Compaction (CS1, issue 13): the ``compact`` workload compacts the catalog three times (one
+with operations committed by the other client while the snapshot was written), so its
+crash points include every step of a compaction; every crash state must recover to the
+old or the new catalog state (they hold the same content).  Its negative controls
+(``COMPACTION_CONTROLS``: the snapshot not made durable before the truncation; the base
+frame without the suffix) must each break some crash state of those compactions.  Exit
+status 1 on any violation or a missed control.
 """
 
 from __future__ import annotations
@@ -45,7 +53,7 @@ from dataclasses import dataclass, field
 
 import msgpack
 
-from fault_injection.controls import CATALOG_CONTROLS
+from fault_injection.controls import CATALOG_CONTROLS, COMPACTION_CONTROLS
 from fault_injection.rules import MUTATING_OPS, SimulatedCrash
 from fault_injection.simfs import SimFS
 from straw import CorruptData, Record, RecordSetRef, SharedFilesystemStore, framing
@@ -496,6 +504,35 @@ def run_damaged_tail_controls() -> dict[str, str | None]:
     return out
 
 
+def compaction_points() -> list[int]:
+    """The mutating ops (1-based, as ``SimFS.crash_at`` counts them) inside the
+    compaction workload's compactions."""
+    probe = SimFS(0)
+    d = Driver(probe)
+    wl_compact(d)
+    return [n for lo, hi in d.compaction_ops for n in range(lo + 1, hi + 1)]
+
+
+def run_compaction_controls() -> dict[str, str | None]:
+    """Each compaction control (``COMPACTION_CONTROLS``: CS1's order broken) against the
+    crash states inside the compaction workload's compactions: name -> the first
+    violation it caused (None: MISSED)."""
+    out: dict[str, str | None] = {}
+    points = compaction_points()
+    for name, control in COMPACTION_CONTROLS.items():
+        found = None
+        with control():
+            for nth in points:
+                for mode in ("power/clear-cache", "kill"):
+                    found = run_state("compact", nth, "after", mode)
+                    if found is not None:
+                        break
+                if found is not None:
+                    break
+        out[name] = found
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m fault_injection.catalog_campaign",
                                  description=(__doc__ or "").split("\n\n")[0])
@@ -526,6 +563,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         violations += found
     print("negative controls (each must be caught):")
     controls = run_damaged_tail_controls()
+    controls.update(run_compaction_controls())  # CS1: compaction's order broken
     for name, v in controls.items():
         print(f"  {'caught' if v else 'MISSED':<7} {name:<27} {(v or '')[:110]}")
     missed = [name for name, v in controls.items() if v is None]

@@ -617,6 +617,7 @@ class Catalog(ProcessBound):
                     # was durable: finish it (CS1), its snapshot and head copy are durable
                     self._install_head(fd, head, load=True)
                 else:
+                    self._check_really_new()
                     self._write_txn(fd, [{"op": "init", "v": CATALOG_VERSION}])
         except framing.DamagedFrame as e:
             raise _CatalogDamaged(self.path, e) from None
@@ -644,6 +645,18 @@ class Catalog(ProcessBound):
             return ops
         self.state, self._gen, self._snap_bytes = _load_snapshot(self.fs, self.root, ops[0])
         return ops[1:]
+
+    def _check_really_new(self) -> None:
+        """An empty catalog without a head copy is a new pool -- unless snapshots exist:
+        then catalog files were lost (only a compaction writes snapshots, and it writes
+        the head copy before it empties the catalog).  Fail closed (D6), never start over."""
+        snaps = sorted(n for n in self.fs.listdir(self.root)
+                       if snapshot_gen(n) is not None)
+        if snaps:
+            raise CorruptData(
+                f"catalog {self.path} is empty and {HEAD_NAME} is missing, but catalog "
+                f"snapshots exist ({', '.join(snaps[:3])}): catalog files were lost. Restore "
+                "the pool from a backup")
 
     def _head_copy(self) -> bytes | None:
         """The durable copy of the base frame written before a compaction truncated the
@@ -901,6 +914,7 @@ class Catalog(ProcessBound):
                 {"op": "base", "gen": gen, "snap": name, "digest": digest(data)}, *suffix]},
                 use_bin_type=True)
             head = framing.encode_frame(framing.KIND_CATALOG, body, group_start=0)
+            self._delete_head_temps()  # of compactions that died writing it (lock held)
             self._write_durable(os.path.join(self.root, HEAD_NAME), head, "catalog head copy")
             try:
                 self.fs.truncate(fd, 0)
@@ -946,6 +960,16 @@ class Catalog(ProcessBound):
             self.fs.unlink(path)
         except OSError:
             pass
+
+    def _delete_head_temps(self) -> None:
+        """Temp files of head copies whose writer died (only written under the lock)."""
+        try:
+            names = self.fs.listdir(self.root)
+        except OSError:
+            return
+        for n in names:
+            if n.startswith(f"{HEAD_NAME}.tmp."):
+                self._unlink_quietly(os.path.join(self.root, n))
 
     def _delete_old_snapshots(self, gen: int, keep: str) -> None:
         """Older generations' snapshots and failed attempts' files at or below ``gen``
