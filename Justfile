@@ -23,11 +23,14 @@ lint:
 # Extra arguments pass through, e.g. `just bench --rounds 25 --json bench.json`.
 
 # store vs raw write+fsync, append+fsync latency and memcpy, interleaved (~15-30 s); then
-# retention figures and queue figures (one client, client processes, reopen at 100,000 tasks)
+# retention figures and queue figures (one client, client processes, reopen at 100,000 tasks);
+# then the catalog figures: a fresh open at 1,000,000 completed tasks, catalog bytes per task
+# and a publisher's pause during compaction (building that history takes ~30 min here)
 bench *ARGS:
     {{python}} -m bench.bench {{ARGS}}
     {{python}} -m bench.retention
     {{python}} -m bench.queue_bench
+    {{python}} -m bench.catalog_bench
 
 # store, tensor and queue workloads against straw-queue 0.1.6, alternating the two (~2-3 min; --queue-history 0 skips the slow reopen pass)
 bench-peer *ARGS:

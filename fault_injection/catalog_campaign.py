@@ -29,7 +29,15 @@ The damaged-tail check (``check_damaged_tail``, issue 11 finding 3): after each 
 workload, one byte at a time of the last acknowledged catalog transaction is flipped; a
 fresh client must fail closed with ``CorruptData`` (D6), never cut it off as a torn tail.
 Its negative control (``fault_injection.controls.CATALOG_CONTROLS``: the catalog without
-confirm frames) must be caught.  Exit status 1 on any violation or a missed control.
+confirm frames) must be caught.
+
+Compaction (CS1, issue 13): the ``compact`` workload compacts the catalog three times (one
+with operations committed by the other client while the snapshot was written), so its
+crash points include every step of a compaction; every crash state must recover to the
+old or the new catalog state (they hold the same content).  Its negative controls
+(``COMPACTION_CONTROLS``: the snapshot not made durable before the truncation; the base
+frame without the suffix) must each break some crash state of those compactions.  Exit
+status 1 on any violation or a missed control.
 """
 
 from __future__ import annotations
@@ -45,7 +53,7 @@ from dataclasses import dataclass, field
 
 import msgpack
 
-from fault_injection.controls import CATALOG_CONTROLS
+from fault_injection.controls import CATALOG_CONTROLS, COMPACTION_CONTROLS
 from fault_injection.rules import MUTATING_OPS, SimulatedCrash
 from fault_injection.simfs import SimFS
 from straw import CorruptData, Record, RecordSetRef, SharedFilesystemStore, framing
@@ -107,6 +115,19 @@ class Driver:
         self.refs: dict[str, RecordSetRef] = {}
         self.records: dict[str, list[Record]] = {}
         self.pins: dict[str, Pin] = {}  # pin owner -> Pin
+        # (before, after) counts of mutating ops around each compaction step: the crash
+        # points inside compaction (tests/test_catalog_snapshot.py)
+        self.compaction_ops: list[tuple[int, int]] = []
+
+    def _mutations(self) -> int:
+        return sum(1 for e in self.sim.trace if e.op in MUTATING_OPS)
+
+    def _compaction_step(self, fn: Callable[[], object]) -> None:
+        lo = self._mutations()
+        try:
+            self._call(lambda m: None, fn)
+        finally:
+            self.compaction_ops.append((lo, self._mutations()))
 
     def _call(self, change: Callable[[Model], None], fn: Callable[[], object]) -> object:
         self.post = self.pre.copy()
@@ -172,6 +193,23 @@ class Driver:
         self.post = self.pre.copy()
 
 
+    def compact(self, client: str) -> None:
+        """A whole compaction (CS1): the catalog's content does not change."""
+        self._compaction_step(self.stores[client].catalog.compact)
+
+    def compact_around(self, client: str, meanwhile: Callable[[], None]) -> None:
+        """A compaction whose snapshot is written (steps 1-2) before ``meanwhile`` commits
+        on another client, then installed (steps 3-6): the base frame must carry the
+        operations appended after the snapshot (the suffix)."""
+        cat = self.stores[client].catalog
+        jobs: list[object] = []
+        self._compaction_step(lambda: jobs.append(cat._write_snapshot()))
+        meanwhile()
+        job = jobs[0]
+        if job is not None:
+            self._compaction_step(lambda: cat._make_base(job))  # type: ignore[arg-type]
+
+
 # --- the workloads ---------------------------------------------------------------------------
 
 def wl_owners(d: Driver) -> None:
@@ -217,7 +255,29 @@ def wl_pins(d: Driver) -> None:
     d.collect("c0")  # everything released: reclaimed
 
 
-WORKLOADS: dict[str, Callable[[Driver], None]] = {"owners": wl_owners, "pins": wl_pins}
+def wl_compact(d: Driver) -> None:
+    """Catalog compaction (CS1) between owner changes and collections: a plain one, one
+    with operations committed by the other client while its snapshot was written, and
+    one that replaces a generation (its older snapshot is deleted)."""
+    d.publish("c0", "a")
+    d.publish("c0", "b", deps=["a"])
+    d.seal("c0")
+    d.publish("c1", "x")
+    d.retain("c1", "keep", ["b", "x"])
+    d.release_publications("c0", ["a", "b"])
+    d.collect("c0")  # keep reaches both packs: nothing
+    d.compact("c0")
+    d.publish("c1", "y")
+    d.seal("c1")
+    d.retain("c0", "ckpt", ["y"])
+    d.compact_around("c1", lambda: d.release("c0", "keep"))
+    d.release_publications("c1", ["x", "y"])
+    d.collect("c1")  # reclaims c0's pack (a, b): keep was released in the suffix
+    d.compact("c0")
+
+
+WORKLOADS: dict[str, Callable[[Driver], None]] = {"owners": wl_owners, "pins": wl_pins,
+                                                  "compact": wl_compact}
 
 
 # --- the check -------------------------------------------------------------------------------
@@ -444,6 +504,35 @@ def run_damaged_tail_controls() -> dict[str, str | None]:
     return out
 
 
+def compaction_points() -> list[int]:
+    """The mutating ops (1-based, as ``SimFS.crash_at`` counts them) inside the
+    compaction workload's compactions."""
+    probe = SimFS(0)
+    d = Driver(probe)
+    wl_compact(d)
+    return [n for lo, hi in d.compaction_ops for n in range(lo + 1, hi + 1)]
+
+
+def run_compaction_controls() -> dict[str, str | None]:
+    """Each compaction control (``COMPACTION_CONTROLS``: CS1's order broken) against the
+    crash states inside the compaction workload's compactions: name -> the first
+    violation it caused (None: MISSED)."""
+    out: dict[str, str | None] = {}
+    points = compaction_points()
+    for name, control in COMPACTION_CONTROLS.items():
+        found = None
+        with control():
+            for nth in points:
+                for mode in ("power/clear-cache", "kill"):
+                    found = run_state("compact", nth, "after", mode)
+                    if found is not None:
+                        break
+                if found is not None:
+                    break
+        out[name] = found
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m fault_injection.catalog_campaign",
                                  description=(__doc__ or "").split("\n\n")[0])
@@ -474,6 +563,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         violations += found
     print("negative controls (each must be caught):")
     controls = run_damaged_tail_controls()
+    controls.update(run_compaction_controls())  # CS1: compaction's order broken
     for name, v in controls.items():
         print(f"  {'caught' if v else 'MISSED':<7} {name:<27} {(v or '')[:110]}")
     missed = [name for name, v in controls.items() if v is None]

@@ -201,6 +201,39 @@ def _catalog_without_confirm() -> contextlib.AbstractContextManager[None]:
     return _patched(catalog.Catalog, "_confirm", confirm)
 
 
+def _compaction_snapshot_not_durable() -> contextlib.AbstractContextManager[None]:
+    """The catalog is truncated while the snapshot (and head copy) may still be only in
+    the page cache: written and renamed, never fsynced (CS1's order broken)."""
+    def write_durable(self: catalog.Catalog, path: str, data: bytes, what: str) -> None:
+        tmp = f"{path}.tmp.nosync"
+        fd = self.fs.open(tmp, write=True, create=True)
+        try:
+            self.fs.writev(fd, [data], 0)
+        finally:
+            self.fs.close(fd)
+        self.fs.rename(tmp, path)
+
+    return _patched(catalog.Catalog, "_write_durable", write_durable)
+
+
+def _compaction_without_suffix() -> contextlib.AbstractContextManager[None]:
+    """The base frame carries no suffix: what other clients appended while the snapshot
+    was being written is lost when the catalog is truncated (CS1)."""
+    install = catalog.Catalog._install
+
+    def without_suffix(self: catalog.Catalog, x: int, gen: int, name: str, data: bytes
+                       ) -> dict[str, Any]:
+        return install(self, self._offset, gen, name, data)
+
+    return _patched(catalog.Catalog, "_install", without_suffix)
+
+
+COMPACTION_CONTROLS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
+    "snapshot-not-durable": _compaction_snapshot_not_durable,
+    "compaction-without-suffix": _compaction_without_suffix,
+}
+
+
 STORE_CONTROLS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "reply-before-fsync": _reply_before_fsync,
     "no-dir-fsync-new-pack": _no_dir_fsync_new_pack,

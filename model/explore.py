@@ -38,8 +38,8 @@ from spec.mutants import CORRECT, MUTANT_NAMES, Mutants, mutant
 from spec.state import State, initial_state
 
 CONFIG_SETS: dict[str, tuple[str, ...]] = {
-    "small": ("gc-small", "queue-small", "order-small", "share", "consume", "restore"),
-    "full": ("gc-full", "queue-full", "order-full", "share", "consume", "restore"),
+    "small": ("gc-small", "queue-small", "order-small", "share", "consume", "restore", "catalog"),
+    "full": ("gc-full", "queue-full", "order-full", "share", "consume", "restore", "catalog"),
 }
 
 # Where each mutant is expected to be caught first (the other configurations are tried after).
@@ -70,6 +70,9 @@ MUTANT_HOME: dict[str, str] = {
     "expired_task_never_requeued": "queue",
     "retire_spends_no_budget": "queue",
     "request_retry_refused": "queue",
+    "catalog_truncated_before_snapshot_durable": "catalog",
+    "compaction_drops_suffix": "catalog",
+    "old_snapshot_deleted_early": "catalog",
 }
 
 

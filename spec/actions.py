@@ -32,6 +32,7 @@ from spec.helpers import (
 )
 from spec.mutants import Mutants
 from spec.state import (
+    CatalogFiles,
     Commit,
     Coordinator,
     ExtentStatus,
@@ -1075,8 +1076,139 @@ def rewind(cfg: Config, mut: Mutants, s: State, q: int) -> Outcome | None:
 # =============================================================================================
 
 
+# =============================================================================================
+# Catalog compaction (CS1): where the durable catalog content lives
+# =============================================================================================
+# The catalog's content is the durable part of Storage (owner roots, staging, pins,
+# tombstones, pack states); these actions move it between files: a snapshot (written,
+# then synced), a durable head copy of the new base frame, the truncation of the catalog
+# and the new base frame. Each is one step a crash can separate from the next.
+
+
+def catalog_content(s: State) -> tuple[object, ...]:
+    """What the catalog holds (a change of it is a catalog append)."""
+    st = s.storage
+    return (st.packs, st.tombstones, st.staged, st.roots, st.pins)
+
+
+def cat_snapshot(cfg: Config, mut: Mutants, s: State) -> Outcome | None:
+    """Steps 1-2 (no lock): note the catalog's end, write the state there to a new snapshot
+    file of the next generation (not durable yet)."""
+    c = s.catalog
+    if not cfg.compaction or c.compacting is not None or c.truncated or c.base >= cfg.compaction:
+        return None
+    g = c.base + 1
+    snaps = frozenset(x for x in c.snaps if x[0] != g) | {(g, False)}
+    if mut.old_snapshot_deleted_early:  # CS1 broken: the base's own snapshot goes too
+        snaps = frozenset(x for x in snaps if x[0] >= g)
+    return Outcome("ok", replace(s, catalog=replace(c, snaps=snaps, compacting=g, suffix=False)))
+
+
+def cat_snapshot_sync(cfg: Config, mut: Mutants, s: State) -> Outcome | None:
+    """The snapshot's fsync, rename and directory fsync: durable."""
+    c = s.catalog
+    g = c.compacting
+    if g is None or (g, False) not in c.snaps:
+        return None
+    snaps = (c.snaps - {(g, False)}) | {(g, True)}
+    return Outcome("ok", replace(s, catalog=replace(c, snaps=snaps)))
+
+
+def cat_head_copy(cfg: Config, mut: Mutants, s: State) -> Outcome | None:
+    """Step 3 (takes the pool lock): the new base frame (naming the snapshot, carrying the
+    suffix appended since step 1) written durably beside the catalog."""
+    c = s.catalog
+    g = c.compacting
+    if g is None or c.locked:
+        return None
+    if (g, True) not in c.snaps and not mut.catalog_truncated_before_snapshot_durable:
+        return None
+    lossy = c.suffix and mut.compaction_drops_suffix  # CS1 broken: the suffix is dropped
+    return Outcome("ok", replace(s, catalog=replace(c, head=(g, lossy), locked=True)))
+
+
+def cat_truncate(cfg: Config, mut: Mutants, s: State) -> Outcome | None:
+    """Step 4: the catalog truncated to empty (its inode stays: it is the pool lock)."""
+    c = s.catalog
+    if not c.locked or c.truncated or c.head is None or c.head[0] != c.compacting:
+        return None
+    return Outcome("ok", replace(s, catalog=replace(c, truncated=True)))
+
+
+def _rolled_forward(c: CatalogFiles) -> CatalogFiles:
+    """The head copy written back as the catalog's base frame."""
+    assert c.head is not None
+    g, lossy = c.head
+    return replace(c, base=g, lossy=lossy, truncated=False)
+
+
+def cat_install(cfg: Config, mut: Mutants, s: State) -> Outcome | None:
+    """Steps 5-6: the base frame written (durable), the lock released, older snapshots
+    deleted."""
+    c = s.catalog
+    if not c.locked or not c.truncated:
+        return None
+    n = _rolled_forward(c)
+    snaps = frozenset(x for x in n.snaps if x[0] >= n.base)
+    return Outcome("ok", replace(s, catalog=replace(n, snaps=snaps, compacting=None,
+                                                    suffix=False, locked=False)))
+
+
+def cat_roll_forward(cfg: Config, mut: Mutants, s: State) -> Outcome | None:
+    """The next client to lock an empty catalog after a compactor died: the head copy
+    becomes the base frame."""
+    c = s.catalog
+    if not c.truncated or c.compacting is not None:
+        return None
+    return Outcome("ok", replace(s, catalog=_rolled_forward(c)))
+
+
+def cat_crash(cfg: Config, mut: Mutants, s: State) -> Outcome | None:
+    """The compactor dies (power loss): its unsynced snapshot is lost, its lock released."""
+    c = s.catalog
+    if c.compacting is None or s.crashes >= cfg.max_crashes:
+        return None
+    snaps = frozenset(x for x in c.snaps if x[1])
+    n = replace(c, snaps=snaps, compacting=None, suffix=False, locked=False)
+    return Outcome("crashed", replace(s, catalog=n, crashes=s.crashes + 1))
+
+
+def _with_catalog_files(cfg: Config, s: State, s2: State) -> State | None:
+    """The catalog files after a step of another process that may append to the catalog:
+    None if it cannot run now (the compactor holds the pool lock); an append to an empty
+    catalog rolls it forward first; an append while a snapshot is being written goes to
+    the suffix."""
+    if not cfg.compaction or catalog_content(s) == catalog_content(s2):
+        return s2
+    c = s.catalog
+    if c.locked:
+        return None
+    if c.truncated:
+        c = _rolled_forward(c)
+    if c.compacting is not None:
+        c = replace(c, suffix=True)
+    return replace(s2, catalog=c)
+
+
 def successors(cfg: Config, mut: Mutants, s: State) -> Iterator[tuple[Action, State]]:
     """Every enabled action of s with its next state, in a fixed order (deterministic)."""
+    for action, s2 in _successors(cfg, mut, s):
+        s3 = _with_catalog_files(cfg, s, s2)
+        if s3 is not None:
+            yield action, s3
+    if cfg.compaction:
+        for name, fn in (("cat_snapshot", cat_snapshot), ("cat_snapshot_sync", cat_snapshot_sync),
+                         ("cat_head_copy", cat_head_copy), ("cat_truncate", cat_truncate),
+                         ("cat_install", cat_install), ("cat_roll_forward", cat_roll_forward)):
+            out = fn(cfg, mut, s)
+            if out is not None:
+                yield Action(name, (), COLLECTOR, out.reply), out.state
+        out = cat_crash(cfg, mut, s)
+        if out is not None:
+            yield Action("cat_crash", (), FAULT, out.reply), out.state
+
+
+def _successors(cfg: Config, mut: Mutants, s: State) -> Iterator[tuple[Action, State]]:
 
     def emit(
         out: Outcome | None,

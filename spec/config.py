@@ -65,6 +65,7 @@ class Config:
     consumer_queues: tuple[int, ...] = ()  # queues whose consumer (and checkpoint) act
     worker_crashes: bool = True
     cancel: bool = True
+    compaction: int = 0  # catalog compactions modelled (snapshot generations; 0: none)
 
     # ----- derived names -----------------------------------------------------------------
     @property
@@ -129,6 +130,19 @@ GC_FULL = Config(
     readers=("r0",),
     max_crashes=2,
     gc=True,
+)
+
+# --- catalog compaction (CS1): p0 = {a}, p1 = {c -> a}, GC, two generations, a crash ------
+
+CATALOG = Config(
+    name="catalog",
+    packs=("p0", "p1"),
+    pack_writer=("w0", "w0"),
+    extents=(_x("a", 0), _x("c", 1, 0)),
+    app_extents=(0, 1),
+    max_crashes=1,
+    gc=True,
+    compaction=2,
 )
 
 # --- queue / lease / coordinator -------------------------------------------------------------
@@ -301,5 +315,5 @@ LARGE = Config(
 CONFIGS: dict[str, Config] = {
     c.name: c
     for c in (GC_SMALL, GC_FULL, QUEUE_SMALL, QUEUE_FULL, ORDER_SMALL, ORDER_FULL, SHARE, CONSUME,
-              RESTORE, LARGE)
+              RESTORE, CATALOG, LARGE)
 }

@@ -174,7 +174,33 @@ def d9_epoch_durable_before_service(cfg: Config, s: State) -> str | None:
     return None
 
 
+def cs1_catalog_recoverable(cfg: Config, s: State) -> str | None:
+    """CS1: at every moment the catalog's files recover its content: a catalog whose base
+    frame names a snapshot has that snapshot durable, an emptied (truncated) catalog has a
+    durable head copy whose snapshot is durable, and no base lost the suffix appended while
+    its snapshot was written. (So a crash at any step of a compaction leaves the old or the
+    new catalog state, never a mix.)"""
+    c = s.catalog
+    if c.truncated:
+        if c.head is None:
+            return "the catalog was truncated without a durable head copy of its new base"
+        g, lossy = c.head
+        if (g, True) not in c.snaps:
+            return (f"the catalog was truncated but the snapshot of generation {g} its head "
+                    "copy names is not durable")
+        if lossy:
+            return "the head copy of the new base lacks the operations appended meanwhile"
+        return None
+    if c.base and (c.base, True) not in c.snaps:
+        return f"the catalog's base names generation {c.base}, whose snapshot is not durable"
+    if c.lossy:
+        return (f"the catalog's base (generation {c.base}) lost the operations appended while "
+                "its snapshot was written")
+    return None
+
+
 STATE_INVARIANTS: dict[str, StateCheck] = {
+    "CS1": cs1_catalog_recoverable,
     "D1": d1_returned_refs_durable,
     "D2": d2_journal_retained,
     "D3": d3_tombstones_final,

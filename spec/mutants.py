@@ -77,6 +77,15 @@ class Mutants:
     # Q7: a retried request (fail_task after a lost reply) is checked against the lease before
     # its request id, so a fail that took effect is answered StaleAttempt.
     request_retry_refused: bool = False
+    # CS1: compaction writes its head copy (and so truncates the catalog) before its
+    # snapshot is durable (cat_head_copy).
+    catalog_truncated_before_snapshot_durable: bool = False
+    # CS1: the new base frame omits what was appended while the snapshot was written
+    # (cat_head_copy).
+    compaction_drops_suffix: bool = False
+    # CS1: compaction deletes older snapshots when it starts, before the catalog's base
+    # names the new one (cat_snapshot).
+    old_snapshot_deleted_early: bool = False
 
 
 CORRECT = Mutants()

@@ -156,6 +156,30 @@ class Consumer:
 
 
 @dataclass(frozen=True)
+class CatalogFiles:
+    """The catalog's files, in configurations that model its compaction (CS1).
+
+    The catalog's content is what the other variables say is durable (owner roots,
+    staging, pins, tombstones); this records where that content lives. ``base``: the
+    generation whose snapshot the catalog's first frame names (0: never compacted, the
+    whole history is in the catalog). ``truncated``: a compaction emptied the catalog and
+    its new base frame is not written yet. ``snaps``: snapshot files (generation,
+    durable). ``head``: the durable copy of the next base frame (generation, lossy: it
+    lacks operations appended while its snapshot was written). ``compacting``: the
+    generation a live compactor is producing; ``suffix``: content changed since it took
+    its snapshot; ``locked``: the compactor holds the pool lock (its final steps)."""
+
+    base: int = 0
+    lossy: bool = False
+    truncated: bool = False
+    snaps: frozenset[tuple[int, bool]] = frozenset()
+    head: tuple[int, bool] | None = None
+    compacting: int | None = None
+    suffix: bool = False
+    locked: bool = False
+
+
+@dataclass(frozen=True)
 class State:
     storage: Storage
     collector: Collector
@@ -171,6 +195,7 @@ class State:
     # leases whose fail request is journaled under its request id (durable: the journal
     # answers a retry after a lost reply, Q7)
     answered: frozenset[Lease] = frozenset()
+    catalog: CatalogFiles = CatalogFiles()
 
 
 def initial_state(cfg: Config) -> State:

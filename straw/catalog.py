@@ -60,6 +60,34 @@ chunks and stops at the clean end (a run of ``_CLEAN_RUN`` zero bytes, or a shor
 size cached by another client may be stale), so the reserved tail costs one small read
 per lock, not a read to EOF.
 
+Snapshots and compaction (CS1; D9's rule applied to the catalog).  A client opens the
+pool from the latest durable snapshot plus the catalog's suffix, so its open costs the
+live state, not the history of owner changes.  The catalog's first frame is then a *base
+frame*: a transaction whose first operation is ``base {gen, snap, digest}`` naming a
+snapshot file ``CATALOG.snap-<gen>-<token>`` beside the catalog (``straw.catalog_snapshot``:
+one frame holding the whole state), followed by the operations appended while that
+snapshot was being written.  ``Catalog.compact`` (run in a background thread once the
+suffix passes ``compact_after`` bytes and 1/``COMPACT_RATIO`` of the snapshot) keeps this
+order, each step durable before the next:
+
+1. under the lock, briefly: note the first frame and the end X of the catalog;
+2. without any lock: rebuild the state at X from the files and write the snapshot
+   (temp, fsync, rename, directory fsync) -- publishers are not blocked meanwhile;
+3. under the lock: if nobody compacted meanwhile, write the new base frame (the snapshot's
+   name and digest, plus the operations after X) durably to ``CATALOG.head``;
+4. truncate the catalog to empty, fsync (the inode stays: its flock is the pool lock);
+5. write the base frame at offset 0, fsync, confirm, reserve the headroom again;
+6. delete older generations' snapshots.
+
+A crash before 4 leaves the old catalog (the new files are ignored); after 4 the next
+client to lock an empty catalog finds ``CATALOG.head`` and writes it back (roll forward):
+the new state.  Clients that replayed the old catalog notice the new first frame (every
+refresh compares it) and replay from the base frame.  ``CATALOG.head`` stays: it is the
+durable copy of the base frame, from which ``repair`` restores a damaged base frame
+without loss.  A damaged snapshot is ``CorruptData`` (it is durable before anything names
+it): restore from a backup.  On a full disk steps 2-3 fail with ``QuotaExceeded`` and
+leave everything as it was.
+
 Operations (the state they build is ``CatalogState``)::
 
     init     {v}                          first frame: the catalog format version
@@ -86,6 +114,8 @@ Operations (the state they build is ``CatalogState``)::
                                           (``lost`` bytes, kept in side file ``side``) was
                                           replaced; collection stops until confirmed
     repair_confirmed {sides}              the operator confirmed those repairs
+    base     {gen, snap, digest}          only as the first operation of the catalog: the
+                                          state starts from that snapshot (above)
     (none: ``ops: []``)                   a confirm frame (above)
 
 Owners belong to a run.  An owner is keyed by ``(run, name)`` (``OwnerKey``): the ``run``
@@ -94,7 +124,8 @@ root may use the same owner names (``checkpoint-7``, the ``queue:<ns>/<id>`` of 
 coordinator, pins) without touching each other's roots or epochs.  A ``Catalog`` client
 acts for one run (``run_id``); an observer opened without one only reads.
 
-Format versions.  Version 2 (this straw) added the ``run`` field.  A version-1 catalog's
+Format versions.  Version 3 (this straw) added base frames and snapshots; version 2 added
+the ``run`` field.  A version-1 catalog's
 owner operations have none; they stay readable without losing retention: such an
 operation belongs to the run that its roots' pack paths name (``runs/<run>/...``; a v1
 store could only retain references of its own run), and one that names no roots (a
@@ -131,13 +162,25 @@ import contextlib
 import errno
 import os
 import threading
+import time
 from collections.abc import Iterable, Iterator
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
 
 from . import framing
+from .catalog_roots import RootSet
+from .catalog_snapshot import (
+    HEAD_NAME,
+    SNAP_PREFIX,
+    decode_state,
+    digest,
+    encode_state,
+    snapshot_gen,
+    snapshot_name,
+)
 from .errors import (
     CorruptData,
     InvalidReference,
@@ -151,7 +194,12 @@ from .process import ProcessBound, close_quietly
 from .siblings import Siblings
 
 CATALOG_NAME = "CATALOG"
-CATALOG_VERSION = 2  # 2: owner operations carry their run (1: owner names were global)
+CATALOG_VERSION = 3  # 3: base frames (snapshots); 2: owner operations carry their run
+# compaction (CS1): a snapshot is written once the suffix (the bytes after the base frame)
+# exceeds both this and the last snapshot's size / COMPACT_RATIO, so that an open replays at
+# most about that much on top of decoding the snapshot
+COMPACT_AFTER = 1 << 20
+COMPACT_RATIO = 16
 RESERVE_STEP = 256 << 10  # the reservation grows in these steps
 RESERVE_FLOOR = 64 << 10  # reserved bytes past the data that only freeing appends may use
 _CLEAN_RUN = 8 << 10  # this many zero bytes after the frames: the clean end of the catalog
@@ -181,7 +229,8 @@ def run_prefix(run: str) -> str:
 @dataclass
 class PackInfo:
     state: str = "open"  # open | sealed
-    offsets: frozenset[int] = frozenset()  # extents, known once sealed
+    # extents, known once sealed (a SortedOffsets when decoded from a snapshot)
+    offsets: AbstractSet[int] = frozenset()
     unstaged: set[int] = field(default_factory=set)
     tombstoned: bool = False
     unlinked: bool = False
@@ -203,7 +252,8 @@ class CatalogState:
     edge_offsets: dict[str, set[int]] = field(default_factory=dict)
     # updated in place: a queue adds roots one completion group at a time, and copying
     # its whole root set per adopt made replay and the completion path quadratic
-    owners: dict[OwnerKey, set[Extent]] = field(default_factory=dict)
+    # (grouped by pack: a snapshot decodes a million roots without building tuples)
+    owners: dict[OwnerKey, RootSet] = field(default_factory=dict)
     owner_epochs: dict[OwnerKey, int] = field(default_factory=dict)
     # version-1 owner operations (no run field): the key each v1 owner name resolved to
     v1_owners: dict[str, OwnerKey] = field(default_factory=dict)
@@ -235,7 +285,8 @@ class CatalogState:
                 srcs.discard(off)
                 del self.edges[(op["path"], off)]
         elif kind == "retain":
-            self.owners[self._owner_key(op, op["roots"])] = {(p, o) for p, o in op["roots"]}
+            self.owners[self._owner_key(op, op["roots"])] = RootSet(
+                (p, o) for p, o in op["roots"])
         elif kind == "release":
             self.owners.pop(self._current_key(op), None)
         elif kind == "adopt":
@@ -245,9 +296,9 @@ class CatalogState:
             owner = self._owner_key(op, [*op.get("add", ()), *(op.get("replace") or ())])
             self.owner_epochs[owner] = epoch
             if op.get("replace") is not None:
-                roots = self.owners[owner] = {(p, o) for p, o in op["replace"]}
+                roots = self.owners[owner] = RootSet((p, o) for p, o in op["replace"])
             else:
-                roots = self.owners.setdefault(owner, set())
+                roots = self.owners.setdefault(owner, RootSet())
             roots.update((p, o) for p, o in op.get("add", ()))
             for p, o in op.get("unstage", ()):
                 self.packs.setdefault(p, PackInfo()).unstaged.add(o)
@@ -264,6 +315,11 @@ class CatalogState:
             self.unconfirmed_repairs.add(op["side"])
         elif kind == "repair_confirmed":
             self.unconfirmed_repairs.difference_update(op["sides"])
+        elif kind == "base":
+            # only ever the first operation of the catalog's first frame, read by the
+            # catalog itself (``Catalog._refresh``): anywhere else the catalog is damaged
+            raise CorruptData("a catalog base operation that is not the catalog's first "
+                              "operation")
         else:
             raise UnsupportedSchema(f"catalog operation {kind!r} is unknown; upgrade straw")
 
@@ -296,7 +352,7 @@ class CatalogState:
         self.v1_owners[name] = key
         return key
 
-    def run_owners(self, run: str) -> dict[str, set[Extent]]:
+    def run_owners(self, run: str) -> dict[str, RootSet]:
         """The owners of ``run`` by name, with their roots (a new dict, same sets)."""
         return {name: roots for (r, name), roots in self.owners.items() if r == run}
 
@@ -389,13 +445,26 @@ class Catalog(ProcessBound):
 
     _process_state = "its pool lock descriptor and catalog position"
 
-    def __init__(self, fs: Filesystem, root: str, run_id: str | None = None) -> None:
+    def __init__(self, fs: Filesystem, root: str, run_id: str | None = None, *,
+                 compact_after: int | None = COMPACT_AFTER) -> None:
         self._bind_process()
         self.fs = fs
         self.root = root
         self.run_id = run_id
         self.path = os.path.join(root, CATALOG_NAME)
         self.state = CatalogState()
+        # automatic compaction (in a background thread) once the suffix passes this many
+        # bytes (and the last snapshot's size / COMPACT_RATIO); None: only ``compact()``
+        self.compact_after = compact_after
+        self._gen = 0  # generation of the snapshot the catalog's base frame names (0: none)
+        self._head = b""  # the catalog's first frame as replayed (a compaction replaces it)
+        self._base_end = 0  # where the suffix starts: the end of the first frame
+        self._snap_bytes = 0  # size of the snapshot the base frame names
+        self._compact_lock = threading.Lock()  # one compaction of this handle at a time
+        self._compactor: threading.Thread | None = None
+        self._closing = False
+        self.compactions: dict[str, Any] = {"done": 0, "skipped": 0, "errors": 0,
+                                            "last_error": None, "longest_lock_s": 0.0}
         self._offset = 0  # how far this client has replayed: where the next frame goes
         self._group_start = 0  # group start of the next frame (a trailing confirm's offset)
         self._tail_start = 0  # the last frame this client replayed or wrote, and its bytes:
@@ -423,6 +492,10 @@ class Catalog(ProcessBound):
         if self._in_forked_child():
             self._drop_inherited()
             return
+        self._closing = True  # no new background compaction; wait for a running one
+        compactor = self._compactor
+        if compactor is not None and compactor is not threading.current_thread():
+            compactor.join()
         with self._mutex:
             if self._lock_fd is not None:
                 self.fs.close(self._lock_fd)
@@ -474,7 +547,8 @@ class Catalog(ProcessBound):
         """Forget what was replayed: the next refresh replays from the start."""
         self.state = CatalogState()
         self._offset = self._group_start = self._tail_start = 0
-        self._tail = b""
+        self._tail = self._head = b""
+        self._gen = self._base_end = self._snap_bytes = 0
 
     def _read_from(self, fd: int, start: int) -> bytes:
         """The catalog from ``start`` up to its clean end: read in growing chunks until a
@@ -495,6 +569,8 @@ class Catalog(ProcessBound):
         fd = self.fs.open(self.path, write=True)
         try:
             self._size = self.fs.fstat(fd).size
+            if self._tail_start and self._head_changed(fd):
+                self._reset()  # another client compacted: its base frame replaced ours
             base = self._tail_start
             data = self._read_from(fd, base)
             if data[:len(self._tail)] != self._tail:
@@ -514,8 +590,10 @@ class Catalog(ProcessBound):
             for f in new:
                 if f.header.kind != framing.KIND_CATALOG:
                     raise CorruptData(f"{self.path} offset {f.offset}: not a catalog frame")
-                last_ops = _decode_ops(f.body, f"{self.path} offset {f.offset}")
-                for op in last_ops:
+                last_ops = ops = _decode_ops(f.body, f"{self.path} offset {f.offset}")
+                if f.offset == 0:
+                    ops = self._read_base(data[:f.header.frame_length], ops)
+                for op in ops:
                     self.state.apply(op)
             if new:
                 f = new[-1]
@@ -533,7 +611,14 @@ class Catalog(ProcessBound):
                 # (D6; best effort, like every confirm)
                 self._confirm(fd)
             if self._offset == 0:
-                self._write_txn(fd, [{"op": "init", "v": CATALOG_VERSION}])
+                head = self._head_copy()
+                if head is not None:
+                    # a compaction truncated the catalog and died before its base frame
+                    # was durable: finish it (CS1), its snapshot and head copy are durable
+                    self._install_head(fd, head, load=True)
+                else:
+                    self._check_really_new()
+                    self._write_txn(fd, [{"op": "init", "v": CATALOG_VERSION}])
         except framing.DamagedFrame as e:
             raise _CatalogDamaged(self.path, e) from None
         except CorruptData as e:
@@ -542,6 +627,82 @@ class Catalog(ProcessBound):
             raise storage_error(e, f"cannot read catalog {self.path}") from e
         finally:
             self.fs.close(fd)
+
+    def _head_changed(self, fd: int) -> bool:
+        """Is the catalog's first frame another one than the one this client replayed?
+        (A compaction by another client truncated the catalog and wrote a new base frame,
+        whose operation names a new snapshot: its bytes never repeat an older head.)"""
+        buf = bytearray(len(self._head))
+        n = self.fs.readinto(fd, buf, 0)
+        return bytes(buf[:n]) != self._head
+
+    def _read_base(self, frame: bytes, ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The catalog's first frame (replayed from the start: ``self.state`` is empty):
+        remember it, and if it is a base frame load the snapshot it names.  Returns the
+        operations to apply on top (the suffix the base frame carries)."""
+        self._head, self._base_end = frame, len(frame)
+        if not ops or ops[0].get("op") != "base":
+            return ops
+        self.state, self._gen, self._snap_bytes = _load_snapshot(self.fs, self.root, ops[0])
+        return ops[1:]
+
+    def _check_really_new(self) -> None:
+        """An empty catalog without a head copy is a new pool -- unless snapshots exist:
+        then catalog files were lost (only a compaction writes snapshots, and it writes
+        the head copy before it empties the catalog).  Fail closed (D6), never start over."""
+        snaps = sorted(n for n in self.fs.listdir(self.root)
+                       if snapshot_gen(n) is not None)
+        if snaps:
+            raise CorruptData(
+                f"catalog {self.path} is empty and {HEAD_NAME} is missing, but catalog "
+                f"snapshots exist ({', '.join(snaps[:3])}): catalog files were lost. Restore "
+                "the pool from a backup")
+
+    def _head_copy(self) -> bytes | None:
+        """The durable copy of the base frame written before a compaction truncated the
+        catalog (None if there is none: a catalog never compacted)."""
+        try:
+            return self.fs.read_file(os.path.join(self.root, HEAD_NAME))
+        except FileNotFoundError:
+            return None
+
+    def _install_head(self, fd: int, head: bytes, *, load: bool) -> None:
+        """Make ``head`` (a base frame) the catalog's whole content, durably, then confirm
+        it (D6) and reserve the headroom again.  The catalog is empty or truncated to
+        empty here.  ``load``: rebuild the state from it (a roll-forward); otherwise the
+        caller's state already is what it holds (the compactor)."""
+        try:
+            header, body = framing.decode_frame(head)
+            if header.kind != framing.KIND_CATALOG or header.frame_length != len(head):
+                raise CorruptData("not one catalog frame")
+        except (framing.TornFrame, CorruptData) as e:
+            raise CorruptData(f"{os.path.join(self.root, HEAD_NAME)}: damaged copy of the "
+                              f"catalog's base frame ({e}); restore the pool from a backup"
+                              ) from None
+        ops = _decode_ops(bytes(body), HEAD_NAME)
+        if not ops or ops[0].get("op") != "base":
+            raise CorruptData(f"{HEAD_NAME}: not a catalog base frame")
+        if load:
+            self._reset()
+            for op in self._read_base(head, ops):
+                self.state.apply(op)
+        self.fs.truncate(fd, 0)
+        self.fs.writev(fd, [head], 0)
+        self.fs.fsync(fd)
+        self._head, self._base_end = head, len(head)
+        self._gen = ops[0]["gen"]
+        self._tail_start, self._tail = 0, head
+        self._offset = self._group_start = len(head)
+        self._size = len(head)
+        self._confirm(fd)
+        if self._reserving:
+            try:
+                if self.fs.reserve(fd, self._offset, RESERVE_STEP):
+                    self._size = self._offset + RESERVE_STEP
+                else:
+                    self._reserving = False
+            except OSError:
+                pass  # a full disk: the floor comes back with the next append that can
 
     def _cut(self, fd: int, end: int, rest: bytes) -> None:
         """Truncate a torn tail at ``end``.  If the bytes cut off hold a complete frame (all
@@ -640,6 +801,197 @@ class Catalog(ProcessBound):
             self.fs.close(fd)
         for op in ops:
             self.state.apply(op)
+        if (self.compact_after is not None and not self._closing and
+                self._offset - self._base_end > max(self.compact_after,
+                                                    self._snap_bytes // COMPACT_RATIO)):
+            self._compact_soon()
+
+    # --- compaction (CS1: snapshot durable, then head copy durable, then truncation) -----
+    def _compact_soon(self) -> None:
+        """Start a background compaction unless one is running (called under the mutex:
+        the thread waits for it, then does its slow part holding no lock at all)."""
+        if self._compactor is not None and self._compactor.is_alive():
+            return
+        self._compactor = threading.Thread(target=self._compact_in_background, daemon=True,
+                                           name=f"straw-catalog-compact {self.root}")
+        self._compactor.start()
+
+    def _compact_in_background(self) -> None:
+        try:
+            self.compact()
+        except Exception as e:  # noqa: BLE001 - kept for metrics; the next trigger retries
+            self.compactions["errors"] += 1
+            self.compactions["last_error"] = repr(e)
+
+    def compact(self) -> dict[str, Any] | None:
+        """Write a snapshot of the catalog and make it the catalog's base (CS1), so that
+        an open decodes the snapshot and replays only the suffix after it.  Returns a
+        report (generation, snapshot file and bytes, suffix operations carried, seconds
+        the pool lock was held), or None if another client compacted (or repaired) the
+        catalog meanwhile (nothing changed by this call).
+
+        Order (each step durable before the next; a crash between any two leaves the old
+        or the new catalog state, never a mix):
+
+        1. under the pool lock (briefly): note the catalog's first frame and its end X;
+        2. holding no lock: rebuild the state at X from the files, write it to a new
+           snapshot file ``CATALOG.snap-<gen>-<token>`` (temp file, fsync, rename,
+           directory fsync) -- publishers and other clients go on meanwhile;
+        3. under the pool lock: check that nobody compacted meanwhile; build the new base
+           frame (``base {gen, snap, digest}`` and the operations appended since X) and
+           write it durably to ``CATALOG.head`` (the catalog is unchanged so far: a crash
+           leaves the old state, the new files are ignored);
+        4. truncate the catalog to empty, fsync (a crash now: the next locker finds an
+           empty catalog and ``CATALOG.head``, and writes the head: the new state);
+        5. write the base frame at offset 0, fsync, confirm (the new state);
+        6. delete older snapshots (their deletion is not needed for correctness).
+
+        On a full disk step 2 or 3 fails with ``QuotaExceeded`` and the catalog is left
+        as it was (the new files are removed): compaction refuses cleanly."""
+        self._check_process()
+        with self._compact_lock:
+            return self._compact()
+
+    def _compact(self) -> dict[str, Any] | None:
+        job = self._write_snapshot()
+        return None if job is None else self._make_base(job)
+
+    def _write_snapshot(self) -> _Compaction | None:
+        """Steps 1 and 2 of ``compact``: the snapshot file, durable, named by nothing yet."""
+        with self.locked():
+            head, x, gen = self._head, self._offset, self._gen
+        state = _state_upto(self.fs, self.root, head, x)
+        if state is None:
+            self.compactions["skipped"] += 1
+            return None
+        job = _Compaction(head, x, gen + 1, snapshot_name(gen + 1, os.urandom(6).hex()),
+                          encode_state(state, gen + 1))
+        del state
+        self._write_durable(os.path.join(self.root, job.name), job.data, "catalog snapshot")
+        return job
+
+    def _make_base(self, job: _Compaction) -> dict[str, Any] | None:
+        """Steps 3 to 6 of ``compact``."""
+        snap_path = os.path.join(self.root, job.name)
+        try:
+            with self.locked():
+                t0 = time.perf_counter()
+                try:
+                    if self._head != job.head or self._offset < job.x:
+                        self.compactions["skipped"] += 1
+                        raise _Superseded
+                    report = self._install(job.x, job.gen, job.name, job.data)
+                finally:
+                    held = time.perf_counter() - t0
+                    self.compactions["longest_lock_s"] = max(
+                        held, self.compactions["longest_lock_s"])
+        except _Superseded:
+            self._unlink_quietly(snap_path)
+            return None
+        except BaseException:
+            # the catalog keeps its old base (or, once truncated, rolls forward to this
+            # snapshot, which the head copy names): remove the snapshot only if unused
+            if self._gen != job.gen and not self._head_copy_names(job.name):
+                self._unlink_quietly(snap_path)
+            raise
+        self._delete_old_snapshots(job.gen, job.name)  # outside the lock: generations only
+        report["lock_held_s"] = held
+        self.compactions["done"] += 1
+        return report
+
+    def _install(self, x: int, gen: int, name: str, data: bytes) -> dict[str, Any]:
+        """Steps 3-5 of ``compact`` (pool lock held, state refreshed)."""
+        fd = self.fs.open(self.path, write=True)
+        try:
+            suffix = []
+            if self._offset > x:
+                tail = self.fs.read_to_end(fd, x, self._offset - x)
+                scan = framing.scan_frames(lambda o, n: tail[o - x:o - x + n], self._offset,
+                                           start=x)
+                for f in scan.frames:
+                    suffix += _decode_ops(f.body, f"{self.path} offset {f.offset}")
+            body = msgpack.packb({"v": CATALOG_VERSION, "ops": [
+                {"op": "base", "gen": gen, "snap": name, "digest": digest(data)}, *suffix]},
+                use_bin_type=True)
+            head = framing.encode_frame(framing.KIND_CATALOG, body, group_start=0)
+            self._delete_head_temps()  # of compactions that died writing it (lock held)
+            self._write_durable(os.path.join(self.root, HEAD_NAME), head, "catalog head copy")
+            try:
+                self.fs.truncate(fd, 0)
+                self.fs.fsync(fd)
+                self._install_head(fd, head, load=False)
+            except OSError as e:
+                # the catalog may be empty now: the next locker rolls forward from the
+                # head copy (this client forgets what it replayed)
+                self._reset()
+                raise storage_error(e, f"catalog {self.path}: compaction interrupted after "
+                                    "its snapshot was durable") from e
+        finally:
+            self.fs.close(fd)
+        self._snap_bytes = len(data)
+        return {"generation": gen, "snapshot": name, "snapshot_bytes": len(data),
+                "suffix_ops": len(suffix), "catalog_bytes": self._offset}
+
+    def _write_durable(self, path: str, data: bytes, what: str) -> None:
+        """A new file, atomically and durably (temp, fsync, rename, directory fsync); on a
+        failure nothing is left behind (a full disk: ``QuotaExceeded``, nothing changed)."""
+        tmp = f"{path}.tmp.{os.getpid()}.{os.urandom(4).hex()}"
+        try:
+            fd = self.fs.open(tmp, write=True, create=True)
+            try:
+                self.fs.writev(fd, [data], 0)
+                self.fs.fsync(fd)
+            finally:
+                self.fs.close(fd)
+            self.fs.rename(tmp, path)
+            self.fs.fsync_dir(self.root)
+        except OSError as e:
+            self._unlink_quietly(tmp)
+            raise storage_error(e, f"cannot write {what} {path}") from e
+
+    def _head_copy_names(self, name: str) -> bool:
+        try:
+            return name.encode() in (self._head_copy() or b"")
+        except OSError:
+            return True  # unknown: keep the snapshot
+
+    def _unlink_quietly(self, path: str) -> None:
+        try:
+            self.fs.unlink(path)
+        except OSError:
+            pass
+
+    def _delete_head_temps(self) -> None:
+        """Temp files of head copies whose writer died (only written under the lock)."""
+        try:
+            names = self.fs.listdir(self.root)
+        except OSError:
+            return
+        for n in names:
+            if n.startswith(f"{HEAD_NAME}.tmp."):
+                self._unlink_quietly(os.path.join(self.root, n))
+
+    def _delete_old_snapshots(self, gen: int, keep: str) -> None:
+        """Older generations' snapshots and failed attempts' files at or below ``gen``
+        (a newer generation's file may be another client's compaction in progress)."""
+        try:
+            names = self.fs.listdir(self.root)
+        except OSError:
+            return
+        for n in names:
+            if not n.startswith(SNAP_PREFIX) or n == keep:
+                continue
+            g = snapshot_gen(n.split(".tmp.")[0]) if ".tmp." in n else snapshot_gen(n)
+            if g is not None and g <= gen:
+                self._unlink_quietly(os.path.join(self.root, n))
+
+    def footprint(self) -> dict[str, int]:
+        """Bytes the catalog occupies as data: its frames (base frame, suffix, confirms;
+        not the reserved tail), the snapshot its base frame names, and the generation
+        (call after ``locked``)."""
+        self._check_process()
+        return {"catalog_bytes": self._offset, "snapshot_bytes": self._snap_bytes,
+                "suffix_bytes": self._offset - self._base_end, "generation": self._gen}
 
     @property
     def data_bytes(self) -> int:
@@ -673,7 +1025,7 @@ class Catalog(ProcessBound):
                 raise CorruptData(f"catalog {self.path}: more than {_MAX_REPAIRS} damaged "
                                   "frames; restore the pool from a backup")
             ops = [{"op": "repaired", "at": r["offset"], "lost": r["lost_bytes"],
-                    "side": r["side_file"]} for r in done]
+                    "side": r["side_file"]} for r in done if not r.get("restored_from")]
             if ops:
                 self.append(ops)
         return done
@@ -690,6 +1042,13 @@ class Catalog(ProcessBound):
         repaired = {"op": "repaired", "at": at, "lost": lost, "side": side}
         absorbed: list[dict[str, Any]] = []
         end = later[0].offset
+        head = self._head_copy() if at == 0 else None
+        if head is not None and len(head) == end:
+            # the base frame itself is damaged: its durable copy restores it exactly,
+            # nothing is lost (the copy is checked like the frame it replaces)
+            self._restore_head(side, head)
+            return {"offset": 0, "lost_bytes": 0, "side_file": side,
+                    "restored_from": HEAD_NAME}
         filler = _filler(at, end - at, [*absorbed, repaired])
         for f in later:
             if filler is not None or f.offset != end:
@@ -713,6 +1072,24 @@ class Catalog(ProcessBound):
         finally:
             self.fs.close(fd)
         return {"offset": at, "lost_bytes": lost, "side_file": side}
+
+    def _restore_head(self, side: str, head: bytes) -> None:
+        try:
+            framing.decode_frame(head)
+        except (framing.TornFrame, CorruptData) as e:
+            raise CorruptData(f"catalog {self.path}: its base frame and the copy "
+                              f"{HEAD_NAME} are both damaged ({e}); restore the pool from a "
+                              "backup") from None
+        fd = self.fs.open(self.path, write=True)
+        try:
+            read_at = framing.read_at_fn(self.fs, fd)
+            self.fs.write_file_durable(os.path.join(self.root, side), read_at(0, len(head)))
+            self.fs.writev(fd, [head], 0)
+            self.fs.fsync(fd)
+        except OSError as e:
+            raise storage_error(e, f"cannot repair catalog {self.path}") from e
+        finally:
+            self.fs.close(fd)
 
     def confirm_repairs(self) -> list[str]:
         """The operator's say after a repair: collection may act again.  Returns the side
@@ -982,6 +1359,22 @@ class Catalog(ProcessBound):
             }
 
 
+@dataclass
+class _Compaction:
+    """A snapshot written by ``Catalog._write_snapshot``, waiting to become the base."""
+
+    head: bytes  # the catalog's first frame when the snapshot was taken
+    x: int  # the catalog offset the snapshot covers (everything before it)
+    gen: int
+    name: str
+    data: bytes
+
+
+class _Superseded(Exception):
+    """Another client compacted (or repaired) the catalog while this one wrote its
+    snapshot: this compaction is dropped, nothing was changed."""
+
+
 class Announcement:
     """An adopt announced by ``Catalog.adopting_soon`` (``arrived`` once it is queued)."""
 
@@ -1059,24 +1452,106 @@ def _filler(at: int, length: int, ops: list[dict[str, Any]]) -> bytes | None:
 def read_state(fs: Filesystem, root: str) -> CatalogState:
     """The catalog as it is durable now, read without its lock and without writing
     anything (operator views: ``straw inspect``, ``straw gc --dry-run``).  A torn final
-    transaction is ignored here, not cut off (only a writer under the lock cuts, D6)."""
+    transaction is ignored here, not cut off (only a writer under the lock cuts, D6).  A
+    compaction may run meanwhile (it deletes the snapshot this read was about to open):
+    the read is retried a few times."""
     path = os.path.join(root, CATALOG_NAME)
-    state = CatalogState()
+    for attempt in range(_READ_ATTEMPTS):
+        try:
+            fd = fs.open(path)
+        except FileNotFoundError:
+            return CatalogState()
+        try:
+            data = fs.read_to_end(fd)
+        finally:
+            fs.close(fd)
+        try:
+            state = _replay(fs, root, data, path)
+        except _SnapshotGone:
+            if attempt == _READ_ATTEMPTS - 1:
+                raise
+            continue
+        if state is not None:
+            return state
+        head = _read_head_file(fs, root)  # truncated by a compaction that died: roll on
+        if head is None:
+            return CatalogState()
+        try:
+            state = _replay(fs, root, head, os.path.join(root, HEAD_NAME))
+        except _SnapshotGone:
+            continue
+        return state or CatalogState()
+    raise CorruptData(f"catalog {path}: it kept changing while being read")
+
+
+_READ_ATTEMPTS = 5
+
+
+class _SnapshotGone(CorruptData):
+    """The snapshot a base frame names does not exist (deleted by a newer compaction
+    between reading the catalog and opening it, or lost)."""
+
+
+def _read_head_file(fs: Filesystem, root: str) -> bytes | None:
     try:
-        fd = fs.open(path)
+        return fs.read_file(os.path.join(root, HEAD_NAME))
     except FileNotFoundError:
-        return state
+        return None
+
+
+def _load_snapshot(fs: Filesystem, root: str, op: dict[str, Any]
+                   ) -> tuple[CatalogState, int, int]:
+    """The state of the snapshot a ``base`` operation names, its generation, its size."""
     try:
-        data = fs.read_to_end(fd)
-    finally:
-        fs.close(fd)
+        name, gen, want = op["snap"], op["gen"], op["digest"]
+        if not isinstance(name, str) or snapshot_gen(name) != gen or "/" in name:
+            raise TypeError(name)
+    except (KeyError, TypeError):
+        raise CorruptData(f"catalog {root}: malformed base operation {op!r}") from None
+    path = os.path.join(root, name)  # a plain name in the pool root, never a path
+    try:
+        data = fs.read_file(path)
+    except FileNotFoundError:
+        raise _SnapshotGone(f"catalog {root}: the snapshot {name} its base frame names is "
+                            "missing; restore the pool from a backup") from None
+    return decode_state(data, path, gen=gen, want_digest=want), gen, len(data)
+
+
+def _replay(fs: Filesystem, root: str, data: bytes, where: str) -> CatalogState | None:
+    """The state held by catalog bytes ``data`` (a base frame loads its snapshot); None if
+    they hold no frame at all."""
     scan = framing.scan_frames(lambda o, n: data[o:o + n], len(data))
+    if not scan.frames:
+        return None
+    state = CatalogState()
     for f in scan.frames:
         if f.header.kind != framing.KIND_CATALOG:
-            raise CorruptData(f"{path} offset {f.offset}: not a catalog frame")
-        for op in _decode_ops(f.body, f"{path} offset {f.offset}"):
+            raise CorruptData(f"{where} offset {f.offset}: not a catalog frame")
+        ops = _decode_ops(f.body, f"{where} offset {f.offset}")
+        if f.offset == 0 and ops and ops[0].get("op") == "base":
+            state = _load_snapshot(fs, root, ops[0])[0]
+            ops = ops[1:]
+        for op in ops:
             state.apply(op)
     return state
+
+
+def _state_upto(fs: Filesystem, root: str, head: bytes, end: int) -> CatalogState | None:
+    """The state of the catalog's first ``end`` bytes, read without any lock (they are
+    durable and only a compaction or a repair, under the lock, changes them); None if its
+    first frame is no longer ``head`` (another client compacted meanwhile)."""
+    path = os.path.join(root, CATALOG_NAME)
+    fd = fs.open(path)
+    try:
+        data = fs.read_to_end(fd, 0, end)
+    finally:
+        fs.close(fd)
+    if len(data) < end or data[:len(head)] != head:
+        return None
+    try:
+        return _replay(fs, root, data, path) or CatalogState()
+    except _SnapshotGone:
+        return None  # a newer compaction deleted it meanwhile
 
 
 def _decode_ops(body: Any, where: str) -> list[dict[str, Any]]:

@@ -84,6 +84,7 @@ import xxhash
 from . import holder
 from . import journal as journal_mod
 from .catalog import Announcement, Extent, run_prefix
+from .catalog_roots import RootSet
 from .checks import check_count, check_int, check_seconds, short_repr
 from .clock import Clock
 from .errors import (
@@ -255,7 +256,7 @@ class Coordinator(ProcessBound):
         self.journal_dir = os.path.join(self.dir, "journal")
         self._mutex = threading.RLock()
         self._deadlines: dict[str, float] = {}
-        self._rooted: set[Extent] = set()
+        self._rooted = RootSet()  # the queue owner's roots as this coordinator knows them
         self._adding: Counter[Extent] = Counter()
         self._unstage: set[Extent] = set()
         self._broken: BaseException | None = None
@@ -374,7 +375,8 @@ class Coordinator(ProcessBound):
         if not self.store.catalog.adopt(self.owner, self.epoch, add=()):
             raise Fenced(f"queue {self.owner} was taken over by a newer coordinator")
         with self.store.catalog.locked() as st:
-            self._rooted = set(st.owners.get((self.store.run_id, self.owner), ()))
+            roots = st.owners.get((self.store.run_id, self.owner))
+            self._rooted = roots.copy() if roots is not None else RootSet()
         # What this coordinator's last collection released (results below the cursor, and
         # the positions): read_commits refuses them.  Nothing is known released at start:
         # a crash may have come before the collection (a reference read_commits returns
@@ -1884,7 +1886,7 @@ class Coordinator(ProcessBound):
             if not self.store.catalog.adopt(self.owner, self.epoch, replace=live,
                                             unstage=unstage):
                 self._fail(Fenced(f"queue {self.owner}: a newer coordinator owns it"))
-            self._rooted = live
+            self._rooted = RootSet(live)
             self._unstage -= unstage
             self._released = (self.state.retirement_cursor(self.consumer_id),
                               self.state.retired_sparse(self.consumer_id))

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
+from collections.abc import Iterable
 from typing import Any
 
 from .catalog import Catalog, CatalogState, read_state
@@ -103,7 +104,7 @@ def _size(fs: Filesystem, root: str, rel: str) -> int:
         return 0
 
 
-def _closure(st: CatalogState, roots: set[tuple[str, int]]) -> set[str]:
+def _closure(st: CatalogState, roots: Iterable[tuple[str, int]]) -> set[str]:
     """Packs reached from ``roots`` through dependency edges (D4)."""
     todo, seen = list(roots), set()
     while todo:

@@ -78,3 +78,25 @@ def test_retention_bench_quick_smoke(tmp_path):
     for key in ("retain_median_ms", "release_median_ms", "collect_reclaiming_half_s",
                 "publish_with_vs_without_ratio"):
         assert key in res
+
+
+def test_quick_catalog_bench_reports_its_figures(tmp_path):
+    """``python -m bench.catalog_bench --quick``: every figure present and a number."""
+    out = tmp_path / "catalog.json"
+    env = {k: v for k, v in os.environ.items() if k != "STRAW_BENCH_DIR"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.catalog_bench", "--quick", "--json", str(out),
+         "--dir", str(tmp_path / "work")],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(out.read_text())
+    assert doc["history"] == 2_000
+    for key in ("fresh_open_s", "catalog_open_s", "queue_recover_s", "catalog_bytes_per_task",
+                "build_s"):
+        assert _number(doc[key]) and doc[key] > 0, key
+    assert doc["generation"] >= 1  # the figures are taken after a compaction
+    for key in ("pause_max_s", "baseline_max_s", "lock_held_s", "compaction_s"):
+        assert _number(doc["publisher"][key]), key
+    assert "catalog bytes per completed task" in proc.stdout
+    assert not any((tmp_path / "work").iterdir())

@@ -1,0 +1,210 @@
+"""Catalog figures (issue 13 item 1), part of ``just bench``; alone:
+``python -m bench.catalog_bench [--history N]``.
+
+* a fresh process opening a pool whose history holds N completed tasks (default
+  1,000,000) and recovering its queue: seconds, split into the catalog's part (the store's
+  first catalog lock: snapshot + suffix) and the queue's part (journal snapshot + suffix,
+  the coordinator's replay);
+* catalog bytes per completed task: catalog frames + the snapshot they name + the head
+  copy, over N;
+* the longest pause a publisher in another process sees while the catalog of that pool is
+  compacted, against its longest pause without compaction in the same run.
+
+The history is built through the real completion path (every task published, leased and
+completed on its own, so every completion adopts its result into the catalog), from 32
+threads so that group commit shares the syncs; the catalog compacts itself in the
+background meanwhile, as in production.  Building 1,000,000 tasks is the slow part (about
+30 min on the 2 busy cores of the development machine); ``--history`` makes it smaller.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+from straw import Publication, Record, SharedFilesystemStore
+from straw.catalog_snapshot import HEAD_NAME
+from straw.coordinator import Coordinator
+from straw.protocol import Limits, TaskSpec
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BATCH = 5_000
+
+
+def build(root: str, n: int, threads: int = 32) -> dict[str, Any]:
+    """A queue ``big`` with ``n`` completed tasks, each with its own 256 B result."""
+    t0 = time.perf_counter()
+    with SharedFilesystemStore(root, "bench", writer_id="w") as store:
+        q = Coordinator(store, queue_id="big", limits=Limits(max_leases_per_worker=10**6))
+        for b in range(0, n, BATCH):
+            k = min(BATCH, n - b)
+            q.submit_tasks(f"r{b}", [TaskSpec(f"task-{i:07d}") for i in range(b, b + k)])
+            got = q.acquire("w", max_tasks=k)
+            refs = store.publish_many(
+                [Publication([Record("out", b"r" * 256, metadata={
+                    "task_id": a.lease.task_id, "attempt": a.lease.attempt})])
+                 for a in got.assignments], submission_id=f"results-{b}")
+            work = list(zip(got.assignments, refs, strict=True))
+            errors: list[BaseException] = []
+
+            def complete(part: int, work: list[Any] = work, errors: list[Any] = errors
+                         ) -> None:
+                try:
+                    for a, r in work[part::threads]:
+                        q.complete_task(a.lease, submission_id=f"done-{a.lease.task_id}",
+                                        result_ref=r)
+                except BaseException as e:  # noqa: BLE001 - re-raised below
+                    errors.append(e)
+
+            ts = [threading.Thread(target=complete, args=(i,)) for i in range(threads)]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+            if errors:
+                raise errors[0]
+        q.close()
+        compactions = dict(store.catalog.compactions)
+    return {"build_s": time.perf_counter() - t0, "compactions": compactions}
+
+
+_FRESH = """
+import json, sys, time
+from straw import SharedFilesystemStore
+from straw.coordinator import Coordinator
+t0 = time.perf_counter()
+s = SharedFilesystemStore(sys.argv[1], "bench", writer_id=sys.argv[2])
+with s.catalog.locked():
+    foot = s.catalog.footprint()
+t1 = time.perf_counter()
+q = Coordinator(s, queue_id="big", recover=True)
+t2 = time.perf_counter()
+done = q.metrics()["completed"]
+q.close()
+s.close()
+print(json.dumps({"catalog_s": t1 - t0, "queue_s": t2 - t1, "total_s": t2 - t0,
+                  "completed": done, **foot}))
+"""
+
+
+def fresh_open(root: str, k: int) -> dict[str, Any]:
+    """Open the pool and recover the queue from a new process (imports excluded)."""
+    out = subprocess.run([sys.executable, "-c", _FRESH, root, f"fresh{k}"], check=True,
+                         text=True, capture_output=True, cwd=REPO).stdout
+    return dict(json.loads(out.strip().splitlines()[-1]))
+
+
+_PUBLISHER = """
+import json, sys, time
+from straw import Record, SharedFilesystemStore
+root, seconds = sys.argv[1], float(sys.argv[2])
+with SharedFilesystemStore(root, "bench", writer_id="publisher") as s:
+    s.catalog.compact_after = None
+    ref = s.publish([Record("p", b"p" * 256)], submission_id="p")
+    out = []
+    end = time.time() + seconds
+    i = 0
+    print("ready", flush=True)
+    while time.time() < end:
+        t = time.time()
+        s.retain(f"p{i % 50}", [ref])  # a catalog append under the pool lock
+        out.append((t, time.time() - t))
+        i += 1
+print(json.dumps(out))
+"""
+
+
+def publisher_pause(root: str) -> dict[str, float]:
+    """The longest catalog append a publisher process sees while this process compacts
+    the pool's catalog, and its longest one in a window without compaction."""
+    proc = subprocess.Popen([sys.executable, "-c", _PUBLISHER, root, "8"], text=True,
+                            stdout=subprocess.PIPE, cwd=REPO)
+    assert proc.stdout is not None
+    if proc.stdout.readline().strip() != "ready":
+        raise RuntimeError("the publisher did not start")
+    with SharedFilesystemStore(root, "bench", writer_id="compactor") as store:
+        store.catalog.compact_after = None
+        time.sleep(2.0)  # the baseline window
+        t0 = time.time()
+        rep = store.catalog.compact()
+        t1 = time.time()
+    lines = proc.communicate()[0].strip().splitlines()
+    ops = json.loads(lines[-1])
+    base = [d for t, d in ops if t + d < t0 - 0.1]
+    during = [d for t, d in ops if t < t1 and t + d > t0]
+    return {"compaction_s": t1 - t0, "lock_held_s": (rep or {}).get("lock_held_s", 0.0),
+            "pause_max_s": max(during, default=0.0), "baseline_max_s": max(base, default=0.0),
+            "appends_during": len(during), "snapshot_bytes": (rep or {}).get("snapshot_bytes", 0)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--history", type=int, default=1_000_000)
+    p.add_argument("--opens", type=int, default=3)
+    p.add_argument("--dir", default=os.environ.get("STRAW_BENCH_DIR",
+                                                   os.path.join(REPO, "bench-out")))
+    p.add_argument("--keep", help="build the pool here and keep it (reused if it exists)")
+    p.add_argument("--json")
+    p.add_argument("--quick", action="store_true")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.history, args.opens = 2_000, 1
+    os.makedirs(args.dir, exist_ok=True)
+    work = tempfile.mkdtemp(prefix="bench-catalog-", dir=args.dir)
+    root = args.keep or os.path.join(work, "pool")
+    try:
+        if args.keep and os.path.exists(os.path.join(root, "CATALOG")):
+            built: dict[str, Any] = {"build_s": 0.0, "compactions": {}, "reused": True}
+        else:
+            print(f"catalog: building a history of {args.history:,} completed tasks ...",
+                  flush=True)
+            built = build(root, args.history)
+        opens = [fresh_open(root, k) for k in range(args.opens)]
+        with SharedFilesystemStore(root, "bench", writer_id="compact") as store:
+            store.catalog.compact_after = None
+            store.catalog.compact()  # the footprint right after a compaction
+        after = fresh_open(root, args.opens)
+        head = os.path.getsize(os.path.join(root, HEAD_NAME))
+        pause = publisher_pause(root)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    n = opens[0]["completed"]
+    med = {k: statistics.median(o[k] for o in opens) for k in ("catalog_s", "queue_s",
+                                                                "total_s")}
+    bytes_per_task = (after["catalog_bytes"] + after["snapshot_bytes"] + head) / n
+    res = {"history": n, "build_s": built["build_s"], "opens": args.opens,
+           "fresh_open_s": med["total_s"], "catalog_open_s": med["catalog_s"],
+           "queue_recover_s": med["queue_s"], "catalog_bytes_per_task": bytes_per_task,
+           "snapshot_bytes": after["snapshot_bytes"], "suffix_bytes": after["suffix_bytes"],
+           "generation": after["generation"], "publisher": pause,
+           "background_compactions": built["compactions"]}
+    print(f"catalog ({n:,} completed tasks; history built in {built['build_s']:.0f} s, "
+          f"{built['compactions'].get('done', 0)} background compactions meanwhile)")
+    print(f"  fresh process opening the pool and recovering its queue: "
+          f"{med['total_s']:.3f} s (target < 0.3 s) = catalog {med['catalog_s']:.3f} s "
+          f"(snapshot {after['snapshot_bytes']:,} B + suffix {after['suffix_bytes']:,} B) + "
+          f"queue {med['queue_s']:.3f} s (journal snapshot + suffix, replay); median of "
+          f"{args.opens}")
+    print(f"  catalog bytes per completed task after compaction: {bytes_per_task:.1f} "
+          "(target <= 50; catalog frames + snapshot + head copy)")
+    print(f"  publisher in another process during a compaction ({pause['compaction_s']:.2f} "
+          f"s, pool lock held {pause['lock_held_s'] * 1e3:.1f} ms): longest catalog append "
+          f"{pause['pause_max_s'] * 1e3:.1f} ms vs {pause['baseline_max_s'] * 1e3:.1f} ms "
+          "without compaction in the same run")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
