@@ -785,10 +785,16 @@ class TensorRef:
 
     # --- restoring ----------------------------------------------------------------------
     @classmethod
-    def from_record_set_many(cls, store: Any, reference: RecordSetRef) -> dict[int, TensorRef]:
+    def from_record_set_many(cls, store: Any, reference: RecordSetRef, *,
+                             reader: Any = None) -> dict[int, TensorRef]:
         """Every tensor of a publication by ordinal (other records are left out), bound to
-        ``store``; reads only the manifest."""
-        manifest = _session_of(store).checked_manifest(reference)
+        ``store``; reads only the manifest (through ``reader``, a read session of the same
+        run, when given: straw-queue's keyword)."""
+        session = _session_of(store if reader is None else reader)
+        if session.run_id != getattr(store, "run_id", session.run_id):
+            raise InvalidReference(f"reader of run {session.run_id!r} cannot restore tensors "
+                                   f"for a store of run {store.run_id!r}")
+        manifest = session.checked_manifest(reference)
         root = getattr(store, "root", "")
         return {i: _from_parts(rref, info, root, reference)._bound(store)
                 for i, (info, rref) in enumerate(zip(manifest.records, manifest.record_refs,
@@ -796,10 +802,10 @@ class TensorRef:
                 if info.codec == CODEC}
 
     @classmethod
-    def from_record_set(cls, store: Any, reference: RecordSetRef, ordinal: int = 0
-                        ) -> TensorRef:
+    def from_record_set(cls, store: Any, reference: RecordSetRef, ordinal: int = 0, *,
+                        reader: Any = None) -> TensorRef:
         """The tensor at ``ordinal`` of a publication."""
-        tensors = cls.from_record_set_many(store, reference)
+        tensors = cls.from_record_set_many(store, reference, reader=reader)
         if ordinal not in tensors:
             raise InvalidReference(f"record {ordinal} of {reference!r} is not a tensor")
         return tensors[ordinal]
