@@ -51,7 +51,7 @@ def build(root: str, n: int, threads: int = 32) -> dict[str, Any]:
             got = q.acquire("w", max_tasks=k)
             refs = store.publish_many(
                 [Publication([Record("out", b"r" * 256, metadata={
-                    "task_id": a.lease.task_id, "attempt": a.lease.attempt})])
+                    "task_id": a.lease.task_id, "attempt_id": a.lease.attempt_id})])
                  for a in got.assignments], submission_id=f"results-{b}")
             work = list(zip(got.assignments, refs, strict=True))
             errors: list[BaseException] = []
