@@ -127,7 +127,7 @@ def test_open_from_snapshot_plus_suffix(tmp_path: Any) -> None:
     s.close()
     with _store(tmp_path, "w2") as again:
         assert sorted(again.owners()) == ["after", "queue:ns/q"]
-        assert bytes(again.read(b)[0].payload) == b"b" * 30
+        assert bytes(next(again.read(b)).payload) == b"b" * 30
 
 
 def test_a_client_that_replayed_before_the_compaction_follows_it(tmp_path: Any) -> None:
