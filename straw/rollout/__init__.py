@@ -88,6 +88,7 @@ the plan is durable, acknowledgement before training).
 from __future__ import annotations
 
 from .codec import GROUP_SCHEMA, GROUP_VERSION, group_from_records, group_records
+from .config import RolloutConfig
 from .data_source import (
     MAX_REFILL,
     MIN_REFILL,
@@ -131,6 +132,7 @@ from .scheduling import (
 )
 
 __all__ = [
+    "RolloutConfig",
     "Sample", "SampleGroup", "Stage", "Status", "VersionSpan", "classify", "captures_cover",
     "captures_cover_group",
     "NO_VERSION_KEY", "SUBMITTED_PROMPT_KEY", "numeric_version", "scheduling_key", "priority",
