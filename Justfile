@@ -36,7 +36,8 @@ bench *ARGS:
 bench-peer *ARGS:
     {{python}} -m bench.peer {{ARGS}}
 
-# Model-check spec/ at full bounds (safety + liveness) and require a counterexample for every mutant
+# Model-check spec/ (the queue protocol and the rollout layer) at full bounds (safety + liveness)
+# and require a counterexample for every mutant
 model:
     {{python}} -m model.explore --config full --mutants --jobs 2
 

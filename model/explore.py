@@ -12,8 +12,13 @@ a counterexample (reported with the shortest trace to it). Fairness assumption: 
 L's fair set keep being taken while enabled (weak fairness); faults, producers and cancellation
 are not assumed to happen.
 
+Two machines are explored: the queue protocol (`spec/actions.py`: publication, retention, GC,
+queue, leases, coordinators) and the rollout layer above it (`spec/rollout.py`, RL1-RL5); each
+brings its own configurations, invariants and mutants (`Machine`).
+
 Usage:
-    python -m model.explore [--config small|full] [--mutants] [--only MUTANT] [--jobs N]
+    python -m model.explore [--machine queue|rollout|all] [--config small|full] [--mutants]
+                            [--only MUTANT] [--jobs N]
 
 Exit status 1 when the correct protocol has a counterexample, or with --mutants when a mutant
 survives (no counterexample in any configuration). Mutants are hunted on the small bounds first,
@@ -27,15 +32,17 @@ import os
 import sys
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
+import spec.rollout as rollout
 from spec.actions import Action, successors
-from spec.config import CONFIGS, Config
+from spec.config import CONFIGS
 from spec.invariants import LIVENESS, check_state, check_step
-from spec.mutants import CORRECT, MUTANT_NAMES, Mutants, mutant
-from spec.state import State, initial_state
+from spec.mutants import CORRECT, MUTANT_NAMES, mutant
+from spec.state import initial_state
 
 CONFIG_SETS: dict[str, tuple[str, ...]] = {
     "small": ("gc-small", "queue-small", "order-small", "share", "consume", "restore", "catalog"),
@@ -80,6 +87,34 @@ MUTANT_HOME: dict[str, str] = {
 LIVENESS_MUTANTS = frozenset({"interrupted_collection_abandoned", "expired_task_never_requeued"})
 
 
+@dataclass(frozen=True)
+class Machine:
+    """One specification to explore: its transition relation, checks and mutants."""
+
+    name: str
+    configs: dict[str, Any]
+    config_sets: dict[str, tuple[str, ...]]
+    initial_state: Callable[[Any], Any]
+    successors: Callable[[Any, Any, Any], Iterator[tuple[Action, Any]]]
+    check_state: Callable[[Any, Any], tuple[str, str] | None]
+    check_step: Callable[[Any, Any, Action, Any], tuple[str, str] | None]
+    liveness: tuple[Any, ...]
+    correct: Any
+    mutant: Callable[[str], Any]
+    mutant_names: tuple[str, ...]
+    mutant_home: dict[str, str]
+    liveness_mutants: frozenset[str]
+
+
+QUEUE = Machine("queue", CONFIGS, CONFIG_SETS, initial_state, successors, check_state, check_step,
+                LIVENESS, CORRECT, mutant, MUTANT_NAMES, MUTANT_HOME, LIVENESS_MUTANTS)
+ROLLOUT = Machine("rollout", rollout.CONFIGS, rollout.CONFIG_SETS, rollout.initial_state,
+                  rollout.successors, rollout.check_state, rollout.check_step, (),
+                  rollout.CORRECT, rollout.mutant, rollout.MUTANT_NAMES, rollout.MUTANT_HOME,
+                  frozenset())
+MACHINES: dict[str, Machine] = {m.name: m for m in (QUEUE, ROLLOUT)}
+
+
 @dataclass
 class Violation:
     iid: str
@@ -113,17 +148,23 @@ def _trace(parent: list[tuple[int, Action] | None], sid: int) -> list[Action]:
 
 
 def explore(
-    cfg: Config, mut: Mutants = CORRECT, *, liveness: bool = True, max_states: int | None = None
+    cfg: Any, mut: Any = None, *, liveness: bool = True, max_states: int | None = None,
+    machine: Machine = QUEUE,
 ) -> Result:
-    """Breadth-first search of cfg under protocol mut. Stops at the first safety violation
-    (a shortest one); otherwise checks liveness (unless disabled) on the whole graph."""
+    """Breadth-first search of cfg under protocol mut (the machine's correct protocol when
+    None). Stops at the first safety violation (a shortest one); otherwise checks liveness
+    (unless disabled) on the whole graph."""
     t0 = time.perf_counter()
+    if mut is None:
+        mut = machine.correct
+    successors, check_state, check_step = (machine.successors, machine.check_state,
+                                           machine.check_step)
     res = Result(cfg.name)
-    init = initial_state(cfg)
-    index: dict[State, int] = {init: 0}
-    states: list[State] = [init]
+    init = machine.initial_state(cfg)
+    index: dict[Any, int] = {init: 0}
+    states: list[Any] = [init]
     parent: list[tuple[int, Action] | None] = [None]
-    props = [p for p in LIVENESS if liveness and p.applies(cfg)]
+    props = [p for p in machine.liveness if liveness and p.applies(cfg)]
     rev: list[list[list[int]]] = [[[]] for _ in props]  # per property: fair predecessors
 
     bad = check_state(cfg, init)
@@ -188,26 +229,29 @@ def _family(name: str) -> str:
     return name.split("-")[0]
 
 
-def _correct_job(name: str) -> Result:
-    return explore(CONFIGS[name], CORRECT)
+def _correct_job(machine: str, name: str) -> Result:
+    m = MACHINES[machine]
+    return explore(m.configs[name], m.correct, machine=m)
 
 
-def _mutant_job(name: str, config_names: tuple[str, ...]) -> tuple[str, Result | None]:
-    return hunt_mutant(name, config_names)
+def _mutant_job(machine: str, name: str, config_names: tuple[str, ...]
+                ) -> tuple[str, Result | None]:
+    return hunt_mutant(name, config_names, machine=MACHINES[machine])
 
 
-def hunt_mutant(name: str, config_names: Sequence[str]) -> tuple[str, Result | None]:
+def hunt_mutant(name: str, config_names: Sequence[str], *, machine: Machine = QUEUE
+                ) -> tuple[str, Result | None]:
     """Search for a counterexample of mutant `name`: the small bounds first (a counterexample
     there is one of the protocol, and it is cheaper), then the requested configurations; within
     each group the mutant's home family first. The first counterexample wins."""
-    home = MUTANT_HOME.get(name, "")
-    small = list(CONFIG_SETS["small"])
+    home = machine.mutant_home.get(name, "")
+    small = list(machine.config_sets["small"])
     rest = [c for c in config_names if c not in small]
     ordered = sorted(small, key=lambda c: _family(c) != home)
     ordered += sorted(rest, key=lambda c: _family(c) != home)
     last: Result | None = None
     for cname in ordered:
-        res = explore(CONFIGS[cname], mutant(name))
+        res = explore(machine.configs[cname], machine.mutant(name), machine=machine)
         last = res
         if res.violation is not None:
             return cname, res
@@ -254,9 +298,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m model.explore", description=(__doc__ or "").split("\n")[0]
     )
+    ap.add_argument("--machine", choices=[*MACHINES, "all"], default="all")
     ap.add_argument("--config", choices=sorted(CONFIG_SETS), default="small")
     ap.add_argument("--mutants", action="store_true", help="also run every mutant")
-    ap.add_argument("--only", choices=MUTANT_NAMES, help="run just this mutant")
+    ap.add_argument("--only", help="run just this mutant (of the machines selected)")
     ap.add_argument(
         "--jobs",
         type=int,
@@ -264,37 +309,50 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="worker processes (default: min(2, CPUs))",
     )
     args = ap.parse_args(argv)
-    config_names = CONFIG_SETS[args.config]
-    mutant_names: list[str] = []
+    machines = list(MACHINES.values()) if args.machine == "all" else [MACHINES[args.machine]]
     if args.only:
-        mutant_names = [args.only]
-    elif args.mutants:
-        mutant_names = list(MUTANT_NAMES)
-    correct_names = [] if args.only else list(config_names)
+        machines = [m for m in machines if args.only in m.mutant_names]
+        if not machines:
+            ap.error(f"unknown mutant {args.only!r}")
 
     t0 = time.perf_counter()
+    ok = True
+    caught = total = 0
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        # Submit the expensive runs (full explorations, liveness mutants) first.
-        correct_f = {n: pool.submit(_correct_job, n) for n in correct_names}
-        expensive = [m for m in mutant_names if m in LIVENESS_MUTANTS]
-        cheap = [m for m in mutant_names if m not in LIVENESS_MUTANTS]
-        mutant_f = {m: pool.submit(_mutant_job, m, config_names) for m in expensive + cheap}
-        ok = True
-        hunted: list[tuple[str, tuple[str, Result | None]]] = []
-        if correct_names:
-            lines: list[str] = []
-            ok = report_correct([correct_f[n].result() for n in correct_names], lines) and ok
-            print("\n".join(lines), flush=True)
-        if mutant_names:
-            lines = []
-            hunted = [(m, mutant_f[m].result()) for m in mutant_names]
-            ok = report_mutants(hunted, lines) and ok
-            print("\n".join(lines), flush=True)
-    caught = sum(1 for _, (_, r) in hunted if r is not None and r.violation is not None)
-    summary = f"{caught}/{len(mutant_names)} mutants caught; " if mutant_names else ""
+        # Submit every machine's work first, the expensive runs (full explorations, liveness
+        # mutants) before the cheap ones, then report machine by machine.
+        jobs = []
+        for m in machines:
+            config_names = m.config_sets[args.config]
+            mutant_names: list[str] = []
+            if args.only:
+                mutant_names = [args.only]
+            elif args.mutants:
+                mutant_names = list(m.mutant_names)
+            correct_names = [] if args.only else list(config_names)
+            correct_f = {n: pool.submit(_correct_job, m.name, n) for n in correct_names}
+            expensive = [x for x in mutant_names if x in m.liveness_mutants]
+            cheap = [x for x in mutant_names if x not in m.liveness_mutants]
+            mutant_f = {x: pool.submit(_mutant_job, m.name, x, config_names)
+                        for x in expensive + cheap}
+            jobs.append((m, correct_names, correct_f, mutant_names, mutant_f))
+        for m, correct_names, correct_f, mutant_names, mutant_f in jobs:
+            if len(machines) > 1:
+                print(f"== {m.name} ==", flush=True)
+            if correct_names:
+                lines: list[str] = []
+                ok = report_correct([correct_f[n].result() for n in correct_names], lines) and ok
+                print("\n".join(lines), flush=True)
+            if mutant_names:
+                lines = []
+                hunted = [(x, mutant_f[x].result()) for x in mutant_names]
+                ok = report_mutants(hunted, lines) and ok
+                print("\n".join(lines), flush=True)
+                caught += sum(1 for _, (_, r) in hunted if r is not None and r.violation)
+                total += len(mutant_names)
+    summary = f"{caught}/{total} mutants caught; " if total else ""
     print(f"{'OK' if ok else 'FAILED'}: {summary}wall time {time.perf_counter() - t0:.1f}s")
     return 0 if ok else 1
-
 
 if __name__ == "__main__":
     sys.exit(main())
