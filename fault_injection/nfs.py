@@ -30,19 +30,18 @@ from __future__ import annotations
 import errno
 import os
 
-from fault_injection.delegate import Delegate
 from fault_injection.simfs import SimClient, SimFS
 from straw.clock import Clock
-from straw.fs import FileStat
+from straw.fs import DelegatingFilesystem, FileStat
 
 
 def _enoent(path: str) -> FileNotFoundError:
     return FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
 
 
-class NFSClient(Delegate):
+class NFSClient(DelegatingFilesystem):
     """One NFS client's view of the SimFS ``inner`` (see the module docstring); the
-    operations it does not cache go to the server unchanged (``Delegate``)."""
+    operations it does not cache go to the server unchanged (``DelegatingFilesystem``)."""
 
     def __init__(self, inner: SimClient, clock: Clock, *, attr_timeout: float = 3.0,
                  dir_timeout: float = 30.0, negative_timeout: float = 30.0) -> None:

@@ -36,23 +36,22 @@ import errno
 import os
 from collections.abc import Callable, Sequence
 
-from fault_injection.delegate import Delegate
 from fault_injection.nfs import NFSClient
 from fault_injection.simfs import SimFS
 from straw.clock import ManualClock
-from straw.fs import Buffer, Filesystem
+from straw.fs import Buffer, DelegatingFilesystem, Filesystem
 from straw.qualify.clauses import Client, Env
 
 DIR = "/pool"
 
 
-class NoExclusive(Delegate):
+class NoExclusive(DelegatingFilesystem):
     def open(self, path: str, *, write: bool = False, create: bool = False,
              exclusive: bool = False) -> int:
         return self.inner.open(path, write=write, create=create)
 
 
-class NoCloseToOpen(Delegate):
+class NoCloseToOpen(DelegatingFilesystem):
     """Reads are clipped to the size the file had when this client first opened it."""
 
     def __init__(self, inner: Filesystem) -> None:
@@ -75,7 +74,7 @@ class NoCloseToOpen(Delegate):
         return self.inner.readinto(fd, mv[:max(0, limit - offset)], offset)
 
 
-class CopyRename(Delegate):
+class CopyRename(DelegatingFilesystem):
     """rename(src, dst) as: copy src's bytes into dst in place (no truncate), unlink src."""
 
     def rename(self, src: str, dst: str) -> None:
@@ -89,7 +88,7 @@ class CopyRename(Delegate):
         self.inner.unlink(src)
 
 
-class StaleUnlink(Delegate):
+class StaleUnlink(DelegatingFilesystem):
     def unlink(self, path: str) -> None:
         try:
             self.inner.unlink(path)
@@ -97,17 +96,17 @@ class StaleUnlink(Delegate):
             raise OSError(errno.ESTALE, os.strerror(errno.ESTALE), path) from None
 
 
-class FakeReserve(Delegate):
+class FakeReserve(DelegatingFilesystem):
     def reserve(self, fd: int, offset: int, length: int) -> bool:
         return True
 
 
-class Offsets32(Delegate):
+class Offsets32(DelegatingFilesystem):
     def writev(self, fd: int, buffers: Sequence[Buffer], offset: int) -> int:
         return self.inner.writev(fd, buffers, offset & 0xFFFFFFFF)
 
 
-class SwallowENOSPC(Delegate):
+class SwallowENOSPC(DelegatingFilesystem):
     """A write that hits a full filesystem is reported as complete."""
 
     def writev(self, fd: int, buffers: Sequence[Buffer], offset: int) -> int:

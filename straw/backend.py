@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import DeploymentMismatch, InvalidReference
-from .fs import Buffer, FileStat, Filesystem, PosixFS
+from .fs import DelegatingFilesystem, Filesystem, PosixFS
 
 PROFILES = ("local", "juicefs")
 JUICEFS_FSTYPE = "fuse.juicefs"
@@ -237,17 +237,18 @@ class FilesystemBackend:
         return f"FilesystemBackend({str(self.root)!r}, profile={self.profile!r})"
 
 
-class _ObservedFS(Filesystem):
+class _ObservedFS(DelegatingFilesystem):
     """A ``Filesystem`` that calls its backend's ``fault`` hook before every sync and
-    counts the syncs; everything else is the wrapped filesystem's own method, bound on
-    the instance (no extra call on the data path)."""
+    counts the syncs; every other primitive is the wrapped filesystem's own method, bound on
+    the instance (no extra call on the data path; the inherited forwarding methods are the
+    interface, shadowed by these attributes)."""
 
     _PRIMITIVES = ("open", "open_beneath", "close", "writev", "readinto", "truncate",
                    "fstat", "reserve", "lock", "unlock", "mkdir", "rename", "unlink",
                    "stat", "listdir", "realpath")
 
     def __init__(self, inner: Filesystem, backend: FilesystemBackend) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.backend = backend
         for name in self._PRIMITIVES:
             self.__dict__[name] = getattr(inner, name)
@@ -273,56 +274,6 @@ class _ObservedFS(Filesystem):
     def fsync_dir(self, path: str) -> None:
         self._sync(DIRECTORY_SYNC)
         self.inner.fsync_dir(path)
-
-    # the primitives, for the interface; the instance attributes set above take precedence
-    def open(self, path: str, *, write: bool = False, create: bool = False,
-             exclusive: bool = False) -> int:
-        return self.inner.open(path, write=write, create=create, exclusive=exclusive)
-
-    def open_beneath(self, root: str, rel: str) -> int:
-        return self.inner.open_beneath(root, rel)
-
-    def close(self, fd: int) -> None:
-        self.inner.close(fd)
-
-    def writev(self, fd: int, buffers: Any, offset: int) -> int:
-        return self.inner.writev(fd, buffers, offset)
-
-    def readinto(self, fd: int, buffer: Buffer, offset: int) -> int:
-        return self.inner.readinto(fd, buffer, offset)
-
-    def truncate(self, fd: int, size: int) -> None:
-        self.inner.truncate(fd, size)
-
-    def fstat(self, fd: int) -> FileStat:
-        return self.inner.fstat(fd)
-
-    def reserve(self, fd: int, offset: int, length: int) -> bool:
-        return self.inner.reserve(fd, offset, length)
-
-    def lock(self, fd: int, *, blocking: bool = True) -> bool:
-        return self.inner.lock(fd, blocking=blocking)
-
-    def unlock(self, fd: int) -> None:
-        self.inner.unlock(fd)
-
-    def mkdir(self, path: str) -> None:
-        self.inner.mkdir(path)
-
-    def rename(self, src: str, dst: str) -> None:
-        self.inner.rename(src, dst)
-
-    def unlink(self, path: str) -> None:
-        self.inner.unlink(path)
-
-    def stat(self, path: str) -> FileStat:
-        return self.inner.stat(path)
-
-    def listdir(self, path: str) -> list[str]:
-        return self.inner.listdir(path)
-
-    def realpath(self, path: str) -> str:
-        return self.inner.realpath(path)
 
 
 # --- the live mount -----------------------------------------------------------------------
