@@ -262,3 +262,16 @@ def test_rl1_exactly_once_admission_across_a_crash_at_every_refill_step(mode):
             sim.kill_client("main")
         check_rl1(sim, clock)  # (recover=True also opens a queue the crash left unborn)
     assert crashed > 20  # the points did land inside the refills
+
+
+def test_the_module_example_runs(tmp_path, monkeypatch):
+    """The runnable example in straw.rollout.controller's docstring (the README's source)."""
+    import textwrap
+
+    import straw.rollout.controller as module
+
+    example = module.__doc__.split("is the worker side)::", 1)[1]
+    monkeypatch.setattr("tempfile.mkdtemp", lambda: str(tmp_path))
+    namespace: dict = {}
+    exec(compile(textwrap.dedent(example.strip("\n")), "example", "exec"), namespace)
+    assert [r.action for r in namespace["returned"]] == ["completed", "completed"]
