@@ -398,3 +398,39 @@ def test_two_generation_processes_share_one_pool(tmp_path):
         server.close()
         controller.close()
         store.close()
+
+
+def test_a_remote_controller_carries_leases_receipts_and_errors(tmp_path):
+    clock = ManualClock()
+    store = SharedFilesystemStore(str(tmp_path), "job", writer_id="controller")
+    config = RolloutConfig(n_samples_per_prompt=2, lease_seconds=30)
+    controller = RolloutController(store, PROMPTS, config=config, clock=clock)
+    controller.set_serving_version("7")
+    server = remote_mod.start(controller, ("127.0.0.1", 0), token="t0ken")
+    stores = [SharedFilesystemStore(str(tmp_path), "job") for _ in range(2)]
+    try:
+        remote = remote_mod.RemoteController(server.url, token="t0ken")
+        assert remote.serving_version == "7"
+        a = GenerationClient(remote, stores[0], worker_id="a", config=config,
+                             heartbeat=False)
+        g1, g2 = a.take(2)
+        clock.advance(31)  # g1's and g2's leases expire; b takes them over
+        b = GenerationClient(remote, stores[1], worker_id="b", config=config)
+        taken = {g.group_index for g in b.take(2)}
+        assert taken == {g1.group_index, g2.group_index}
+        with pytest.raises(StaleAttempt):  # a per-item error of complete_many, over RPC
+            a.return_groups([generated(g1, 2, 7)])
+        with pytest.raises(StaleAttempt):  # a whole-call error (yield_tasks), over RPC
+            a.return_groups([partial(g2, 2, 7)])
+        with pytest.raises(ValueError, match="count"):
+            remote.take("a", 0)  # the controller's ValueError, raised again here
+        (r,) = b.return_groups([generated(g1, 2, 7)])
+        assert r.action == "completed" and r.receipt.task_id == f"prompt:{g1.group_index}"
+        assert controller.staleness_metrics()["staleness/max"] == 0.0
+        b.close()
+        assert status(controller, f"prompt:{g2.group_index}")["state"] == "pending"
+    finally:
+        server.close()
+        controller.close()
+        for s in (store, *stores):
+            s.close()
