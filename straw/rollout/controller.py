@@ -141,6 +141,7 @@ class RolloutController:
         self._state = threading.Lock()  # serving version and staleness tally
         self._serving: int | str = _check_version(serving_version)
         self._staleness = StalenessTally()
+        self._takes: dict[str, tuple[str, AcquireResult]] = {}  # worker -> its last take
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self.refills = 0
         try:  # resume the cursor the queue holds (None: a new queue starts at the start)
@@ -151,14 +152,34 @@ class RolloutController:
             raise
 
     # --- producer side ------------------------------------------------------------------
-    def take(self, worker_id: str, count: int) -> AcquireResult:
+    def take(self, worker_id: str, count: int, *, request_id: str | None = None
+             ) -> AcquireResult:
         """Lease up to ``count`` prompt groups for ``worker_id``, refilling from the
         dataset when none is pending (module docstring).  The result's assignments carry
         the leases and the input references; the status is the queue's (``acquired``,
-        ``empty`` when a refill could not be leased right away, ``backpressured``, ...)."""
+        ``empty`` when a refill could not be leased right away, ``backpressured``, ...).
+
+        ``request_id`` makes a retry after a lost reply safe: the worker's last take with
+        the same id returns the same result (leasing nothing more), for as long as this
+        controller lives (a new one revokes every lease anyway)."""
         check_worker_id(worker_id)
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ValueError(f"count must be an int >= 1 (prompt groups), got {count!r}")
+        if request_id is not None:
+            if not isinstance(request_id, str) or not request_id:
+                raise ValueError(f"request_id must be None or a non-empty str, got "
+                                 f"{request_id!r}")
+            with self._state:
+                last = self._takes.get(worker_id)
+            if last is not None and last[0] == request_id:
+                return last[1]  # the reply of this request was lost: the same leases
+        got = self._take(worker_id, count)
+        if request_id is not None:
+            with self._state:
+                self._takes[worker_id] = (request_id, got)
+        return got
+
+    def _take(self, worker_id: str, count: int) -> AcquireResult:
         got = self.coordinator.acquire(worker_id, count, task_prefix=PROMPT_PREFIX)
         if got.status != "empty":
             return got

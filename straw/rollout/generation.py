@@ -32,9 +32,10 @@ here, never sent through the control path.
   partial groups the durable inputs of their tasks while keeping the leases.
 * ``close()`` releases every held lease (no failure spent) and stops the heartbeat.
 
-Every call is safe to retry after a lost reply (D7): request and submission ids derive
-from the attempt (``result:<attempt_id>``, ``reject:<attempt_id>``, ``release:`` and
-``return:`` digests), the publication of an attempt's group is remembered (the same
+Every call is safe to retry after a lost reply (D7): a ``take`` is retried under the
+same request id (the controller answers it with the same leases); request and submission
+ids of returns derive from the attempt (``result:<attempt_id>``, ``reject:<attempt_id>``,
+``release:`` and ``return:`` digests), the publication of an attempt's group is remembered (the same
 content gets the same reference; other content under the same attempt is
 ``IdempotencyConflict``, as the queue says for a completion), and a lease that ended stays
 known for a while so that a retry reaches the queue, which answers it from its journal: a
@@ -53,6 +54,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import threading
+import uuid
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -138,6 +140,9 @@ class GenerationClient:
         self._closed = False
         self.last_status = ""
         self.renewals = 0
+        self._incarnation = uuid.uuid4().hex[:12]  # take request ids: this client's own
+        self._takes = 0
+        self._take_request: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         if heartbeat:
@@ -210,7 +215,14 @@ class GenerationClient:
         self._check_usable()
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ValueError(f"count must be an int >= 1 (prompt groups), got {count!r}")
-        got = self.controller.take(self.worker_id, count)
+        with self._lock:  # a take whose reply was lost is retried under the same id
+            if self._take_request is None:
+                self._takes += 1
+                self._take_request = f"take:{self._incarnation}:{self._takes}"
+            request_id = self._take_request
+        got = self.controller.take(self.worker_id, count, request_id=request_id)
+        with self._lock:
+            self._take_request = None
         self.last_status = got.status
         assignments = list(got.assignments)
         with self._lock:

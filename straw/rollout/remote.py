@@ -84,8 +84,10 @@ class RemoteController:
     def __init__(self, address: str, *, token: str, timeout: float = 60) -> None:
         self.client = QueueClient(address, token=token, timeout=timeout)
 
-    def take(self, worker_id: str, count: int) -> AcquireResult:
-        got = self.client.call("take", worker_id=worker_id, count=count)
+    def take(self, worker_id: str, count: int, *, request_id: str | None = None
+             ) -> AcquireResult:
+        got = self.client.call("take", worker_id=worker_id, count=count,
+                               request_id=request_id)
         return AcquireResult(got["status"], tuple(
             Assignment(TaskSpec.from_dict(a["task"]), Lease.from_dict(a["lease"]))
             for a in got["assignments"]))

@@ -348,6 +348,32 @@ def test_every_return_is_safe_to_retry_after_a_lost_reply(job):
     assert pending.count(out[0].task_id) == 1 and pending.count(out[2].task_id) == 1
 
 
+def test_a_take_whose_reply_was_lost_is_retried_with_the_same_leases(job):
+    start, make, _ = job
+    controller = start()
+    client = make("g0")
+    real = controller.take
+    calls = []
+
+    def lost_once(worker_id, count, *, request_id=None):
+        calls.append(request_id)
+        out = real(worker_id, count, request_id=request_id)
+        if len(calls) == 1:
+            raise ConnectionError("injected: the reply was lost")
+        return out
+
+    controller.take = lost_once
+    with pytest.raises(ConnectionError):
+        client.take(2)
+    groups = client.take(2)
+    assert calls[0] == calls[1] is not None  # the same request, answered again
+    leased = [t for t, v in controller.coordinator.tasks.items() if v["state"] == "leased"]
+    assert sorted(leased) == sorted(f"prompt:{g.group_index}" for g in groups)
+    more = client.take(2)  # a new take is a new request: new leases
+    assert calls[2] != calls[1] and not {g.group_index for g in more} & {
+        g.group_index for g in groups}
+
+
 WORKER = r"""
 import json, sys, dataclasses
 from straw import SharedFilesystemStore
