@@ -364,6 +364,10 @@ class GenerationClient:
     def _failed(self, p: _Plan, e: BaseException, errors: list[BaseException]) -> None:
         if isinstance(e, (StaleAttempt, LeaseExpired)):
             self._end(p.task_id)  # the lease is gone: nothing of it is ours any more
+            if p.ref is not None:
+                # the queue will never adopt this attempt's group: its bytes need no
+                # staging protection (else they would stay until this writer retires)
+                self.store.release_publications([p.ref])
         errors.append(e)
 
     def _release(self, plans: list[_Plan], out: dict[str, Returned],
