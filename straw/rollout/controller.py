@@ -132,6 +132,7 @@ class RolloutController:
         else:  # an empty dataset or a bad n is DataSource's clear ValueError
             self.source = DataSource(dataset, n_samples_per_prompt=self.config.n_samples_per_prompt,
                                      seed=seed, shuffle=shuffle, keep=keep)
+        serving = _check_version(serving_version)  # checked before the queue opens
         self.store = store
         self.coordinator = Coordinator(store, queue_id=queue_id, namespace=namespace,
                                        exclusive_owner=exclusive_owner, recover=recover,
@@ -139,7 +140,7 @@ class RolloutController:
                                        lease_seconds=self.config.lease_seconds)
         self._producer = threading.Lock()  # one refill at a time
         self._state = threading.Lock()  # serving version and staleness tally
-        self._serving: int | str = _check_version(serving_version)
+        self._serving: int | str = serving
         self._staleness = StalenessTally()
         self._takes: dict[str, tuple[str, AcquireResult]] = {}  # worker -> its last take
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
