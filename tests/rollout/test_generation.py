@@ -301,9 +301,14 @@ def test_a_client_whose_heartbeat_stops_loses_its_leases_and_another_resumes(job
     (g,) = a.take(1)
     a.save_progress([partial(g, 8, 2)])  # further progress, durable, lease kept
     clock.advance(31)  # a's heartbeat stopped: its lease expires
-    assert a.heartbeat_now() == 0 and a.leases == {}
     b = make("b")
     (resumed,) = b.take(1)
+    outcomes = []
+    real = a.controller.heartbeat
+    a.controller.heartbeat = lambda leases: outcomes.extend(real(leases)) or outcomes
+    assert a.heartbeat_now() == 0 and a.leases == {}  # StaleAttempt: dropped locally
+    a.controller.heartbeat = real
+    assert outcomes == ["StaleAttempt"]
     assert resumed.group_index == g.group_index
     assert resumed == partial(g, 8, 2)  # its durable input, not its prompt
     assert resumed.samples[0].response_length == 13
