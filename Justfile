@@ -26,11 +26,13 @@ lint:
 # retention figures and queue figures (one client, client processes, reopen at 100,000 tasks);
 # then the catalog figures: a fresh open at 1,000,000 completed tasks, catalog bytes per task
 # and a publisher's pause during compaction (building that history takes ~30 min here)
+# and the rollout control overhead per group (1 and 8 generation processes, ~1 min)
 bench *ARGS:
     {{python}} -m bench.bench {{ARGS}}
     {{python}} -m bench.retention
     {{python}} -m bench.queue_bench
     {{python}} -m bench.catalog_bench
+    {{python}} -m bench.rollout_bench
 
 # store, tensor and queue workloads against straw-queue 0.1.6, alternating the two (~2-3 min; --queue-history 0 skips the slow reopen pass)
 bench-peer *ARGS:

@@ -13,6 +13,13 @@ API only.  This first part is the queue-independent core, each module one concer
 * ``environments`` weighted environments: per-batch quotas, producer-side backlog draining;
 * ``codec``        SampleGroup <-> records (the core's ``sample.v1``/``tensor.v1``), pure.
 
+The queue wiring (below) of the controller and the generation client:
+
+* ``controller``   ``RolloutController``: the job's Coordinator and DataSource, ``take``
+                   with refills (RL1), serving version, staleness of what is accepted;
+* ``generation``   ``GenerationClient``: leases, heartbeat, groups returned by stage;
+* ``remote``       the controller served to generation processes (``straw.rpc``).
+
 The next step: the queue wiring
 ===============================
 
@@ -89,6 +96,7 @@ from __future__ import annotations
 
 from .codec import GROUP_SCHEMA, GROUP_VERSION, group_from_records, group_records
 from .config import RolloutConfig
+from .controller import RolloutController
 from .data_source import (
     MAX_REFILL,
     MIN_REFILL,
@@ -103,6 +111,7 @@ from .data_source import (
     task_id,
 )
 from .environments import Composition, EnvironmentMix, MixState
+from .generation import GenerationClient, Returned
 from .samples import (
     Sample,
     SampleGroup,
@@ -132,7 +141,7 @@ from .scheduling import (
 )
 
 __all__ = [
-    "RolloutConfig",
+    "RolloutConfig", "RolloutController", "GenerationClient", "Returned",
     "Sample", "SampleGroup", "Stage", "Status", "VersionSpan", "classify", "captures_cover",
     "captures_cover_group",
     "NO_VERSION_KEY", "SUBMITTED_PROMPT_KEY", "numeric_version", "scheduling_key", "priority",

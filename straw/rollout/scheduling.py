@@ -107,22 +107,42 @@ def staleness(sample: Sample, current: object) -> int | None:
     return now - min(v for v in versions if v is not None)
 
 
+class StalenessTally:
+    """Running staleness metrics: ``add`` per-sample staleness values (None: unknown) as
+    samples are accepted, ``metrics()`` at any time.  O(1) memory: the controller keeps
+    one over every accepted group of the job."""
+
+    def __init__(self) -> None:
+        self.known = 0
+        self.total = 0
+        self.worst = 0
+        self.unknown = 0
+
+    def add(self, values: Iterable[int | None]) -> None:
+        for value in values:
+            if value is None:
+                self.unknown += 1
+            else:
+                check_count("staleness", value)
+                self.known += 1
+                self.total += value
+                self.worst = max(self.worst, value)
+
+    def metrics(self) -> dict[str, float]:
+        """``staleness/mean``, ``staleness/max`` (over samples of known staleness; 0 when
+        there are none) and ``staleness/unknown_count``."""
+        return {
+            "staleness/mean": self.total / self.known if self.known else 0.0,
+            "staleness/max": float(self.worst),
+            "staleness/unknown_count": float(self.unknown),
+        }
+
+
 def staleness_metrics(samples: Iterable[Sample], current: object) -> dict[str, float]:
-    """``staleness/mean``, ``staleness/max`` (over samples of known staleness; 0 when there
-    are none) and ``staleness/unknown_count``."""
-    known: list[int] = []
-    unknown = 0
-    for s in samples:
-        value = staleness(s, current)
-        if value is None:
-            unknown += 1
-        else:
-            known.append(value)
-    return {
-        "staleness/mean": sum(known) / len(known) if known else 0.0,
-        "staleness/max": float(max(known)) if known else 0.0,
-        "staleness/unknown_count": float(unknown),
-    }
+    """``StalenessTally.metrics`` of ``samples`` against serving version ``current``."""
+    tally = StalenessTally()
+    tally.add(staleness(s, current) for s in samples)
+    return tally.metrics()
 
 
 class StalenessPolicy(str, enum.Enum):
@@ -200,5 +220,6 @@ def restart_from_prompt(group: SampleGroup) -> SampleGroup:
 
 __all__ = ["NO_VERSION_KEY", "SUBMITTED_PROMPT_KEY", "numeric_version", "oldest_version",
            "scheduling_key", "priority", "queue_order", "acquisition_order", "staleness",
-           "staleness_metrics", "StalenessPolicy", "Decision", "StalenessBound", "Verdict",
+           "staleness_metrics", "StalenessTally", "StalenessPolicy", "Decision",
+           "StalenessBound", "Verdict",
            "group_staleness", "decide", "restart_from_prompt"]

@@ -1,0 +1,129 @@
+"""The controller served to generation processes: ``straw.rpc``'s wire format (JSON over
+HTTP, a job-scoped token) with the controller's calls beside the coordinator's.
+
+The coordinator is one process (the controller's); generation clients in other processes
+reach it here.  Only control messages travel: leases, references, receipts; clients read
+inputs and publish groups in the pool themselves.
+
+* ``RolloutServer(controller, address, token=...)``: a ``straw.rpc.ControlServer`` whose
+  dispatch adds ``CONTROLLER_METHODS`` (served by the controller) to the coordinator's
+  allow-list; ``start(controller, address, token=...)`` serves it on a thread.
+* ``RemoteController(url, token=...)``: what a ``GenerationClient`` in another process
+  takes instead of the controller; the same calls, results decoded into our types, errors
+  raised as the same straw error classes (``straw.rpc.QueueClient``).  A lost reply is a
+  ``ConnectionError``: every call the client makes is safe to retry (its request ids are
+  derived from the attempt, D7).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from straw import errors
+from straw.protocol import AcquireResult, Assignment, CommitReceipt, Lease, TaskSpec
+from straw.rpc import ControlServer, QueueClient, from_wire, to_wire
+
+from .controller import RolloutController
+
+# the controller's calls a generation client makes (the coordinator's own stay served)
+CONTROLLER_METHODS = frozenset({
+    "take", "heartbeat", "complete_many", "yield_groups", "save_progress", "reject",
+    "release", "current_version", "task_status",
+})
+
+
+class RolloutServer(ControlServer):
+    """Serves ``controller`` (its calls) and its coordinator (``straw.rpc.METHODS``)."""
+
+    def __init__(self, controller: RolloutController, address: tuple[str, int], *,
+                 token: str) -> None:
+        if not isinstance(controller, RolloutController):
+            raise TypeError(f"controller must be a RolloutController, got "
+                            f"{type(controller).__name__}")
+        super().__init__(controller.coordinator, address, token=token)
+        self.controller = controller
+
+    def dispatch(self, request: Any) -> Any:
+        method = request.get("method") if isinstance(request, Mapping) else None
+        if method not in CONTROLLER_METHODS:
+            return super().dispatch(request)
+        raw = request.get("args", {})
+        if not isinstance(raw, Mapping):
+            raise ValueError('an RPC request is {"method": name, "args": {keyword: value}}')
+        args = {k: from_wire(k, v) for k, v in raw.items()}
+        out = getattr(self.controller, method)(**args)
+        if method == "complete_many":  # per-item errors travel as {"error", "message"}
+            out = [{"error": type(o).__name__, "message": str(o)}
+                   if isinstance(o, BaseException) else o for o in out]
+        return to_wire(out)
+
+
+def start(controller: RolloutController, address: tuple[str, int], *, token: str
+          ) -> RolloutServer:
+    """Serve ``controller`` on a background thread; returns the server (``.url``,
+    ``.close()``)."""
+    server = RolloutServer(controller, address, token=token)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
+                     name=f"straw.rollout {server.url}", daemon=True).start()
+    return server
+
+
+def _error(value: Mapping[str, Any]) -> errors.StrawError:
+    name, message = str(value.get("error")), str(value.get("message"))
+    cls = getattr(errors, name, None) if name in errors.__all__ else None
+    if isinstance(cls, type) and issubclass(cls, errors.StrawError):
+        return cls(message)
+    return errors.StrawError(f"{name}: {message}")
+
+
+class RemoteController:
+    """A served controller, as a generation client calls it (module docstring)."""
+
+    def __init__(self, address: str, *, token: str, timeout: float = 60) -> None:
+        self.client = QueueClient(address, token=token, timeout=timeout)
+
+    def take(self, worker_id: str, count: int, *, request_id: str | None = None
+             ) -> AcquireResult:
+        got = self.client.call("take", worker_id=worker_id, count=count,
+                               request_id=request_id)
+        return AcquireResult(got["status"], tuple(
+            Assignment(TaskSpec.from_dict(a["task"]), Lease.from_dict(a["lease"]))
+            for a in got["assignments"]))
+
+    def heartbeat(self, leases: Sequence[Lease]) -> list[str]:
+        return list(self.client.call("heartbeat", leases=list(leases)))
+
+    def complete_many(self, items: Sequence[Mapping[str, Any]]
+                      ) -> list[CommitReceipt | errors.StrawError]:
+        got = self.client.call("complete_many", items=list(items))
+        return [_error(o) if "error" in o else CommitReceipt.from_dict(o) for o in got]
+
+    def yield_groups(self, updates: Sequence[Mapping[str, Any]], *, request_id: str) -> str:
+        return str(self.client.call("yield_groups", updates=list(updates),
+                                    request_id=request_id))
+
+    def save_progress(self, updates: Sequence[Mapping[str, Any]], *, request_id: str) -> str:
+        return str(self.client.call("save_progress", updates=list(updates),
+                                    request_id=request_id))
+
+    def reject(self, lease: Lease, *, category: str, reason: str) -> str:
+        return str(self.client.call("reject", lease=lease, category=category, reason=reason))
+
+    def release(self, leases: Sequence[Lease], *, request_id: str) -> list[str]:
+        return list(self.client.call("release", leases=list(leases), request_id=request_id))
+
+    def task_status(self, task_id: str) -> dict[str, Any] | None:
+        out = self.client.call("task_status", task_id=task_id)
+        return None if out is None else dict(out)
+
+    @property
+    def serving_version(self) -> int | str:
+        return self.client.call("current_version")  # type: ignore[no-any-return]
+
+    def __repr__(self) -> str:
+        return f"RemoteController({self.client.address!r})"
+
+
+__all__ = ["CONTROLLER_METHODS", "RolloutServer", "RemoteController", "start"]
