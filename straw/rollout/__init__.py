@@ -87,6 +87,7 @@ the plan is durable, acknowledgement before training).
 
 from __future__ import annotations
 
+from .builder import COLLECTION_PREFIX, Accepted, BatchBuilder, default_convert
 from .codec import GROUP_SCHEMA, GROUP_VERSION, group_from_records, group_records
 from .config import RolloutConfig
 from .data_source import (
@@ -103,6 +104,7 @@ from .data_source import (
     task_id,
 )
 from .environments import Composition, EnvironmentMix, MixState
+from .online_gc import OnlineGC, OnlineGCFailed
 from .samples import (
     Sample,
     SampleGroup,
@@ -130,6 +132,7 @@ from .scheduling import (
     staleness,
     staleness_metrics,
 )
+from .shards import RankBatchRef, RankShard, check_batch_identities, partition_by_tokens
 
 __all__ = [
     "RolloutConfig",
@@ -142,4 +145,7 @@ __all__ = [
     "PROMPT_PREFIX", "producer_state", "cursor_from_producer_state", "refill_size", "task_id",
     "EnvironmentMix", "MixState", "Composition",
     "GROUP_SCHEMA", "GROUP_VERSION", "group_records", "group_from_records",
+    "BatchBuilder", "Accepted", "default_convert", "COLLECTION_PREFIX",
+    "RankBatchRef", "RankShard", "check_batch_identities", "partition_by_tokens",
+    "OnlineGC", "OnlineGCFailed",
 ]
