@@ -231,7 +231,8 @@ class BatchBuilder:
         self._token = coordinator.open_consumer(self.consumer_id,
                                                 exclusive_owner=exclusive_owner)
         self._closed = False
-        self._gc: OnlineGC | None = None
+        # the background collector (RolloutConfig.online_gc), None when off
+        self.online_gc: OnlineGC | None = None
         try:
             saved = self._load_saved()
             self._set_state(saved if state is None else dict(state))
@@ -241,7 +242,7 @@ class BatchBuilder:
             coordinator.close_consumer(self.consumer_id, self._token)
             raise
         if self.config.online_gc:  # after the restored state is durable
-            self._gc = OnlineGC(self.coord.collect_garbage)
+            self.online_gc = OnlineGC(self.coord.collect_garbage)
 
     # --- state ----------------------------------------------------------------------------
     def _empty_state(self) -> dict[str, Any]:
@@ -582,6 +583,9 @@ class BatchBuilder:
                                progress_ref=progress_ref)
         self._backlog, self._mix_state = new_backlog, mix_after
         self._fetch = state["fetch_cursor"]
+        # the queue retains the shards through the ready record now: drop their staging
+        # (else they, and the groups their captures name, would outlive the batch)
+        self.store.release_publications(shards)
         return [RankBatchRef(batch_id, digest, r, self.dp_size, s)
                 for r, s in enumerate(shards)]
 
@@ -620,23 +624,23 @@ class BatchBuilder:
         self._sparse = sorted(p for p in done if p >= cursor)
         self._finished.append(batch_id)
         self._save(f"finish:{batch_id}")
-        if self._gc is not None:
-            self._gc.request()
+        if self.online_gc is not None:
+            self.online_gc.request()
 
     # --- online GC, shutdown ------------------------------------------------------------
     def _check(self) -> None:
         if self._closed:
             raise RuntimeError("this BatchBuilder is closed")
-        if self._gc is not None:
-            self._gc.check()
+        if self.online_gc is not None:
+            self.online_gc.check()
 
     def wait_for_gc(self) -> Any:
         """Block until the background collections requested so far ran (online GC on);
         their last result.  Raises the latched failure."""
         self._check()
-        if self._gc is None:
+        if self.online_gc is None:
             raise RuntimeError("online GC is off (RolloutConfig(online_gc=True) turns it on)")
-        return self._gc.wait()
+        return self.online_gc.wait()
 
     def close(self) -> None:
         """Stop online GC (finishing a pending collection) and give up the consumer;
@@ -645,13 +649,13 @@ class BatchBuilder:
             return
         self._closed = True
         try:
-            if self._gc is not None:
-                self._gc.close()
+            if self.online_gc is not None:
+                self.online_gc.close()
         finally:
             try:
                 self.coord.close_consumer(self.consumer_id, self._token)
             except Exception:
-                if self._gc is None or self._gc.failure is None:
+                if self.online_gc is None or self.online_gc.failure is None:
                     raise
 
     def __enter__(self) -> BatchBuilder:

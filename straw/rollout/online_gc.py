@@ -4,7 +4,8 @@ item 6; ``RolloutConfig.online_gc``, off by default).
 ``OnlineGC(collect)`` owns one daemon thread that runs ``collect()`` (the Coordinator's
 ``collect_garbage``: it retires the queue's acknowledged roots, then collects the pool)
 each time ``request()`` is called after an acknowledgement; requests made while a
-collection runs coalesce into one more run.  Collection never blocks the caller.
+collection runs coalesce into one more run.  Collection never blocks the caller;
+``paused()`` holds it back for a while (a checkpoint), ``wait()`` waits for it.
 
 A failure is **latched**: the thread stops collecting, and ``check()`` (which every
 builder call makes first) and ``close()`` raise ``OnlineGCFailed`` whose ``__cause__``
@@ -18,8 +19,9 @@ restart (which collects again).
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 
@@ -36,6 +38,7 @@ class OnlineGC:
         self._wanted = 0  # requests made
         self._done = 0  # requests a finished run covered
         self._stop = False
+        self._paused = 0
         self._failure: BaseException | None = None
         self.runs = 0
         self.last_result: Any = None
@@ -72,10 +75,25 @@ class OnlineGC:
         self.check()
         return self.last_result
 
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Hold collections back inside the block (one running now finishes first):
+        e.g. while a checkpoint records what it retains; requests made meanwhile run
+        after it."""
+        with self._cond:
+            self._paused += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._paused -= 1
+                self._cond.notify_all()
+
     def _loop(self) -> None:
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._stop or self._wanted > self._done)
+                self._cond.wait_for(lambda: self._stop or (self._wanted > self._done
+                                                           and not self._paused))
                 if self._stop:
                     return
                 target = self._wanted
@@ -96,7 +114,9 @@ class OnlineGC:
         """Finish the pending collection, stop the thread, and raise a latched failure."""
         with self._cond:
             target = self._wanted
-            self._cond.wait_for(lambda: self._done >= target or self._failure is not None)
+            # (inside paused() a pending collection is dropped: a restart collects again)
+            self._cond.wait_for(lambda: self._done >= target or self._failure is not None
+                                or self._paused > 0)
             self._stop = True
             self._cond.notify_all()
         self._thread.join()

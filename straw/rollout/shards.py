@@ -2,9 +2,10 @@
 data-parallel ranks, the small reference each rank receives, and what a rank loads.
 
 * ``partition_by_tokens(tokens, world)``: sample ordinals per rank, balanced by tokens
-  (greedy, largest first, onto the rank with the fewest tokens; a rank takes at most
-  ``ceil(n / world)`` samples so sample counts differ by at most one).  Deterministic: the
-  partition is part of a batch's plan, so a replayed plan divides the samples identically.
+  (greedy, largest first, onto the rank with the fewest tokens among those that may
+  take one more: every rank takes ``n // world`` samples, ``n % world`` of them one
+  more).  Deterministic: the partition is part of a batch's plan, so a replayed plan
+  divides the samples identically.
 * ``RankBatchRef``: ``(batch_id, plan_digest, rank, world, shard)``, what travels to a
   rank (Ray, a pipe): a few hundred bytes pickled (tested under 1 KiB), whatever the
   batch holds.  ``load(store)`` reads only that rank's shard: one small manifest and the
@@ -19,7 +20,6 @@ data-parallel ranks, the small reference each rank receives, and what a rank loa
 from __future__ import annotations
 
 import heapq
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -45,22 +45,26 @@ def partition_by_tokens(tokens: Sequence[int], world: int) -> list[list[int]]:
     if n < world:
         raise ValueError(f"{n} samples cannot feed {world} data-parallel ranks: every rank "
                          "needs at least one sample (a larger batch, or fewer ranks)")
-    cap = math.ceil(n / world)
+    # every rank takes n // world samples, n % world of them one more
+    floor, extra = divmod(n, world)
     # (tokens so far, samples so far, rank): the least loaded rank first, ties to the
     # rank with fewer samples, then the lower rank
     heap = [(0, 0, r) for r in range(world)]
     parts: list[list[int]] = [[] for _ in range(world)]
     order = sorted(range(n), key=lambda i: (-tokens[i], i))
     for i in order:
-        full = []
+        skipped = []
         while True:
             load, count, rank = heapq.heappop(heap)
-            if count < cap:
+            if count < floor or (count == floor and extra > 0):
                 break
-            full.append((load, count, rank))
+            skipped.append((load, count, rank))
+        if count == floor:
+            extra -= 1
         parts[rank].append(i)
-        heapq.heappush(heap, (load + tokens[i], count + 1, rank))
-        for entry in full:
+        if count + 1 < floor + (extra > 0):
+            heapq.heappush(heap, (load + tokens[i], count + 1, rank))
+        for entry in skipped:
             heapq.heappush(heap, entry)
     return [sorted(p) for p in parts]
 
