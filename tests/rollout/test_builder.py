@@ -494,5 +494,12 @@ def test_partition_by_tokens_covers_every_sample_once_and_balances(tokens, world
     counts = [len(p) for p in parts]
     assert max(counts) - min(counts) <= 1 and min(counts) >= 1
     loads = [sum(tokens[i] for i in p) for p in parts]
-    assert max(loads) - min(loads) <= 2 * max(tokens)
+    assert max(loads) - min(loads) <= max(tokens)
     assert parts == partition_by_tokens(list(tokens), world)  # deterministic
+
+
+def test_partition_by_tokens_balances_what_taking_turns_would_not():
+    tokens = [100, 1] * 4  # taking turns: 400 tokens on rank 0, 4 on rank 1
+    parts = partition_by_tokens(tokens, 2)
+    assert [sum(tokens[i] for i in p) for p in parts] == [202, 202]
+    assert parts == [[0, 1, 4, 5], [2, 3, 6, 7]]
