@@ -42,8 +42,7 @@ import numpy as np
 
 from straw import Coordinator, RecordSetRef, SharedFilesystemStore, TaskSpec
 from straw.fs import Buffer, PosixFS
-from straw.rollout import (BatchBuilder, EnvironmentMix, Sample, SampleGroup, Status,
-                           group_records)
+from straw.rollout import BatchBuilder, EnvironmentMix, Sample, SampleGroup, Status, group_records
 from straw.tensor import TensorRef
 
 from .counting import CountingFS
