@@ -13,6 +13,9 @@ API only.  This first part is the queue-independent core, each module one concer
 * ``environments`` weighted environments: per-batch quotas, producer-side backlog draining;
 * ``codec``        SampleGroup <-> records (the core's ``sample.v1``/``tensor.v1``), pure.
 
+On the queue (the batch builder, below): ``builder`` (``BatchBuilder``), ``shards`` (rank
+partition, ``RankBatchRef``, identity checks), ``online_gc`` (background collection).
+
 The next step: the queue wiring
 ===============================
 
@@ -59,7 +62,7 @@ every ``max(0.1, lease_seconds / 3)`` s, ``StaleAttempt`` drops a lease locally)
   failure={"category": "Filtered", "reason": r}, retryable=False)``;
 * ``close()`` releases its leases (``release_tasks(leases, request_id=...)``).
 
-**Batch builder** (manager side):
+**Batch builder** (manager side; built in ``builder``, whose docstring is the reference):
 
 * collection: a control task ``collection:<rollout_id>`` (``control=True``) acquired by id,
   its list of group refs published and completed -> the collection receipt;

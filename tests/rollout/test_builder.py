@@ -503,3 +503,20 @@ def test_partition_by_tokens_balances_what_taking_turns_would_not():
     parts = partition_by_tokens(tokens, 2)
     assert [sum(tokens[i] for i in p) for p in parts] == [202, 202]
     assert parts == [[0, 1, 4, 5], [2, 3, 6, 7]]
+
+
+def test_a_collection_leased_before_a_lost_reply_is_completed_with_that_lease(pool):
+    """The builder acquired ``collection:0`` and the reply was lost (or it was killed
+    before completing it): the next call completes the same task under that lease."""
+    from straw import TaskSpec
+    pool.accept([make_group(i) for i in range(2)])
+    pool.coord.submit_tasks("collection:0", [TaskSpec("collection:0", control=True,
+                                                      estimated_records=0)])
+    got = pool.coord.acquire(builder_module.BUILDER_WORKER, 1, task_ids=["collection:0"],
+                             control=True)
+    assert got.status == "acquired"
+    with BatchBuilder(pool.coord, pool.store, EnvironmentMix.single(2), dp_size=1) as b:
+        refs = b.next_batch(0)
+    receipt = pool.coord.lookup_submission("collection:0")
+    assert refs[0].batch_id == "batch:" + receipt.commit_id
+    assert pool.coord.task_status("collection:0")["generation"] == 1  # no second attempt
