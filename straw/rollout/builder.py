@@ -3,7 +3,9 @@ out, a shard per data-parallel rank, acknowledgement after training.
 
 An accepted group is a completed prompt task (``prompt:...``) whose result holds
 ``group_records(group)``.  ``BatchBuilder`` scans the queue's commit log for them (its
-*backlog*), and ``next_batch(rollout_id)``:
+*backlog*; a collection commit it meets takes its groups out of the backlog, so a group
+is planned in at most one batch, RL2, whatever failed or restarted since), and
+``next_batch(rollout_id)``:
 
 1. **composes** the batch with the ``EnvironmentMix``: each environment's quota taken from
    its backlog, oldest weight version first (``scheduling_key``), then FIFO (commit
@@ -349,6 +351,11 @@ class BatchBuilder:
             for receipt in page.commits:
                 if receipt.task_id.startswith(PROMPT_PREFIX):
                     self._backlog.append(self._accepted(receipt))
+                elif receipt.task_id.startswith(COLLECTION_PREFIX):
+                    # RL2: a collected group belongs to that collection's batch from now
+                    # on, ready or not (a later rollout never selects it again)
+                    taken = {e.position for e in self._collected(receipt)}
+                    self._backlog = [e for e in self._backlog if e.position not in taken]
             if page.cursor == self._scan_cursor:
                 if until is not None:
                     raise RuntimeError(f"commit {until - 1} is not durable yet")
@@ -445,15 +452,23 @@ class BatchBuilder:
         if view is not None and view["ready"]:
             # returned again without writing anything
             return self._ready_refs(RecordSetRef.from_dict(view["ready_ref"]), batch_id)
-        collection = self._read_json(receipt.result_ref, f"collection of rollout {rid!r}")
-        if not isinstance(collection, dict) or collection.get("schema") != COLLECTION_SCHEMA:
-            raise CorruptData(f"the result of {task_id!r} is not a {COLLECTION_SCHEMA}")
+        collection = self._collection(receipt)
         groups = [Accepted.from_dict(e) for e in collection["groups"]]
         plan = self._plan(batch_id, rid, receipt, groups)
         plan_ref = self._ensure_planned(batch_id, plan, view)
         # RL3: the plan is durable from here on; hooks only run after this line
         return self._build(batch_id, plan, plan_ref, receipt, groups,
                            MixState.from_dict(collection["mix_after"]))
+
+    def _collection(self, receipt: CommitReceipt) -> dict[str, Any]:
+        value = self._read_json(receipt.result_ref, f"collection {receipt.task_id!r}")
+        if not isinstance(value, dict) or value.get("schema") != COLLECTION_SCHEMA:
+            raise CorruptData(f"the result of {receipt.task_id!r} is not a "
+                              f"{COLLECTION_SCHEMA}")
+        return value
+
+    def _collected(self, receipt: CommitReceipt) -> list[Accepted]:
+        return [Accepted.from_dict(e) for e in self._collection(receipt)["groups"]]
 
     def _plan(self, batch_id: str, rid: str, receipt: CommitReceipt,
               groups: list[Accepted]) -> dict[str, Any]:

@@ -112,7 +112,8 @@ def test_a_hook_that_raises_leaves_the_batch_unready_and_a_retry_replays_the_pla
         (batch_id,) = pool.coord.batches
         planned = pool.coord.get_batch(batch_id)
         assert not planned["ready"] and not planned["finished"]
-        assert b.backlog() == {"": 4}  # nothing left the backlog: not ready
+        # its two groups belong to batch 0 (RL2): another rollout takes the other two
+        assert b.backlog() == {"": 2}
         refs = b.next_batch(0)
         after = pool.coord.get_batch(batch_id)
         assert after["ready"] and after["plan_ref"] == planned["plan_ref"]
@@ -120,6 +121,41 @@ def test_a_hook_that_raises_leaves_the_batch_unready_and_a_retry_replays_the_pla
         assert refs[0].batch_id == batch_id
         assert {s["reward"] for s in shard_samples(refs, pool.store)} == {0.0, 2.0}
         assert b.backlog() == {"": 2}
+
+
+def test_a_group_collected_for_an_unready_batch_is_never_selected_again(tmp_path):
+    """RL2: a group is planned in at most one batch, across a failed hook and a
+    restart between the collection and the plan."""
+    root = str(tmp_path / "pool")
+    p = Pool(root)
+    p.accept([make_group(i) for i in range(4)])
+    broken = [True]
+
+    def rewards(raw):
+        if broken[0]:
+            raise RuntimeError("reward model down")
+        return raw
+
+    b = BatchBuilder(p.coord, p.store, EnvironmentMix.single(2), dp_size=1,
+                     reward_hook=rewards)
+    with pytest.raises(RuntimeError):
+        b.next_batch(0)
+    broken[0] = False
+    one = b.next_batch(1)  # the driver moved on: rollout 1 takes the other groups
+    b.close()
+    p.close()
+    p = Pool(root, recover=True)
+    try:
+        b = BatchBuilder(p.coord, p.store, EnvironmentMix.single(2), dp_size=1,
+                         reward_hook=rewards)
+        zero = b.next_batch(0)
+        assert b.next_batch(2) is None and b.backlog() == {"": 0}
+        groups = [sorted({s["group_index"] for s in shard_samples(r, p.store)})
+                  for r in (zero, one)]
+        assert groups == [[0, 1], [2, 3]]
+        b.close()
+    finally:
+        p.close()
 
 
 def test_a_retry_after_a_restart_replays_the_same_plan(tmp_path):
