@@ -25,14 +25,17 @@ lint:
 # store vs raw write+fsync, append+fsync latency and memcpy, interleaved (~15-30 s); then
 # retention figures and queue figures (one client, client processes, reopen at 100,000 tasks);
 # then the catalog figures: a fresh open at 1,000,000 completed tasks, catalog bytes per task
-# and a publisher's pause during compaction (building that history takes ~30 min here)
-# and the rollout control overhead per group (1 and 8 generation processes, ~1 min)
+# and a publisher's pause during compaction (building that history takes ~30 min here);
+# then the rollout control overhead per group (1 and 8 generation processes, ~1 min) and
+# the batch builder's memory and rank reads on 1,024 samples with 12.6 MB R3 routes each
+# (writes 12.9 GB: ~5 min; it checks the free disk first)
 bench *ARGS:
     {{python}} -m bench.bench {{ARGS}}
     {{python}} -m bench.retention
     {{python}} -m bench.queue_bench
     {{python}} -m bench.catalog_bench
     {{python}} -m bench.rollout_bench
+    {{python}} -m bench.builder_bench
 
 # store, tensor and queue workloads against straw-queue 0.1.6, alternating the two (~2-3 min; --queue-history 0 skips the slow reopen pass)
 bench-peer *ARGS:

@@ -20,6 +20,9 @@ The queue wiring (below) of the controller and the generation client:
 * ``generation``   ``GenerationClient``: leases, heartbeat, groups returned by stage;
 * ``remote``       the controller served to generation processes (``straw.rpc``).
 
+On the queue (the batch builder, below): ``builder`` (``BatchBuilder``), ``shards`` (rank
+partition, ``RankBatchRef``, identity checks), ``online_gc`` (background collection).
+
 The next step: the queue wiring
 ===============================
 
@@ -66,7 +69,7 @@ every ``max(0.1, lease_seconds / 3)`` s, ``StaleAttempt`` drops a lease locally)
   failure={"category": "Filtered", "reason": r}, retryable=False)``;
 * ``close()`` releases its leases (``release_tasks(leases, request_id=...)``).
 
-**Batch builder** (manager side):
+**Batch builder** (manager side; built in ``builder``, whose docstring is the reference):
 
 * collection: a control task ``collection:<rollout_id>`` (``control=True``) acquired by id,
   its list of group refs published and completed -> the collection receipt;
@@ -94,6 +97,7 @@ the plan is durable, acknowledgement before training).
 
 from __future__ import annotations
 
+from .builder import COLLECTION_PREFIX, Accepted, BatchBuilder, default_convert
 from .codec import GROUP_SCHEMA, GROUP_VERSION, group_from_records, group_records
 from .config import RolloutConfig
 from .controller import RolloutController
@@ -112,6 +116,7 @@ from .data_source import (
 )
 from .environments import Composition, EnvironmentMix, MixState
 from .generation import GenerationClient, Returned
+from .online_gc import OnlineGC, OnlineGCFailed
 from .samples import (
     Sample,
     SampleGroup,
@@ -139,6 +144,7 @@ from .scheduling import (
     staleness,
     staleness_metrics,
 )
+from .shards import RankBatchRef, RankShard, check_batch_identities, partition_by_tokens
 
 __all__ = [
     "RolloutConfig", "RolloutController", "GenerationClient", "Returned",
@@ -151,4 +157,7 @@ __all__ = [
     "PROMPT_PREFIX", "producer_state", "cursor_from_producer_state", "refill_size", "task_id",
     "EnvironmentMix", "MixState", "Composition",
     "GROUP_SCHEMA", "GROUP_VERSION", "group_records", "group_from_records",
+    "BatchBuilder", "Accepted", "default_convert", "COLLECTION_PREFIX",
+    "RankBatchRef", "RankShard", "check_batch_identities", "partition_by_tokens",
+    "OnlineGC", "OnlineGCFailed",
 ]

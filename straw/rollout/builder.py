@@ -1,0 +1,696 @@
+"""The batch builder (manager side): accepted groups in, one training batch per rollout
+out, a shard per data-parallel rank, acknowledgement after training.
+
+An accepted group is a completed prompt task (``prompt:...``) whose result holds
+``group_records(group)``.  ``BatchBuilder`` scans the queue's commit log for them (its
+*backlog*; a collection commit it meets takes its groups out of the backlog, so a group
+is planned in at most one batch, RL2, whatever failed or restarted since), and
+``next_batch(rollout_id)``:
+
+1. **composes** the batch with the ``EnvironmentMix``: each environment's quota taken from
+   its backlog, oldest weight version first (``scheduling_key``), then FIFO (commit
+   position).  Until every quota is filled it returns None (the controller keeps
+   generating: ``admits_fresh(env)`` says which environments may admit fresh prompts, the
+   producer-side balancing of ``environments``); every batch keeps the proportions.
+2. **collects** the selection durably: a control task ``collection:<rollout_id>`` acquired
+   by id, its list of group receipts published (depending on the groups) and completed:
+   the collection receipt.  ``batch_id = "batch:" + receipt.commit_id``.
+3. **plans** (invariant RL3, a planned batch never changes): the plan (the selected groups'
+   positions, commit ids and digests, each sample's token count, the rank partition, the
+   conversion configuration and the parallel layout) and its digest are published and
+   ``plan_batch`` is durable BEFORE any hook runs.  Planning an existing batch id again
+   with another plan is ``IdempotencyConflict``; a batch already ready is returned again
+   from its ready record without writing anything.
+4. **runs the hooks**: ``reward_hook(rewards)`` (per group, the samples' raw rewards ->
+   post-processed rewards, e.g. GRPO normalisation) then ``convert_hook(sample, reward)``
+   per sample (a dict of train data; the default keeps tokens, lengths, rewards, indices,
+   and the captures as lazy ``TensorRef``s: no capture byte is read or copied).  A hook
+   that raises, or a reward that is not finite, leaves the batch planned and not ready;
+   calling ``next_batch`` again replays the same plan.
+5. **publishes every rank's shard** (samples divided by ``partition_by_tokens``), then one
+   ready record naming them, then ``batch_ready`` (which saves the builder state with it,
+   in one queue transaction) and returns one ``RankBatchRef`` per rank.
+
+``finish_batch(batch_id)`` after training (invariant RL4, nothing acknowledged before its
+training finished): the batch's input positions (its groups and its collection) become
+processed in the designated consumer's progress and the batch finished, so the queue's
+next collection releases them; with ``RolloutConfig.online_gc`` that collection runs in
+the background (``online_gc``) and their packs are reclaimed once nothing else holds
+them.  No other call acknowledges anything: ``batch_ready`` only advances the fetch
+cursor.
+
+Memory: the builder reads each selected group's record 0 (token ids, rewards, metadata)
+twice, one group at a time, and never a capture tensor; the converted batch it holds
+while publishing is the samples' token arrays and references.
+
+The builder state (``state()``, JSON: scan cursor, backlog, consumer cursors, processed
+positions, finished batches, the ``MixState``) is saved with every ready and finished
+batch as the consumer's state, so a new builder on a recovered queue resumes from it;
+``BatchBuilder(..., state=saved)`` restores one taken from a checkpoint.
+
+Example (runnable; a generation client completes prompt tasks in a real job)::
+
+    import dataclasses, tempfile
+    from straw import Coordinator, SharedFilesystemStore, TaskSpec
+    from straw.rollout import (BatchBuilder, EnvironmentMix, Sample, SampleGroup,
+                               Status, group_records)
+
+    root = tempfile.mkdtemp()
+    store = SharedFilesystemStore(root, "job")
+    coord = Coordinator(store, queue_id="rollout")
+    prompt = store.publish([], submission_id="prompt-0")
+    coord.submit_tasks("admit-0", [TaskSpec(f"prompt:{i}", input_ref=prompt)
+                                   for i in range(2)])
+    for a in coord.acquire("gen-0", 2, task_prefix="prompt:").assignments:
+        g = SampleGroup(tuple(Sample("2+2?", tokens=(1, 2, 3, 4), response_length=2,
+                                     status=Status.COMPLETED, reward=float(j),
+                                     group_index=int(a.lease.task_id[7:]), index=j)
+                              for j in range(2)))
+        records, deps = group_records(g)
+        records[0] = dataclasses.replace(records[0], metadata={
+            **records[0].metadata, "task_id": a.lease.task_id,
+            "attempt_id": a.lease.attempt_id})
+        ref = store.publish(records, submission_id=f"group:{a.lease.attempt_id}",
+                            dependencies=deps)
+        coord.complete_task(a.lease, submission_id=f"result:{a.lease.attempt_id}",
+                            result_ref=ref)
+    builder = BatchBuilder(coord, store, EnvironmentMix.single(2), dp_size=2)
+    refs = builder.next_batch(0)          # one small RankBatchRef per rank
+    shard = refs[1].load(store, rank=1)   # on rank 1: only its shard
+    builder.finish_batch(refs[0].batch_id)  # after training: acknowledges its inputs
+    builder.close(); coord.close(); store.close()
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from straw.codec import sample_records
+from straw.errors import CorruptData, IdempotencyConflict
+from straw.protocol import CommitReceipt, Lease, TaskSpec
+from straw.refs import Record, RecordSetRef
+from straw.tensor import TensorRef
+
+from .codec import group_from_records
+from .config import RolloutConfig
+from .data_source import PROMPT_PREFIX
+from .environments import EnvironmentMix, MixState
+from .online_gc import OnlineGC
+from .samples import Sample, SampleGroup, Stage, classify
+from .scheduling import scheduling_key
+from .shards import SHARD_SCHEMA, SHARD_VERSION, RankBatchRef, partition_by_tokens
+
+COLLECTION_PREFIX = "collection:"
+BUILDER_WORKER = "batch-builder"
+STATE_VERSION = 1
+PLAN_SCHEMA = "straw.rollout.plan"
+READY_SCHEMA = "straw.rollout.ready"
+COLLECTION_SCHEMA = "straw.rollout.collection"
+_PAGE = 256
+
+RewardHook = Callable[[list[list[Any]]], Sequence[Sequence[float]]]
+ConvertHook = Callable[[Sample, float], Mapping[str, Any]]
+
+
+def _canonical(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"),
+                      allow_nan=False).encode()
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(_canonical(value)).hexdigest()[:32]
+
+
+def _json_record(record_id: str, value: Any, metadata: Mapping[str, Any] | None = None
+                 ) -> Record:
+    return Record(record_id, _canonical(value), "json.v1", dict(metadata or {}))
+
+
+def _hook_name(hook: Any) -> str | None:
+    """A hook's identity in the plan digest: changing the hook changes the plan."""
+    if hook is None:
+        return None
+    return f"{getattr(hook, '__module__', '?')}.{getattr(hook, '__qualname__', repr(hook))}"
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """One accepted group in the backlog: its commit, where its environment and
+    scheduling key put it, and its samples' token counts (for rank balancing)."""
+
+    position: int
+    commit_id: str
+    ref: RecordSetRef
+    environment: str
+    key: int
+    tokens: tuple[int, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"position": self.position, "commit_id": self.commit_id,
+                "ref": self.ref.to_dict(), "environment": self.environment, "key": self.key,
+                "tokens": list(self.tokens)}
+
+    @classmethod
+    def from_dict(cls, value: Mapping[str, Any]) -> Accepted:
+        return cls(int(value["position"]), str(value["commit_id"]),
+                   RecordSetRef.from_dict(value["ref"]), str(value["environment"]),
+                   int(value["key"]), tuple(int(t) for t in value["tokens"]))
+
+
+def default_convert(sample: Sample, reward: float) -> dict[str, Any]:
+    """The default train data of a sample: token ids (int32/int64 array), lengths,
+    reward (post-processed) and raw reward, status, indices, metadata, and the capture
+    tensors as they are (lazy ``TensorRef``s: stored as references, never copied)."""
+    ids = np.asarray(sample.tokens, dtype=np.int64)
+    if ids.size == 0 or (int(ids.min()) >= -(2**31) and int(ids.max()) < 2**31):
+        ids = ids.astype(np.int32)
+    return {"tokens": ids, "response_length": sample.response_length,
+            "reward": reward, "raw_reward": sample.reward, "status": sample.status.value,
+            "group_index": sample.group_index, "index": sample.index,
+            "metadata": dict(sample.metadata), "routes": sample.routes,
+            "topk_ids": sample.topk_ids, "topk_logprobs": sample.topk_logprobs}
+
+
+class BatchBuilder:
+    """Accepted groups -> training batches -> rank shards (module docstring).
+
+    ``coordinator``/``store``: the controller's queue and a store of its run (the builder
+    publishes collections, plans, shards and its state through it).  ``mix``: the
+    environments and the batch size in groups (``EnvironmentMix.single(n)`` for one
+    environment).  ``dp_size``: data-parallel ranks; ``parallel``: the rest of the
+    parallel layout (JSON, e.g. ``{"tp": 8, "cp": 2}``); ``conversion``: the conversion
+    configuration (JSON); both enter the plan digest, with the hooks' names and
+    ``reward_key`` (which key of a dict reward is the reward)."""
+
+    def __init__(self, coordinator: Any, store: Any, mix: EnvironmentMix, *, dp_size: int,
+                 config: RolloutConfig | None = None,
+                 conversion: Mapping[str, Any] | None = None,
+                 parallel: Mapping[str, Any] | None = None,
+                 reward_hook: RewardHook | None = None,
+                 convert_hook: ConvertHook | None = None,
+                 reward_key: str | None = None,
+                 state: Mapping[str, Any] | None = None,
+                 exclusive_owner: str = "the job's one BatchBuilder") -> None:
+        if not isinstance(mix, EnvironmentMix):
+            raise TypeError(f"mix must be an EnvironmentMix, got {type(mix).__name__} (use "
+                            "EnvironmentMix.single(batch_size) for one environment)")
+        if isinstance(dp_size, bool) or not isinstance(dp_size, int) or dp_size < 1:
+            raise ValueError(f"dp_size must be an int >= 1, got {dp_size!r}")
+        self.config = config if config is not None else RolloutConfig()
+        if not isinstance(self.config, RolloutConfig):
+            raise TypeError(f"config must be a RolloutConfig, got {type(config).__name__}")
+        for name, hook in (("reward_hook", reward_hook), ("convert_hook", convert_hook)):
+            if hook is not None and not callable(hook):
+                raise TypeError(f"{name} must be callable, got {type(hook).__name__}")
+        if reward_key is not None and (not isinstance(reward_key, str) or not reward_key):
+            raise ValueError(f"reward_key must be a non-empty str or None, got "
+                             f"{reward_key!r}")
+        self.coord = coordinator
+        self.store = store
+        self.mix = mix
+        self.dp_size = dp_size
+        self.reward_hook = reward_hook
+        self.convert_hook = convert_hook
+        self.reward_key = reward_key
+        # what the plan digest covers besides the selection
+        try:
+            self._configuration = json.loads(_canonical({
+                "conversion": dict(conversion or {}), "reward_key": reward_key,
+                "reward_hook": _hook_name(reward_hook),
+                "convert_hook": _hook_name(convert_hook)}))
+            self._parallel = json.loads(_canonical({**dict(parallel or {}),
+                                                    "dp_size": dp_size}))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"conversion and parallel must be JSON mappings: {e}") from None
+        self.consumer_id = coordinator.consumer_id
+        self._token = coordinator.open_consumer(self.consumer_id,
+                                                exclusive_owner=exclusive_owner)
+        self._closed = False
+        # the background collector (RolloutConfig.online_gc), None when off
+        self.online_gc: OnlineGC | None = None
+        try:
+            saved = self._load_saved()
+            self._set_state(saved if state is None else dict(state))
+            if state is not None and state != saved:
+                self._save(f"restore:{_digest(self.state())}")
+        except BaseException:
+            coordinator.close_consumer(self.consumer_id, self._token)
+            raise
+        if self.config.online_gc:  # after the restored state is durable
+            self.online_gc = OnlineGC(self.coord.collect_garbage)
+
+    # --- state ----------------------------------------------------------------------------
+    def _empty_state(self) -> dict[str, Any]:
+        return {"version": STATE_VERSION, "scan_cursor": 0, "fetch_cursor": 0,
+                "processed_cursor": 0, "processed_positions": [], "finished_batches": [],
+                "backlog": [], "mix": MixState().to_dict()}
+
+    def _load_saved(self) -> dict[str, Any]:
+        view = self.coord.load_consumer_state(self.consumer_id)
+        if view is None:
+            return self._empty_state()
+        ref = RecordSetRef.from_dict(view["state_ref"])
+        return self._read_json(ref, "builder state")
+
+    def _set_state(self, value: Mapping[str, Any]) -> None:
+        keys = set(self._empty_state())
+        if not isinstance(value, Mapping) or set(value) != keys \
+                or value.get("version") != STATE_VERSION:
+            raise ValueError(f"a builder state is a mapping with version {STATE_VERSION} and "
+                             f"keys {sorted(keys)} (BatchBuilder.state()), got "
+                             f"{sorted(value) if isinstance(value, Mapping) else value!r}")
+        self._scan_cursor = int(value["scan_cursor"])
+        self._fetch = int(value["fetch_cursor"])
+        self._processed = int(value["processed_cursor"])
+        self._sparse = sorted(int(p) for p in value["processed_positions"])
+        self._finished = [str(b) for b in value["finished_batches"]]
+        self._backlog = [Accepted.from_dict(e) for e in value["backlog"]]
+        self._mix_state = MixState.from_dict(value["mix"])
+        self.mix.quota(self._mix_state)  # checks its environments against the mix
+
+    def state(self) -> dict[str, Any]:
+        """The builder state as JSON (what a checkpoint saves; ``state=`` restores it)."""
+        self._check()
+        return {"version": STATE_VERSION, "scan_cursor": self._scan_cursor,
+                "fetch_cursor": self._fetch, "processed_cursor": self._processed,
+                "processed_positions": list(self._sparse),
+                "finished_batches": list(self._finished),
+                "backlog": [e.to_dict() for e in self._backlog],
+                "mix": self._mix_state.to_dict()}
+
+    def _publish_state(self, state: Mapping[str, Any]) -> tuple[RecordSetRef, RecordSetRef]:
+        """The consumer state and progress records (the progress depends on the state)."""
+        body = dict(state)
+        state_ref = self.store.publish([_json_record("builder-state", body)],
+                                       submission_id=f"builder-state:{_digest(body)}")
+        progress = {"version": 1, "processed_positions": body["processed_positions"],
+                    "finished_batches": body["finished_batches"]}
+        progress_ref = self.store.publish(
+            [_json_record("progress", progress)],
+            submission_id=f"builder-progress:{_digest([progress, state_ref.digest])}",
+            dependencies=[state_ref])
+        return state_ref, progress_ref
+
+    def _save(self, request_id: str) -> dict[str, Any]:
+        state = self.state()
+        state_ref, progress_ref = self._publish_state(state)
+        return self.coord.save_consumer_state(
+            self.consumer_id, token=self._token, request_id=request_id, state_ref=state_ref,
+            fetch_cursor=state["fetch_cursor"], processed_cursor=state["processed_cursor"],
+            progress_ref=progress_ref)
+
+    # --- reading ------------------------------------------------------------------------
+    def _read_json(self, ref: RecordSetRef, what: str) -> Any:
+        records = list(self.store.read(ref))
+        if len(records) != 1 or records[0].codec != "json.v1":
+            raise CorruptData(f"{what} {ref!r} is not one json.v1 record")
+        try:
+            return json.loads(bytes(records[0].payload))
+        except ValueError as e:
+            raise CorruptData(f"{what} {ref!r} is not valid JSON: {e}") from None
+
+    def _group(self, ref: RecordSetRef) -> SampleGroup:
+        """A group with its captures lazy: the manifest and record 0 only."""
+        manifest = self.store.checked_manifest(ref)
+        if not manifest.record_refs:
+            raise CorruptData(f"accepted group {ref!r} has no records")
+        head = self.store.read_record(manifest.record_refs[0])
+        tensors = TensorRef.from_record_set_many(self.store, ref)
+        return group_from_records([head], tensors=tensors, lazy_tensors_over=0,
+                                  store=self.store)
+
+    def _accepted(self, receipt: CommitReceipt) -> Accepted:
+        where = f"accepted group of task {receipt.task_id!r} (commit {receipt.position})"
+        try:
+            group = self._group(receipt.result_ref)
+        except CorruptData as e:
+            raise CorruptData(f"{where}: {e}") from None
+        if classify(group) is not Stage.READY:
+            bad = next(i for i, s in enumerate(group.samples) if not s.finished)
+            raise ValueError(f"{where} is not ready: sample {bad} is "
+                             f"{group.samples[bad].status.value} with reward "
+                             f"{group.samples[bad].reward!r}; complete only groups whose "
+                             "samples are all completed or truncated and scored")
+        env = self.mix.environment_of(group)
+        return Accepted(receipt.position, receipt.commit_id, receipt.result_ref, env,
+                        scheduling_key(group), tuple(len(s.tokens) for s in group.samples))
+
+    def _scan(self, until: int | None = None) -> None:
+        """Add the accepted groups committed since the scan cursor to the backlog (up to
+        position ``until`` exclusive, else to the end of the durable log)."""
+        while until is None or self._scan_cursor < until:
+            limit = _PAGE if until is None else min(_PAGE, until - self._scan_cursor)
+            page = self.coord.read_commits(self._scan_cursor, limit)
+            for receipt in page.commits:
+                if receipt.task_id.startswith(PROMPT_PREFIX):
+                    self._backlog.append(self._accepted(receipt))
+                elif receipt.task_id.startswith(COLLECTION_PREFIX):
+                    # RL2: a collected group belongs to that collection's batch from now
+                    # on, ready or not (a later rollout never selects it again)
+                    taken = {e.position for e in self._collected(receipt)}
+                    self._backlog = [e for e in self._backlog if e.position not in taken]
+            if page.cursor == self._scan_cursor:
+                if until is not None:
+                    raise RuntimeError(f"commit {until - 1} is not durable yet")
+                break
+            self._scan_cursor = page.cursor
+
+    # --- composition --------------------------------------------------------------------
+    def backlog(self) -> dict[str, int]:
+        """Accepted groups not yet in a batch, per environment (scans the log first)."""
+        self._check()
+        self._scan()
+        return self._counts()
+
+    def _counts(self) -> dict[str, int]:
+        counts = {env: 0 for env in self.mix.environments}
+        for e in self._backlog:
+            counts[e.environment] += 1
+        return counts
+
+    def admits_fresh(self, env: str) -> bool:
+        """Whether ``env`` may admit fresh prompts: only once its backlog is empty (a
+        backlog drains at its share of every batch while its admission stays off)."""
+        self._check()
+        return self.mix.admits_fresh(env, self.backlog())
+
+    def _select(self) -> tuple[list[Accepted], MixState] | None:
+        composition, after = self.mix.compose(self._mix_state, self._counts())
+        if any(composition.fresh.values()):
+            return None  # an environment's quota is not filled yet
+        chosen: list[Accepted] = []
+        for env in self.mix.environments:
+            mine = sorted((e for e in self._backlog if e.environment == env),
+                          key=lambda e: (e.key, e.position))
+            chosen += mine[:composition.from_backlog[env]]
+        chosen.sort(key=lambda e: (e.key, e.position))
+        return chosen, after
+
+    # --- collection ---------------------------------------------------------------------
+    def _collection_lease(self, task_id: str) -> Lease | None:
+        self.coord.submit_tasks(task_id, [TaskSpec(task_id, control=True,
+                                                   estimated_records=0)])
+        got = self.coord.acquire(BUILDER_WORKER, 1, task_ids=[task_id], control=True)
+        if got.assignments:
+            return got.assignments[0].lease
+        status = self.coord.task_status(task_id)
+        if status is not None and status["state"] == "leased" and status["lease"]:
+            return Lease(**status["lease"])  # ours, from before a lost reply or a restart
+        return None
+
+    def _collect(self, task_id: str, rollout_id: str, chosen: list[Accepted],
+                 before: MixState, after: MixState) -> CommitReceipt:
+        lease = self._collection_lease(task_id)
+        if lease is None:
+            receipt = self.coord.lookup_submission(task_id)
+            if receipt is None:
+                status = self.coord.task_status(task_id)
+                raise RuntimeError(f"collection task {task_id!r} cannot be acquired (state "
+                                   f"{status and status['state']!r}); it was cancelled or "
+                                   "failed: use a new rollout id")
+            return receipt
+        body = {"schema": COLLECTION_SCHEMA, "version": 1, "rollout_id": rollout_id,
+                "groups": [e.to_dict() for e in chosen], "mix_before": before.to_dict(),
+                "mix_after": after.to_dict()}
+        ref = self.store.publish(
+            [_json_record("collection", body, {"task_id": lease.task_id,
+                                               "attempt_id": lease.attempt_id})],
+            submission_id=f"collection:{lease.attempt_id}",
+            dependencies=[e.ref for e in chosen])
+        return self.coord.complete_task(lease, submission_id=task_id, result_ref=ref,
+                                        result_digest=ref.digest)
+
+    # --- batches ------------------------------------------------------------------------
+    def next_batch(self, rollout_id: int | str) -> list[RankBatchRef] | None:
+        """The training batch of ``rollout_id``: one ``RankBatchRef`` per rank, or None
+        while the accepted groups cannot fill every environment's quota (module
+        docstring).  Safe to call again after any failure: it replays the same plan."""
+        self._check()
+        if isinstance(rollout_id, bool) or not isinstance(rollout_id, (int, str)) \
+                or rollout_id == "":
+            raise ValueError(f"rollout_id must be an int or a non-empty str, got "
+                             f"{rollout_id!r}")
+        rid = str(rollout_id)
+        task_id = COLLECTION_PREFIX + rid
+        receipt = self.coord.lookup_submission(task_id)
+        if receipt is None:
+            self._scan()
+            selected = self._select()
+            if selected is None:
+                return None
+            chosen, after = selected
+            receipt = self._collect(task_id, rid, chosen, self._mix_state, after)
+        batch_id = "batch:" + receipt.commit_id
+        view = self.coord.get_batch(batch_id)
+        if view is not None and view["ready"]:
+            # returned again without writing anything
+            return self._ready_refs(RecordSetRef.from_dict(view["ready_ref"]), batch_id)
+        collection = self._collection(receipt)
+        groups = [Accepted.from_dict(e) for e in collection["groups"]]
+        plan = self._plan(batch_id, rid, receipt, groups)
+        plan_ref = self._ensure_planned(batch_id, plan, view)
+        # RL3: the plan is durable from here on; hooks only run after this line
+        return self._build(batch_id, plan, plan_ref, receipt, groups,
+                           MixState.from_dict(collection["mix_after"]))
+
+    def _collection(self, receipt: CommitReceipt) -> dict[str, Any]:
+        value = self._read_json(receipt.result_ref, f"collection {receipt.task_id!r}")
+        if not isinstance(value, dict) or value.get("schema") != COLLECTION_SCHEMA:
+            raise CorruptData(f"the result of {receipt.task_id!r} is not a "
+                              f"{COLLECTION_SCHEMA}")
+        return value
+
+    def _collected(self, receipt: CommitReceipt) -> list[Accepted]:
+        return [Accepted.from_dict(e) for e in self._collection(receipt)["groups"]]
+
+    def _plan(self, batch_id: str, rid: str, receipt: CommitReceipt,
+              groups: list[Accepted]) -> dict[str, Any]:
+        flat = [(g, j) for g in range(len(groups)) for j in range(len(groups[g].tokens))]
+        parts = partition_by_tokens([groups[g].tokens[j] for g, j in flat], self.dp_size)
+        positions = sorted({receipt.position, *(e.position for e in groups)})
+        plan: dict[str, Any] = {
+            "schema": PLAN_SCHEMA, "version": 1, "batch_id": batch_id, "rollout_id": rid,
+            "collection": {"position": receipt.position, "commit_id": receipt.commit_id,
+                           "digest": receipt.digest},
+            "groups": [{"position": e.position, "commit_id": e.commit_id,
+                        "digest": e.ref.digest, "environment": e.environment,
+                        "tokens": list(e.tokens)} for e in groups],
+            "partition": [[list(flat[i]) for i in part] for part in parts],
+            "configuration": self._configuration, "parallel": self._parallel,
+            "input_positions": positions}
+        plan["digest"] = _digest(plan)
+        return plan
+
+    def _ensure_planned(self, batch_id: str, plan: dict[str, Any],
+                        view: Mapping[str, Any] | None) -> RecordSetRef:
+        if view is not None:
+            ref = RecordSetRef.from_dict(view["plan_ref"])
+            stored = self._read_json(ref, f"plan of batch {batch_id!r}")
+            if not isinstance(stored, dict) or stored.get("digest") != plan["digest"]:
+                raise IdempotencyConflict(
+                    f"batch {batch_id!r} was planned with another selection, conversion "
+                    f"configuration or parallel layout (plan {stored.get('digest')!r}, now "
+                    f"{plan['digest']!r}); an existing batch id cannot be reused with "
+                    "another plan: restore the configuration it was planned with")
+            return ref
+        ref = self.store.publish([_json_record("plan", plan)],
+                                 submission_id=f"plan:{batch_id}:{plan['digest']}")
+        self.coord.plan_batch(self.consumer_id, token=self._token, batch_id=batch_id,
+                              input_positions=plan["input_positions"], plan_ref=ref)
+        return ref
+
+    def _raw_reward(self, group: SampleGroup, g: int, j: int, batch_id: str) -> Any:
+        reward = group.samples[j].reward
+        if isinstance(reward, dict) and self.reward_hook is None:
+            if self.reward_key is None or self.reward_key not in reward:
+                raise ValueError(f"batch {batch_id!r} group {g} sample {j} has the reward "
+                                 f"mapping {sorted(reward)}: pass reward_key= (one of them) "
+                                 "or a reward_hook that makes one number per sample")
+            return reward[self.reward_key]
+        return reward
+
+    def _rewards(self, batch_id: str, groups: list[Accepted]) -> list[list[float]]:
+        raw: list[list[Any]] = []
+        for g, e in enumerate(groups):
+            group = self._group(e.ref)
+            raw.append([self._raw_reward(group, g, j, batch_id)
+                        for j in range(len(group.samples))])
+        out = self.reward_hook(raw) if self.reward_hook is not None else raw
+        if len(out) != len(raw):
+            raise ValueError(f"batch {batch_id!r}: the reward hook returned {len(out)} "
+                             f"groups for {len(raw)}")
+        checked: list[list[float]] = []
+        for g, (got, want) in enumerate(zip(out, raw, strict=True)):
+            got = list(got)
+            if len(got) != len(want):
+                raise ValueError(f"batch {batch_id!r} group {g}: the reward hook returned "
+                                 f"{len(got)} rewards for {len(want)} samples")
+            row = []
+            for j, r in enumerate(got):
+                value = float(r) if isinstance(r, (int, float, np.floating, np.integer)) \
+                    and not isinstance(r, bool) else math.nan
+                if not math.isfinite(value):
+                    raise ValueError(f"batch {batch_id!r} group {g} (commit "
+                                     f"{groups[g].position}) sample {j}: reward {r!r} is "
+                                     "not a finite number; the batch stays planned, not "
+                                     "ready: fix the reward hook and call next_batch again")
+                row.append(value)
+            checked.append(row)
+        return checked
+
+    def _build(self, batch_id: str, plan: dict[str, Any], plan_ref: RecordSetRef,
+               receipt: CommitReceipt, groups: list[Accepted],
+               mix_after: MixState) -> list[RankBatchRef]:
+        rewards = self._rewards(batch_id, groups)
+        owner: dict[tuple[int, int], int] = {}
+        for rank, part in enumerate(plan["partition"]):
+            for g, j in part:
+                owner[(g, j)] = rank
+        converted: dict[tuple[int, int], Mapping[str, Any]] = {}
+        for g, e in enumerate(groups):  # one group at a time: captures stay lazy
+            group = self._group(e.ref)
+            for j, sample in enumerate(group.samples):
+                item = (self.convert_hook(sample, rewards[g][j])
+                        if self.convert_hook is not None else default_convert(
+                            sample, rewards[g][j]))
+                if not isinstance(item, Mapping):
+                    raise TypeError(f"batch {batch_id!r}: the conversion hook returned a "
+                                    f"{type(item).__name__} for group {g} sample {j}; it "
+                                    "returns a mapping of train data")
+                converted[(g, j)] = {**item, "environment": e.environment}
+        digest = plan["digest"]
+        shards = []
+        for rank, part in enumerate(plan["partition"]):
+            value = {"schema": SHARD_SCHEMA, "version": SHARD_VERSION, "batch_id": batch_id,
+                     "plan_digest": digest, "rank": rank, "world": self.dp_size,
+                     "samples": [converted[(g, j)] for g, j in part]}
+            records, deps = sample_records(value)
+            shards.append(self.store.publish(
+                records, submission_id=f"shard:{batch_id}:{rank}:{_content(records, deps)}",
+                dependencies=deps))
+        del converted
+        ready = {"schema": READY_SCHEMA, "version": 1, "batch_id": batch_id,
+                 "plan_digest": digest, "world": self.dp_size,
+                 "ranks": [s.to_dict() for s in shards]}
+        ready_ref = self.store.publish([_json_record("ready", ready)],
+                                       submission_id=f"ready:{batch_id}:{_digest(ready)}",
+                                       dependencies=[*shards, plan_ref])
+        # the state after the batch: its groups leave the backlog, the log is fetched
+        # past its collection; nothing is acknowledged (RL4: only finish_batch does)
+        self._scan(until=receipt.position + 1)
+        taken = {e.position for e in groups}
+        new_backlog = [e for e in self._backlog if e.position not in taken]
+        state = {**self.state(), "backlog": [e.to_dict() for e in new_backlog],
+                 "mix": mix_after.to_dict(),
+                 "fetch_cursor": max(self._fetch, self._scan_cursor)}
+        state_ref, progress_ref = self._publish_state(state)
+        self.coord.batch_ready(self.consumer_id, token=self._token, batch_id=batch_id,
+                               ready_ref=ready_ref, state_ref=state_ref,
+                               fetch_cursor=state["fetch_cursor"],
+                               processed_cursor=state["processed_cursor"],
+                               progress_ref=progress_ref)
+        self._backlog, self._mix_state = new_backlog, mix_after
+        self._fetch = state["fetch_cursor"]
+        # the queue retains the shards through the ready record now: drop their staging
+        # (else they, and the groups their captures name, would outlive the batch)
+        self.store.release_publications(shards)
+        return [RankBatchRef(batch_id, digest, r, self.dp_size, s)
+                for r, s in enumerate(shards)]
+
+    def _ready_refs(self, ready_ref: RecordSetRef, batch_id: str) -> list[RankBatchRef]:
+        ready = self._read_json(ready_ref, f"ready record of batch {batch_id!r}")
+        if not isinstance(ready, dict) or ready.get("schema") != READY_SCHEMA:
+            raise CorruptData(f"the ready record of batch {batch_id!r} is not a "
+                              f"{READY_SCHEMA}")
+        if ready["world"] != self.dp_size:
+            raise ValueError(f"batch {batch_id!r} is ready for {ready['world']} ranks, this "
+                             f"builder has dp_size {self.dp_size}: an existing batch cannot "
+                             "be reused with another parallel layout")
+        return [RankBatchRef(batch_id, ready["plan_digest"], r, ready["world"],
+                             RecordSetRef.from_dict(s)) for r, s in enumerate(ready["ranks"])]
+
+    # --- acknowledgement (RL4) ----------------------------------------------------------
+    def finish_batch(self, batch_id: str) -> None:
+        """Every rank finished training on ``batch_id``: acknowledge its inputs (module
+        docstring).  Idempotent; an unknown or unready batch is a ``ValueError``."""
+        self._check()
+        view = self.coord.get_batch(batch_id) if isinstance(batch_id, str) and batch_id \
+            else None
+        if view is None or not view["ready"] or view["consumer_id"] != self.consumer_id:
+            raise ValueError(f"cannot finish batch {batch_id!r}: it is not a ready batch of "
+                             f"consumer {self.consumer_id!r} (next_batch returns ready "
+                             "batches; finish each one after training on it)")
+        if batch_id in self._finished:
+            return
+        # RL4: the only place inputs become processed, after training finished
+        done = set(self._sparse) | {p for p in view["input_positions"]
+                                    if p >= self._processed}
+        cursor = self._processed
+        while cursor in done:
+            cursor += 1
+        self._processed = cursor
+        self._sparse = sorted(p for p in done if p >= cursor)
+        self._finished.append(batch_id)
+        self._save(f"finish:{batch_id}")
+        if self.online_gc is not None:
+            self.online_gc.request()
+
+    # --- online GC, shutdown ------------------------------------------------------------
+    def _check(self) -> None:
+        if self._closed:
+            raise RuntimeError("this BatchBuilder is closed")
+        if self.online_gc is not None:
+            self.online_gc.check()
+
+    def wait_for_gc(self) -> Any:
+        """Block until the background collections requested so far ran (online GC on);
+        their last result.  Raises the latched failure."""
+        self._check()
+        if self.online_gc is None:
+            raise RuntimeError("online GC is off (RolloutConfig(online_gc=True) turns it on)")
+        return self.online_gc.wait()
+
+    def close(self) -> None:
+        """Stop online GC (finishing a pending collection) and give up the consumer;
+        raises a latched GC failure (after closing)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self.online_gc is not None:
+                self.online_gc.close()
+        finally:
+            try:
+                self.coord.close_consumer(self.consumer_id, self._token)
+            except Exception:
+                if self.online_gc is None or self.online_gc.failure is None:
+                    raise
+
+    def __enter__(self) -> BatchBuilder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _content(records: Sequence[Record], deps: Sequence[RecordSetRef]) -> str:
+    """A digest of a shard's content, for its submission id: a retry after a hook changed
+    its output writes a new shard instead of conflicting (the plan is what is fixed)."""
+    h = hashlib.blake2b(digest_size=16)
+    for r in records:
+        h.update(_canonical([r.record_id, r.codec, dict(r.metadata), r.tokens]))
+        h.update(memoryview(r.payload).cast("B"))
+    for d in deps:
+        h.update(d.digest.encode())
+    return h.hexdigest()
+
+
+__all__ = ["BatchBuilder", "Accepted", "default_convert", "COLLECTION_PREFIX",
+           "BUILDER_WORKER", "PLAN_SCHEMA", "READY_SCHEMA", "COLLECTION_SCHEMA"]

@@ -1,0 +1,558 @@
+"""straw.rollout.builder: accepted groups -> a durable plan -> hooks -> one shard per
+data-parallel rank -> ready; acknowledgement only when a batch is finished (RL3, RL4),
+weighted environments, restorable state, and the issue's bad input (a hook that raises,
+a NaN reward, mismatched batch identities, a batch id reused with another plan)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import pickle
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from straw import CorruptData, IdempotencyConflict, InvalidReference
+from straw.codec import sample_records
+from straw.rollout import (
+    BatchBuilder,
+    EnvironmentMix,
+    RankBatchRef,
+    check_batch_identities,
+    partition_by_tokens,
+)
+from straw.rollout import builder as builder_module
+from straw.rollout.codec import group_value
+from straw.tensor import TensorRef
+
+from .pool import ByteCountingFS, Pool, make_group
+
+
+@pytest.fixture
+def pool(tmp_path):
+    p = Pool(str(tmp_path / "pool"))
+    yield p
+    p.close()
+
+
+def shard_samples(refs, store):
+    return [s for r in refs for s in r.load(store, rank=r.rank).samples]
+
+
+def test_batch_takes_groups_in_scheduling_order_and_balances_ranks_by_tokens(pool):
+    # keys (oldest version): 5, 3, 7, 3, 1, 9 -> a batch of 4 takes 1, 3, 3 (FIFO), 5
+    versions = [5, 3, 7, 3, 1, 9]
+    pool.accept([make_group(i, version=v, n=4, response=[2, 9, 30, 5])
+                 for i, v in enumerate(versions)])
+    with BatchBuilder(pool.coord, pool.store, EnvironmentMix.single(4), dp_size=3) as b:
+        refs = b.next_batch(0)
+        assert len(refs) == 3 and [r.rank for r in refs] == [0, 1, 2]
+        check_batch_identities(refs)
+        samples = shard_samples(refs, pool.store)
+        assert sorted({s["group_index"] for s in samples}) == [0, 1, 3, 4]
+        assert len(samples) == 16 and len({s["index"] for s in samples}) == 16
+        loads = [sum(len(s["tokens"]) for s in r.load(pool.store).samples) for r in refs]
+        counts = [len(r.load(pool.store).samples) for r in refs]
+        assert max(counts) - min(counts) <= 1
+        assert max(loads) - min(loads) <= 34  # the largest sample: 4 + 30 tokens
+        plan = json.loads(bytes(next(iter(pool.store.read(RecordSetRef_of(
+            pool.coord.get_batch(refs[0].batch_id)["plan_ref"])))).payload))
+        assert [g["position"] for g in plan["groups"]] == [4, 1, 3, 0]
+        # the reward of every sample is its raw reward (no hook), the captures absent
+        assert {(s["reward"], s["raw_reward"]) for s in samples} == {
+            (float(j), float(j)) for j in range(4)}
+
+
+def RecordSetRef_of(d):
+    from straw import RecordSetRef
+    return RecordSetRef.from_dict(d)
+
+
+def test_the_plan_is_durable_before_any_hook_runs(pool):
+    """RL3: both hooks see the batch planned (its plan_ref durable) and not ready."""
+    pool.accept([make_group(i) for i in range(2)])
+    seen = []
+
+    def look(name):
+        (batch_id,) = pool.coord.batches
+        view = pool.coord.get_batch(batch_id)
+        seen.append((name, view is not None and not view["ready"]))
+        list(pool.store.read(RecordSetRef_of(view["plan_ref"])))  # readable: published
+
+    def rewards(raw):
+        look("reward")
+        return raw
+
+    def convert(sample, reward):
+        look("convert")
+        return builder_module.default_convert(sample, reward)
+
+    with BatchBuilder(pool.coord, pool.store, EnvironmentMix.single(2), dp_size=2,
+                      reward_hook=rewards, convert_hook=convert) as b:
+        assert b.next_batch(0) is not None
+    assert seen[0] == ("reward", True) and all(ok for _, ok in seen) and len(seen) == 5
+
+
+def test_a_hook_that_raises_leaves_the_batch_unready_and_a_retry_replays_the_plan(pool):
+    pool.accept([make_group(i) for i in range(4)])
+    calls = {"n": 0}
+
+    def flaky(raw):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("reward model unreachable")
+        return [[r * 2 for r in g] for g in raw]
+
+    with BatchBuilder(pool.coord, pool.store, EnvironmentMix.single(2), dp_size=2,
+                      reward_hook=flaky) as b:
+        with pytest.raises(RuntimeError, match="unreachable"):
+            b.next_batch(0)
+        (batch_id,) = pool.coord.batches
+        planned = pool.coord.get_batch(batch_id)
+        assert not planned["ready"] and not planned["finished"]
+        # its two groups belong to batch 0 (RL2): another rollout takes the other two
+        assert b.backlog() == {"": 2}
+        refs = b.next_batch(0)
+        after = pool.coord.get_batch(batch_id)
+        assert after["ready"] and after["plan_ref"] == planned["plan_ref"]
+        assert after["input_positions"] == planned["input_positions"]
+        assert refs[0].batch_id == batch_id
+        assert {s["reward"] for s in shard_samples(refs, pool.store)} == {0.0, 2.0}
+        assert b.backlog() == {"": 2}
+
+
+def test_a_group_collected_for_an_unready_batch_is_never_selected_again(tmp_path):
+    """RL2: a group is planned in at most one batch, across a failed hook and a
+    restart between the collection and the plan."""
+    root = str(tmp_path / "pool")
+    p = Pool(root)
+    p.accept([make_group(i) for i in range(4)])
+    broken = [True]
+
+    def rewards(raw):
+        if broken[0]:
+            raise RuntimeError("reward model down")
+        return raw
+
+    b = BatchBuilder(p.coord, p.store, EnvironmentMix.single(2), dp_size=1,
+                     reward_hook=rewards)
+    with pytest.raises(RuntimeError):
+        b.next_batch(0)
+    broken[0] = False
+    one = b.next_batch(1)  # the driver moved on: rollout 1 takes the other groups
+    b.close()
+    p.close()
+    p = Pool(root, recover=True)
+    try:
+        b = BatchBuilder(p.coord, p.store, EnvironmentMix.single(2), dp_size=1,
+                         reward_hook=rewards)
+        zero = b.next_batch(0)
+        assert b.next_batch(2) is None and b.backlog() == {"": 0}
+        groups = [sorted({s["group_index"] for s in shard_samples(r, p.store)})
+                  for r in (zero, one)]
+        assert groups == [[0, 1], [2, 3]]
+        b.close()
+    finally:
+        p.close()
+
+
+def test_a_retry_after_a_restart_replays_the_same_plan(tmp_path):
+    root = str(tmp_path / "pool")
+    p = Pool(root)
+    p.accept([make_group(i, version=i) for i in range(3)])
+    broken = [True]
+
+    def rewards(raw):  # one hook (its name is part of the plan), broken at first
+        if broken[0]:
+            raise ValueError("hook bug")
+        return raw
+
+    b = BatchBuilder(p.coord, p.store, EnvironmentMix.single(2), dp_size=1,
+                     reward_hook=rewards)
+    with pytest.raises(ValueError, match="hook bug"):
+        b.next_batch(7)
+    (batch_id,) = p.coord.batches
+    planned = p.coord.get_batch(batch_id)
+    b.close()
+    p.close()
+    p = Pool(root, recover=True)
+    try:
+        p.accept([make_group(10, version=0)])  # would be selected first by a new plan
+        broken[0] = False
+        b = BatchBuilder(p.coord, p.store, EnvironmentMix.single(2), dp_size=1,
+                         reward_hook=rewards)
+        refs = b.next_batch(7)
+        assert refs[0].batch_id == batch_id
+        assert p.coord.get_batch(batch_id)["plan_ref"] == planned["plan_ref"]
+        assert {s["group_index"] for s in shard_samples(refs, p.store)} == {0, 1}
+        assert b.backlog() == {"": 2}  # group 2 and the new one
+        b.close()
+    finally:
+        p.close()
+
+
+def test_a_ready_batch_is_returned_again_without_writing_anything(tmp_path):
+    fs = ByteCountingFS()
+    p = Pool(str(tmp_path / "pool"), fs=fs)
+    try:
+        p.accept([make_group(i) for i in range(2)])
+        with BatchBuilder(p.coord, p.store, EnvironmentMix.single(2), dp_size=2) as b:
+            refs = b.next_batch(0)
+            before = fs.writes()
+            assert before > 0
+            assert b.next_batch(0) == refs
+            assert fs.writes() == before
+    finally:
+        p.close()
+
+
+def test_reusing_a_batch_id_with_another_plan_is_an_error(pool):
+    pool.accept([make_group(i) for i in range(2)])
+
+    def boom(raw):
+        raise RuntimeError("stop after planning")
+
+    with BatchBuilder(pool.coord, pool.store, EnvironmentMix.single(2), dp_size=2,
+                      conversion={"advantage": "grpo"}, reward_hook=boom) as b:
+        with pytest.raises(RuntimeError):
+            b.next_batch(0)
+    for other in ({"conversion": {"advantage": "reinforce"}, "dp_size": 2},
+                  {"conversion": {"advantage": "grpo"}, "dp_size": 1},
+                  {"conversion": {"advantage": "grpo"}, "dp_size": 2,
+                   "parallel": {"tp": 2}}):
+        with BatchBuilder(pool.coord, pool.store, EnvironmentMix.single(2),
+                          reward_hook=boom, **other) as b:
+            with pytest.raises(IdempotencyConflict, match="another plan"):
+                b.next_batch(0)
+    (batch_id,) = pool.coord.batches
+    assert not pool.coord.get_batch(batch_id)["ready"]
+
+
+def test_a_ready_batch_cannot_be_returned_for_another_parallel_layout(pool):
+    pool.accept([make_group(i) for i in range(2)])
+    with BatchBuilder(pool.coord, pool.store, EnvironmentMix.single(2), dp_size=2) as b:
+        b.next_batch(0)
+    with BatchBuilder(pool.coord, pool.store, EnvironmentMix.single(2), dp_size=4) as b:
+        with pytest.raises(ValueError, match="another parallel layout"):
+            b.next_batch(0)
+
+
+def test_each_rank_gets_a_small_picklable_reference_and_reads_only_its_shard(tmp_path):
+    gen_fs = ByteCountingFS()
+    p = Pool(str(tmp_path / "pool"), gen_fs=gen_fs)
+    try:
+        # routes [2003, 32, 4] int32: 1 MiB per sample
+        p.accept([make_group(i, n=2, response=2000, routes=(32, 4)) for i in range(4)])
+        with BatchBuilder(p.coord, p.store, EnvironmentMix.single(4), dp_size=4) as b:
+            refs = b.next_batch(0)
+        for r in refs:
+            blob = pickle.dumps(r)
+            assert len(blob) < 1024, len(blob)
+            assert pickle.loads(blob) == r
+        # rank 2 reads through a store of its own: its shard's manifest and record 0,
+        # small tensors; its routes stay lazy (no byte read) until it asks for rows
+        rank_fs = ByteCountingFS()
+        from straw import SharedFilesystemStore
+        with SharedFilesystemStore(p.root, "job", fs=rank_fs) as rank_store:
+            base = rank_fs.read_bytes
+            shard = pickle.loads(pickle.dumps(refs[2])).load(rank_store, rank=2)
+            loaded = rank_fs.read_bytes - base
+            assert len(shard.samples) == 2
+            routes = [s["routes"] for s in shard.samples]
+            assert all(isinstance(x, TensorRef) for x in routes)
+            route_bytes = sum(x.nbytes for x in routes)
+            assert loaded < 64 * 1024  # manifests + token ids, no capture bytes
+            base = rank_fs.read_bytes
+            arrays = [x.load() for x in routes]
+            read = rank_fs.read_bytes - base
+            assert route_bytes <= read <= 1.1 * route_bytes
+            g, j = divmod(shard.samples[0]["index"], 2)
+            assert (arrays[0] == g * 100 + j).all()
+    finally:
+        p.close()
+
+
+def test_r3_routes_stay_lazy_and_a_cp_tp_rank_reads_only_its_rows(tmp_path):
+    manager_fs = ByteCountingFS()
+    p = Pool(str(tmp_path / "pool"), fs=manager_fs)
+    try:
+        # routes [2047, 32, 8] int32 = 2 MiB per sample, 8 chunks of 256 KiB
+        p.accept([make_group(i, n=2, prompt_len=48, response=2000, routes=(32, 8))
+                  for i in range(2)])
+        total = 4 * 2047 * 32 * 8 * 4
+        with BatchBuilder(p.coord, p.store, EnvironmentMix.single(2), dp_size=2) as b:
+            base = manager_fs.read_bytes
+            refs = b.next_batch(0)
+            # the builder read record 0s (token ids), manifests and its own records:
+            # not one capture chunk
+            assert manager_fs.read_bytes - base < total / 20
+        rank_fs = ByteCountingFS()
+        from straw import SharedFilesystemStore
+        with SharedFilesystemStore(p.root, "job", fs=rank_fs) as rank_store:
+            routes = refs[1].load(rank_store).samples[0]["routes"]
+            assert isinstance(routes, TensorRef) and routes.shape == (2047, 32, 8)
+            base = rank_fs.read_bytes
+            rows = routes.rows(1024, 1280)  # this CP rank's 256 rows (256 KiB)
+            read = rank_fs.read_bytes - base
+            assert rows.shape == (256, 32, 8)
+            assert read <= 2 * 256 * 1024 + 4096  # at most the two chunks it touches
+            assert read < routes.nbytes / 3
+    finally:
+        p.close()
+
+
+def test_ranks_that_received_mismatched_batch_identities_fail_loudly(pool):
+    pool.accept([make_group(i) for i in range(4)])
+    with BatchBuilder(pool.coord, pool.store, EnvironmentMix.single(2), dp_size=2) as b:
+        first = b.next_batch(0)
+        second = b.next_batch(1)
+    check_batch_identities(first)
+    check_batch_identities(second)
+    with pytest.raises(ValueError, match="inconsistent batch identities"):
+        check_batch_identities([first[0], second[1]])  # another batch
+    with pytest.raises(ValueError, match="inconsistent batch identities"):
+        check_batch_identities([first[1], first[0]])  # swapped ranks
+    with pytest.raises(ValueError, match="inconsistent batch identities"):
+        check_batch_identities(first[:1])  # a reference of a 2-rank batch alone
+    with pytest.raises(ValueError, match="inconsistent batch identities"):
+        first[0].load(pool.store, rank=1)
+    forged = dataclasses.replace(first[0], plan_digest=second[0].plan_digest)
+    with pytest.raises(ValueError, match="inconsistent batch identities"):
+        forged.load(pool.store)
+    swapped = RankBatchRef(first[0].batch_id, first[0].plan_digest, 0, 2, first[1].shard)
+    with pytest.raises(ValueError, match="inconsistent batch identities"):
+        swapped.load(pool.store, rank=0)
+
+
+def test_a_nan_reward_from_the_hook_is_an_error_and_the_batch_stays_unready(pool):
+    pool.accept([make_group(i) for i in range(2)])
+
+    def nan(raw):
+        return [[math.nan if j == 1 else r for j, r in enumerate(g)] for g in raw]
+
+    with BatchBuilder(pool.coord, pool.store, EnvironmentMix.single(2), dp_size=2,
+                      reward_hook=nan) as b:
+        with pytest.raises(ValueError, match=r"group 0 \(commit 0\) sample 1: reward nan"):
+            b.next_batch(0)
+    (batch_id,) = pool.coord.batches
+    assert not pool.coord.get_batch(batch_id)["ready"]
+    with BatchBuilder(pool.coord, pool.store, EnvironmentMix.single(2), dp_size=2,
+                      reward_hook=lambda raw: [[1.0] * len(g) for g in raw]) as b:
+        with pytest.raises(IdempotencyConflict):  # another hook is another plan
+            b.next_batch(0)
+    for wrong in ([[1.0]], [[1.0, 1.0]] * 3, [["x", 1.0], [1.0, 1.0]]):
+        with BatchBuilder(pool.coord, pool.store, EnvironmentMix.single(2), dp_size=2,
+                          reward_hook=nan) as b:
+            nan_wrong = wrong
+            b.reward_hook = lambda raw, w=nan_wrong: w  # same identity, wrong output
+            with pytest.raises(ValueError, match="reward"):
+                b.next_batch(0)
+
+
+def test_a_stored_nan_reward_reaching_the_builder_is_a_clear_error(pool):
+    value = group_value(make_group(0))
+    value["samples"][1]["reward"] = math.nan  # what no Sample allows: crafted bytes
+    records, _ = sample_records(value, tokens=8)
+    ids = ["prompt:0"]
+    prompt = pool.gen.publish([], submission_id="p")
+    from straw import TaskSpec
+    pool.coord.submit_tasks("admit", [TaskSpec(ids[0], input_ref=prompt)])
+    (a,) = pool.coord.acquire("gen", 1).assignments
+    records[0] = dataclasses.replace(records[0], metadata={
+        **records[0].metadata, "task_id": a.lease.task_id, "attempt_id": a.lease.attempt_id})
+    ref = pool.gen.publish(records, submission_id="bad")
+    pool.coord.complete_task(a.lease, submission_id="bad", result_ref=ref)
+    with BatchBuilder(pool.coord, pool.store, EnvironmentMix.single(1), dp_size=1) as b:
+        with pytest.raises(CorruptData, match=r"task 'prompt:0' \(commit 0\).*reward.*finite"):
+            b.next_batch(0)
+        assert pool.coord.batches == {}
+
+
+def test_finishing_a_batch_after_training_acknowledges_its_inputs_never_before(pool):
+    """RL4: ready is not acknowledgement; finish_batch is, and only then are the packs
+    of its inputs reclaimed (once nothing else holds them)."""
+    pool.accept([make_group(i, routes=(2, 2)) for i in range(2)])
+    pool.gen.seal()  # batch 0's groups in one sealed pack
+    pool.accept([make_group(i) for i in range(2, 4)])
+    with BatchBuilder(pool.coord, pool.store, EnvironmentMix.single(2), dp_size=2) as b:
+        refs = b.next_batch(0)
+        (batch_id,) = pool.coord.batches
+        inputs = pool.coord.get_batch(batch_id)["input_positions"]
+        assert inputs == [0, 1, 4]  # its two groups and its collection
+        saved = pool.coord.load_consumer_state("training")
+        assert saved["processed_cursor"] == 0 and saved["fetch_cursor"] == 5
+        assert b.state()["processed_positions"] == []
+        assert pool.coord.collect_garbage()["reclaimed_files"] == 0
+        assert refs[0].load(pool.store).samples[0]["routes"].load().shape == (7, 2, 2)
+        group_ref = pool.coord.read_commits(0, 1).commits[0].result_ref
+        b.finish_batch(batch_id)
+        b.finish_batch(batch_id)  # idempotent
+        saved = pool.coord.load_consumer_state("training")
+        assert saved["processed_cursor"] == 2 and b.state()["processed_positions"] == [4]
+        assert pool.coord.get_batch(batch_id)["finished"]
+        gc = pool.coord.collect_garbage()
+        assert gc["reclaimed_files"] == 1
+        with pytest.raises(InvalidReference):  # its pack is gone
+            list(pool.store.read(group_ref))
+        # the rest of the queue is untouched: the next batch takes groups 2 and 3
+        nxt = b.next_batch(1)
+        assert {s["group_index"] for s in shard_samples(nxt, pool.store)} == {2, 3}
+        with pytest.raises(ValueError, match="not a ready batch"):
+            b.finish_batch("batch:unknown")
+
+
+def test_weighted_environments_keep_their_proportions_in_every_batch(pool):
+    mix = EnvironmentMix({"math": 3, "code": 1}, 4)
+    pool.accept([make_group(i, env="math") for i in range(9)]
+                + [make_group(9, env="code")])
+    with BatchBuilder(pool.coord, pool.store, mix, dp_size=2) as b:
+        assert b.backlog() == {"math": 9, "code": 1}
+        refs = b.next_batch(0)
+        envs = [s["environment"] for s in shard_samples(refs, pool.store)]
+        assert envs.count("math") == 6 and envs.count("code") == 2  # 3 + 1 groups of 2
+        # code's backlog is empty: it may admit fresh prompts, math (6 left) may not
+        assert b.next_batch(1) is None and pool.coord.lookup_submission("collection:1") \
+            is None
+        assert b.admits_fresh("code") and not b.admits_fresh("math")
+        pool.accept([make_group(10, env="code")])
+        refs = b.next_batch(1)
+        envs = [s["environment"] for s in shard_samples(refs, pool.store)]
+        assert envs.count("math") == 6 and envs.count("code") == 2
+        assert b.state()["mix"]["batches"] == 2
+        assert b.backlog() == {"math": 3, "code": 0}
+
+
+def test_a_group_of_an_unconfigured_environment_is_a_clear_error(pool):
+    pool.accept([make_group(0, env="vision")])
+    with BatchBuilder(pool.coord, pool.store, EnvironmentMix({"math": 1}, 1),
+                      dp_size=1) as b:
+        with pytest.raises(ValueError, match="'vision' is not configured"):
+            b.next_batch(0)
+
+
+def test_the_builder_state_is_json_and_a_new_builder_resumes_from_it(tmp_path):
+    root = str(tmp_path / "pool")
+    p = Pool(root)
+    mix = EnvironmentMix({"a": 1, "b": 1}, 3)
+    p.accept([make_group(i, env="ab"[i % 2], version=i) for i in range(8)])
+    b = BatchBuilder(p.coord, p.store, mix, dp_size=2)
+    first = b.next_batch(0)
+    b.finish_batch(first[0].batch_id)
+    second = b.next_batch(1)
+    state = b.state()
+    assert json.loads(json.dumps(state)) == state
+    assert state["mix"]["batches"] == 2
+    b.close()
+    p.close()
+    p = Pool(root, recover=True)
+    try:
+        b = BatchBuilder(p.coord, p.store, mix, dp_size=2)
+        assert b.state() == state
+        assert b.next_batch(1) == second  # ready: returned again
+        assert b.next_batch(2) is None  # 1 a and 1 b left: not enough for a batch
+        p.accept([make_group(i, env="ab"[i % 2], version=i) for i in range(8, 10)])
+        third = b.next_batch(2)
+        taken = [s["group_index"] for r in (first, second, third)
+                 for s in shard_samples(r, p.store)]
+        assert len(set(taken)) == 9 and set(taken) <= set(range(10))
+        assert len(taken) == 18  # no group twice (RL2)
+        assert sum(b.backlog().values()) == 1
+        b.close()
+        # an explicit state (a checkpoint's) is restored and saved with the queue
+        b = BatchBuilder(p.coord, p.store, mix, dp_size=2, state=state)
+        assert b.state() == state
+        assert p.coord.load_consumer_state("training")["fetch_cursor"] == \
+            state["fetch_cursor"]
+        b.close()
+        with pytest.raises(ValueError, match="builder state"):
+            BatchBuilder(p.coord, p.store, mix, dp_size=2, state={"version": 9})
+        b = BatchBuilder(p.coord, p.store, mix, dp_size=2)  # the consumer was given up
+        b.close()
+    finally:
+        p.close()
+
+
+def test_bad_arguments_are_clear_errors(pool):
+    with pytest.raises(ValueError, match="dp_size"):
+        BatchBuilder(pool.coord, pool.store, EnvironmentMix.single(2), dp_size=0)
+    with pytest.raises(TypeError, match="EnvironmentMix"):
+        BatchBuilder(pool.coord, pool.store, 2, dp_size=1)
+    with pytest.raises(TypeError, match="reward_hook"):
+        BatchBuilder(pool.coord, pool.store, EnvironmentMix.single(2), dp_size=1,
+                     reward_hook=3)
+    with pytest.raises(ValueError, match="JSON"):
+        BatchBuilder(pool.coord, pool.store, EnvironmentMix.single(2), dp_size=1,
+                     conversion={"f": object()})
+    pool.accept([make_group(0, n=1)])
+    with BatchBuilder(pool.coord, pool.store, EnvironmentMix.single(1), dp_size=2) as b:
+        with pytest.raises(ValueError, match="rollout_id"):
+            b.next_batch(True)
+        with pytest.raises(ValueError, match="1 samples cannot feed 2"):
+            b.next_batch(0)
+    with pytest.raises(ValueError, match="no rank references"):
+        check_batch_identities([])
+    with pytest.raises(ValueError, match="not below world"):
+        RankBatchRef("b", "d", 2, 2, pool.coord.read_commits(0, 1).commits[0].result_ref)
+
+
+def test_a_dict_reward_needs_a_reward_key_or_a_hook(pool):
+    pool.accept([make_group(0, rewards=[{"acc": 1.0, "len": 0.5}, {"acc": 0.0,
+                                                                   "len": 0.2}])])
+    with BatchBuilder(pool.coord, pool.store, EnvironmentMix.single(1), dp_size=1) as b:
+        with pytest.raises(ValueError, match="reward_key"):
+            b.next_batch(0)
+    # another builder configuration is another plan: a new rollout id
+    with BatchBuilder(pool.coord, pool.store, EnvironmentMix.single(1), dp_size=1,
+                      reward_key="acc") as b:
+        with pytest.raises(IdempotencyConflict):
+            b.next_batch(0)
+
+
+def test_the_module_docstring_example_runs(tmp_path, monkeypatch):
+    monkeypatch.setattr("tempfile.mkdtemp", lambda: str(tmp_path / "example"))
+    text = builder_module.__doc__.split("Example (runnable")[1].split("::", 1)[1]
+    code = "\n".join(line[4:] for line in text.splitlines())
+    scope: dict = {}
+    exec(compile(code, "builder example", "exec"), scope)
+    assert len(scope["refs"]) == 2 and len(scope["shard"].samples) == 2
+
+
+@given(st.lists(st.integers(1, 5000), min_size=1, max_size=60), st.integers(1, 8))
+def test_partition_by_tokens_covers_every_sample_once_and_balances(tokens, world):
+    if len(tokens) < world:
+        with pytest.raises(ValueError, match="cannot feed"):
+            partition_by_tokens(tokens, world)
+        return
+    parts = partition_by_tokens(tokens, world)
+    assert sorted(i for p in parts for i in p) == list(range(len(tokens)))
+    counts = [len(p) for p in parts]
+    assert max(counts) - min(counts) <= 1 and min(counts) >= 1
+    loads = [sum(tokens[i] for i in p) for p in parts]
+    assert max(loads) - min(loads) <= max(tokens)
+    assert parts == partition_by_tokens(list(tokens), world)  # deterministic
+
+
+def test_partition_by_tokens_balances_what_taking_turns_would_not():
+    tokens = [100, 1] * 4  # taking turns: 400 tokens on rank 0, 4 on rank 1
+    parts = partition_by_tokens(tokens, 2)
+    assert [sum(tokens[i] for i in p) for p in parts] == [202, 202]
+    assert parts == [[0, 1, 4, 5], [2, 3, 6, 7]]
+
+
+def test_a_collection_leased_before_a_lost_reply_is_completed_with_that_lease(pool):
+    """The builder acquired ``collection:0`` and the reply was lost (or it was killed
+    before completing it): the next call completes the same task under that lease."""
+    from straw import TaskSpec
+    pool.accept([make_group(i) for i in range(2)])
+    pool.coord.submit_tasks("collection:0", [TaskSpec("collection:0", control=True,
+                                                      estimated_records=0)])
+    got = pool.coord.acquire(builder_module.BUILDER_WORKER, 1, task_ids=["collection:0"],
+                             control=True)
+    assert got.status == "acquired"
+    with BatchBuilder(pool.coord, pool.store, EnvironmentMix.single(2), dp_size=1) as b:
+        refs = b.next_batch(0)
+    receipt = pool.coord.lookup_submission("collection:0")
+    assert refs[0].batch_id == "batch:" + receipt.commit_id
+    assert pool.coord.task_status("collection:0")["generation"] == 1  # no second attempt
