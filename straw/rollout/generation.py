@@ -39,7 +39,9 @@ ids of returns derive from the attempt (``result:<attempt_id>``, ``reject:<attem
 content gets the same reference; other content under the same attempt is
 ``IdempotencyConflict``, as the queue says for a completion), and a lease that ended stays
 known for a while so that a retry reaches the queue, which answers it from its journal: a
-completed group's retry returns the same receipt.
+completed group's retry returns the same receipt (RL2: a group is accepted at most once).
+Partial work is never restarted (RL5): a returned or saved continuation is the task's
+durable input, and a lease that expires, is released or closed leaves it in place.
 
 Bad input raises before anything changes: a group that is not a ``SampleGroup``, one the
 client holds no lease for (never taken, or from another client), one whose samples answer

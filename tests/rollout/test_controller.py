@@ -77,6 +77,7 @@ def test_reopening_resumes_the_cursor_from_the_producer_state(tmp_path):
 
 
 def test_a_failed_refill_never_moves_the_cursor(tmp_path):
+    """RL1: a failed refill moves no cursor; the next one starts at the queue's."""
     store, c = open_controller(tmp_path)
     try:
         real = c.coordinator.submit_tasks
@@ -101,6 +102,7 @@ def test_a_failed_refill_never_moves_the_cursor(tmp_path):
 
 
 def test_a_lost_refill_reply_is_retried_with_the_same_request_id(tmp_path):
+    """RL1: the retry is the same request (a new id would admit the refill twice)."""
     store, c = open_controller(tmp_path)
     try:
         real = c.coordinator.submit_tasks

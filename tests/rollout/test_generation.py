@@ -292,6 +292,7 @@ def test_the_heartbeat_renews_leases_on_the_injected_clock(job):
 
 
 def test_a_client_whose_heartbeat_stops_loses_its_leases_and_another_resumes(job):
+    """RL5: partial work is resumed from its durable input, not restarted."""
     start, make, clock = job
     start()
     a = make("a", heartbeat=False)
@@ -318,6 +319,7 @@ def test_a_client_whose_heartbeat_stops_loses_its_leases_and_another_resumes(job
 
 
 def test_every_return_is_safe_to_retry_after_a_lost_reply(job):
+    """RL2: a completion retried after a lost reply is accepted once (one commit)."""
     start, make, _ = job
     controller = start()
     client = make("g0")
