@@ -624,12 +624,14 @@ class SharedFilesystemStore(ProcessBound):
     def release(self, owner: str) -> bool:
         """Drop this run's ``owner``.  Returns False (and changes nothing) if this run has
         no such owner (another run's owner of that name is never touched).  Pins left
-        behind by a crashed reader of this run (``pin:...``) can be released here."""
+        behind by a crashed reader of this run (``publication:pin:...``, or ``pin:...`` in pools
+        written before) can be released here."""
         self._check_open()
         if not isinstance(owner, str):
             raise TypeError(f"owner must be a str, got {type(owner).__name__}")
-        if owner.startswith(INTERNAL_OWNER_PREFIXES):
-            raise ValueError(f"owner {owner!r} belongs to straw itself (queue or staging)")
+        if owner.startswith(RESERVED_OWNER_PREFIXES) and not owner.startswith(PIN_OWNER_PREFIX):
+            raise ValueError(f"owner {owner!r} belongs to straw itself (a queue's owner: "
+                             "release its data through the coordinator)")
         return self.catalog.release(owner)
 
     def release_publications(self, refs: Iterable[RecordSetRef]) -> int:
@@ -641,7 +643,7 @@ class SharedFilesystemStore(ProcessBound):
     def pin(self, refs: Iterable[RecordSetRef | RecordRef], *, owner: str | None = None
             ) -> Pin:
         """``with store.pin(refs):`` — a durable reader owner held for the block (named
-        ``owner``, else ``pin:host:pid:<uuid>``).  A reader that dies inside the block
+        ``owner``, else ``publication:pin:host:pid:<uuid>``).  A reader that dies inside the block
         leaves its pin for an operator to ``release``: nothing is reclaimed under a
         reader that may be alive."""
         self._check_open()
@@ -1036,9 +1038,18 @@ def _receipt(known: Submission | None, api: str) -> list[Any] | None:
     return list(known.refs)
 
 
-# Owner names straw uses itself: applications cannot retain under them.
-INTERNAL_OWNER_PREFIXES = ("queue:", "staged:", "checkpoint:")
-RESERVED_OWNER_PREFIXES = INTERNAL_OWNER_PREFIXES + ("pin:",)
+# Owner names straw uses itself live under the two prefixes straw-queue 0.1.6 also
+# reserves ("queue:" and "publication:"), so that no name a straw-queue caller can use
+# (it refuses those two) meets one of ours: a coordinator owns ``queue:<ns>/<id>``, an
+# unnamed pin is ``publication:pin:<host>:<pid>:<uuid>``.  Every other name ("pin:...",
+# "checkpoint:...", "staged:...", which straw-queue callers do use) is the application's.
+# Pools written before this rule may hold unnamed pins called ``pin:<host>:<pid>:<uuid>``:
+# they stay ordinary owners (they protect their data until released, as before), and
+# ``release`` drops them like any application owner.
+RESERVED_OWNER_PREFIXES = ("queue:", "publication:")
+# An unnamed pin left behind by a reader that died: ``release`` may drop it (an operator
+# cleaning up), ``retain`` may not create one.
+PIN_OWNER_PREFIX = "publication:pin:"
 
 
 def check_owner(owner: object) -> str:
@@ -1048,8 +1059,8 @@ def check_owner(owner: object) -> str:
         raise ValueError("owner must be a non-empty str of at most 1024 characters")
     if owner.startswith(RESERVED_OWNER_PREFIXES):
         raise ValueError(
-            f"owner {owner!r} uses a reserved prefix ({', '.join(RESERVED_OWNER_PREFIXES)}); "
-            "choose another name"
+            f"owner {owner!r} uses a reserved prefix ({', '.join(RESERVED_OWNER_PREFIXES)}: "
+            "straw's own queue and pin owners); choose another name"
         )
     return owner
 
@@ -1071,7 +1082,8 @@ class Pin:
         self.store = store
         self.extents = extents
         self.refs = refs
-        self.owner = owner or f"pin:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex}"
+        self.owner = owner or (f"{PIN_OWNER_PREFIX}{socket.gethostname()}:{os.getpid()}:"
+                               f"{uuid.uuid4().hex}")
         self.held = False
 
     def __enter__(self) -> Pin:
