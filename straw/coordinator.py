@@ -128,6 +128,7 @@ from .refs import (
     Record,
     RecordSetRef,
     canonical_metadata,
+    record_sets_in,
     ref_from_tuple,
     ref_identity,
     ref_to_tuple,
@@ -531,8 +532,13 @@ class Coordinator(ProcessBound):
 
     # --- validation helpers -------------------------------------------------------------
     def _check_ref(self, ref: object, where: str) -> RecordSetRef:
+        # straw-queue takes a reference's dict form (``asdict(ref)``, e.g. one that came
+        # back from task_status or over RPC) wherever it takes a reference
+        if isinstance(ref, Mapping):
+            ref = RecordSetRef.from_dict(ref)
         if not isinstance(ref, RecordSetRef):
-            raise TypeError(f"{where} must be a RecordSetRef, got {type(ref).__name__}")
+            raise TypeError(f"{where} must be a RecordSetRef (or its dict form), got "
+                            f"{type(ref).__name__}")
         ref.check()
         if ref.run_id != self.store.run_id:
             raise InvalidReference(f"{where} belongs to run {ref.run_id!r}, the queue's store "
@@ -682,9 +688,15 @@ class Coordinator(ProcessBound):
         for i, spec in enumerate(tasks):
             rows.append(self._task_row(f"tasks[{i}]", spec, seen))
         producer = None
+        # references in a producer's state (its continuation: a cursor's record, an RNG
+        # state) are queue roots while the state is the producer's latest, as a consumer's
+        # state_ref is (straw-queue keeps them too); retained before the journal (D2)
+        held: list[RecordSetRef] = []
         if producer_id is not None:
             _check_id("producer_id", producer_id)
-            producer = [producer_id, self._meta(producer_state or {}, "producer_state")]
+            plain, found = record_sets_in(producer_state or {})
+            held = [self._check_ref(r, "producer_state reference") for r in found]
+            producer = [producer_id, self._meta(plain, "producer_state")]
         elif producer_state is not None:
             raise ValueError("producer_state needs a producer_id to be saved under")
         digest = _digest(["submit", rows, producer])
@@ -693,7 +705,8 @@ class Coordinator(ProcessBound):
             known = self._known(request_id, digest, "submit")
         if known is not None:
             return list(self._replayed(known))
-        adopted = self._adopt([t.input_ref for t in tasks if t.input_ref is not None])
+        adopted = self._adopt([self._check_ref(t.input_ref, "input_ref") for t in tasks
+                               if t.input_ref is not None] + held)
         try:
             with self._mutex:
                 self._check_usable()
@@ -2127,6 +2140,11 @@ def _check_id(name: str, value: object) -> None:
 
 
 def _check_int64(name: str, value: object) -> None:
+    """A priority or scheduling key: a signed 64-bit integer (what the journal stores)."""
+    if isinstance(value, int) and not isinstance(value, bool) and not (
+            INT64[0] <= value <= INT64[1]):
+        raise ValueError(f"{name} must be a signed 64-bit integer (-2**63..2**63-1), got "
+                         f"{short_repr(value)}")
     check_int(name, value, *INT64)
 
 
