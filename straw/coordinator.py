@@ -216,8 +216,11 @@ class Coordinator(ProcessBound):
             namespace = NAMESPACE_TRUE if namespace else NAMESPACE_FALSE
         if exclusive_owner is not None and (not isinstance(exclusive_owner, str)
                                             or not exclusive_owner.strip()):
-            raise ValueError("exclusive_owner must describe, in a non-empty str, what makes "
-                             "this the queue's only coordinator")
+            # straw-queue's class for a missing single-owner guarantee (None is ours: the
+            # epoch lock enforces exclusivity without a description)
+            raise UnsafeRecovery(f"exclusive_owner {short_repr(exclusive_owner)} must "
+                                 "describe, in a non-empty str, what makes this the queue's "
+                                 "only coordinator (or leave it out)")
         for name, value in (("queue_id", queue_id), ("namespace", namespace)):
             if not isinstance(value, str) or not NAME_RE.match(value):
                 raise ValueError(f"{name} {short_repr(value)} must be 1-128 letters, digits, "

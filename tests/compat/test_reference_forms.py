@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from straw import Coordinator, Record, RecordSetRef, SharedFilesystemStore, TaskSpec
-from straw.errors import InvalidReference
+from straw.errors import InvalidReference, UnsafeRecovery
 
 
 def _store(root):
@@ -130,3 +130,11 @@ def test_priority_out_of_range_names_the_signed_64_bit_range(tmp_path):
                                                  "64-bit integer"):
                 q.submit_tasks("r", [TaskSpec("t", **{field: value})])
         assert q.pending_tasks() == []
+
+
+@pytest.mark.parametrize("owner", [False, "", "   ", 3])
+def test_an_empty_single_owner_guarantee_is_unsafe_recovery(tmp_path, owner):
+    with _store(tmp_path) as store:
+        with pytest.raises(UnsafeRecovery, match="exclusive_owner"):
+            Coordinator(store, exclusive_owner=owner)
+        Coordinator(store).close()  # ours: leaving it out is fine, the lock enforces it
