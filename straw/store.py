@@ -415,19 +415,20 @@ class SharedFilesystemStore(ProcessBound):
         with self._write_lock:
             self._check_open()
             writer = self._ensure_writer()
-            known = writer.index.get(submission_id)
+            # one submission id per call kind (straw-queue's receipts are bound to the
+            # api): write_records and record_set of one request may share it
+            known = writer.index.get((api, submission_id))
             if known is not None:
-                if known.digests != digests or known.api != api:
+                if known.digests != digests:
                     raise IdempotencyConflict(
                         f"submission_id {submission_id!r} was already used by writer "
-                        f"{self.writer_id!r} for different content"
-                        f"{'' if known.api == api else f' (through {_API_CALLS[known.api]})'}"
-                        "; use a new submission_id for new content"
+                        f"{self.writer_id!r} for different content through "
+                        f"{_API_CALLS[api]}; use a new submission_id for new content"
                     )
                 return list(known.refs)
             self._check_dependencies(normalized)
             refs = self._write(writer, submission_id, normalized, api)
-            writer.index[submission_id] = Submission(digests, tuple(refs), api)
+            writer.index[(api, submission_id)] = Submission(digests, tuple(refs), api)
             m = self._metrics
             m["payload_bytes"] += sum(n.own_bytes for n in normalized)
             m["records"] += sum(len(n.recs) for n in normalized)
@@ -438,12 +439,16 @@ class SharedFilesystemStore(ProcessBound):
 
     def lookup_submission(self, submission_id: str) -> list[RecordSetRef] | None:
         """The references published under ``submission_id`` by this writer id (across its
-        restarts), or None."""
+        restarts), or None (through publish/publish_many if it was, else through
+        record_set, else write_records: ``publication_receipt`` asks for one)."""
         self._check_process()
         self._check_submission_id(submission_id)
         with self._write_lock:
             self._check_open()
-            known = self._ensure_writer().index.get(submission_id)
+            index = self._ensure_writer().index
+            known = next((index[k] for k in (("publish", submission_id),
+                                             ("record_set", submission_id),
+                                             ("records", submission_id)) if k in index), None)
         return list(known.refs) if known else None
 
     def _write(self, writer: WriterIncarnation, submission_id: str,
@@ -892,14 +897,14 @@ class SharedFilesystemStore(ProcessBound):
             with self._write_lock:
                 self._check_open()
                 if self._writer is not None:
-                    known = self._writer.index.get(submission_id)
+                    known = self._writer.index.get((api, submission_id))
                     return _receipt(known, api)
         with self._other_writer(writer_id) as (rel_dir, writer_dir):
             if not self.fs.exists(writer_dir):
                 return None
             history = recover_writer(self.fs, self.root, self.run_id, rel_dir, self.catalog,
                                      incarnations(self.fs, writer_dir))
-        return _receipt(history.index.get(submission_id), api)
+        return _receipt(history.index.get((api, submission_id)), api)
 
     def retire_writer(self, writer_id: str, *, policy: str = "recover"
                       ) -> list[RecordSetRef] | list[Any]:
