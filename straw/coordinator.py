@@ -381,6 +381,10 @@ class Coordinator(ProcessBound):
         with self.store.catalog.locked() as st:
             roots = st.owners.get((self.store.run_id, self.owner))
             self._rooted = roots.copy() if roots is not None else RootSet()
+        # Staging of what the recovered journal names and the queue roots can go at the
+        # next collection, as it would have after the previous coordinator's (it may have
+        # stopped before collecting): that journal is durable, so D2 holds
+        self._unstage = self._live_extents() & set(self._rooted)
         # What this coordinator's last collection released (results below the cursor, and
         # the positions): read_commits refuses them.  Nothing is known released at start:
         # a crash may have come before the collection (a reference read_commits returns
@@ -986,8 +990,9 @@ class Coordinator(ProcessBound):
                         meta.get("attempt_id") != lease.attempt_id:
                     raise InvalidReference(
                         f"result record {info.record_id!r} names task "
-                        f"{meta.get('task_id')!r} attempt {meta.get('attempt_id')!r}, but the "
-                        f"lease is task {lease.task_id!r} attempt {lease.attempt_id!r}")
+                        f"{meta.get('task_id')!r} attempt {meta.get('attempt_id')!r}: it belongs "
+                        f"to another attempt than the lease's (task {lease.task_id!r} attempt "
+                        f"{lease.attempt_id!r}); complete each task with its own result")
                 named = True
         if not named:
             raise InvalidReference(
