@@ -489,7 +489,8 @@ class QueueState:
 
     def _set_producer(self, pid: str, state: Any) -> None:
         self.producers[pid] = state
-        self.producer_refs[pid] = frozenset(ref_to_tuple(r) for r in record_sets_in(state)[1])
+        found = record_sets_in(state, strict=False)[1]
+        self.producer_refs[pid] = frozenset(ref_to_tuple(r) for r in found)
 
     def _t_lease(self, txn: dict[str, Any]) -> None:
         worker, epoch = txn["worker"], txn["epoch"]

@@ -418,12 +418,14 @@ class RecordSetRef:
 _RECORD_SET_KEYS = frozenset(("manifest", "digest", "records", "payload_bytes", "tokens"))
 
 
-def record_sets_in(value: Any) -> tuple[Any, list[RecordSetRef]]:
+def record_sets_in(value: Any, *, strict: bool = True) -> tuple[Any, list[RecordSetRef]]:
     """``value`` (JSON-like state, e.g. a producer's) with every ``RecordSetRef`` in it
     replaced by its dict form, and the references it names: those objects and every dict
     of exactly a RecordSetRef's five keys (``asdict(ref)``), at any depth.  Such a dict
     that is not a valid reference is ``InvalidReference`` (state that looks like a
-    reference and is not one would otherwise keep nothing alive, silently).  Containers
+    reference and is not one would otherwise keep nothing alive, silently); with
+    ``strict=False`` it is skipped (state journaled by a straw that did not check it must
+    not stop a recovery: it was never a root).  Containers
     past ``MAX_METADATA_DEPTH`` and shared or cyclic ones are left for
     ``canonical_metadata`` to refuse or accept; each is walked once."""
     refs: list[RecordSetRef] = []
@@ -441,7 +443,11 @@ def record_sets_in(value: Any) -> tuple[Any, list[RecordSetRef]]:
         done[id(v)] = v  # a cycle back to v meets v itself (refused later)
         if isinstance(v, dict):
             if v.keys() == _RECORD_SET_KEYS:
-                refs.append(RecordSetRef.from_dict(v))
+                try:
+                    refs.append(RecordSetRef.from_dict(v))
+                except (InvalidReference, UnsupportedSchema):
+                    if strict:
+                        raise
                 out: Any = v
             else:
                 out = {k: walk(x, depth + 1) for k, x in v.items()}
