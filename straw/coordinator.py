@@ -128,6 +128,7 @@ from .refs import (
     Record,
     RecordSetRef,
     canonical_metadata,
+    record_sets_in,
     ref_from_tuple,
     ref_identity,
     ref_to_tuple,
@@ -215,8 +216,11 @@ class Coordinator(ProcessBound):
             namespace = NAMESPACE_TRUE if namespace else NAMESPACE_FALSE
         if exclusive_owner is not None and (not isinstance(exclusive_owner, str)
                                             or not exclusive_owner.strip()):
-            raise ValueError("exclusive_owner must describe, in a non-empty str, what makes "
-                             "this the queue's only coordinator")
+            # straw-queue's class for a missing single-owner guarantee (None is ours: the
+            # epoch lock enforces exclusivity without a description)
+            raise UnsafeRecovery(f"exclusive_owner {short_repr(exclusive_owner)} must "
+                                 "describe, in a non-empty str, what makes this the queue's "
+                                 "only coordinator (or leave it out)")
         for name, value in (("queue_id", queue_id), ("namespace", namespace)):
             if not isinstance(value, str) or not NAME_RE.match(value):
                 raise ValueError(f"{name} {short_repr(value)} must be 1-128 letters, digits, "
@@ -377,6 +381,10 @@ class Coordinator(ProcessBound):
         with self.store.catalog.locked() as st:
             roots = st.owners.get((self.store.run_id, self.owner))
             self._rooted = roots.copy() if roots is not None else RootSet()
+        # Staging of what the recovered journal names and the queue roots can go at the
+        # next collection, as it would have after the previous coordinator's (it may have
+        # stopped before collecting): that journal is durable, so D2 holds
+        self._unstage = self._live_extents() & set(self._rooted)
         # What this coordinator's last collection released (results below the cursor, and
         # the positions): read_commits refuses them.  Nothing is known released at start:
         # a crash may have come before the collection (a reference read_commits returns
@@ -531,8 +539,13 @@ class Coordinator(ProcessBound):
 
     # --- validation helpers -------------------------------------------------------------
     def _check_ref(self, ref: object, where: str) -> RecordSetRef:
+        # straw-queue takes a reference's dict form (``asdict(ref)``, e.g. one that came
+        # back from task_status or over RPC) wherever it takes a reference
+        if isinstance(ref, Mapping):
+            ref = RecordSetRef.from_dict(ref)
         if not isinstance(ref, RecordSetRef):
-            raise TypeError(f"{where} must be a RecordSetRef, got {type(ref).__name__}")
+            raise TypeError(f"{where} must be a RecordSetRef (or its dict form), got "
+                            f"{type(ref).__name__}")
         ref.check()
         if ref.run_id != self.store.run_id:
             raise InvalidReference(f"{where} belongs to run {ref.run_id!r}, the queue's store "
@@ -682,9 +695,15 @@ class Coordinator(ProcessBound):
         for i, spec in enumerate(tasks):
             rows.append(self._task_row(f"tasks[{i}]", spec, seen))
         producer = None
+        # references in a producer's state (its continuation: a cursor's record, an RNG
+        # state) are queue roots while the state is the producer's latest, as a consumer's
+        # state_ref is (straw-queue keeps them too); retained before the journal (D2)
+        held: list[RecordSetRef] = []
         if producer_id is not None:
             _check_id("producer_id", producer_id)
-            producer = [producer_id, self._meta(producer_state or {}, "producer_state")]
+            plain, found = record_sets_in(producer_state or {})
+            held = [self._check_ref(r, "producer_state reference") for r in found]
+            producer = [producer_id, self._meta(plain, "producer_state")]
         elif producer_state is not None:
             raise ValueError("producer_state needs a producer_id to be saved under")
         digest = _digest(["submit", rows, producer])
@@ -693,7 +712,8 @@ class Coordinator(ProcessBound):
             known = self._known(request_id, digest, "submit")
         if known is not None:
             return list(self._replayed(known))
-        adopted = self._adopt([t.input_ref for t in tasks if t.input_ref is not None])
+        adopted = self._adopt([self._check_ref(t.input_ref, "input_ref") for t in tasks
+                               if t.input_ref is not None] + held)
         try:
             with self._mutex:
                 self._check_usable()
@@ -970,8 +990,9 @@ class Coordinator(ProcessBound):
                         meta.get("attempt_id") != lease.attempt_id:
                     raise InvalidReference(
                         f"result record {info.record_id!r} names task "
-                        f"{meta.get('task_id')!r} attempt {meta.get('attempt_id')!r}, but the "
-                        f"lease is task {lease.task_id!r} attempt {lease.attempt_id!r}")
+                        f"{meta.get('task_id')!r} attempt {meta.get('attempt_id')!r}: it belongs "
+                        f"to another attempt than the lease's (task {lease.task_id!r} attempt "
+                        f"{lease.attempt_id!r}); complete each task with its own result")
                 named = True
         if not named:
             raise InvalidReference(
@@ -2127,6 +2148,11 @@ def _check_id(name: str, value: object) -> None:
 
 
 def _check_int64(name: str, value: object) -> None:
+    """A priority or scheduling key: a signed 64-bit integer (what the journal stores)."""
+    if isinstance(value, int) and not isinstance(value, bool) and not (
+            INT64[0] <= value <= INT64[1]):
+        raise ValueError(f"{name} must be a signed 64-bit integer (-2**63..2**63-1), got "
+                         f"{short_repr(value)}")
     check_int(name, value, *INT64)
 
 

@@ -83,6 +83,7 @@ from typing import Any, NamedTuple, cast, overload
 import msgpack
 
 from .errors import CorruptData
+from .refs import record_sets_in, ref_to_tuple
 
 # straw.refs.ref_to_tuple: 9 fields (6 in journals of the previous straw)
 RefTuple = tuple[Any, ...]
@@ -387,6 +388,9 @@ class QueueState:
     submissions: dict[str, int] = field(default_factory=dict)  # completion id -> position
     requests: dict[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)  # D7
     producers: dict[str, Any] = field(default_factory=dict)
+    # derived from ``producers`` (never stored): the references each state names, roots
+    # of the queue while that state is its producer's latest
+    producer_refs: dict[str, frozenset[RefTuple]] = field(default_factory=dict)
     reads: dict[tuple[str, str, int], RefTuple] = field(default_factory=dict)
     read_epochs: dict[tuple[str, str, int], int] = field(default_factory=dict)  # grant epoch
     consumers: dict[str, Consumer] = field(default_factory=dict)
@@ -481,7 +485,12 @@ class QueueState:
         self._request(txn, tuple(ids))
         if txn.get("producer") is not None:
             pid, state = txn["producer"]
-            self.producers[pid] = state
+            self._set_producer(pid, state)
+
+    def _set_producer(self, pid: str, state: Any) -> None:
+        self.producers[pid] = state
+        found = record_sets_in(state, strict=False)[1]
+        self.producer_refs[pid] = frozenset(ref_to_tuple(r) for r in found)
 
     def _t_lease(self, txn: dict[str, Any]) -> None:
         worker, epoch = txn["worker"], txn["epoch"]
@@ -688,6 +697,8 @@ class QueueState:
         for ck in self.checkpoints.values():
             if ck.ref is not None:
                 refs.add(ck.ref)
+        for held in self.producer_refs.values():
+            refs.update(held)
         return refs
 
     # --- snapshots ------------------------------------------------------------------------
@@ -744,7 +755,8 @@ class QueueState:
         subs = map(operator.itemgetter(CommitRecord._fields.index("submission_id")), rows)
         st.submissions = dict(zip(subs, range(len(rows)), strict=True))
         st.requests = {k: (d, tuple(ids)) for k, d, ids in snap["requests"]}
-        st.producers = dict(snap["producers"])
+        for pid, pstate in snap["producers"].items():
+            st._set_producer(pid, pstate)
         for w, t, a, r, *e in snap["reads"]:  # the grant's epoch: absent in older snapshots
             st.reads[(w, t, a)] = tuple(r)  # type: ignore[assignment]
             st.read_epochs[(w, t, a)] = e[0] if e else 0

@@ -75,7 +75,9 @@ class WriterHistory:
     """What a writer's earlier incarnations left: submissions, and per pack its extent
     offsets and the offsets of unacknowledged (incomplete) batches (``seal_if_open``)."""
 
-    index: dict[str, Submission]
+    # keyed by (api, submission_id): as in straw-queue, a submission id names one
+    # request per publishing call (write_records, record_set, publish), not across them
+    index: dict[tuple[str, str], Submission]
     packs: dict[str, tuple[list[int], list[int]]]
     damaged: list[Damage]
 
@@ -131,7 +133,7 @@ def recover_writer(fs: Filesystem, root: str, run_id: str, rel_dir: str, catalog
     # misses are asked for by name: sealing a pack that exists as empty would drop the
     # staging of its acknowledged extents.
     unlisted = {p for p, (state, _, dead) in known.items() if state == "open" and not dead}
-    found: dict[str, list[tuple[str, ExtentEntry]]] = {}
+    found: dict[tuple[str, str], list[tuple[str, ExtentEntry]]] = {}
     per_pack: dict[str, list[ExtentEntry]] = {}
     damaged: list[Damage] = []
     for inc in incs:
@@ -158,10 +160,10 @@ def recover_writer(fs: Filesystem, root: str, run_id: str, rel_dir: str, catalog
                 damaged.append(d)
             per_pack[rel] = entries
             for e in entries:
-                found.setdefault(e.submission_id, []).append((rel, e))
+                found.setdefault((e.api, e.submission_id), []).append((rel, e))
         if unsealed:
             fs.fsync_dir(inc_dir)
-    index = {}
+    index: dict[tuple[str, str], Submission] = {}
     for sub, items in found.items():
         batch = _complete_batch(items)
         if batch is not None:

@@ -346,6 +346,21 @@ class RecordSetRef:
     payload_bytes: int
     tokens: int
 
+    def __init__(self, manifest: RecordRef, digest: str, records: int, payload_bytes: int,
+                 tokens: int, *, segment: SegmentRef | None = None) -> None:
+        # ``segment=`` (ours: the extent that holds the manifest) replaces the manifest's
+        # segment, so that ``dataclasses.replace(ref, segment=...)`` moves a record set as
+        # it moves a RecordRef (code written for straw-queue does that without asking
+        # which kind of reference it holds).
+        if segment is not None:
+            if not isinstance(manifest, RecordRef):
+                raise InvalidReference(f"RecordSetRef(segment=...): manifest must be a "
+                                       f"RecordRef, got {type(manifest).__name__}")
+            manifest = RecordRef(segment, manifest.ordinal)
+        for name, value in (("manifest", manifest), ("digest", digest), ("records", records),
+                            ("payload_bytes", payload_bytes), ("tokens", tokens)):
+            object.__setattr__(self, name, value)
+
     @property
     def segment(self) -> SegmentRef:
         return self.manifest.segment
@@ -398,6 +413,50 @@ class RecordSetRef:
                        getattr(self, name))
         if not isinstance(self.digest, str) or not _HEX32.match(self.digest):
             raise InvalidReference(f"{self!r}: digest must be 32 lowercase hex digits")
+
+
+_RECORD_SET_KEYS = frozenset(("manifest", "digest", "records", "payload_bytes", "tokens"))
+
+
+def record_sets_in(value: Any, *, strict: bool = True) -> tuple[Any, list[RecordSetRef]]:
+    """``value`` (JSON-like state, e.g. a producer's) with every ``RecordSetRef`` in it
+    replaced by its dict form, and the references it names: those objects and every dict
+    of exactly a RecordSetRef's five keys (``asdict(ref)``), at any depth.  Such a dict
+    that is not a valid reference is ``InvalidReference`` (state that looks like a
+    reference and is not one would otherwise keep nothing alive, silently); with
+    ``strict=False`` it is skipped (state journaled by a straw that did not check it must
+    not stop a recovery: it was never a root).  Containers
+    past ``MAX_METADATA_DEPTH`` and shared or cyclic ones are left for
+    ``canonical_metadata`` to refuse or accept; each is walked once."""
+    refs: list[RecordSetRef] = []
+    done: dict[int, Any] = {}
+
+    def walk(v: Any, depth: int) -> Any:
+        if isinstance(v, RecordSetRef):
+            v.check()
+            refs.append(v)
+            return v.to_dict()
+        if not isinstance(v, (dict, list, tuple)) or depth > MAX_METADATA_DEPTH:
+            return v
+        if id(v) in done:
+            return done[id(v)]
+        done[id(v)] = v  # a cycle back to v meets v itself (refused later)
+        if isinstance(v, dict):
+            if v.keys() == _RECORD_SET_KEYS:
+                try:
+                    refs.append(RecordSetRef.from_dict(v))
+                except (InvalidReference, UnsupportedSchema):
+                    if strict:
+                        raise
+                out: Any = v
+            else:
+                out = {k: walk(x, depth + 1) for k, x in v.items()}
+        else:
+            out = [walk(x, depth + 1) for x in v]
+        done[id(v)] = out
+        return out
+
+    return walk(value, 1), refs
 
 
 def record_set_ref(run_id: str, path: str, offset: int, size: int, checksum: str,

@@ -415,19 +415,20 @@ class SharedFilesystemStore(ProcessBound):
         with self._write_lock:
             self._check_open()
             writer = self._ensure_writer()
-            known = writer.index.get(submission_id)
+            # one submission id per call kind (straw-queue's receipts are bound to the
+            # api): write_records and record_set of one request may share it
+            known = writer.index.get((api, submission_id))
             if known is not None:
-                if known.digests != digests or known.api != api:
+                if known.digests != digests:
                     raise IdempotencyConflict(
                         f"submission_id {submission_id!r} was already used by writer "
-                        f"{self.writer_id!r} for different content"
-                        f"{'' if known.api == api else f' (through {_API_CALLS[known.api]})'}"
-                        "; use a new submission_id for new content"
+                        f"{self.writer_id!r} for different content through "
+                        f"{_API_CALLS[api]}; use a new submission_id for new content"
                     )
                 return list(known.refs)
             self._check_dependencies(normalized)
             refs = self._write(writer, submission_id, normalized, api)
-            writer.index[submission_id] = Submission(digests, tuple(refs), api)
+            writer.index[(api, submission_id)] = Submission(digests, tuple(refs), api)
             m = self._metrics
             m["payload_bytes"] += sum(n.own_bytes for n in normalized)
             m["records"] += sum(len(n.recs) for n in normalized)
@@ -438,12 +439,16 @@ class SharedFilesystemStore(ProcessBound):
 
     def lookup_submission(self, submission_id: str) -> list[RecordSetRef] | None:
         """The references published under ``submission_id`` by this writer id (across its
-        restarts), or None."""
+        restarts), or None (through publish/publish_many if it was, else through
+        record_set, else write_records: ``publication_receipt`` asks for one)."""
         self._check_process()
         self._check_submission_id(submission_id)
         with self._write_lock:
             self._check_open()
-            known = self._ensure_writer().index.get(submission_id)
+            index = self._ensure_writer().index
+            known = next((index[k] for k in (("publish", submission_id),
+                                             ("record_set", submission_id),
+                                             ("records", submission_id)) if k in index), None)
         return list(known.refs) if known else None
 
     def _write(self, writer: WriterIncarnation, submission_id: str,
@@ -624,12 +629,14 @@ class SharedFilesystemStore(ProcessBound):
     def release(self, owner: str) -> bool:
         """Drop this run's ``owner``.  Returns False (and changes nothing) if this run has
         no such owner (another run's owner of that name is never touched).  Pins left
-        behind by a crashed reader of this run (``pin:...``) can be released here."""
+        behind by a crashed reader of this run (``publication:pin:...``, or ``pin:...`` in pools
+        written before) can be released here."""
         self._check_open()
         if not isinstance(owner, str):
             raise TypeError(f"owner must be a str, got {type(owner).__name__}")
-        if owner.startswith(INTERNAL_OWNER_PREFIXES):
-            raise ValueError(f"owner {owner!r} belongs to straw itself (queue or staging)")
+        if owner.startswith(RESERVED_OWNER_PREFIXES) and not owner.startswith(PIN_OWNER_PREFIX):
+            raise ValueError(f"owner {owner!r} belongs to straw itself (a queue's owner: "
+                             "release its data through the coordinator)")
         return self.catalog.release(owner)
 
     def release_publications(self, refs: Iterable[RecordSetRef]) -> int:
@@ -641,7 +648,7 @@ class SharedFilesystemStore(ProcessBound):
     def pin(self, refs: Iterable[RecordSetRef | RecordRef], *, owner: str | None = None
             ) -> Pin:
         """``with store.pin(refs):`` — a durable reader owner held for the block (named
-        ``owner``, else ``pin:host:pid:<uuid>``).  A reader that dies inside the block
+        ``owner``, else ``publication:pin:host:pid:<uuid>``).  A reader that dies inside the block
         leaves its pin for an operator to ``release``: nothing is reclaimed under a
         reader that may be alive."""
         self._check_open()
@@ -890,14 +897,14 @@ class SharedFilesystemStore(ProcessBound):
             with self._write_lock:
                 self._check_open()
                 if self._writer is not None:
-                    known = self._writer.index.get(submission_id)
+                    known = self._writer.index.get((api, submission_id))
                     return _receipt(known, api)
         with self._other_writer(writer_id) as (rel_dir, writer_dir):
             if not self.fs.exists(writer_dir):
                 return None
             history = recover_writer(self.fs, self.root, self.run_id, rel_dir, self.catalog,
                                      incarnations(self.fs, writer_dir))
-        return _receipt(history.index.get(submission_id), api)
+        return _receipt(history.index.get((api, submission_id)), api)
 
     def retire_writer(self, writer_id: str, *, policy: str = "recover"
                       ) -> list[RecordSetRef] | list[Any]:
@@ -1036,9 +1043,18 @@ def _receipt(known: Submission | None, api: str) -> list[Any] | None:
     return list(known.refs)
 
 
-# Owner names straw uses itself: applications cannot retain under them.
-INTERNAL_OWNER_PREFIXES = ("queue:", "staged:", "checkpoint:")
-RESERVED_OWNER_PREFIXES = INTERNAL_OWNER_PREFIXES + ("pin:",)
+# Owner names straw uses itself live under the two prefixes straw-queue 0.1.6 also
+# reserves ("queue:" and "publication:"), so that no name a straw-queue caller can use
+# (it refuses those two) meets one of ours: a coordinator owns ``queue:<ns>/<id>``, an
+# unnamed pin is ``publication:pin:<host>:<pid>:<uuid>``.  Every other name ("pin:...",
+# "checkpoint:...", "staged:...", which straw-queue callers do use) is the application's.
+# Pools written before this rule may hold unnamed pins called ``pin:<host>:<pid>:<uuid>``:
+# they stay ordinary owners (they protect their data until released, as before), and
+# ``release`` drops them like any application owner.
+RESERVED_OWNER_PREFIXES = ("queue:", "publication:")
+# An unnamed pin left behind by a reader that died: ``release`` may drop it (an operator
+# cleaning up), ``retain`` may not create one.
+PIN_OWNER_PREFIX = "publication:pin:"
 
 
 def check_owner(owner: object) -> str:
@@ -1048,8 +1064,8 @@ def check_owner(owner: object) -> str:
         raise ValueError("owner must be a non-empty str of at most 1024 characters")
     if owner.startswith(RESERVED_OWNER_PREFIXES):
         raise ValueError(
-            f"owner {owner!r} uses a reserved prefix ({', '.join(RESERVED_OWNER_PREFIXES)}); "
-            "choose another name"
+            f"owner {owner!r} uses a reserved prefix ({', '.join(RESERVED_OWNER_PREFIXES)}: "
+            "straw's own queue and pin owners); choose another name"
         )
     return owner
 
@@ -1071,7 +1087,8 @@ class Pin:
         self.store = store
         self.extents = extents
         self.refs = refs
-        self.owner = owner or f"pin:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex}"
+        self.owner = owner or (f"{PIN_OWNER_PREFIX}{socket.gethostname()}:{os.getpid()}:"
+                               f"{uuid.uuid4().hex}")
         self.held = False
 
     def __enter__(self) -> Pin:

@@ -96,7 +96,7 @@ class WriterIncarnation(ProcessBound):
             incarnations = recovery.incarnations(fs, self.dir)
             self.incarnation = (max(incarnations) if incarnations else 0) + 1
             self.inc_rel = f"{self.rel_dir}/i{self.incarnation:06d}"
-            self.index: dict[str, Submission] = {}
+            self.index: dict[tuple[str, str], Submission] = {}  # (api, submission_id)
             self.damaged: list[Damage] = []
             recovered = self._load_index(incarnations)
             # Packs a dead predecessor left open are complete now: seal them in the catalog

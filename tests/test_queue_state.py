@@ -236,3 +236,23 @@ def test_promotion_does_not_carry_young_garbage_to_the_oldest_generation():
     with bulk_objects(promote=True):
         pass
     assert dead() is None
+
+
+def test_producer_state_references_are_live_and_survive_a_snapshot() -> None:
+    from straw.refs import record_set_ref, ref_to_tuple
+
+    good = record_set_ref("r", "runs/r/writers/w/i000001/pack-000001.strw", 64, 200,
+                          "a" * 32, "b" * 32, 1, 1, 10, 0)
+    # a dict of a reference's five keys that is no reference (journaled by a straw that did
+    # not check producer states): not a root, and no reason to stop a recovery
+    bogus = {"manifest": {}, "digest": "x", "records": 1, "payload_bytes": 0, "tokens": 0}
+    st = QueueState()
+    st.apply({"t": "submit", "req": "r1", "digest": "d1", "tasks": [],
+              "producer": ["data", {"cursor": [good.to_dict()], "old": bogus}]})
+    assert ref_to_tuple(good) in st.live_refs("training")
+    again = QueueState.from_snapshot(msgpack.unpackb(
+        msgpack.packb(st.to_snapshot(), use_bin_type=True), raw=False))
+    assert again.producer_refs == st.producer_refs == {"data": frozenset({ref_to_tuple(good)})}
+    st.apply({"t": "submit", "req": "r2", "digest": "d2", "tasks": [],
+              "producer": ["data", {"cursor": []}]})
+    assert ref_to_tuple(good) not in st.live_refs("training")

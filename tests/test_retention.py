@@ -121,7 +121,7 @@ def test_pin_holds_during_the_block(tmp_path):
         store.seal()
         store.release_publications([a])
         with store.pin([a]) as pin:
-            assert pin.owner.startswith("pin:") and pin.owner in store.owners()
+            assert pin.owner.startswith("publication:pin:") and pin.owner in store.owners()
             assert store.collect_garbage()["reclaimed_files"] == 0
             assert bytes(next(store.read(a)).payload) == b"a" * 100
         assert store.owners() == []
@@ -131,7 +131,7 @@ def test_pin_holds_during_the_block(tmp_path):
 def test_owner_names_and_bad_arguments(tmp_path):
     with _store(tmp_path) as store:
         a = _pub(store, "a")
-        for name in ("queue:q", "staged:x", "pin:me", "checkpoint:c"):
+        for name in ("queue:q", "publication:x", "publication:pin:me"):
             with pytest.raises(ValueError, match="reserved"):
                 store.retain(name, [a])
         with pytest.raises(ValueError, match="non-empty"):
@@ -144,6 +144,8 @@ def test_owner_names_and_bad_arguments(tmp_path):
             store.retain("o", ["x"])  # type: ignore[list-item]
         with pytest.raises(ValueError, match="belongs to straw"):
             store.release("queue:q")
+        with pytest.raises(ValueError, match="belongs to straw"):
+            store.release("publication:x")
         assert store.release("nobody") is False
 
 
