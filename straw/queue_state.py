@@ -49,13 +49,18 @@ most one lease; leases carry the epoch that granted them and an ``epoch`` record
 every older one; scheduling order is priority desc, key asc, FIFO; read roots (D5) end only
 by ``reads``/``retire`` or the reader's own complete/fail/yield/release.
 
-Recovery cost (D9).  A snapshot of a long-lived queue is mostly history: terminal tasks and
-the commit log.  ``from_snapshot`` decodes them into compact tuples (in C, by msgpack) and
-builds the indexes (task ids, submission ids) eagerly, but makes a ``Task`` of a terminal
-task only when something reads it (``TaskTable``), and a ``CommitRecord`` only for the rows
-read (``CommitLog``).  The decoded objects go straight to the garbage collector's oldest
-generation (``bulk_objects``), so no young collection has to traverse them.  What callers
-observe is unchanged.
+Recovery cost (D9).  A long-lived queue's state is mostly history: terminal tasks, the
+commit log, submission ids and request answers.  Each journal snapshot moves what became
+history since the previous one into an immutable history segment (``straw.history``,
+spec H1) and carries only the live state plus the segments' manifest, so recovery decodes
+live state only; ``TaskTable``, ``CommitLog`` and ``TieredDict`` (submissions, requests)
+look history up in the segments on demand (a Bloom filter per segment answers most misses
+without a read).  A snapshot of an older straw still holds its terminal tasks and commits:
+``from_snapshot`` decodes them into compact tuples (in C, by msgpack) and makes a ``Task``
+of a terminal task only when something reads it, until the next snapshot moves them out.
+The decoded objects go straight to the garbage collector's oldest generation
+(``bulk_objects``), so no young collection has to traverse them.  What callers observe is
+unchanged.
 """
 
 from __future__ import annotations
@@ -317,6 +322,12 @@ class TaskTable(MutableMapping[str, Task]):
             del self._map[tid]
         if self._rows and not any(isinstance(v, int) for v in self._map.values()):
             self._rows = self._meta = ()
+
+    def loaded_task(self, task_id: str) -> Task | None:
+        """The task if it is a loaded ``Task`` of the live state (every non-terminal task
+        is), else None: nothing is loaded or read from history."""
+        v = self._map.get(task_id)
+        return v if isinstance(v, Task) else None
 
     def loaded(self) -> Iterator[Task]:
         """The tasks that are ``Task`` objects: every non-terminal one (and terminal ones
@@ -624,7 +635,9 @@ class QueueState:
             self.leased_count -= 1
 
     def _live_entry(self, entry: tuple[tuple[int, int, int], str]) -> bool:
-        task = self.tasks.get(entry[1])
+        # a pending task is always loaded in the live state (never in history): a stale
+        # entry of a finished task costs no history lookup
+        task = self.tasks.loaded_task(entry[1])
         return task is not None and task.status == PENDING and task.order() == entry[0]
 
     def best_pending(self, control: bool, n: int = 1,
