@@ -196,3 +196,20 @@ def test_history_task_roundtrip_keeps_tuples_and_json_lists():
     import msgpack
     back = task_from_history(msgpack.unpackb(msgpack.packb(history_value(t)), raw=False))
     assert back == t
+
+
+def test_snapshot_size_follows_live_state_not_history(store):
+    """D9: the journal snapshot carries the live state and the history manifest; before
+    history segments it grew with every completed task."""
+    q = _coord(store, snapshot_every=10**6)
+    sizes = []
+    for r in range(3):
+        q.submit_tasks(f"r{r}", [TaskSpec(f"t{r}-{i}") for i in range(100)])
+        _complete_all(store, q)
+        q.submit_tasks(f"live{r}", [TaskSpec(f"live{r}-{i}") for i in range(5)])
+        q.snapshot()
+        snaps = [p for p in Path(q.journal_dir).iterdir() if p.name.endswith(".snap")]
+        sizes.append(max(p.stat().st_size for p in snaps))
+    q.close()
+    # three times the history, and the live state grew by 10 tasks: the snapshot barely
+    assert sizes[2] < sizes[0] * 1.5, sizes
