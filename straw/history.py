@@ -229,9 +229,10 @@ class Segment:
         return block
 
     def get(self, table: str, key: str) -> Any:
-        idx = self.index()
-        bits, _k = idx["blooms"][table]
-        if not self.counts.get(table) or not _maybe_in(bits, key):
+        if not self.counts.get(table):
+            return MISSING  # decided without reading the index
+        bits, _k = self.index()["blooms"][table]
+        if not _maybe_in(bits, key):
             return MISSING
         firsts = self._firsts[table]
         i = bisect.bisect_right(firsts, key) - 1
