@@ -2075,9 +2075,7 @@ class Coordinator(ProcessBound):
         st = self.state
         c = st.consumers.get(self.consumer_id)
         start, acked = (c.processed, set(c.sparse)) if c else (0, set())
-        accepted = _usage_of(self._to_ref(rec.result)
-                             for p, rec in enumerate(st.commits[start:], start)
-                             if p not in acked)
+        accepted = st.commits.usage(start, acked)  # history: per-block sums
         ready = _usage_of(self._to_ref(b.ref) for k, b in st.batches.items()
                           if b.ref is not None and not st.batch_finished(k))
         control = sum(1 for t in st.tasks.loaded() if t.status == LEASED and t.control)

@@ -103,6 +103,16 @@ def _bloom(keys: Sequence[str]) -> bytes:
     return bits.tobytes()
 
 
+def row_usage(row: Sequence[Any]) -> tuple[int, int, int]:
+    """(payload bytes, records, tokens) of a commit row's result, as the coordinator's
+    usage counts them (a six-field reference of an older straw records no bytes or
+    tokens)."""
+    ref = row[3]
+    if len(ref) >= 9:
+        return ref[7] or 0, ref[5], ref[8] or 0
+    return 0, ref[5], 0
+
+
 def _maybe_in(bits: bytes, key: str) -> bool:
     nbits = len(bits) * 8
     h = xxhash.xxh3_64_intdigest(key.encode())
@@ -218,7 +228,7 @@ class Segment:
         if hit is not None:
             self._cache.move_to_end(key)
             return hit
-        _, off, n = self.index()["tables"][table][i]
+        _, off, n = self.index()["tables"][table][i][:3]
         body = self._read_frame(off, n, f"block {i} of table {table!r}")
         # keyed blocks: lists (user JSON must come back with lists); commit rows: tuples,
         # as the journal snapshot decodes them
@@ -248,6 +258,23 @@ class Segment:
         i = bisect.bisect_right(firsts, pos) - 1
         return self._block("c", i)[pos - firsts[i]]  # type: ignore[no-any-return]
 
+    def commit_usage(self, start: int) -> list[int]:
+        """[bytes, records, tokens] of this segment's commits at positions >= ``start``:
+        whole blocks from the index's sums, a partial block from its rows."""
+        self.index()
+        firsts, blocks = self._firsts["c"], self.index()["tables"]["c"]
+        out = [0, 0, 0]
+        i = max(0, bisect.bisect_right(firsts, start) - 1)
+        for j in range(i, len(blocks)):
+            if firsts[j] >= start and len(blocks[j]) > 3:
+                sums = blocks[j][3]
+            else:
+                rows = self._block("c", j)[max(0, start - firsts[j]):]
+                sums = [sum(x) for x in zip(*map(row_usage, rows), strict=True)] or [0, 0, 0]
+            for k in range(3):
+                out[k] += sums[k]
+        return out
+
     def items(self, table: str) -> Iterator[tuple[str, Any]]:
         for i in range(len(self.index()["tables"][table])):
             keys, values = self._block(table, i)
@@ -268,10 +295,10 @@ def write_segment(fs: Filesystem, directory: str, name: str, delta: Delta,
     blooms: dict[str, list[Any]] = {}
     offset = 0
 
-    def add(body: bytes, first: Any, table: str) -> None:
+    def add(body: bytes, first: Any, table: str, *extra: Any) -> None:
         nonlocal offset
         frame = framing.encode_frame(framing.KIND_HISTORY, body, group_start=0)
-        tables[table].append([first, offset, len(frame)])
+        tables[table].append([first, offset, len(frame), *extra])
         blocks.append(frame)
         offset += len(frame)
 
@@ -291,8 +318,11 @@ def write_segment(fs: Filesystem, directory: str, name: str, delta: Delta,
         counts[table] = len(entries)
     tables["c"] = []
     for i in range(0, len(delta.commits), BLOCK_ENTRIES):
-        add(msgpack.packb(list(delta.commits[i:i + BLOCK_ENTRIES]), use_bin_type=True),
-            delta.lo + i, "c")
+        rows = delta.commits[i:i + BLOCK_ENTRIES]
+        # the block's usage sums: the coordinator's usage of unprocessed commits then
+        # reads the index, not every row
+        sums = [sum(x) for x in zip(*map(row_usage, rows), strict=True)]
+        add(msgpack.packb(list(rows), use_bin_type=True), delta.lo + i, "c", sums)
     index = msgpack.packb({"v": HISTORY_VERSION, "lo": delta.lo, "hi": hi, "tables": tables,
                            "blooms": blooms}, use_bin_type=True)
     index_frame = framing.encode_frame(framing.KIND_HISTORY, index, group_start=0)
@@ -368,6 +398,15 @@ class History:
         if not 0 <= pos < self.commit_count:
             raise IndexError(pos)
         return self._by_lo[bisect.bisect_right(self._los, pos) - 1].commit(pos)
+
+    def commit_usage(self, start: int) -> list[int]:
+        """[bytes, records, tokens] of the history's commits at positions >= ``start``."""
+        out = [0, 0, 0]
+        for s in self._by_lo:
+            if s.hi > start:
+                for k, v in enumerate(s.commit_usage(start)):
+                    out[k] += v
+        return out
 
     def items(self, table: str) -> Iterator[tuple[str, Any]]:
         for s in self.segments:

@@ -89,7 +89,7 @@ import msgpack
 
 from .errors import CorruptData
 from .history import MISSING as _HMISSING
-from .history import Delta, History
+from .history import Delta, History, row_usage
 
 # straw.refs.ref_to_tuple: 9 fields (6 in journals of the previous straw)
 RefTuple = tuple[Any, ...]
@@ -489,6 +489,23 @@ class CommitLog(Sequence[CommitRecord]):
         if self._base:
             yield from map(_record, map(self._row, range(self._base)))
         yield from map(_record, self._rows)
+
+    def usage(self, start: int, skip: Iterable[int] = ()) -> dict[str, int]:
+        """Bytes, records and tokens of the results at positions >= ``start`` except
+        ``skip`` (``history.row_usage``): history segments answer from their index's
+        per-block sums, so this costs the live rows, not the history."""
+        out = [0, 0, 0]
+        if self._base > start:
+            assert self.history is not None
+            out = self.history.commit_usage(start)
+        for row in self._rows[max(0, start - self._base):]:
+            for k, v in enumerate(row_usage(row)):
+                out[k] += v
+        for p in set(skip):
+            if start <= p < len(self):
+                for k, v in enumerate(row_usage(self._row(p))):
+                    out[k] -= v
+        return {"bytes": out[0], "records": out[1], "tokens": out[2]}
 
     @property
     def base(self) -> int:

@@ -53,19 +53,23 @@ def test_segment_lookups_misses_and_commit_rows(tmp_path):
     n = 3 * BLOCK_ENTRIES + 5
     delta = Delta(subs=[(f"s{i:05d}", i) for i in reversed(range(n))],
                   reqs=[("req-a", ["d", ["x", "y"]])],
-                  commits=[(f"t{i}", 1, f"s{i:05d}", ("p", i), "dg", 1, None)
-                           for i in range(n)], lo=0)
+                  commits=[(f"t{i}", 1, f"s{i:05d}", ("p", i, 9, "c", "d", 1, 1, 10, 2),
+                            "dg", 1, None) for i in range(n)], lo=0)
     h = History(fs, str(tmp_path / "h")).extended(delta, 1, 7)
     assert h.commit_count == n and h.counts["s"] == n
     for i in (0, BLOCK_ENTRIES - 1, BLOCK_ENTRIES, n - 1):
         assert h.get("s", f"s{i:05d}") == i
-        assert h.commit(i)[0] == f"t{i}" and h.commit(i)[3] == ("p", i)
+        assert h.commit(i)[0] == f"t{i}" and h.commit(i)[3][:2] == ("p", i)
     assert h.get("s", "s99999") is MISSING and h.get("s", "") is MISSING
     assert h.get("t", "s00001") is MISSING  # another table
     assert h.get("r", "req-a") == ["d", ["x", "y"]]
     assert [k for k, _ in h.items("s")] == sorted(f"s{i:05d}" for i in range(n))
     with pytest.raises(IndexError):
         h.commit(n)
+    assert h.commit_usage(0) == [10 * n, n, 2 * n]
+    assert h.commit_usage(BLOCK_ENTRIES + 3) == [10 * (n - BLOCK_ENTRIES - 3),
+                                                 n - BLOCK_ENTRIES - 3,
+                                                 2 * (n - BLOCK_ENTRIES - 3)]
 
 
 def test_segments_fold_like_a_binary_counter(tmp_path):
@@ -74,7 +78,7 @@ def test_segments_fold_like_a_binary_counter(tmp_path):
     lo = 0
     for step in range(16):
         h = h.extended(Delta(subs=[(f"k{step}-{i}", lo + i) for i in range(10)],
-                             commits=[(f"t{lo + i}", 1, "s", ("p",), "d", 1, None)
+                             commits=[(f"t{lo + i}", 1, "s", ("p", 0, 1, "c", "d", 1), "d", 1, None)
                                       for i in range(10)], lo=lo), 1, step)
         lo += 10
         h.cleanup(1)
@@ -213,3 +217,25 @@ def test_snapshot_size_follows_live_state_not_history(store):
     q.close()
     # three times the history, and the live state grew by 10 tasks: the snapshot barely
     assert sizes[2] < sizes[0] * 1.5, sizes
+
+
+def test_usage_of_unprocessed_commits_from_block_sums(store):
+    """metrics()' usage of accepted, unprocessed results: history answers from per-block
+    sums, and the figures are those of the rows themselves."""
+    from straw.history import row_usage
+    q = _coord(store, snapshot_every=40)
+    q.submit_tasks("r", [TaskSpec(f"t{i:03d}") for i in range(300)])
+    _complete_all(store, q)
+    log = q.state.commits
+    assert log.base > 200  # most of it in history segments
+    for start, skip in ((0, ()), (5, (7, 8, 299)), (130, (131,)), (log.base, ()), (299, ())):
+        want = [0, 0, 0]
+        for p in range(start, len(log)):
+            if p not in skip:
+                for k, v in enumerate(row_usage(log._row(p))):
+                    want[k] += v
+        got = log.usage(start, skip)
+        assert [got["bytes"], got["records"], got["tokens"]] == want
+        assert want[1] == len(log) - start - len([p for p in skip if p >= start])
+    assert q.metrics()["usage_with_reservations"]["accepted_unprocessed"]["records"] == 300
+    q.close()
