@@ -23,6 +23,11 @@ Workloads:
 * ``lifecycle``: lease expiry through the clock, heartbeats, a final failure, a
   cancellation, sealed input, a consumer's saved state, a restart, then draining to
   ``end_of_input``;
+* ``history``: enough completions for several snapshots, so terminal tasks, commits,
+  submissions and request answers move to history segments (``straw.history``) and the
+  segments fold; a clean restart, then answers that only history holds (the status of an
+  old task, the replay of an old submit request, the receipt of a retried old
+  completion), more completions and snapshots;
 * ``takeover``: an old coordinator (its own SimFS client and store writer) serves and is
   paused; a new one takes over (``recover=True, takeover=True``) while the old still holds
   the lock; the resumed old one must never acknowledge (``IndeterminateCommit``/``Fenced``);
@@ -33,7 +38,10 @@ each mode of ``fault_injection.campaigns`` (power loss per persistence variant, 
 kill+power, power+recrash), plus the journal damage modes (``kill+damage/<kind>``, see
 ``fault_injection.journal_campaign.damage_journal``: the recovering coordinator must
 raise ``CorruptData`` or pass the check -- a damaged acknowledged tail, a deleted newest
-segment or a deleted newest epoch is never silently recovered as less).
+segment or a deleted newest epoch is never silently recovered as less), and the history
+damage modes (``kill+damage/drop-history``, ``kill+damage/flip-history``: every history
+segment deleted, or one byte flipped in each: a lookup must raise ``CorruptData``, never
+answer "unknown").
 
 The check (``recover_and_check``): a coordinator recovers
 (``recover=True``) without raising; every acknowledged receipt is found by
@@ -50,6 +58,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import posixpath
 import random
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -70,6 +79,7 @@ from fault_injection.sweep import (
     sweep,
 )
 from straw import Record, RecordSetRef, SharedFilesystemStore
+from straw import history as history_mod
 from straw.catalog import Catalog
 from straw.clock import ManualClock
 from straw.coordinator import Coordinator
@@ -82,6 +92,8 @@ RUN = "run"
 QUEUE = "q"
 RECRASH_WINDOW = 80  # a coordinator recovery + its check makes some 60-200 ops
 
+HISTORY_DAMAGE: tuple[str, ...] = ("kill+damage/drop-history", "kill+damage/flip-history")
+
 FULL_MODES: tuple[str, ...] = (
     "power/clear-cache/0",
     "power/torn-seq/0", "power/torn-seq/1",
@@ -89,6 +101,7 @@ FULL_MODES: tuple[str, ...] = (
     "kill",
     "kill+power/clear-cache/0", "kill+power/torn-op/0",
     "power+recrash/clear-cache/0", "power+recrash/torn-op/0", *DAMAGE_MODES,
+    *HISTORY_DAMAGE,
 )  # fmt: skip
 
 QUICK_MODES: tuple[str, ...] = (
@@ -237,6 +250,39 @@ def wl_basic(d: Driver) -> None:
     store.close()
 
 
+def wl_history(d: Driver) -> None:
+    """History segments written (and folded) by snapshots, then read after a restart."""
+    store = open_store(d.sim, d.clock)
+    q = open_coordinator(store, d.clock, recover=False)
+    specs = [TaskSpec(f"h{i}", metadata={"i": [i]}) for i in range(6)]
+    d.submit(q, "r-old", specs)
+    n = 0
+    for _ in range(3):
+        for x in q.acquire("w0", 2).assignments:
+            d.complete(q, store, x.lease, f"s-{n}")
+            n += 1
+    q.close()
+    store.close()
+    store = open_store(d.sim, d.clock)
+    q = open_coordinator(store, d.clock, recover=True)
+    if q.submit_tasks("r-old", specs) != list(d.log.submits["r-old"]):
+        raise Violation("the replay of an old submit request gave another answer")
+    if q.task_status("h0")["state"] != "completed":
+        raise Violation("an old completed task is not completed after a restart")
+    sid = "s-1"
+    _task, attempt, ref = d.log.attempts[sid]
+    r = q.complete_task(d.log.leases[sid], submission_id=sid, result_ref=ref)
+    if (r.task_id, attempt, r.position, r.result_ref) != d.log.receipts[sid]:
+        raise Violation(f"retry of old completion {sid!r} returned another receipt {r}")
+    d.submit(q, "r-new", [TaskSpec(f"k{i}") for i in range(4)])
+    while got := q.acquire("w1", 2).assignments:
+        for x in got:
+            d.complete(q, store, x.lease, f"s-{n}")
+            n += 1
+    q.close()
+    store.close()
+
+
 def wl_takeover(d: Driver) -> None:
     old_fs = d.sim.client("old")
     old_store = open_store(old_fs, d.clock, writer="old")
@@ -306,8 +352,8 @@ class Workload:
     run: Callable[[Driver], None]
 
 
-WORKLOADS = (Workload("basic", wl_basic), Workload("takeover", wl_takeover),
-             Workload("lifecycle", wl_lifecycle))
+WORKLOADS = (Workload("basic", wl_basic), Workload("history", wl_history),
+             Workload("takeover", wl_takeover), Workload("lifecycle", wl_lifecycle))
 
 
 # --- the check ------------------------------------------------------------------------------
@@ -385,6 +431,30 @@ def recover_and_check(fs: Filesystem, log: QueueLog, fresh_tag: str = "fresh",
     return out
 
 
+def damage_queue(sim: SimFS, kind: str) -> str:
+    """``damage_journal``'s kinds, plus the history segments': ``drop-history`` deletes
+    every one, ``flip-history`` flips a byte in the middle of each (synced data damaged by
+    a bad disk or an operator)."""
+    if kind not in ("drop-history", "flip-history"):
+        return damage_journal(sim, kind)
+    paths = sorted(p for p in sim.files() if p.endswith(".hist"))
+    if not paths:
+        return "no history segment"
+    for path in paths:
+        if kind == "drop-history":
+            sim.unlink(path)
+        else:
+            size = sim.stat(path).size
+            fd = sim.open(path, write=True)
+            buf = bytearray(1)
+            sim.readinto(fd, buf, size // 2)
+            sim.writev(fd, [bytes([buf[0] ^ 0x20])], size // 2)
+            sim.fsync(fd)
+            sim.close(fd)
+    sim.fsync_dir(posixpath.dirname(paths[0]))
+    return f"{kind}: {', '.join(posixpath.basename(p) for p in paths)}"
+
+
 # --- the campaign ---------------------------------------------------------------------------
 
 QueueReport = WorkloadReport
@@ -411,7 +481,7 @@ def run_state(wl: Workload, nth: int | None, when: str, mode: str, key: str) -> 
                            recrash_window=RECRASH_WINDOW, violation=Violation,
                            module="fault_injection.queue_campaign",
                            is_crash=lambda e: crash_in(e) is not None,
-                           damage=functools.partial(damage_journal, sim),
+                           damage=functools.partial(damage_queue, sim),
                            fail_closed=(CorruptData,))
 
 
@@ -491,11 +561,44 @@ def _no_started_mark() -> Iterator[None]:
         Coordinator._mark_started = orig  # type: ignore[method-assign]
 
 
+class _NoSync:
+    """A filesystem whose fsyncs do nothing (for ``_history_not_durable``)."""
+
+    def __init__(self, fs: Filesystem) -> None:
+        self._fs = fs
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._fs, name)
+
+    def fsync(self, fd: int) -> None:
+        pass
+
+    def fsync_dir(self, path: str) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def _history_not_durable() -> Iterator[None]:
+    """History segments are written without fsync (spec H1 broken: the journal snapshot
+    names a segment that a power loss may take away)."""
+    orig = history_mod.write_segment
+
+    def write(fs: Filesystem, *a: Any, **k: Any) -> Any:
+        return orig(_NoSync(fs), *a, **k)  # type: ignore[arg-type]
+
+    history_mod.write_segment = write  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        history_mod.write_segment = orig
+
+
 QUEUE_CONTROLS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "queue-no-fencing": _no_fencing,
     "queue-reply-before-durable": _reply_before_durable,
     "queue-no-started-mark": _no_started_mark,
     "queue-journal-no-confirm": JOURNAL_CONTROLS["journal-no-confirm"],
+    "queue-history-not-durable": _history_not_durable,
 }
 """Deliberately broken coordinators: each must make the campaign report a violation."""
 
@@ -510,7 +613,7 @@ def run_queue_controls(modes: Sequence[str] = QUICK_MODES, *,
     return catch_controls(QUEUE_CONTROLS, [
         functools.partial(run_queue_campaign, modes, only=[wl], stop_at_first=True,
                           max_points=max_points, log=lambda _m: None)
-        for wl in ("takeover", "basic", "lifecycle")], log)
+        for wl in ("takeover", "basic", "lifecycle", "history")], log)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -45,8 +45,10 @@ from spec.mutants import CORRECT, MUTANT_NAMES, mutant
 from spec.state import initial_state
 
 CONFIG_SETS: dict[str, tuple[str, ...]] = {
-    "small": ("gc-small", "queue-small", "order-small", "share", "consume", "restore", "catalog"),
-    "full": ("gc-full", "queue-full", "order-full", "share", "consume", "restore", "catalog"),
+    "small": ("gc-small", "queue-small", "order-small", "share", "consume", "restore", "catalog",
+              "history"),
+    "full": ("gc-full", "queue-full", "order-full", "share", "consume", "restore", "catalog",
+             "history"),
 }
 
 # Where each mutant is expected to be caught first (the other configurations are tried after).
@@ -80,6 +82,8 @@ MUTANT_HOME: dict[str, str] = {
     "catalog_truncated_before_snapshot_durable": "catalog",
     "compaction_drops_suffix": "catalog",
     "old_snapshot_deleted_early": "catalog",
+    "history_snapshot_before_segment_durable": "history",
+    "history_deleted_before_snapshot": "history",
 }
 
 

@@ -1190,6 +1190,66 @@ def _with_catalog_files(cfg: Config, s: State, s2: State) -> State | None:
     return replace(s2, catalog=c)
 
 
+# =============================================================================================
+# Queue history segments (H1): where the journal's completed history lives
+# =============================================================================================
+# A journal snapshot writes the history recorded since the previous one to a new segment
+# (straw.history: folded with older segments into one generation here), makes it durable,
+# then writes the journal snapshot naming it, and only then deletes what that snapshot no
+# longer names. Each is one step a crash can separate from the next.
+
+
+def hist_write(cfg: Config, mut: Mutants, s: State) -> Outcome | None:
+    """The snapshot begins: the segment of the next generation written (not durable)."""
+    h = s.history
+    if not cfg.history or h.writing is not None or h.named >= cfg.history:
+        return None
+    g = h.named + 1
+    segs = frozenset(x for x in h.segs if x[0] != g) | {(g, False)}
+    return Outcome("ok", replace(s, history=replace(h, segs=segs, writing=g)))
+
+
+def hist_sync(cfg: Config, mut: Mutants, s: State) -> Outcome | None:
+    """The segment's fsync and its directory's fsync: durable."""
+    h = s.history
+    g = h.writing
+    if g is None or (g, False) not in h.segs:
+        return None
+    return Outcome("ok", replace(s, history=replace(h, segs=(h.segs - {(g, False)}) | {(g, True)})))
+
+
+def hist_snapshot(cfg: Config, mut: Mutants, s: State) -> Outcome | None:
+    """The journal snapshot naming the new generation, durable (then the journal deletes its
+    older segments): **only once the history segment is durable**."""
+    h = s.history
+    g = h.writing
+    if g is None or h.snapshotted:
+        return None
+    if (g, True) not in h.segs and not mut.history_snapshot_before_segment_durable:
+        return None
+    return Outcome("ok", replace(s, history=replace(h, named=g, snapshotted=True)))
+
+
+def hist_cleanup(cfg: Config, mut: Mutants, s: State) -> Outcome | None:
+    """After the snapshot (and the fence): segments it does not name are deleted."""
+    h = s.history
+    g = h.writing
+    if g is None or not (h.snapshotted or mut.history_deleted_before_snapshot):
+        return None
+    segs = frozenset(x for x in h.segs if x[0] == g)
+    return Outcome("ok", replace(s, history=replace(h, segs=segs, writing=None,
+                                                    snapshotted=False)))
+
+
+def hist_crash(cfg: Config, mut: Mutants, s: State) -> Outcome | None:
+    """The coordinator dies during a snapshot (power loss): unsynced segments are lost."""
+    h = s.history
+    if h.writing is None or s.crashes >= cfg.max_crashes:
+        return None
+    n = replace(h, segs=frozenset(x for x in h.segs if x[1]), writing=None, snapshotted=False)
+    return Outcome("crashed", replace(s, history=n, crashes=s.crashes + 1))
+
+
 def successors(cfg: Config, mut: Mutants, s: State) -> Iterator[tuple[Action, State]]:
     """Every enabled action of s with its next state, in a fixed order (deterministic)."""
     for action, s2 in _successors(cfg, mut, s):
@@ -1206,6 +1266,15 @@ def successors(cfg: Config, mut: Mutants, s: State) -> Iterator[tuple[Action, St
         out = cat_crash(cfg, mut, s)
         if out is not None:
             yield Action("cat_crash", (), FAULT, out.reply), out.state
+    if cfg.history:
+        for name, fn in (("hist_write", hist_write), ("hist_sync", hist_sync),
+                         ("hist_snapshot", hist_snapshot), ("hist_cleanup", hist_cleanup)):
+            out = fn(cfg, mut, s)
+            if out is not None:
+                yield Action(name, ("q0",), COORDINATOR, out.reply), out.state
+        out = hist_crash(cfg, mut, s)
+        if out is not None:
+            yield Action("hist_crash", ("q0",), FAULT, out.reply), out.state
 
 
 def _successors(cfg: Config, mut: Mutants, s: State) -> Iterator[tuple[Action, State]]:

@@ -66,6 +66,7 @@ class Config:
     worker_crashes: bool = True
     cancel: bool = True
     compaction: int = 0  # catalog compactions modelled (snapshot generations; 0: none)
+    history: int = 0  # queue history segment generations modelled (H1; 0: none)
 
     # ----- derived names -----------------------------------------------------------------
     @property
@@ -143,6 +144,22 @@ CATALOG = Config(
     max_crashes=1,
     gc=True,
     compaction=2,
+)
+
+# --- queue history segments (H1): two journal snapshots that move history, a crash ---------
+
+HISTORY = Config(
+    name="history",
+    packs=("p0", "p1"),
+    pack_writer=("prod", "work"),
+    extents=(_x("i0", 0), _x("r0", 1)),
+    preloaded=(0,),
+    queues=("q0",),
+    tasks=(TaskDecl("t0", 0, input=0, result=1, priority=0, key=0, fifo=0),),
+    workers=("w0",),
+    max_attempts=1,
+    max_crashes=1,
+    history=2,
 )
 
 # --- queue / lease / coordinator -------------------------------------------------------------
@@ -315,5 +332,5 @@ LARGE = Config(
 CONFIGS: dict[str, Config] = {
     c.name: c
     for c in (GC_SMALL, GC_FULL, QUEUE_SMALL, QUEUE_FULL, ORDER_SMALL, ORDER_FULL, SHARE, CONSUME,
-              RESTORE, CATALOG, LARGE)
+              RESTORE, CATALOG, HISTORY, LARGE)
 }

@@ -199,8 +199,21 @@ def cs1_catalog_recoverable(cfg: Config, s: State) -> str | None:
     return None
 
 
+def h1_history_recoverable(cfg: Config, s: State) -> str | None:
+    """H1: the history segments the durable journal snapshot names are durable, at every
+    moment: a segment is durable before a snapshot names it, and deleted only once a durable
+    snapshot names its replacement. (So a crash at any point of writing history leaves the
+    old or the new queue state, never a snapshot whose history is gone.)"""
+    h = s.history
+    if h.named and (h.named, True) not in h.segs:
+        return (f"the durable journal snapshot names history generation {h.named}, whose "
+                "segment is not durable")
+    return None
+
+
 STATE_INVARIANTS: dict[str, StateCheck] = {
     "CS1": cs1_catalog_recoverable,
+    "H1": h1_history_recoverable,
     "D1": d1_returned_refs_durable,
     "D2": d2_journal_retained,
     "D3": d3_tombstones_final,

@@ -86,6 +86,12 @@ class Mutants:
     # CS1: compaction deletes older snapshots when it starts, before the catalog's base
     # names the new one (cat_snapshot).
     old_snapshot_deleted_early: bool = False
+    # H1: the journal snapshot naming a new history segment is written before the segment
+    # is durable (hist_snapshot).
+    history_snapshot_before_segment_durable: bool = False
+    # H1: the history segments the durable snapshot names are deleted (folded away) before
+    # the snapshot naming their replacement is durable (hist_cleanup).
+    history_deleted_before_snapshot: bool = False
 
 
 CORRECT = Mutants()

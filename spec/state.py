@@ -180,6 +180,24 @@ class CatalogFiles:
 
 
 @dataclass(frozen=True)
+class HistoryFiles:
+    """A queue's history segments, in configurations that model them (H1).
+
+    The queue's content is what the other variables say the journal holds; a journal
+    snapshot moves its completed history (terminal tasks, commits, submission and request
+    ids) into immutable history segments and names them. ``named``: the generation of
+    segments the durable journal snapshot names (0: none, all history is in the snapshot
+    itself). ``segs``: segment files (generation, durable). ``writing``: the generation a
+    live coordinator's snapshot is producing; ``snapshotted``: its journal snapshot is
+    durable (only the deletion of what it no longer names is left)."""
+
+    named: int = 0
+    segs: frozenset[tuple[int, bool]] = frozenset()
+    writing: int | None = None
+    snapshotted: bool = False
+
+
+@dataclass(frozen=True)
 class State:
     storage: Storage
     collector: Collector
@@ -196,6 +214,7 @@ class State:
     # answers a retry after a lost reply, Q7)
     answered: frozenset[Lease] = frozenset()
     catalog: CatalogFiles = CatalogFiles()
+    history: HistoryFiles = HistoryFiles()
 
 
 def initial_state(cfg: Config) -> State:

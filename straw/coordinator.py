@@ -7,6 +7,7 @@ Layout under the pool root (``Q`` = ``runs/<run_id>/queues/<namespace>/<queue_id
     Q/epochs/e-<n>.lock     flocked by epoch n's coordinator while it lives; its text names
                             it (host, pid, since)
     Q/journal/              segments and snapshots (straw.journal)
+    Q/history/              history segments named by the journal snapshot (straw.history)
 
 A queue belongs to the run of its store, like its catalog owner ``queue:<ns>/<id>`` (an
 owner of that run): coordinators of runs sharing a root with the same ``queue_id`` serve
@@ -100,6 +101,7 @@ from .errors import (
     UnsupportedSchema,
 )
 from .fs import Filesystem
+from .history import History
 from .pack import storage_error
 from .process import OPEN_QUEUE_IN_CHILD, ProcessBound, close_quietly
 from .protocol import (
@@ -258,6 +260,7 @@ class Coordinator(ProcessBound):
         self.dir = queue_dir(store.root, store.run_id, namespace, queue_id)
         self.epochs_dir = os.path.join(self.dir, "epochs")
         self.journal_dir = os.path.join(self.dir, "journal")
+        self.history_dir = os.path.join(self.dir, "history")
         self._mutex = threading.RLock()
         self._deadlines: dict[str, float] = {}
         self._rooted = RootSet()  # the queue owner's roots as this coordinator knows them
@@ -360,7 +363,7 @@ class Coordinator(ProcessBound):
         started = time.perf_counter()
         recovered = journal_mod.recover(self.fs, self.journal_dir,
                                         started_epoch=self._newest_started(existing))
-        self.state = replay(recovered)
+        self.state = replay(recovered, self.fs, self.history_dir)
         self.recovery_seconds = time.perf_counter() - started
         self.recovery_stats = dict(recovered.stats)
         self.journal = journal_mod.Journal(
@@ -530,12 +533,28 @@ class Coordinator(ProcessBound):
         self._wait(seq)
 
     def _write_snapshot(self) -> None:
-        """Write a journal snapshot now (recovery then reads it plus a short suffix)."""
+        """Write a journal snapshot now (recovery then reads it plus a short suffix).
+        History first (D9, spec H1): what became history since the last snapshot goes to
+        a durable history segment, and the snapshot carries only the live state and the
+        segments' manifest; segments it no longer names are deleted only once it is
+        durable and the fence passed (``Journal.snapshot`` returned)."""
         with self._mutex:
             self._check_usable()
+            delta = self.state.history_delta()
+            history = self.state.history
+            if delta.size():
+                try:
+                    history = (history or History(self.fs, self.history_dir)).extended(
+                        delta, self.epoch, self._last_seq)
+                except OSError as e:
+                    raise storage_error(e, f"queue {self.owner}: history segment not "
+                                        "written") from e
+                self.state.install_history(history, delta)
             state = msgpack.packb(self.state.to_snapshot(), use_bin_type=True)
             self.journal.snapshot(state)
             self._since_snapshot = 0
+            if history is not None:
+                history.cleanup(self.epoch)
 
     # --- validation helpers -------------------------------------------------------------
     def _check_ref(self, ref: object, where: str) -> RecordSetRef:
@@ -2077,9 +2096,7 @@ class Coordinator(ProcessBound):
         st = self.state
         c = st.consumers.get(self.consumer_id)
         start, acked = (c.processed, set(c.sparse)) if c else (0, set())
-        accepted = _usage_of(self._to_ref(rec.result)
-                             for p, rec in enumerate(st.commits[start:], start)
-                             if p not in acked)
+        accepted = st.commits.usage(start, acked)  # history: per-block sums
         ready = _usage_of(self._to_ref(b.ref) for k, b in st.batches.items()
                           if b.ref is not None and not st.batch_finished(k))
         control = sum(1 for t in st.tasks.loaded() if t.status == LEASED and t.control)
@@ -2114,13 +2131,23 @@ class Coordinator(ProcessBound):
         self.close()
 
 
-def replay(recovered: journal_mod.Recovered) -> QueueState:
-    """The queue state of a recovered journal: its snapshot plus the suffix (D9)."""
+def replay(recovered: journal_mod.Recovered, fs: Filesystem | None = None,
+           history_dir: str | None = None) -> QueueState:
+    """The queue state of a recovered journal: its snapshot plus the suffix (D9); the
+    history segments its snapshot names are in ``history_dir`` (checked present, read
+    on demand)."""
     # snapshot and suffix: many long-lived objects at once (promoted if many)
     large = recovered.snapshot is not None and len(recovered.snapshot) >= 1 << 20
+
+    def history(manifest: dict[str, Any]) -> History:
+        if fs is None or history_dir is None:
+            raise ValueError("this queue snapshot names history segments: pass the "
+                             "filesystem and the queue's history directory to replay")
+        return History.from_manifest(fs, history_dir, manifest)
+
     with bulk_objects(promote=large):
         if recovered.snapshot is not None:
-            state = QueueState.from_snapshot(_unpack_snapshot(recovered.snapshot))
+            state = QueueState.from_snapshot(_unpack_snapshot(recovered.snapshot), history)
         else:
             state = QueueState()
         for txn in recovered.transactions:
@@ -2132,7 +2159,8 @@ def read_state(fs: Filesystem, queue_dir: str) -> QueueState:
     """A queue's state read without becoming its coordinator: no epoch, no lock, nothing
     written (``journal.recover`` only fsyncs the newest segment).  For operator views
     (``straw inspect``); leases in it are whatever the journal last recorded."""
-    return replay(journal_mod.recover(fs, os.path.join(queue_dir, "journal")))
+    return replay(journal_mod.recover(fs, os.path.join(queue_dir, "journal")), fs,
+                  os.path.join(queue_dir, "history"))
 
 
 def _unpack_snapshot(data: bytes | memoryview) -> dict[str, Any]:

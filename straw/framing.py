@@ -57,8 +57,9 @@ KIND_LOG = 4  # one entry of a small append-only log (acknowledgement logs)
 KIND_CATALOG = 5  # one transaction of the ownership catalog
 KIND_JOURNAL = 6  # one record of a queue journal segment (straw.journal)
 KIND_SNAPSHOT = 7  # the single frame of a queue journal snapshot (straw.journal)
+KIND_HISTORY = 8  # a block or the index of a queue history segment (straw.history)
 KNOWN_KINDS = frozenset({KIND_PACK_HEADER, KIND_EXTENT, KIND_SEAL, KIND_LOG, KIND_CATALOG,
-                         KIND_JOURNAL, KIND_SNAPSHOT})
+                         KIND_JOURNAL, KIND_SNAPSHOT, KIND_HISTORY})
 
 
 class TornFrame(Exception):

@@ -186,7 +186,10 @@ from .siblings import DEFAULT_GROUP_WAIT, Siblings
 # 2: publication references in transactions and snapshots have nine fields
 # (straw.refs.ref_to_tuple); version-1 segments (six-field references) are read as before,
 # and a straw that reads only version 1 refuses these instead of misreading them.
-JOURNAL_VERSION = 2
+# 3: a queue snapshot may name history segments (straw.history) that hold the completed
+# history it no longer carries; a straw that reads only version 2 would open such a queue
+# without its history, so it refuses these.  Versions 1 and 2 are read as before.
+JOURNAL_VERSION = 3
 DEFAULT_SEGMENT_TARGET = 64 << 20
 DEFAULT_RESERVE = 1 << 20  # reserved ahead of the writes; at most this much zero tail to scan
 

@@ -49,13 +49,18 @@ most one lease; leases carry the epoch that granted them and an ``epoch`` record
 every older one; scheduling order is priority desc, key asc, FIFO; read roots (D5) end only
 by ``reads``/``retire`` or the reader's own complete/fail/yield/release.
 
-Recovery cost (D9).  A snapshot of a long-lived queue is mostly history: terminal tasks and
-the commit log.  ``from_snapshot`` decodes them into compact tuples (in C, by msgpack) and
-builds the indexes (task ids, submission ids) eagerly, but makes a ``Task`` of a terminal
-task only when something reads it (``TaskTable``), and a ``CommitRecord`` only for the rows
-read (``CommitLog``).  The decoded objects go straight to the garbage collector's oldest
-generation (``bulk_objects``), so no young collection has to traverse them.  What callers
-observe is unchanged.
+Recovery cost (D9).  A long-lived queue's state is mostly history: terminal tasks, the
+commit log, submission ids and request answers.  Each journal snapshot moves what became
+history since the previous one into an immutable history segment (``straw.history``,
+spec H1) and carries only the live state plus the segments' manifest, so recovery decodes
+live state only; ``TaskTable``, ``CommitLog`` and ``TieredDict`` (submissions, requests)
+look history up in the segments on demand (a Bloom filter per segment answers most misses
+without a read).  A snapshot of an older straw still holds its terminal tasks and commits:
+``from_snapshot`` decodes them into compact tuples (in C, by msgpack) and makes a ``Task``
+of a terminal task only when something reads it, until the next snapshot moves them out.
+The decoded objects go straight to the garbage collector's oldest generation
+(``bulk_objects``), so no young collection has to traverse them.  What callers observe is
+unchanged.
 """
 
 from __future__ import annotations
@@ -83,6 +88,8 @@ from typing import Any, NamedTuple, cast, overload
 import msgpack
 
 from .errors import CorruptData
+from .history import MISSING as _HMISSING
+from .history import Delta, History, row_usage
 from .refs import record_sets_in, ref_to_tuple
 
 # straw.refs.ref_to_tuple: 9 fields (6 in journals of the previous straw)
@@ -183,13 +190,16 @@ class TaskTable(MutableMapping[str, Task]):
     ``Task`` already (``loaded``), so scheduling, leases and retention never load history.
     """
 
-    __slots__ = ("_map", "_rows", "_meta")
+    __slots__ = ("_map", "_rows", "_meta", "history")
 
     def __init__(self) -> None:
         # a Task, or the index of its row in _rows/_meta (not loaded yet: terminal)
         self._map: dict[str, Task | int] = {}
         self._rows: Sequence[Sequence[Any]] = ()
         self._meta: Sequence[Any] = ()
+        # terminal tasks moved to history segments (straw.history): looked up on demand,
+        # never loaded at recovery; a task id is in _map or in history, never both
+        self.history: History | None = None
 
     @classmethod
     def from_rows(cls, rows: Sequence[Sequence[Any]], meta: Sequence[Any]
@@ -219,6 +229,16 @@ class TaskTable(MutableMapping[str, Task]):
         self._map[task_id] = task
         return task
 
+    def _from_history(self, task_id: str) -> Task | None:
+        """A terminal task kept in a history segment, as a fresh ``Task`` (it never
+        changes again, so a new object per read is indistinguishable)."""
+        if self.history is None:
+            return None
+        v = self.history.get("t", task_id)
+        if v is _HMISSING:
+            return None
+        return task_from_history(v)
+
     def _load_all(self) -> None:
         if self._rows:
             for task_id, i in [kv for kv in self._map.items() if isinstance(kv[1], int)]:
@@ -229,21 +249,33 @@ class TaskTable(MutableMapping[str, Task]):
         """How many tasks are in each status, without loading history (an unloaded row is
         terminal: its status cannot change before it is loaded)."""
         rows = self._rows
-        return Counter(rows[v][_STATUS] if isinstance(v, int) else v.status
-                       for v in self._map.values())
+        out = Counter(rows[v][_STATUS] if isinstance(v, int) else v.status
+                      for v in self._map.values())
+        if self.history is not None:
+            out.update(self.history.status)
+        return out
 
     def __getitem__(self, task_id: str) -> Task:
-        v = self._map[task_id]
+        v = self._map.get(task_id, _MISSING)
+        if v is _MISSING:
+            task = self._from_history(task_id)
+            if task is None:
+                raise KeyError(task_id)
+            return task
         return self._load(task_id, v) if isinstance(v, int) else v
 
     def get(self, task_id: str, default: Any = None) -> Any:
         v = self._map.get(task_id, _MISSING)
         if v is _MISSING:
-            return default
+            task = self._from_history(task_id)
+            return default if task is None else task
         return self._load(task_id, v) if isinstance(v, int) else v
 
     def __contains__(self, task_id: object) -> bool:
-        return task_id in self._map
+        if task_id in self._map:
+            return True
+        return (isinstance(task_id, str) and self.history is not None
+                and self.history.get("t", task_id) is not _HMISSING)
 
     def __setitem__(self, task_id: str, task: Task) -> None:
         self._map[task_id] = task
@@ -252,18 +284,51 @@ class TaskTable(MutableMapping[str, Task]):
         del self._map[task_id]
 
     def __len__(self) -> int:
-        return len(self._map)
+        return len(self._map) + (0 if self.history is None else self.history.counts["t"])
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._map)
+        """History first (in task id order), then the tasks of the live state."""
+        if self.history is not None:
+            yield from (k for k, _ in self.history.items("t"))
+        yield from self._map
 
     def values(self) -> ValuesView[Task]:
         self._load_all()
+        if self.history is not None:  # reads every history segment (inspection only)
+            return cast(ValuesView[Task], dict(self.items()).values())
         return cast(ValuesView[Task], self._map.values())
 
     def items(self) -> ItemsView[str, Task]:
         self._load_all()
+        if self.history is not None:  # reads every history segment (inspection only)
+            hist = {k: task_from_history(v) for k, v in self.history.items("t")}
+            return cast(ItemsView[str, Task], {**hist, **self._map}.items())
         return cast(ItemsView[str, Task], self._map.items())
+
+    def terminal(self) -> list[tuple[str, Any]]:
+        """(task id, history value) of every terminal task of the live state: what the
+        next history segment takes (``history_value``)."""
+        out = []
+        for tid, v in self._map.items():
+            if isinstance(v, int):
+                row, meta = self._rows[v], self._meta[v]
+                out.append((tid, [list(row), meta]))
+            elif v.status in TERMINAL:
+                out.append((tid, history_value(v)))
+        return out
+
+    def forget(self, task_ids: Iterable[str]) -> None:
+        """Drop tasks now held by a durable history segment."""
+        for tid in task_ids:
+            del self._map[tid]
+        if self._rows and not any(isinstance(v, int) for v in self._map.values()):
+            self._rows = self._meta = ()
+
+    def loaded_task(self, task_id: str) -> Task | None:
+        """The task if it is a loaded ``Task`` of the live state (every non-terminal task
+        is), else None: nothing is loaded or read from history."""
+        v = self._map.get(task_id)
+        return v if isinstance(v, Task) else None
 
     def loaded(self) -> Iterator[Task]:
         """The tasks that are ``Task`` objects: every non-terminal one (and terminal ones
@@ -291,18 +356,117 @@ class TaskTable(MutableMapping[str, Task]):
         return f"TaskTable({len(self._map)} tasks)"
 
 
+def history_value(task: Task) -> list[Any]:
+    """A terminal task as a history segment stores it: [its snapshot row, metadata]."""
+    return [[task.task_id, task.input, None, task.priority, task.key, task.max_attempts,
+             task.control, task.fifo, task.status, task.attempt, task.failures, task.lease,
+             task.position, task.last_error, task.allow_empty, task.estimates],
+            task.metadata]
+
+
+def task_from_history(value: Sequence[Any]) -> Task:
+    """The ``Task`` of a history value (decoded with lists: references become tuples
+    again, user JSON keeps its lists)."""
+    try:
+        row, meta = value
+        task = Task(*row)
+    except (TypeError, ValueError) as e:
+        raise CorruptData(f"queue history: a task entry does not have the fields of a task "
+                          f"({e})") from None
+    task.metadata = meta
+    task.control = bool(task.control)
+    task.input = _tuple_or_none(task.input)
+    task.lease = _tuple_or_none(task.lease)
+    task.estimates = tuple(task.estimates)  # type: ignore[assignment]
+    return task
+
+
+class TieredDict(MutableMapping[str, Any]):
+    """A dict whose older entries live in history segments (``table`` of a
+    ``straw.history.History``), looked up on demand; new entries are kept in memory until
+    the next snapshot moves them.  ``decode`` turns a stored value into the live form."""
+
+    __slots__ = ("live", "history", "table", "decode")
+
+    def __init__(self, table: str, decode: Callable[[Any], Any] = lambda v: v) -> None:
+        self.live: dict[str, Any] = {}
+        self.history: History | None = None
+        self.table, self.decode = table, decode
+
+    def __getitem__(self, key: str) -> Any:
+        v = self.live.get(key, _MISSING)
+        if v is not _MISSING:
+            return v
+        if self.history is not None and isinstance(key, str):
+            h = self.history.get(self.table, key)
+            if h is not _HMISSING:
+                return self.decode(h)
+        raise KeyError(key)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.live[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        del self.live[key]
+
+    def __contains__(self, key: object) -> bool:
+        try:
+            self[key]  # type: ignore[index]
+        except KeyError:
+            return False
+        return True
+
+    def __len__(self) -> int:
+        return len(self.live) + (0 if self.history is None
+                                 else self.history.counts[self.table])
+
+    def __iter__(self) -> Iterator[str]:
+        if self.history is not None:  # reads every history segment (inspection only)
+            yield from (k for k, _ in self.history.items(self.table))
+        yield from self.live
+
+    def items(self) -> ItemsView[str, Any]:
+        out = {} if self.history is None else {
+            k: self.decode(v) for k, v in self.history.items(self.table)}
+        out.update(self.live)
+        return out.items()
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (TieredDict, dict)):
+            return dict(self.items()) == dict(other.items())
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"TieredDict({len(self)} entries)"
+
+
+def _request_value(v: Sequence[Any]) -> tuple[str, tuple[str, ...]]:
+    return (v[0], tuple(v[1]))
+
+
 class CommitLog(Sequence[CommitRecord]):
     """The commit log, append-only: a ``list[CommitRecord]`` to its readers.  Rows recovered
     from a snapshot stay the decoded tuples; reading makes ``CommitRecord``s (immutable, so
     a fresh one per read is indistinguishable)."""
 
-    __slots__ = ("_rows",)
+    __slots__ = ("_rows", "_base", "history")
 
     def __init__(self, rows: Iterable[Sequence[Any]] = ()) -> None:
         self._rows: list[Sequence[Any]] = list(rows)
+        # positions below _base live in history segments (straw.history), read on demand
+        self._base = 0
+        self.history: History | None = None
 
     def __len__(self) -> int:
-        return len(self._rows)
+        return self._base + len(self._rows)
+
+    def _row(self, i: int) -> Sequence[Any]:
+        if i < self._base:
+            assert self.history is not None
+            return self.history.commit(i)
+        return self._rows[i - self._base]
 
     @overload
     def __getitem__(self, i: int) -> CommitRecord: ...
@@ -312,23 +476,60 @@ class CommitLog(Sequence[CommitRecord]):
 
     def __getitem__(self, i: int | slice) -> CommitRecord | list[CommitRecord]:
         if isinstance(i, slice):
-            return list(map(_record, self._rows[i]))
-        return _record(self._rows[i])
+            if not self._base:
+                return list(map(_record, self._rows[i]))
+            return [_record(self._row(p)) for p in range(*i.indices(len(self)))]
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("commit log index out of range")
+        return _record(self._row(i))
 
     def __iter__(self) -> Iterator[CommitRecord]:
-        return map(_record, self._rows)
+        if self._base:
+            yield from map(_record, map(self._row, range(self._base)))
+        yield from map(_record, self._rows)
+
+    def usage(self, start: int, skip: Iterable[int] = ()) -> dict[str, int]:
+        """Bytes, records and tokens of the results at positions >= ``start`` except
+        ``skip`` (``history.row_usage``): history segments answer from their index's
+        per-block sums, so this costs the live rows, not the history."""
+        out = [0, 0, 0]
+        if self._base > start:
+            assert self.history is not None
+            out = self.history.commit_usage(start)
+        for row in self._rows[max(0, start - self._base):]:
+            for k, v in enumerate(row_usage(row)):
+                out[k] += v
+        for p in set(skip):
+            if start <= p < len(self):
+                for k, v in enumerate(row_usage(self._row(p))):
+                    out[k] -= v
+        return {"bytes": out[0], "records": out[1], "tokens": out[2]}
+
+    @property
+    def base(self) -> int:
+        """Commits held by history segments (positions 0..base-1)."""
+        return self._base
+
+    def attach(self, history: History, base: int) -> None:
+        """Commits below ``base`` are now read from ``history``; drop them from memory."""
+        del self._rows[:base - self._base]
+        self._base, self.history = base, history
 
     def append(self, record: CommitRecord) -> None:
         self._rows.append(record)
 
     def rows(self) -> list[Sequence[Any]]:
-        """The rows as stored (tuples in CommitRecord field order): do not modify."""
+        """The rows held in memory (positions base.., tuples in CommitRecord field order):
+        do not modify."""
         return self._rows
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, CommitLog):
             return NotImplemented
-        return list(map(tuple, self._rows)) == list(map(tuple, other._rows))
+        return list(map(tuple, self)) == list(map(tuple, other))
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -385,8 +586,11 @@ class QueueState:
     epoch: int = 0
     tasks: TaskTable = field(default_factory=TaskTable)
     commits: CommitLog = field(default_factory=CommitLog)
-    submissions: dict[str, int] = field(default_factory=dict)  # completion id -> position
-    requests: dict[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)  # D7
+    # completion id -> position; request id -> (digest, reply) (D7).  Older entries are
+    # in history segments (TieredDict)
+    submissions: TieredDict = field(default_factory=lambda: TieredDict("s"))
+    requests: TieredDict = field(
+        default_factory=lambda: TieredDict("r", _request_value))
     producers: dict[str, Any] = field(default_factory=dict)
     # derived from ``producers`` (never stored): the references each state names, roots
     # of the queue while that state is its producer's latest
@@ -405,6 +609,31 @@ class QueueState:
     leased_count: int = 0
     # scheduling index per lane: heap of (order, task_id); stale entries skipped lazily
     lanes: dict[bool, list[tuple[tuple[int, int, int], str]]] = field(default_factory=dict)
+    # the history segments holding terminal tasks, old commits, submissions and request
+    # answers (straw.history); None until the first snapshot that moved history
+    history: History | None = None
+
+    # --- history (D9: recovery reads live state plus a fixed-size manifest) --------------
+    def history_delta(self) -> Delta:
+        """What the next history segment takes: every terminal task, commit row,
+        submission and request answer held in memory (nothing changes here)."""
+        tasks = self.tasks.terminal()
+        status: Counter[str] = Counter(v[0][_STATUS] for _, v in tasks)
+        return Delta(tasks=tasks, subs=list(self.submissions.live.items()),
+                     reqs=[(k, [d, list(r)]) for k, (d, r) in self.requests.live.items()],
+                     commits=list(self.commits.rows()), lo=self.commits.base,
+                     status=dict(status))
+
+    def install_history(self, history: History, delta: Delta) -> None:
+        """``history`` (durable) now holds ``delta``: read those entries from it."""
+        self.history = history
+        self.tasks.history = history
+        self.tasks.forget(k for k, _ in delta.tasks)
+        self.commits.attach(history, delta.lo + len(delta.commits))
+        for d, entries in ((self.submissions, delta.subs), (self.requests, delta.reqs)):
+            d.history = history
+            for k, _v in entries:
+                del d.live[k]
 
     # --- scheduling ---------------------------------------------------------------------
     def _make_pending(self, task: Task) -> None:
@@ -427,7 +656,9 @@ class QueueState:
             self.leased_count -= 1
 
     def _live_entry(self, entry: tuple[tuple[int, int, int], str]) -> bool:
-        task = self.tasks.get(entry[1])
+        # a pending task is always loaded in the live state (never in history): a stale
+        # entry of a finished task costs no history lookup
+        task = self.tasks.loaded_task(entry[1])
         return task is not None and task.status == PENDING and task.order() == entry[0]
 
     def best_pending(self, control: bool, n: int = 1,
@@ -713,7 +944,9 @@ class QueueState:
             # the commit log is most of a snapshot: one blob, decoded as tuples (several
             # times faster than lists, and rows become CommitRecords without conversion)
             "commits": msgpack.packb(self.commits.rows(), use_bin_type=True),
-            "requests": [[k, d, list(ids)] for k, (d, ids) in self.requests.items()],
+            "requests": [[k, d, list(ids)] for k, (d, ids) in self.requests.live.items()],
+            # history segments (straw.history): what they hold is not in this snapshot
+            "history": None if self.history is None else self.history.manifest(),
             "producers": self.producers,
             "reads": [[w, t, a, r, self.read_epochs.get((w, t, a), 0)]
                       for (w, t, a), r in self.reads.items()],
@@ -729,14 +962,26 @@ class QueueState:
         }
 
     @classmethod
-    def from_snapshot(cls, snap: dict[str, Any]) -> QueueState:
+    def from_snapshot(cls, snap: dict[str, Any],
+                      history: Callable[[dict[str, Any]], History] | None = None
+                      ) -> QueueState:
+        """``history`` opens the history manifest a snapshot names (None: the snapshot
+        must name none)."""
         # Hundreds of thousands of small objects at once: see ``bulk_objects``.
         with bulk_objects():
-            return cls._from_snapshot(snap)
+            return cls._from_snapshot(snap, history)
 
     @classmethod
-    def _from_snapshot(cls, snap: dict[str, Any]) -> QueueState:
+    def _from_snapshot(cls, snap: dict[str, Any],
+                       history: Callable[[dict[str, Any]], History] | None = None
+                       ) -> QueueState:
         st = cls(epoch=snap["epoch"], fifo=snap["fifo"], sealed=snap["sealed"])
+        hist = None
+        if snap.get("history") is not None:
+            if history is None:
+                raise CorruptData("queue snapshot names history segments, but no history "
+                                  "directory was given to read them")
+            hist = history(snap["history"])
         rows = msgpack.unpackb(snap["tasks"], raw=False, use_list=False)
         st.tasks, live = TaskTable.from_rows(rows, snap["task_meta"])
         for task in live:
@@ -752,9 +997,14 @@ class QueueState:
             raise CorruptData(f"queue snapshot: commit rows must have "
                               f"{len(CommitRecord._fields)} fields")
         st.commits = CommitLog(rows)
+        base = 0 if hist is None else hist.commit_count
         subs = map(operator.itemgetter(CommitRecord._fields.index("submission_id")), rows)
-        st.submissions = dict(zip(subs, range(len(rows)), strict=True))
-        st.requests = {k: (d, tuple(ids)) for k, d, ids in snap["requests"]}
+        st.submissions.live = dict(zip(subs, range(base, base + len(rows)), strict=True))
+        st.requests.live = {k: (d, tuple(ids)) for k, d, ids in snap["requests"]}
+        if hist is not None:
+            st.history = st.tasks.history = st.submissions.history = hist
+            st.requests.history = hist
+            st.commits._base, st.commits.history = base, hist
         for pid, pstate in snap["producers"].items():
             st._set_producer(pid, pstate)
         for w, t, a, r, *e in snap["reads"]:  # the grant's epoch: absent in older snapshots

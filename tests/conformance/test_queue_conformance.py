@@ -72,6 +72,9 @@ from straw.protocol import Lease, TaskSpec
 from straw.store import SharedFilesystemStore
 
 LEASE_SECONDS = 10.0
+# a journal snapshot every few transactions: history moves to history segments (straw.history,
+# spec H1) and recoveries after crashes read it back from them
+SNAPSHOT_EVERY = 3
 Q = 0
 WORKERS = ("w0", "w1")
 CFG = Config(
@@ -144,7 +147,7 @@ class QueueConformance(RuleBasedStateMachine):
             self.inputs.append(ref)
             self.refs[(ref.path, ref.offset)] = CFG.ename(d.input)
         self.coord = Coordinator(self.store, queue_id="q0", lease_seconds=LEASE_SECONDS,
-                                 clock=self.clock)
+                                 clock=self.clock, snapshot_every=SNAPSHOT_EVERY)
         self.old: Coordinator | None = None
         self.s: State = initial_state(CFG)
         self.held: dict[int, Held] = {}
@@ -232,7 +235,8 @@ class QueueConformance(RuleBasedStateMachine):
         self.old = None  # a paused old coordinator died with the machine/process
         self.store = self._open_store()
         self.coord = Coordinator(self.store, queue_id="q0", recover=True,
-                                 lease_seconds=LEASE_SECONDS, clock=self.clock)
+                                 lease_seconds=LEASE_SECONDS, clock=self.clock,
+                                 snapshot_every=SNAPSHOT_EVERY)
 
     def resolve(self, candidates: Sequence[Sequence[Step]], what: str) -> int:
         """After a crash and recovery: the candidate whose spec result (followed by
@@ -639,7 +643,8 @@ class QueueConformance(RuleBasedStateMachine):
         self.old = self.coord
         self.store = self._open_store()
         self.coord = Coordinator(self.store, queue_id="q0", recover=True, takeover=True,
-                                 lease_seconds=LEASE_SECONDS, clock=self.clock)
+                                 lease_seconds=LEASE_SECONDS, clock=self.clock,
+                                 snapshot_every=SNAPSHOT_EVERY)
         self.apply([("coord_pause", (Q,)), ("coord_recover", (Q,))], "takeover")
         self.engine_matches_spec()
         if at_once:  # the old coordinator resumes at once and gets a completion

@@ -9,14 +9,20 @@ import pytest
 
 from fault_injection.queue_campaign import (
     CONTROL_DAMAGE,
+    HISTORY_DAMAGE,
     QUICK_MODES,
     WORKLOADS,
+    Driver,
+    damage_queue,
+    recover_and_check,
     run_queue_campaign,
     run_queue_controls,
     run_state,
+    wl_history,
 )
 from fault_injection.queue_fuzz import run_queue
-from straw import SharedFilesystemStore, UnsafeRecovery
+from fault_injection.simfs import SimFS
+from straw import CorruptData, SharedFilesystemStore, UnsafeRecovery
 from straw.coordinator import Coordinator
 from straw.protocol import TaskSpec
 
@@ -24,11 +30,28 @@ from straw.protocol import TaskSpec
 def test_bounded_coordinator_campaign() -> None:
     t0 = time.perf_counter()
     reports = run_queue_campaign(QUICK_MODES, max_points=70, log=lambda _m: None)
-    assert {r.name for r in reports} == {"queue-basic", "queue-takeover", "queue-lifecycle"}
+    assert {r.name for r in reports} == {"queue-basic", "queue-history", "queue-takeover",
+                                         "queue-lifecycle"}
     assert all(r.states > 300 for r in reports)
     bad = [v for r in reports for v in r.violations]
     assert not bad, bad[0]
-    assert time.perf_counter() - t0 < 40
+    assert time.perf_counter() - t0 < 55
+
+
+def test_damaged_history_segments_fail_closed() -> None:
+    """Every history segment deleted, or a byte flipped in each: the recovering
+    coordinator (or its first lookup) raises CorruptData, or loses nothing."""
+    reports = run_queue_campaign(HISTORY_DAMAGE, only=["history"], max_points=40,
+                                 log=lambda _m: None)
+    bad = [v for r in reports for v in r.violations]
+    assert not bad, bad[0]
+    for kind in ("drop-history", "flip-history"):  # the damage is real, and refused
+        sim = SimFS(0, record_trace=False)
+        d = Driver(sim)
+        wl_history(d)
+        assert ".hist" in damage_queue(sim, kind)
+        with pytest.raises(CorruptData, match="history segment"):
+            recover_and_check(sim, d.log)
 
 
 def test_bounded_coordinator_campaign_with_damaged_journals() -> None:
@@ -54,6 +77,7 @@ def test_queue_negative_controls_are_caught() -> None:
     damage = run_queue_controls((), max_points=30, log=lambda _m: None)
     assert "kill+damage/drop-newest" in (damage["queue-no-started-mark"] or "")
     assert "kill+damage/flip-last-txn" in (damage["queue-journal-no-confirm"] or "")
+    assert "history segment" in (found["queue-history-not-durable"] or "")
 
 
 def test_queue_fuzz_short_run(tmp_path) -> None:
