@@ -309,7 +309,7 @@ class _Encoder:
         ordinal = self.tensor_ids.get(id(x))
         if ordinal is None:
             ordinal = len(self.tensors) + 1  # record 0 is the sample
-            self.tensors.append(tensor_record(f"t{ordinal}", x, where=path))
+            self.tensors.append(tensor_record(x, f"t{ordinal}", where=path))
             self.tensor_ids[id(x)] = ordinal
             self.keep.append(x)
         return ordinal
