@@ -3,7 +3,8 @@ checked, from any client of the pool.
 
 Pool layout::
 
-    <root>/POOL                  format marker (UnsupportedSchema if newer)
+    <root>/POOL                  format marker (UnsupportedSchema if newer) and the
+                                 pool's id (``pool_id``, written once by its creator)
     <root>/runs/<run_id>/...     writers, their incarnations and packs (straw.writer),
                                  queues (straw.coordinator)
     <root>/CATALOG               owners, packs, tombstones of every run (straw.catalog)

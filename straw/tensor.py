@@ -12,9 +12,12 @@ Record layout (``tensor.v1``)::
               tensor's own memory (``writev`` of a view: no copy for a contiguous CPU
               tensor; a non-contiguous or CUDA tensor is made contiguous on the CPU first,
               autograd history is dropped)
-    metadata  {"dtype": name, "shape": [...], "source": "torch"|"numpy",
+    metadata  {"dtype": name, "shape": [...], "source": "torch"|"numpy", "kind": name,
                "chunk_bytes": C, "chunks": hex}   hex = the xxh3-128 of every C-byte chunk
-              of the payload (the last one may be shorter), 32 hex digits each
+              of the payload (the last one may be shorter), 32 hex digits each; "kind"
+              (the tensor's name, or null; absent in records of an earlier straw, whose
+              record id was the name) is carried, not checked
+    record id "<record_prefix or submission_id>:<name>" (straw-queue's)
 
 ``CHUNK_BYTES`` is 256 KiB: a one-row read of a float32 [8192, 1024] tensor (4 KiB rows)
 reads and verifies one 256 KiB chunk, and a 32 MiB tensor carries 128 checksums (4 KiB of
@@ -39,8 +42,9 @@ Large ``load()`` results live in recycled buffers (``_BufferCache``: a freed res
 memory is reused instead of faulting in fresh pages; ``set_load_buffer_cache`` bounds or
 disables it).
 
-What ``load()`` returns: a torch tensor when the tensor was published from torch and
-torch is importable, else a NumPy array (``framework="torch"|"numpy"`` overrides).  A
+What ``load()`` returns: a torch tensor whenever torch is importable, whatever the tensor
+was published from (straw-queue's rule: its callers use the result as torch), else a
+NumPy array (``framework="torch"|"numpy"`` overrides).  A
 0-d tensor loads as a 0-d tensor/array.  bfloat16 as NumPy: ``ml_dtypes.bfloat16`` when
 ``ml_dtypes`` is installed, else a ``uint16`` array of the raw bit patterns (the same
 bytes; ``torch.from_numpy(a).view(torch.bfloat16)`` recovers the values).
@@ -51,11 +55,21 @@ a reused pinned staging buffer) and allocates nothing; a buffer that does not fi
 refused (``ValueError``/``TypeError`` naming what fits) before anything is read, and
 after a failed read (``CorruptData``, say) its content is unspecified.
 
-``TensorRef`` is frozen and serialisable (``to_dict``/``from_dict``, pickle for Ray
-drops the binding): it names the record (a ``RecordRef``), shape, dtype, source, chunk
-size, and the pool root as the publisher saw it.  A ref returned by ``publish_tensors``
-or ``from_record_set_many`` is bound to that store; ``ref.using(store)`` binds a
-deserialised ref; an unbound ref opens (once per process) a read-only store at ``root``.
+``TensorRef`` is frozen and serialisable (``to_dict``/``from_dict``, ``dataclasses.asdict``
+and ``TensorRef(**fields)``, pickle for Ray: about 700 bytes, the binding dropped).  Its
+fields are straw-queue 0.1.6's (see the class), then ours.  A ref returned by
+``publish_tensors`` or ``from_record_set_many`` is bound to that store;
+``ref.using(store)`` binds a deserialised ref; an unbound ref opens (once per process) a
+read-only store at ``root``.
+
+Which pool a reference belongs to: its ``run_id`` and ``pool_id`` (the id written once in
+the pool's ``POOL`` marker, ``SharedFilesystemStore.pool_id``).  Two pools may hold the
+same run id; a reference followed into the wrong one would find no pack and spend the
+whole visibility retry window first.  So every way of reading through a given store or
+session (``using``, ``load(reader=)``, ``from_record_set_many(reader=)``, ``share``, and
+the store an unbound ref opens at ``root``) compares run and pool id first, and refuses
+another pool at once, naming both (``InvalidReference``).  A pool or reference without an
+id (an older straw's, or a read-only mount of one) is checked by run only.
 
 After ``fork()`` (``straw.process``): a ref bound to a store of the parent raises
 ``ForkedProcess`` in the child (rebind it with ``ref.using(store)`` to a store opened in
