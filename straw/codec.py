@@ -309,7 +309,7 @@ class _Encoder:
         ordinal = self.tensor_ids.get(id(x))
         if ordinal is None:
             ordinal = len(self.tensors) + 1  # record 0 is the sample
-            self.tensors.append(tensor_record(f"t{ordinal}", x, where=path))
+            self.tensors.append(tensor_record(x, f"t{ordinal}", where=path))
             self.tensor_ids[id(x)] = ordinal
             self.keep.append(x)
         return ordinal
@@ -390,7 +390,10 @@ class _Decoder:
                 ref = self.tensors[ordinal]  # a TensorRef, or a tensor decoded already
                 if isinstance(ref, TensorRef):
                     lazy = self.lazy_over is not None and ref.nbytes > self.lazy_over
-                    ref = ref if lazy else ref.load()
+                    # a sample round-trips its tensors' types: NumPy in, NumPy out
+                    # (TensorRef.load alone is torch whenever torch is importable)
+                    ref = ref if lazy else ref.load(
+                        framework="numpy" if ref.source == "numpy" else None)
                 self.loaded[ordinal] = ref
             return self.loaded[ordinal]
         if code == _TENSORREF:

@@ -106,6 +106,14 @@ class ForkedProcess(StrawError):
     not use them.  Open a new store (or coordinator) in the child instead."""
 
 
+class TensorMismatch(InvalidReference, CorruptData):
+    """A ``TensorRef`` whose dtype, shape or byte length disagrees with the published
+    record it names (an edited or stale reference), refused before any payload is read
+    or any buffer allocated.  Both an ``InvalidReference`` (the reference is wrong, the
+    stored data is intact) and, as straw-queue reports it, a ``CorruptData``.  Restore
+    the reference from its publication (``TensorRef.from_record_set``)."""
+
+
 __all__ = [
     "StrawError",
     "QueueError",
@@ -125,4 +133,5 @@ __all__ = [
     "WriterBusy",
     "WriterFenced",
     "ForkedProcess",
+    "TensorMismatch",
 ]

@@ -303,10 +303,15 @@ class ReadSession(ProcessBound):
 
     def __init__(self, fs: Filesystem, root: str, run_id: str, clock: Clock, *,
                  visibility_retries: int = 8, visibility_backoff: float = 0.05,
-                 pack_status: PackStatusFn | None = None) -> None:
+                 pack_status: PackStatusFn | None = None, pool_id: str | None = None
+                 ) -> None:
         self._bind_process()
         self.fs = fs
         self.root = root
+        # the pool's identity (``SharedFilesystemStore.pool_id``), when the opener knows
+        # it: a TensorRef compares it with its own before reading (two pools may hold
+        # the same run id, and a reference followed into the wrong one finds nothing)
+        self.pool_id = pool_id
         # resolved once: the operator's root may be a symlink, nothing beneath it may
         self.real_root = fs.realpath(root)
         self.pack_status = pack_status

@@ -3,7 +3,8 @@ checked, from any client of the pool.
 
 Pool layout::
 
-    <root>/POOL                  format marker (UnsupportedSchema if newer)
+    <root>/POOL                  format marker (UnsupportedSchema if newer) and the
+                                 pool's id (``pool_id``, written once by its creator)
     <root>/runs/<run_id>/...     writers, their incarnations and packs (straw.writer),
                                  queues (straw.coordinator)
     <root>/CATALOG               owners, packs, tombstones of every run (straw.catalog)
@@ -43,6 +44,7 @@ works normally.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -128,6 +130,37 @@ class _Pub:
     pub_tokens: int
 
 
+
+def _marker_body(info: Mapping[str, Any]) -> bytes:
+    """The pool marker: ``info`` (an older marker's fields, kept) with the format, version
+    and a new pool id."""
+    body = {**info, "format": "straw-pool", "version": POOL_FORMAT,
+            "pool_id": uuid.uuid4().hex}
+    return json.dumps(body).encode()
+
+
+def _parse_marker(data: bytes) -> dict[str, Any] | None:
+    """The marker's fields, or None when it is empty, zeroed or torn."""
+    try:
+        info = json.loads(data)
+    except ValueError:
+        return None
+    return info if isinstance(info, dict) else None
+
+
+def _check_marker(marker: str, root: str, info: Mapping[str, Any]) -> None:
+    if info.get("format") != "straw-pool" or not isinstance(info.get("version"), int):
+        raise UnsupportedSchema(f"{marker} is not a straw pool marker: {dict(info)!r}")
+    if info["version"] > POOL_FORMAT:
+        raise UnsupportedSchema(
+            f"pool {root} has format version {info['version']}; this straw reads "
+            f"up to {POOL_FORMAT}. Upgrade straw"
+        )
+    pool_id = info.get("pool_id")
+    if pool_id is not None and (not isinstance(pool_id, str) or not pool_id):
+        raise UnsupportedSchema(f"{marker}: pool_id {pool_id!r} is not a pool id")
+
+
 class SharedFilesystemStore(ProcessBound):
     """A pool client: publishes as writer ``writer_id`` and reads anything of its run.
 
@@ -203,7 +236,7 @@ class SharedFilesystemStore(ProcessBound):
         self._session = ReadSession(self.fs, self.root, self.run_id, self.clock,
                                     visibility_retries=visibility_retries,
                                     visibility_backoff=visibility_backoff,
-                                    pack_status=self._pack_status)
+                                    pack_status=self._pack_status, pool_id=self.pool_id)
         self._writer: WriterIncarnation | None = None
         self._write_lock = threading.Lock()
         self.catalog = Catalog(self.fs, self.root, self.run_id)  # owners belong to the run
@@ -246,13 +279,16 @@ class SharedFilesystemStore(ProcessBound):
         return backend
 
     def _init_pool(self) -> None:
-        """Create the pool marker once and check its format.
+        """Create the pool marker once, check its format and learn the pool's identity.
 
         The marker is created exclusively (never renamed over a name other clients may
-        have cached) and its content is fixed, so a marker that a crash left empty or torn
-        is simply rewritten in place — concurrent repairers write the same bytes."""
+        have cached) and its creator writes the pool's id into it: a random id, written
+        once, that tells this pool from any other (two pools may hold the same run id; a
+        ``TensorRef`` compares ids before reading, see ``straw.tensor``).  A marker
+        without an id (a pool of an older straw) or one a crash left empty or torn is
+        completed by ``_complete_marker`` under the marker's lock, so that concurrent
+        clients agree on one id."""
         marker = os.path.join(self.root, "POOL")
-        body = json.dumps({"format": "straw-pool", "version": POOL_FORMAT}).encode()
         retries, delay = self._visibility
         try:
             for _ in range(retries + 3):
@@ -269,37 +305,57 @@ class SharedFilesystemStore(ProcessBound):
                         delay = min(delay * 2, 1.0)
                         continue
                     try:
-                        self.fs.writev(fd, [body], 0)
+                        self.fs.writev(fd, [_marker_body({})], 0)
                         self.fs.fsync(fd)
                     finally:
                         self.fs.close(fd)
                     self.fs.fsync_dir(self.root)
                     continue
-                try:
-                    info = json.loads(data)
-                except ValueError:
-                    info = None
-                if isinstance(info, dict):
-                    break
-                # empty, zeros or torn: our own creation was cut short by a crash
-                fd = self.fs.open(marker, write=True)
-                try:
-                    self.fs.truncate(fd, 0)
-                    self.fs.writev(fd, [body], 0)
-                    self.fs.fsync(fd)
-                finally:
-                    self.fs.close(fd)
+                info = _parse_marker(data)
+                if info is None or "pool_id" not in info:
+                    info = self._complete_marker(marker)
+                break
             else:
                 raise StorageUnavailable(f"pool marker {marker} did not become readable")
         except OSError as e:
             raise storage_error(e, f"cannot open pool {self.root}") from e
-        if info.get("format") != "straw-pool" or not isinstance(info.get("version"), int):
-            raise UnsupportedSchema(f"{marker} is not a straw pool marker: {info!r}")
-        if info["version"] > POOL_FORMAT:
-            raise UnsupportedSchema(
-                f"pool {self.root} has format version {info['version']}; this straw reads "
-                f"up to {POOL_FORMAT}. Upgrade straw"
-            )
+        _check_marker(marker, self.root, info)
+        self.pool_id: str | None = info.get("pool_id")
+
+    def _complete_marker(self, marker: str) -> dict[str, Any]:
+        """The marker's content once it names the pool's id, under its lock: the first
+        client to hold the lock writes the id, every later one reads it.  An empty,
+        zeroed or torn marker (our own creation cut short by a crash) is rewritten whole.
+        A marker of another format or a newer version is returned untouched (the caller
+        refuses it).  On a read-only mount an older pool's marker cannot take an id: the
+        pool opens without one (``pool_id`` None; references then cannot be told from
+        another pool's of the same run, as before)."""
+        try:
+            fd = self.fs.open(marker, write=True)
+        except PermissionError:
+            return _parse_marker(self.fs.read_file(marker)) or {}
+        except OSError as e:
+            if e.errno != errno.EROFS:
+                raise
+            return _parse_marker(self.fs.read_file(marker)) or {}
+        try:
+            self.fs.lock(fd)
+            try:
+                info = _parse_marker(self.fs.read_to_end(fd))
+                if info is not None and ("pool_id" in info or info.get("format") !=
+                                         "straw-pool" or not isinstance(info.get("version"),
+                                                                        int)
+                                         or info["version"] > POOL_FORMAT):
+                    return info
+                body = _marker_body(info or {})
+                self.fs.truncate(fd, 0)
+                self.fs.writev(fd, [body], 0)
+                self.fs.fsync(fd)
+                return json.loads(body)  # type: ignore[no-any-return]
+            finally:
+                self.fs.unlock(fd)
+        finally:
+            self.fs.close(fd)
 
     # --- fork safety (straw.process) ---------------------------------------------------
     def _process_subject(self) -> str:
@@ -775,7 +831,7 @@ class SharedFilesystemStore(ProcessBound):
         retries, backoff = self._visibility
         return ReadSession(self.fs, self.root, self.run_id, self.clock,
                            visibility_retries=retries, visibility_backoff=backoff,
-                           pack_status=self._pack_status)
+                           pack_status=self._pack_status, pool_id=self.pool_id)
 
     def check_published(self, ref: RecordSetRef | RecordRef | SegmentRef,
                         where: str = "ref") -> None:

@@ -12,9 +12,12 @@ Record layout (``tensor.v1``)::
               tensor's own memory (``writev`` of a view: no copy for a contiguous CPU
               tensor; a non-contiguous or CUDA tensor is made contiguous on the CPU first,
               autograd history is dropped)
-    metadata  {"dtype": name, "shape": [...], "source": "torch"|"numpy",
+    metadata  {"dtype": name, "shape": [...], "source": "torch"|"numpy", "kind": name,
                "chunk_bytes": C, "chunks": hex}   hex = the xxh3-128 of every C-byte chunk
-              of the payload (the last one may be shorter), 32 hex digits each
+              of the payload (the last one may be shorter), 32 hex digits each; "kind"
+              (the tensor's name, or null; absent in records of an earlier straw, whose
+              record id was the name) is carried, not checked
+    record id "<record_prefix or submission_id>:<name>" (straw-queue's)
 
 ``CHUNK_BYTES`` is 256 KiB: a one-row read of a float32 [8192, 1024] tensor (4 KiB rows)
 reads and verifies one 256 KiB chunk, and a 32 MiB tensor carries 128 checksums (4 KiB of
@@ -39,8 +42,9 @@ Large ``load()`` results live in recycled buffers (``_BufferCache``: a freed res
 memory is reused instead of faulting in fresh pages; ``set_load_buffer_cache`` bounds or
 disables it).
 
-What ``load()`` returns: a torch tensor when the tensor was published from torch and
-torch is importable, else a NumPy array (``framework="torch"|"numpy"`` overrides).  A
+What ``load()`` returns: a torch tensor whenever torch is importable, whatever the tensor
+was published from (straw-queue's rule: its callers use the result as torch), else a
+NumPy array (``framework="torch"|"numpy"`` overrides).  A
 0-d tensor loads as a 0-d tensor/array.  bfloat16 as NumPy: ``ml_dtypes.bfloat16`` when
 ``ml_dtypes`` is installed, else a ``uint16`` array of the raw bit patterns (the same
 bytes; ``torch.from_numpy(a).view(torch.bfloat16)`` recovers the values).
@@ -51,11 +55,21 @@ a reused pinned staging buffer) and allocates nothing; a buffer that does not fi
 refused (``ValueError``/``TypeError`` naming what fits) before anything is read, and
 after a failed read (``CorruptData``, say) its content is unspecified.
 
-``TensorRef`` is frozen and serialisable (``to_dict``/``from_dict``, pickle for Ray
-drops the binding): it names the record (a ``RecordRef``), shape, dtype, source, chunk
-size, and the pool root as the publisher saw it.  A ref returned by ``publish_tensors``
-or ``from_record_set_many`` is bound to that store; ``ref.using(store)`` binds a
-deserialised ref; an unbound ref opens (once per process) a read-only store at ``root``.
+``TensorRef`` is frozen and serialisable (``to_dict``/``from_dict``, ``dataclasses.asdict``
+and ``TensorRef(**fields)``, pickle for Ray: about 700 bytes, the binding dropped).  Its
+fields are straw-queue 0.1.6's (see the class), then ours.  A ref returned by
+``publish_tensors`` or ``from_record_set_many`` is bound to that store;
+``ref.using(store)`` binds a deserialised ref; an unbound ref opens (once per process) a
+read-only store at ``root``.
+
+Which pool a reference belongs to: its ``run_id`` and ``pool_id`` (the id written once in
+the pool's ``POOL`` marker, ``SharedFilesystemStore.pool_id``).  Two pools may hold the
+same run id; a reference followed into the wrong one would find no pack and spend the
+whole visibility retry window first.  So every way of reading through a given store or
+session (``using``, ``load(reader=)``, ``from_record_set_many(reader=)``, ``share``, and
+the store an unbound ref opens at ``root``) compares run and pool id first, and refuses
+another pool at once, naming both (``InvalidReference``).  A pool or reference without an
+id (an older straw's, or a read-only mount of one) is checked by run only.
 
 After ``fork()`` (``straw.process``): a ref bound to a store of the parent raises
 ``ForkedProcess`` in the child (rebind it with ``ref.using(store)`` to a store opened in
@@ -69,6 +83,7 @@ torch is optional: this module imports it lazily, and works on NumPy alone.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
@@ -83,7 +98,13 @@ import numpy as np
 import xxhash
 
 from .checks import check_count, short_repr
-from .errors import CorruptData, ForkedProcess, InvalidReference, UnsupportedSchema
+from .errors import (
+    CorruptData,
+    ForkedProcess,
+    InvalidReference,
+    TensorMismatch,
+    UnsupportedSchema,
+)
 from .process import ProcessBound
 from .reader import ReadSession
 from .refs import Record, RecordInfo, RecordRef, RecordSetRef, payload_view
@@ -105,14 +126,19 @@ _PARALLEL_MIN = 8 << 20  # publish: chunk checksums of this much data on several
 # --- optional dependencies --------------------------------------------------------------
 
 
+_no_torch = False  # an import of torch failed once: do not retry it on every load
+
+
 def _torch() -> Any:
     """torch if importable (imported on first use), else None."""
+    global _no_torch
     mod = sys.modules.get("torch")
-    if mod is not None:
+    if mod is not None or _no_torch:
         return mod
     try:
         import torch
     except ImportError:
+        _no_torch = True
         return None
     return torch
 
@@ -289,13 +315,26 @@ def chunk_checksums(data: np.ndarray, chunk_bytes: int = CHUNK_BYTES) -> str:
     return "".join(_executor().map(lambda r: run(*r), _split(0, count, _workers())))
 
 
-def tensor_record(name: str, value: object, *, chunk_bytes: int = CHUNK_BYTES,
-                  where: str | None = None) -> Record:
-    """The ``tensor.v1`` record of one tensor (its payload is a view of the tensor)."""
-    flat, dtype, shape, source = _tensor_bytes(value, where or f"tensors[{name!r}]")
-    meta = {"dtype": dtype, "shape": list(shape), "source": source,
+def tensor_record(value: object, identity: str, *, kind: str | None = None,
+                  chunk_bytes: int = CHUNK_BYTES, where: str | None = None) -> Record:
+    """The ``tensor.v1`` record of one tensor, with record id ``identity`` and, in its
+    metadata, ``kind`` (the tensor's name in its publication; ``publish_tensors`` sets it
+    to the mapping's key).  Its payload is a view of the tensor (no copy)."""
+    if isinstance(value, str) and not isinstance(identity, str):
+        raise TypeError(
+            f"tensor_record(value, identity, *, kind=None) takes the tensor first; got the "
+            f"str {value!r} first (the older call tensor_record(name, value)): swap them")
+    if not isinstance(identity, str) or not identity:
+        raise TypeError(f"tensor_record: identity (the record id) must be a non-empty str, "
+                        f"got {short_repr(identity)}")
+    if kind is not None and (not isinstance(kind, str) or not kind):
+        raise TypeError(f"tensor_record: kind must be a non-empty str or None, got "
+                        f"{short_repr(kind)}")
+    check_count("chunk_bytes", chunk_bytes, minimum=1)
+    flat, dtype, shape, source = _tensor_bytes(value, where or f"tensor {identity!r}")
+    meta = {"dtype": dtype, "shape": list(shape), "source": source, "kind": kind,
             "chunk_bytes": chunk_bytes, "chunks": chunk_checksums(flat, chunk_bytes)}
-    return Record(name, flat, CODEC, meta)
+    return Record(identity, flat, CODEC, meta)
 
 
 def tensor_from_record(record: Record, *, where: str | None = None) -> np.ndarray:
@@ -316,27 +355,35 @@ def tensor_from_record(record: Record, *, where: str | None = None) -> np.ndarra
 
 
 def publish_tensors(store: Any, tensors: Mapping[str, Any], *, submission_id: str,
+                    record_prefix: str | None = None,
                     dependencies: Sequence[RecordSetRef] = (),
                     chunk_bytes: int = CHUNK_BYTES) -> tuple[TensorRef, ...]:
     """Publish ``{name: tensor}`` as one publication; one ``TensorRef`` per tensor in the
-    mapping's order, bound to ``store``.  Idempotent per ``submission_id`` (D7).
-    ``chunk_bytes`` is the checksum granularity (default ``CHUNK_BYTES``)."""
+    mapping's order, bound to ``store``.  Record ids are ``f"{record_prefix or
+    submission_id}:{name}"`` and each ref's ``kind`` is its ``name`` (straw-queue's
+    layout).  Idempotent per ``submission_id`` (D7).  ``chunk_bytes`` is the checksum
+    granularity (default ``CHUNK_BYTES``)."""
     check_count("chunk_bytes", chunk_bytes, minimum=1)
     if not isinstance(tensors, Mapping):
         raise TypeError(f"tensors must be a mapping of name to tensor, got "
                         f"{type(tensors).__name__}")
     if not tensors:
         raise ValueError("tensors is empty; publish at least one tensor")
+    prefix = submission_id if record_prefix is None else record_prefix
+    if not isinstance(prefix, str) or not prefix:
+        raise TypeError(f"record_prefix (else submission_id) must be a non-empty str, got "
+                        f"{short_repr(prefix)}")
     records = []
     for name, value in tensors.items():
         if not isinstance(name, str) or not name:
             raise TypeError(f"tensor names must be non-empty str, got {name!r}")
-        records.append(tensor_record(name, value, chunk_bytes=chunk_bytes))
+        records.append(tensor_record(value, f"{prefix}:{name}", kind=name,
+                                     chunk_bytes=chunk_bytes, where=f"tensors[{name!r}]"))
     ref = store.publish(records, submission_id=submission_id, dependencies=dependencies)
     manifest = _session_of(store).checked_manifest(ref)
-    root = getattr(store, "root", "")
-    return tuple(_from_parts(rr, info, root, ref)._bound(store)
-                 for rr, info in zip(manifest.record_refs, manifest.records, strict=True))
+    return tuple(_from_parts(rr, info, store, ref, i, validated=True)._bound(store)
+                 for i, (rr, info) in enumerate(zip(manifest.record_refs, manifest.records,
+                                                    strict=True)))
 
 
 def release_tensor_publications(store: Any, tensors: Sequence[TensorRef]) -> list[RecordSetRef]:
@@ -363,12 +410,34 @@ def release_tensor_publications(store: Any, tensors: Sequence[TensorRef]) -> lis
 # --- references -------------------------------------------------------------------------
 
 
-def _from_parts(rref: RecordRef, info: RecordInfo, root: str, publication: RecordSetRef
+def _from_parts(rref: RecordRef, info: RecordInfo, store: Any,
+                publication: RecordSetRef | None, ordinal: int, *, validated: bool = False
                 ) -> TensorRef:
+    """The reference of record ``rref`` (its checked manifest entry ``info``), member
+    ``ordinal`` of ``publication``, read through ``store`` (a store or a ReadSession)."""
     dtype, shape, source, chunk_bytes, _ = _check_meta(info.metadata, info.length,
                                                       f"tensor {info.record_id!r}")
-    return TensorRef(rref, info.record_id, shape, dtype, source, chunk_bytes, root,
-                     publication)
+    kind = info.metadata.get("kind")
+    if not isinstance(kind, str) or not kind:
+        # a record of an older straw (its record id was the name) or one without a kind
+        kind = info.record_id if "kind" not in info.metadata else None
+    root = getattr(store, "root", "")
+    codecs = getattr(store, "codecs", None)
+    return TensorRef(
+        path=os.path.join(root, rref.segment.path) if root else rref.segment.path,
+        shape=shape, dtype=dtype, nbytes=info.length, kind=kind, validated=validated,
+        codecs=tuple(sorted(codecs)) if codecs else _DEFAULT_CODECS, record_ref=rref,
+        root=root, run_id=rref.segment.run_id, blob_set=publication, blob_ordinal=ordinal,
+        source=source, chunk_bytes=chunk_bytes, pool_id=_pool_id_of(store))
+
+
+def _pool_id_of(reader: Any) -> str | None:
+    """The pool id a store or read session knows (None: a pool without one)."""
+    pool_id = getattr(reader, "pool_id", None)
+    return pool_id if isinstance(pool_id, str) else None
+
+
+_DEFAULT_CODECS = ("bytes.v1", "json.v1", "tensor.v1")
 
 
 _auto_stores: dict[tuple[str, str], Any] = {}
@@ -404,48 +473,102 @@ def _session_of(reader: Any) -> ReadSession:
 class TensorRef:
     """A published tensor: lazy, checked, frozen, serialisable.  ``load()``, ``ref[a:b]``
     (contiguous rows, step 1, negative indices as in Python), ``ref[i]`` (one row),
-    ``share()``, ``updated()``; see the module docstring for what they return."""
+    ``validate()``, ``share()``, ``updated()``; see the module docstring for what they
+    return.
 
-    record: RecordRef
-    name: str
+    The fields are straw-queue 0.1.6's, in its order (a caller constructs, replaces,
+    pickles and compares them), then ours.  What reads use: ``record_ref`` (the record),
+    ``shape``/``dtype``/``nbytes`` (checked against the record's authenticated manifest
+    entry before anything is allocated: a disagreement is ``TensorMismatch``),
+    ``run_id``/``pool_id`` (which pool and run the reference belongs to), ``root`` (where
+    an unbound reference opens a store), ``blob_set``/``blob_ordinal`` (its publication
+    and position there, for ``share``).  Carried, never followed: ``path`` (the pack as
+    the publisher saw it: reads go through ``record_ref`` beneath the reader's own root),
+    ``codecs``, ``offset``/``checksum`` (straw-queue's placeholders, -1/None).
+    ``validated`` is a caller's flag (straw-queue sets it on a publisher's references);
+    every read checks regardless.  Ours: ``source`` (the framework it was published
+    from), ``chunk_bytes`` (checksum granularity), ``pool_id``."""
+
+    path: str
     shape: tuple[int, ...]
     dtype: str
-    source: str = "numpy"
-    chunk_bytes: int = CHUNK_BYTES
+    nbytes: int
+    kind: str | None = None  # the tensor's name in its publication
+    validated: bool = False
+    offset: int | None = -1
+    checksum: int | None = None
+    codecs: tuple[str, ...] = _DEFAULT_CODECS
+    record_ref: RecordRef | None = None
     root: str = ""
-    publication: RecordSetRef | None = None  # the publication it was published in
-    # (``record`` is record ``ordinal`` of one extent; a tensor restored from a record
-    # set of records of other extents names that record set here)
+    run_id: str = ""
+    blob_set: RecordSetRef | None = None  # the publication it is a member of
+    blob_ordinal: int = 0  # its position among that publication's records
+    source: str = ""  # ours: "torch"/"numpy", what it was published from ("" unknown)
+    chunk_bytes: int = CHUNK_BYTES  # ours
+    pool_id: str | None = None  # ours: SharedFilesystemStore.pool_id of its pool
     # The binding (a store or ReadSession) is a plain attribute, not a field: it takes no
     # part in equality, hashing, repr, ``to_dict``, ``dataclasses.asdict`` or pickling.
 
+    def __post_init__(self) -> None:
+        # a JSON round trip (``TensorRef(**json.loads(...))``) gives lists: compare and
+        # hash as tuples
+        if not isinstance(self.shape, tuple):
+            object.__setattr__(self, "shape", tuple(self.shape))
+        if not isinstance(self.codecs, tuple):
+            object.__setattr__(self, "codecs", tuple(self.codecs))
+
     # --- description --------------------------------------------------------------------
     @property
-    def nbytes(self) -> int:
-        return math.prod(self.shape) * DTYPES[self.dtype]
+    def record(self) -> RecordRef:
+        """The record (``record_ref``; straw's earlier name)."""
+        if self.record_ref is None:
+            raise InvalidReference(f"tensor {self.name!r} names no record (record_ref is "
+                                   "None); restore it with TensorRef.from_record_set")
+        return self.record_ref
+
+    @property
+    def name(self) -> str:
+        """Its ``kind`` (the name it was published under), else its record's position."""
+        if self.kind is not None:
+            return self.kind
+        return "?" if self.record_ref is None else f"record {self.record_ref.ordinal}"
+
+    @property
+    def publication(self) -> RecordSetRef | None:
+        """The publication it is a member of (``blob_set``)."""
+        return self.blob_set
 
     @property
     def itemsize(self) -> int:
-        return DTYPES[self.dtype]
+        return DTYPES[self._dtype()]
 
     @property
     def ndim(self) -> int:
         return len(self.shape)
 
     @property
-    def kind(self) -> str:
-        """The tensor's name (straw-queue's word for it)."""
-        return self.name
-
-    @property
     def ordinal(self) -> int:
+        """The record's position in its extent (``record_ref.ordinal``)."""
         return self.record.ordinal
 
+    @property
+    def torch_dtype(self) -> Any:
+        torch = _torch()
+        if torch is None:
+            raise ImportError("torch_dtype needs torch, which is not importable")
+        return getattr(torch, self._dtype())
+
+    def _dtype(self) -> str:
+        if self.dtype not in DTYPES:
+            raise UnsupportedSchema(f"tensor {self.name!r}: dtype {self.dtype!r} is unknown "
+                                    f"(knows {', '.join(DTYPES)})")
+        return self.dtype
+
     def _publication(self) -> RecordSetRef:
-        if self.publication is None:
+        if self.blob_set is None:
             raise InvalidReference(f"tensor {self.name!r} names no publication (a reference "
                                    "built without one); restore it with from_record_set")
-        return self.publication
+        return self.blob_set
 
     def __len__(self) -> int:
         if not self.shape:
@@ -454,50 +577,114 @@ class TensorRef:
 
     # --- serialisation ------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return {"record": self.record.to_dict(), "name": self.name,
-                "shape": list(self.shape), "dtype": self.dtype, "source": self.source,
-                "chunk_bytes": self.chunk_bytes, "root": self.root,
-                "publication": None if self.publication is None else
-                self.publication.to_dict()}
+        """Every field, JSON-ready (``from_dict`` reverses it)."""
+        return {"path": self.path, "shape": list(self.shape), "dtype": self.dtype,
+                "nbytes": self.nbytes, "kind": self.kind, "validated": self.validated,
+                "offset": self.offset, "checksum": self.checksum,
+                "codecs": list(self.codecs),
+                "record_ref": None if self.record_ref is None else self.record_ref.to_dict(),
+                "root": self.root, "run_id": self.run_id,
+                "blob_set": None if self.blob_set is None else self.blob_set.to_dict(),
+                "blob_ordinal": self.blob_ordinal, "source": self.source,
+                "chunk_bytes": self.chunk_bytes, "pool_id": self.pool_id}
 
     @classmethod
     def from_dict(cls, value: Mapping[str, Any], store: Any = None) -> TensorRef:
+        """A reference from ``to_dict`` (or an earlier straw's form), checked field by
+        field (``InvalidReference`` naming what is wrong); bound to ``store`` if given."""
+        if not isinstance(value, Mapping):
+            raise InvalidReference(f"not a TensorRef dict: {short_repr(value)}")
+        if "record" in value:  # an earlier straw's form
+            value = _from_earlier(value)
         try:
-            rref = RecordRef.from_dict(value["record"])
-            pub = value.get("publication")
-            if pub is None and "record_set" in value["record"]:  # the previous straw's form
-                pub = value["record"]["record_set"]
-            ref = cls(rref, value["name"], tuple(value["shape"]), value["dtype"],
-                      value["source"], value["chunk_bytes"], value.get("root", ""),
-                      None if pub is None else RecordSetRef.from_dict(pub))
-        except (KeyError, TypeError):
+            rr, bs = value.get("record_ref"), value.get("blob_set")
+            ref = cls(
+                path=value["path"], shape=tuple(value["shape"]), dtype=value["dtype"],
+                nbytes=value["nbytes"], kind=value.get("kind"),
+                validated=value.get("validated", False), offset=value.get("offset", -1),
+                checksum=value.get("checksum"),
+                codecs=tuple(value.get("codecs", _DEFAULT_CODECS)),
+                record_ref=None if rr is None else RecordRef.from_dict(rr),
+                root=value.get("root", ""), run_id=value.get("run_id", ""),
+                blob_set=None if bs is None else RecordSetRef.from_dict(bs),
+                blob_ordinal=value.get("blob_ordinal", 0), source=value.get("source", ""),
+                chunk_bytes=value.get("chunk_bytes", CHUNK_BYTES),
+                pool_id=value.get("pool_id"))
+        except (KeyError, TypeError, ValueError):
             raise InvalidReference(f"not a TensorRef dict: {short_repr(value)}") from None
-        if (ref.dtype not in DTYPES or ref.source not in SOURCES
+        if (ref.dtype not in DTYPES or ref.source not in ("", *SOURCES)
                 or not isinstance(ref.chunk_bytes, int) or ref.chunk_bytes <= 0
+                or isinstance(ref.chunk_bytes, bool)
+                or not isinstance(ref.nbytes, int) or ref.nbytes < 0
                 or any(not isinstance(d, int) or d < 0 for d in ref.shape)
-                or len(ref.shape) > MAX_DIMS):
+                or len(ref.shape) > MAX_DIMS
+                or not isinstance(ref.blob_ordinal, int) or ref.blob_ordinal < 0
+                or (ref.kind is not None and not isinstance(ref.kind, str))
+                or (ref.pool_id is not None and not isinstance(ref.pool_id, str))):
             raise InvalidReference(f"not a valid TensorRef dict: {short_repr(value)}")
         return ref._bound(store) if store is not None else ref
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:  # pickling (Ray) drops the binding
-        return (TensorRef.from_dict, (self.to_dict(),))
+        return (_unpickle, (self._state(),))
+
+    def _state(self) -> tuple[Any, ...]:
+        """The fields as a tuple, the publication's manifest segment left out when it is
+        the record's own (the common case): a pickled reference stays well under 1 KiB."""
+        pub: Any = self.blob_set
+        if pub is not None and self.record_ref is not None \
+                and pub.manifest.segment == self.record_ref.segment:
+            pub = (pub.manifest.ordinal, pub.digest, pub.records, pub.payload_bytes,
+                   pub.tokens)
+        return (self.path, self.shape, self.dtype, self.nbytes, self.kind, self.validated,
+                self.offset, self.checksum,
+                None if self.codecs == _DEFAULT_CODECS else self.codecs, self.record_ref,
+                self.root, self.run_id, pub, self.blob_ordinal, self.source,
+                self.chunk_bytes, self.pool_id)
 
     # --- binding ------------------------------------------------------------------------
     def _bound(self, reader: Any) -> TensorRef:
         object.__setattr__(self, "_reader", reader)
         return self
 
+    def _pool_error(self, reader: Any, why: str) -> InvalidReference:
+        """The error for a reader of a different storage pool or run: names both."""
+        theirs = _pool_id_of(reader)
+        return InvalidReference(
+            f"tensor {self.name!r} belongs to run {self.run_id!r} of pool "
+            f"{self.pool_id or '(id unknown)'} at {self.root or '(root unknown)'}; the "
+            f"reader is of run {getattr(reader, 'run_id', '?')!r} of pool "
+            f"{theirs or '(id unknown)'} at {getattr(reader, 'root', '?')}: {why} (a "
+            "different storage pool or run). Read it through a store of its own pool")
+
+    def _check_reader(self, reader: Any) -> None:
+        """``InvalidReference`` at once, before any read, unless ``reader`` (a store or
+        session) is of this reference's run and pool.  Pools are compared by id; a
+        reference or pool without one (an older straw's) cannot be told apart, and is
+        only checked by run."""
+        if getattr(reader, "run_id", None) != self._run():
+            raise self._pool_error(reader, "another run")
+        theirs = _pool_id_of(reader)
+        if self.pool_id is not None and theirs is not None and theirs != self.pool_id:
+            raise self._pool_error(reader, "another pool with the same run id")
+
+    def _run(self) -> str:
+        return self.run_id or self.record.segment.run_id
+
+    def shares_storage(self, store: Any) -> bool:
+        """Whether ``store`` is of this reference's pool and run (so the tensor can be
+        shared with it, or read through it, without copying)."""
+        try:
+            self._check_reader(store)
+        except InvalidReference:
+            return False
+        return True
+
     def using(self, reader: Any) -> TensorRef:
-        """A copy of this reference that reads through ``reader`` (a store of the same run,
-        or a ``ReadSession``)."""
-        session = _session_of(reader)
-        if session.run_id != self.record.segment.run_id:
-            raise InvalidReference(f"tensor {self.name!r} belongs to run "
-                                   f"{self.record.segment.run_id!r}, the reader to "
-                                   f"{session.run_id!r}")
-        ref = TensorRef(self.record, self.name, self.shape, self.dtype, self.source,
-                        self.chunk_bytes, self.root, self.publication)
-        return ref._bound(reader)
+        """A copy of this reference that reads through ``reader`` (a store of the same pool
+        and run, or a ``ReadSession``); ``InvalidReference`` at once otherwise."""
+        _session_of(reader)  # (a TypeError for anything else)
+        self._check_reader(reader)
+        return dataclasses.replace(self)._bound(reader)
 
     def _session(self) -> ReadSession:
         reader = getattr(self, "_reader", None)
@@ -509,7 +696,7 @@ class TensorRef:
                     "ref.using(store), or send it to the child pickled (an unpickled "
                     "TensorRef reads through a store of its own process)")
             return _session_of(reader)
-        run_id = self.record.segment.run_id
+        run_id = self._run()
         key = (self.root, run_id)
         with _auto_lock:
             store = _auto_stores.get(key)
@@ -523,28 +710,46 @@ class TensorRef:
                         "bind the reference to a store with ref.using(store)")
                 store = SharedFilesystemStore(self.root, run_id)
                 _auto_stores[key] = store
+        self._check_reader(store)  # the root may hold another pool on this machine
         return _session_of(store)
 
     # --- reading ------------------------------------------------------------------------
-    def _chunks(self, session: ReadSession) -> tuple[str, str, int]:
+    def _check_shape(self) -> None:
+        """The reference's own fields agree (shape x dtype = nbytes), before any I/O."""
+        if (not isinstance(self.nbytes, int) or isinstance(self.nbytes, bool)
+                or self.nbytes < 0 or len(self.shape) > MAX_DIMS
+                or any(not isinstance(d, int) or isinstance(d, bool) or d < 0
+                       for d in self.shape)
+                or math.prod(self.shape) * DTYPES[self._dtype()] != self.nbytes):
+            raise TensorMismatch(
+                f"Typed tensor reference {self.name!r} is inconsistent: shape "
+                f"{list(self.shape)} of {self.dtype} does not make nbytes {self.nbytes!r} "
+                "(an edited or stale reference); restore it with TensorRef.from_record_set")
+
+    def _chunks(self, session: ReadSession) -> tuple[str, str, int, int]:
         """The authenticated chunk checksums, pack path and payload offset of the
-        record, after checking its checked manifest entry agrees with this reference."""
+        record and its chunk size, after checking its checked manifest entry agrees with
+        this reference."""
+        self._check_shape()
         info: RecordInfo
         info, path, origin = session.payload_location(self.record)
         if info.codec != CODEC:
             raise InvalidReference(f"record {info.record_id!r} has codec {info.codec!r}, not "
                                    f"{CODEC}")
-        dtype, shape, source, chunk_bytes, chunks = _check_meta(
+        dtype, shape, _, chunk_bytes, chunks = _check_meta(
             info.metadata, info.length, f"tensor {self.name!r}")
-        if (dtype, shape, source, chunk_bytes) != (self.dtype, self.shape, self.source,
-                                                   self.chunk_bytes):
-            raise InvalidReference(
-                f"tensor {self.name!r}: the reference says {self.dtype}{list(self.shape)}, "
-                f"the publication holds {dtype}{list(shape)} (edited or stale reference)")
-        return chunks, path, origin
+        if (dtype, shape, info.length) != (self.dtype, self.shape, self.nbytes):
+            raise TensorMismatch(
+                f"Typed tensor reference {self.name!r} disagrees with its published record: "
+                f"the reference says {self.dtype}{list(self.shape)} ({self.nbytes} bytes), "
+                f"the publication holds {dtype}{list(shape)} ({info.length} bytes) (an "
+                "edited or stale reference); restore it with TensorRef.from_record_set")
+        # (the record's chunk size is authoritative: the reference only carries it)
+        return chunks, path, origin, chunk_bytes
 
-    def _checked(self, session: ReadSession) -> tuple[bytes, str, int]:
-        """The authenticated chunk digests (16 bytes each), pack path and payload offset,
+    def _checked(self, session: ReadSession) -> tuple[bytes, str, int, int]:
+        """The authenticated chunk digests (16 bytes each), pack path, payload offset and
+        chunk size,
         after ``_chunks`` checked the manifest against this reference: once per session
         (a reference never changes, nor does a publication, so the answer would be the
         same every time; each read still checks its path and opens nothing outside the
@@ -554,28 +759,29 @@ class TensorRef:
         memo = getattr(self, "_checked_memo", None)
         if memo is not None and memo[0] is session:
             return memo[1]
-        chunks, path, origin = self._chunks(session)
-        where = (bytes.fromhex(chunks), path, origin)
+        chunks, path, origin, chunk_bytes = self._chunks(session)
+        where = (bytes.fromhex(chunks), path, origin, chunk_bytes)
         object.__setattr__(self, "_checked_memo", (session, where))
         return where
 
-    def _corrupt(self, chunk: int, size: int, path: str, origin: int) -> CorruptData:
-        start = chunk * self.chunk_bytes
+    def _corrupt(self, chunk: int, size: int, path: str, origin: int, c: int
+                 ) -> CorruptData:
+        start = chunk * c
         return CorruptData(
             f"tensor {self.name!r} (record {self.name!r} at "
             f"{path} offset {origin}): chunk {chunk} "
             f"(bytes {start}..{start + size}) fails its checksum; the stored data is "
             "damaged. Restore the pool from a replica or republish the tensor")
 
-    def _read_chunks(self, session: ReadSession, loc: tuple[str, int], expected: bytes,
+    def _read_chunks(self, session: ReadSession, loc: tuple[str, int, int], expected: bytes,
                      e0: int, lo: int, hi: int, dst: memoryview, base: int) -> None:
         """Read whole chunks [lo, hi) into ``dst`` (which starts at payload byte ``base``),
         ``_READ_BYTES`` at a time, and verify each chunk right after its block landed,
         while it is still in the CPU cache.  ``expected`` holds the digests of the chunks
         from ``e0`` on.  The caller checked the record against its manifest, so the reads
-        go straight to the session's block reader (which still handles visibility lag)."""
-        c = self.chunk_bytes
-        path, origin = loc
+        go straight to the session's block reader (which still handles visibility lag).
+        ``loc``: the pack path, payload offset and chunk size."""
+        path, origin, c = loc
         start, stop = lo * c, min(hi * c, self.nbytes)
         span = dst[start - base:stop - base]
         digest = xxhash.xxh3_128_digest
@@ -588,7 +794,8 @@ class TensorRef:
                 if digest(piece) != want:
                     self._recheck(session, loc, want, lo + pos // c, piece, start + pos)
 
-    def _recheck(self, session: ReadSession, loc: tuple[str, int], want: bytes, chunk: int,
+    def _recheck(self, session: ReadSession, loc: tuple[str, int, int], want: bytes,
+                 chunk: int,
                  view: memoryview, at: int) -> None:
         """Chunk ``chunk`` (payload bytes from ``at``, read into ``view``) failed its
         checksum on the block path: read it once more through ``_read_exact``, which
@@ -596,19 +803,19 @@ class TensorRef:
         another thread of the session closed it and its number gone to another file, the
         bytes read were that file's), and check again.  Still wrong: the stored bytes are
         damaged, ``CorruptData`` (D6).  Right: ``view`` now holds verified bytes."""
-        path, origin = loc
+        path, origin, c = loc
         session._read_exact(path, origin + at, view.nbytes, into=view)
         if xxhash.xxh3_128_digest(view) != want:
-            raise self._corrupt(chunk, view.nbytes, path, origin)
+            raise self._corrupt(chunk, view.nbytes, path, origin, c)
 
-    def _read_into(self, session: ReadSession, where: tuple[bytes, str, int], start: int,
-                   stop: int, dst: memoryview) -> None:
+    def _read_into(self, session: ReadSession, where: tuple[bytes, str, int, int],
+                   start: int, stop: int, dst: memoryview) -> None:
         """Payload bytes [start, stop) into ``dst``, verifying every chunk touched
         (``where``: the authenticated digests, path and offset from ``_checked``)."""
         if stop <= start:
             return
-        digests, loc = where[0], (where[1], where[2])
-        c = self.chunk_bytes
+        digests, loc = where[0], (where[1], where[2], where[3])
+        c = where[3]
         n = self.nbytes
         first, last = start // c, (stop - 1) // c  # chunks touched, inclusive
         inner_lo = first if start == first * c else first + 1
@@ -634,7 +841,9 @@ class TensorRef:
             if _torch() is None:
                 raise ImportError("framework='torch' needs torch, which is not importable")
             return True
-        return self.source == "torch" and _torch() is not None
+        # straw-queue's load() returns torch, and its callers use the result as torch
+        # (torch.equal, .to(device)): torch whenever it is importable
+        return _torch() is not None
 
     def _alloc(self, shape: tuple[int, ...], as_torch: bool, pin_memory: bool
                ) -> tuple[Any, memoryview]:
@@ -723,7 +932,7 @@ class TensorRef:
             raise TypeError(f"tensor {self.name!r} is 0-d (a scalar) and cannot be sliced; "
                             "use load()")
         if key.step not in (None, 1):
-            raise ValueError(f"tensor {self.name!r}: row slices must be contiguous (step 1), "
+            raise TypeError(f"tensor {self.name!r}: row slices must be contiguous (step 1), "
                              f"got step {key.step!r}")
         start, stop, _ = key.indices(self.shape[0])
         return self._materialise(start, max(0, stop - start), **kw)
@@ -744,24 +953,64 @@ class TensorRef:
         raise TypeError(f"tensor {self.name!r} supports row slices ref[a:b] and rows ref[i], "
                         f"not {type(key).__name__} indices")
 
+    # --- checks (straw-queue's) --------------------------------------------------------
+    def validate(self) -> None:
+        """Check the reference against its published record (dtype, shape, byte length,
+        codec, the record's manifest) without reading the payload: ``TensorMismatch``,
+        ``InvalidReference`` or ``CorruptData`` otherwise."""
+        self._checked(self._session())
+
+    def _bytes(self, start: int, stop: int, *, reader: Any = None) -> bytes:
+        """Payload bytes [start, stop), every chunk touched verified, after the reference
+        is checked (straw-queue's internal byte read, kept for its callers)."""
+        ref = self if reader is None else self.using(reader)
+        session = ref._session()
+        where = ref._checked(session)
+        if not (isinstance(start, int) and isinstance(stop, int)
+                and 0 <= start <= stop <= self.nbytes):
+            raise ValueError(f"tensor {self.name!r}: byte range [{start}, {stop}) is not "
+                             f"within its {self.nbytes} bytes")
+        out = bytearray(stop - start)
+        ref._read_into(session, where, start, stop, memoryview(out))
+        return bytes(out)
+
+    def link(self, path: Any) -> TensorRef:
+        """This reference (straw-queue's call, kept for its callers): a packed tensor is
+        shared through owners and dependencies (``share``), never through a link in the
+        filesystem, so nothing is created at ``path``."""
+        del path
+        return self
+
     # --- sharing and new versions -------------------------------------------------------
     def share(self, store: Any = None, *, submission_id: str | None = None
               ) -> tuple[RecordSetRef, int]:
         """``(publication, ordinal)``: the descriptor another publication or queue reuses
-        (as a dependency) without copying bytes.  The tensor already lives in its own
-        publication, so nothing is written (``submission_id`` is accepted for
-        straw-queue compatibility and not needed).  With ``store``, checks that it is of
-        the same run."""
-        del submission_id
-        pub = self._publication()
-        if store is not None and getattr(store, "run_id", None) != pub.run_id:
-            raise InvalidReference(f"tensor {self.name!r} belongs to run "
-                                   f"{pub.run_id!r}; it can only be shared "
-                                   f"within that run, not with {store!r}")
-        if pub.segment == self.record.segment:  # its own extent: ordinals agree
-            return pub, self.ordinal
-        # a record set naming records of other extents: its position there
-        return pub, self._session().checked_manifest(pub).record_refs.index(self.record)
+        (as a dependency) without copying bytes.  A tensor of a publication returns that
+        publication and its position there; writes nothing.  A reference without one
+        (``from_record`` without ``blob_set``) is wrapped in a new record set, which needs
+        ``store`` and ``submission_id``.  ``store`` must be of the tensor's pool and run
+        (``InvalidReference`` at once, naming both)."""
+        if store is not None:
+            self._check_reader(store)
+        pub = self.blob_set
+        if pub is not None:
+            if pub.manifest.segment == self.record.segment:
+                return pub, self.record.ordinal  # its own extent: the ordinals agree
+            # a record set naming records of other extents: its position there (checked:
+            # an earlier straw's reference does not carry it)
+            refs = self._session().checked_manifest(pub).record_refs
+            if not (0 <= self.blob_ordinal < len(refs)
+                    and refs[self.blob_ordinal] == self.record):
+                if self.record not in refs:
+                    raise InvalidReference(f"tensor {self.name!r} is not a member of its "
+                                           f"blob_set {pub!r} (an edited reference)")
+                return pub, refs.index(self.record)
+            return pub, self.blob_ordinal
+        if store is None or submission_id is None:
+            raise InvalidReference(
+                f"tensor {self.name!r} names no publication; share(store, "
+                "submission_id=...) wraps its record in a new record set")
+        return store.record_set([self.record], submission_id=submission_id), 0
 
     def updated(self, store: Any, values: Any, *, submission_id: str,
                 rows: Any = None) -> TensorRef:
@@ -781,34 +1030,110 @@ class TensorRef:
             else:
                 current[rows] = np.asarray(values)
             new = current
-        return publish_tensors(store, {self.name: new}, submission_id=submission_id)[0]
+        return publish_tensors(store, {self.kind or "tensor": new},
+                               submission_id=submission_id)[0]
 
     # --- restoring ----------------------------------------------------------------------
     @classmethod
     def from_record_set_many(cls, store: Any, reference: RecordSetRef, *,
-                             reader: Any = None) -> dict[int, TensorRef]:
+                             validated: bool = False, reader: Any = None
+                             ) -> dict[int, TensorRef]:
         """Every tensor of a publication by ordinal (other records are left out), bound to
         ``store``; reads only the manifest (through ``reader``, a read session of the same
-        run, when given: straw-queue's keyword)."""
+        pool and run, when given)."""
         session = _session_of(store if reader is None else reader)
-        if session.run_id != getattr(store, "run_id", session.run_id):
-            raise InvalidReference(f"reader of run {session.run_id!r} cannot restore tensors "
-                                   f"for a store of run {store.run_id!r}")
+        if reader is not None:
+            _check_same_pool(store, reader)
         manifest = session.checked_manifest(reference)
-        root = getattr(store, "root", "")
-        return {i: _from_parts(rref, info, root, reference)._bound(store)
+        return {i: _from_parts(rref, info, store, reference, i,
+                               validated=validated)._bound(store)
                 for i, (info, rref) in enumerate(zip(manifest.records, manifest.record_refs,
                                                      strict=True))
                 if info.codec == CODEC}
 
     @classmethod
     def from_record_set(cls, store: Any, reference: RecordSetRef, ordinal: int = 0, *,
-                        reader: Any = None) -> TensorRef:
+                        validated: bool = False, reader: Any = None) -> TensorRef:
         """The tensor at ``ordinal`` of a publication."""
-        tensors = cls.from_record_set_many(store, reference, reader=reader)
+        count = _session_of(store if reader is None else reader).checked_manifest(
+            reference).records
+        if type(ordinal) is not int or not 0 <= ordinal < len(count):
+            raise InvalidReference(f"ordinal {ordinal!r} is outside publication {reference!r} "
+                                   f"of {len(count)} records")
+        tensors = cls.from_record_set_many(store, reference, validated=validated,
+                                           reader=reader)
         if ordinal not in tensors:
-            raise InvalidReference(f"record {ordinal} of {reference!r} is not a tensor")
+            raise UnsupportedSchema(f"record {ordinal} of {reference!r} is not a {CODEC} "
+                                    "record")
         return tensors[ordinal]
+
+    @classmethod
+    def from_record(cls, store: Any, reference: RecordRef, *,
+                    blob_set: RecordSetRef | None = None, ordinal: int = 0,
+                    validated: bool = False) -> TensorRef:
+        """The tensor of one record (``blob_set``/``ordinal``: the publication it is
+        member ``ordinal`` of, if known, for ``share``)."""
+        if not isinstance(reference, RecordRef):
+            raise TypeError(f"reference must be a RecordRef, got {type(reference).__name__}")
+        info = _session_of(store).payload_location(reference)[0]
+        if info.codec != CODEC:
+            raise UnsupportedSchema(f"record {info.record_id!r} has codec {info.codec!r}, "
+                                    f"not {CODEC}")
+        return _from_parts(reference, info, store, blob_set, ordinal,
+                           validated=validated)._bound(store)
+
+
+def _check_same_pool(store: Any, reader: Any) -> None:
+    """A ``reader=`` must be of the store's pool and run (``InvalidReference`` naming
+    both, before anything is read)."""
+    ours, theirs = _pool_id_of(store), _pool_id_of(reader)
+    if (getattr(reader, "run_id", None) != getattr(store, "run_id", None)
+            or (ours is not None and theirs is not None and ours != theirs)):
+        raise InvalidReference(
+            f"reader of run {getattr(reader, 'run_id', '?')!r} of pool "
+            f"{theirs or '(id unknown)'} at {getattr(reader, 'root', '?')} belongs to a "
+            f"different storage pool or run than the store (run "
+            f"{getattr(store, 'run_id', '?')!r} of pool {ours or '(id unknown)'} at "
+            f"{getattr(store, 'root', '?')}); use a read session of the store")
+
+
+def _unpickle(state: tuple[Any, ...]) -> TensorRef:
+    """A reference from ``TensorRef._state`` (its publication's manifest segment restored
+    from the record's when it was left out)."""
+    fields = list(state)
+    rref, pub = fields[9], fields[12]
+    if isinstance(pub, tuple):
+        seg = rref.segment
+        fields[12] = RecordSetRef(RecordRef(seg, pub[0]), *pub[1:])
+    if fields[8] is None:
+        fields[8] = _DEFAULT_CODECS
+    return TensorRef(*fields)
+
+
+def _from_earlier(value: Mapping[str, Any]) -> dict[str, Any]:
+    """An earlier straw's ``to_dict`` (``record``, ``name``, ``publication``) in this
+    one's field names."""
+    try:
+        rr = value["record"]
+        pub = value.get("publication")
+        if pub is None and isinstance(rr, Mapping) and "record_set" in rr:
+            pub = rr["record_set"]
+        shape = list(value["shape"])
+        size = math.prod(shape) * DTYPES[value["dtype"]]
+        seg = RecordRef.from_dict(rr).segment
+        ordinal = 0
+        if pub is not None:
+            pub_ref = RecordSetRef.from_dict(pub)
+            if pub_ref.manifest.segment == seg:
+                ordinal = RecordRef.from_dict(rr).ordinal
+        root = value.get("root", "")
+        return {"path": os.path.join(root, seg.path) if root else seg.path, "shape": shape,
+                "dtype": value["dtype"], "nbytes": size, "kind": value["name"],
+                "record_ref": rr, "root": root, "run_id": seg.run_id, "blob_set": pub,
+                "blob_ordinal": ordinal, "source": value["source"],
+                "chunk_bytes": value["chunk_bytes"]}
+    except (KeyError, TypeError, ValueError, InvalidReference):
+        raise InvalidReference(f"not a TensorRef dict: {short_repr(value)}") from None
 
 
 def _can_pin(torch: Any) -> bool:

@@ -66,13 +66,13 @@ def test_not_a_sample_is_refused():
 def test_tensor_from_record_round_trips(dtype):
     for shape in [(), (0, 3), (5,), (2, 3, 4)]:
         a = (np.arange(int(np.prod(shape))) % 3).astype(dtype).reshape(shape)
-        back = tensor_from_record(tensor_record("t", a, chunk_bytes=8))
+        back = tensor_from_record(tensor_record(a, "t", chunk_bytes=8))
         assert back.dtype == a.dtype and back.shape == a.shape and np.array_equal(back, a)
         assert back.flags.writeable  # a copy, not a view of the record's buffer
 
 
 def test_tensor_from_record_refuses_damage():
-    rec = tensor_record("t", np.arange(100, dtype=np.int32), chunk_bytes=64)
+    rec = tensor_record(np.arange(100, dtype=np.int32), "t", chunk_bytes=64)
     raw = bytearray(bytes(memoryview(rec.payload)))
     raw[300] ^= 0x10
     with pytest.raises(CorruptData, match="chunk checksums"):

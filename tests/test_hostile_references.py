@@ -8,6 +8,7 @@ is named after the finding it pins down; retries are counted through an injected
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import threading
@@ -268,15 +269,15 @@ def test_huge_tensor_shape_is_refused_before_allocation(tmp_path, monkeypatch):
     with _store(tmp_path) as store:
         (t,) = publish_tensors(store, {"x": np.arange(32, dtype=np.float32).reshape(4, 8)},
                                submission_id="t")
-        shape_only = TensorRef(t.record, t.name, (rows, 8), t.dtype, t.source, t.chunk_bytes,
-                               t.root)
-        with_size = TensorRef(edited(t.record, size=rows * 64), t.name,
-                              (rows, 8), t.dtype, t.source, t.chunk_bytes, t.root)
+        shape_only = dataclasses.replace(t, shape=(rows, 8))  # disagrees with nbytes
+        consistent = dataclasses.replace(t, shape=(rows, 8), nbytes=rows * 32)
+        with_size = dataclasses.replace(t, record_ref=edited(t.record, size=rows * 64),
+                                        shape=(rows, 8), nbytes=rows * 32)
         d = t.to_dict()
-        d["shape"] = [rows, 8]
-        d["record"]["segment"]["size"] = rows * 64
+        d["shape"], d["nbytes"] = [rows, 8], rows * 32
+        d["record_ref"]["segment"]["size"] = rows * 64
         from_dict = TensorRef.from_dict(d)
-        for forged in (shape_only, with_size, from_dict):
+        for forged in (shape_only, consistent, with_size, from_dict):
             bound = forged.using(store)
             with pytest.raises(InvalidReference):
                 bound.load()
