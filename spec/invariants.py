@@ -275,8 +275,9 @@ def q3_only_live_leases_commit(cfg: Config, s: State, a: Action, s2: State) -> s
 
 
 def q4_scheduling_order(cfg: Config, s: State, a: Action, s2: State) -> str | None:
-    """Q4: acquire hands out the pending task first in order priority desc, key asc, FIFO."""
-    if a.name != "acquire" or a.queue is None:
+    """Q4: acquire (and complete_and_acquire's grant) hands out the pending task first in
+    order priority desc, key asc, FIFO."""
+    if a.name not in ("acquire", "complete_and_acquire") or a.queue is None:
         return None
     for t in range(len(cfg.tasks)):
         if s.tasks[t].status == TaskStatus.PENDING and s2.tasks[t].status == TaskStatus.LEASED:

@@ -56,6 +56,12 @@ class Mutants:
     # D5: acquire does not journal the lease grant (coord_recover): recovery forgets it, rolls
     # the attempt counter back and loses the reader's protection the grant recorded.
     lease_grant_not_journaled: bool = False
+    # Q3: complete_and_acquire's combined path does not check that the completed lease is
+    # live (complete_and_acquire).
+    combined_commit_skips_liveness: bool = False
+    # Q5: complete_and_acquire's grant does not pin the new task's input for the worker's
+    # read, as acquire's does (complete_and_acquire).
+    combined_grant_without_read_pin: bool = False
     # Q3: completion does not check the abstract expiry flag.
     expired_lease_commits: bool = False
     # D7: a retried completion (same submission id) is committed again instead of answered

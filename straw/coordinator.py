@@ -141,6 +141,7 @@ from .store import SharedFilesystemStore
 _EPOCH_RE = re.compile(r"^e-([0-9]{6,})\Z")
 _STARTED = b"started\n"  # an epoch file's content once its epoch-start record is durable
 DEFAULT_CONSUMER = "training"
+_ID_MEMO_SIZE = 1 << 16  # derived attempt ids and tokens remembered (see Coordinator._derived)
 
 
 def queue_dir(root: str, run_id: str, namespace: str, queue_id: str) -> str:
@@ -239,6 +240,10 @@ class Coordinator(ProcessBound):
         self.queue_id = queue_id
         self.namespace = namespace
         self.owner = f"queue:{namespace}/{queue_id}"
+        # the constant head of every derived name's hashed text (see _id)
+        self._id_head = json.dumps([store.run_id, namespace, queue_id],
+                                   separators=(",", ":"))[:-1] + ","
+        self._id_memo: dict[tuple[Any, ...], str] = {}
         self.lease_seconds = float(lease_seconds)
         self.exclusive_owner = exclusive_owner
         # deadlines follow the caller's clock; the journal and lock stamps a wall clock
@@ -589,19 +594,32 @@ class Coordinator(ProcessBound):
 
     def _id(self, *parts: Any) -> str:
         """A name derived from this queue's identity (run, namespace, queue) and ``parts``:
-        the same in every process and after recovery, distinct across queues and runs."""
-        key = json.dumps([self.store.run_id, self.namespace, self.queue_id, *parts],
-                         separators=(",", ":"))
+        the same in every process and after recovery, distinct across queues and runs.
+        The hashed text is ``json.dumps([run, namespace, queue, *parts])``; its constant
+        head is encoded once (``_id_head``), which gives the same text."""
+        key = self._id_head + json.dumps(parts, separators=(",", ":"))[1:]
         return hashlib.sha256(key.encode()).hexdigest()
+
+    def _derived(self, parts: tuple[Any, ...], size: int) -> str:
+        """``_id(*parts)[:size]``, remembered: every lease check derives its attempt id and
+        token again, and hashing them was a visible part of a completion's cost.  The
+        memo only saves the hashing (the values are pure functions of ``parts``); it is
+        bounded by starting afresh when full."""
+        got = self._id_memo.get(parts)
+        if got is None:
+            if len(self._id_memo) >= _ID_MEMO_SIZE:
+                self._id_memo.clear()
+            got = self._id_memo[parts] = self._id(*parts)[:size]
+        return got
 
     def _attempt_id(self, task_id: str, generation: int) -> str:
         # generations are never reused (lease grants are journaled), so neither is this
-        return self._id("attempt", task_id, generation)[:32]
+        return self._derived(("attempt", task_id, generation), 32)
 
     def _token(self, attempt_id: str, worker_id: str, epoch: int) -> str:
         # binds the lease's fields: a lease edited by hand (another worker, another epoch)
         # is not current; it is a checksum, not a secret
-        return self._id("lease", attempt_id, worker_id, epoch)
+        return self._derived(("lease", attempt_id, worker_id, epoch), 64)
 
     def _check_lease(self, lease: object, *, allow_expired: bool = False,
                      where: str = "lease") -> Any:
@@ -814,45 +832,59 @@ class Coordinator(ProcessBound):
             raise TypeError("task_ids must be a list of task ids, not one str")
         if not isinstance(control, bool):
             raise TypeError(f"control must be a bool, got {type(control).__name__}")
-        lim = self.limits
         with self.journal.incoming(), self._mutex:
             self._check_usable()
             last = self._expire_due()
-            st = self.state
-            held = in_lane = 0
-            for t in self._deadlines:
-                task = st.tasks[t]
-                if task.status != LEASED or task.lease is None:
-                    continue
-                held += task.lease[1] == worker_id
-                in_lane += task.control == control
-            lane_limit = lim.control_tasks if control else lim.inflight_tasks
-            room = min(lim.max_leases_per_worker - held, lane_limit - in_lane)
-            # the control lane drains produced work: a lagging consumer does not hold it
-            lagging = (not control and lim.max_unconsumed_results is not None and
-                       len(st.commits) - st.retirement_cursor(self.consumer_id)
-                       >= lim.max_unconsumed_results)
-            chosen: list[Any] = []
-            if self._draining:  # drain(): nothing more is handed out here
-                status = "draining"
-            elif room <= 0 or lagging:
-                status = "backpressured"
-            else:
-                chosen = self._choose(max_tasks, task_prefix, task_ids, control, room)
-                status = "acquired" if chosen else self._idle_status()
-            if chosen:
-                grants = [[t.task_id, t.attempt + 1] for t in chosen]
-                last = self._enqueue({"t": "lease", "epoch": self.epoch, "worker": worker_id,
-                                      "grants": grants})
-                deadline = self.clock.now() + self.lease_seconds
-                for t in chosen:
-                    self._deadlines[t.task_id] = deadline
-                out = tuple(Assignment(self._spec_of(t), self._lease_of(t)) for t in chosen)
-            else:
-                out = ()
+            status, chosen, grant = self._grant_locked(worker_id, max_tasks, task_ids,
+                                                       task_prefix, control)
+            if grant is not None:
+                last = self._enqueue(grant)
+            out = self._assigned(chosen)
         if last is not None:
             self._wait(last)
         return AcquireResult(status, out)
+
+    def _grant_locked(self, worker_id: str, max_tasks: int, task_ids: Sequence[str] | None,
+                      task_prefix: str | None, control: bool
+                      ) -> tuple[str, list[Any], dict[str, Any] | None]:
+        """acquire's choice (mutex held, expiries journaled): (status, the tasks chosen, the
+        lease transaction granting them — for the caller to enqueue — or None)."""
+        lim = self.limits
+        st = self.state
+        held = in_lane = 0
+        for t in self._deadlines:
+            task = st.tasks[t]
+            if task.status != LEASED or task.lease is None:
+                continue
+            held += task.lease[1] == worker_id
+            in_lane += task.control == control
+        lane_limit = lim.control_tasks if control else lim.inflight_tasks
+        room = min(lim.max_leases_per_worker - held, lane_limit - in_lane)
+        # the control lane drains produced work: a lagging consumer does not hold it
+        lagging = (not control and lim.max_unconsumed_results is not None and
+                   len(st.commits) - st.retirement_cursor(self.consumer_id)
+                   >= lim.max_unconsumed_results)
+        chosen: list[Any] = []
+        if self._draining:  # drain(): nothing more is handed out here
+            status = "draining"
+        elif room <= 0 or lagging:
+            status = "backpressured"
+        else:
+            chosen = self._choose(max_tasks, task_prefix, task_ids, control, room)
+            status = "acquired" if chosen else self._idle_status()
+        if not chosen:
+            return status, chosen, None
+        grants = [[t.task_id, t.attempt + 1] for t in chosen]
+        return status, chosen, {"t": "lease", "epoch": self.epoch, "worker": worker_id,
+                                "grants": grants}
+
+    def _assigned(self, chosen: list[Any]) -> tuple[Assignment, ...]:
+        """The assignments of tasks just leased (mutex held, lease applied): their
+        deadlines start now."""
+        deadline = self.clock.now() + self.lease_seconds
+        for t in chosen:
+            self._deadlines[t.task_id] = deadline
+        return tuple(Assignment(self._spec_of(t), self._lease_of(t)) for t in chosen)
 
     def _choose(self, n: int, prefix: str | None, task_ids: Sequence[str] | None,
                 control: bool, room: int) -> list[Any]:
@@ -917,6 +949,52 @@ class Coordinator(ProcessBound):
         ``allow_empty=True``.  ``InvalidReference`` if the result is not the attempt's or
         ``result_digest`` is not the reference's digest."""
         self._check_process()
+        lease, ref, key = self._completion_args(lease, submission_id, result_ref,
+                                                result_digest)
+        # siblings: announced to the catalog and the journal, so that concurrent
+        # completions share one catalog fsync and one journal sync (group commit)
+        started = time.perf_counter()
+        with self.journal.incoming(), self.store.catalog.adopting_soon() as announced:
+            seq, done, adopted, _ = self._complete(lease, submission_id, ref, key, announced)
+        self._wait(seq, adopted)
+        if done is not None:
+            return done
+        self._complete_seconds.append(time.perf_counter() - started)
+        return self._receipt(self.state.submissions[submission_id])
+
+    def complete_and_acquire(self, lease: Lease, *, submission_id: str,
+                             result_ref: RecordSetRef, result_digest: str | None = None,
+                             max_tasks: int = 1, control: bool = False
+                             ) -> tuple[CommitReceipt, AcquireResult]:
+        """straw's addition (straw-queue has no such call): ``complete_task`` and then
+        ``acquire(lease.worker_id, max_tasks, control=control)`` in ONE journal transaction,
+        so a worker's loop pays one durable step per task instead of two.  Returns
+        (receipt, acquire result).  The completion is checked exactly as by
+        ``complete_task`` (and raises as it does, leasing nothing); the commit and the
+        grant are one journal frame: a crash keeps both or neither.  A retry of an accepted
+        ``submission_id`` returns the original receipt with a plain ``acquire``: a task
+        granted with a reply that was lost stays leased until its deadline passes (the
+        worker never saw that lease), then returns to the queue as any expired lease."""
+        self._check_process()
+        lease, ref, key = self._completion_args(lease, submission_id, result_ref,
+                                                result_digest)
+        check_count("max_tasks", max_tasks, minimum=1)
+        if not isinstance(control, bool):
+            raise TypeError(f"control must be a bool, got {type(control).__name__}")
+        started = time.perf_counter()
+        with self.journal.incoming(), self.store.catalog.adopting_soon() as announced:
+            seq, done, adopted, got = self._complete(lease, submission_id, ref, key, announced,
+                                                     then_acquire=(max_tasks, control))
+        self._wait(seq, adopted)
+        if done is not None:  # a retry: its grant (if any) was never seen; lease anew
+            return done, self.acquire(lease.worker_id, max_tasks, control=control)
+        self._complete_seconds.append(time.perf_counter() - started)
+        assert got is not None
+        return self._receipt(self.state.submissions[submission_id]), got
+
+    def _completion_args(self, lease: object, submission_id: object, result_ref: object,
+                         result_digest: object) -> tuple[Lease, RecordSetRef, list[Any]]:
+        """complete_task's argument checks: (lease, reference, idempotency key)."""
         _check_id("submission_id", submission_id)
         ref = self._check_ref(result_ref, "result_ref")
         if result_digest is not None and not isinstance(result_digest, str):
@@ -927,48 +1005,65 @@ class Coordinator(ProcessBound):
                                    f"reference's digest {ref.digest!r}")
         lease = _check_lease_fields(lease, "lease")
         key = [lease.task_id, lease.generation, list(ref_identity(_ref_tuple(ref)))]
-        # siblings: announced to the catalog and the journal, so that concurrent
-        # completions share one catalog fsync and one journal sync (group commit)
-        started = time.perf_counter()
-        with self.journal.incoming(), self.store.catalog.adopting_soon() as announced:
-            seq, done, adopted = self._complete(lease, submission_id, ref, key, announced)
-        self._wait(seq, adopted)
-        if done is not None:
-            return done
-        self._complete_seconds.append(time.perf_counter() - started)
-        return self._receipt(self.state.submissions[submission_id])
+        return lease, ref, key
 
     def _complete(self, lease: Lease, submission_id: str, ref: RecordSetRef,
-                  key: list[Any], announced: Announcement
-                  ) -> tuple[int, CommitReceipt | None, list[Extent]]:
+                  key: list[Any], announced: Announcement,
+                  then_acquire: tuple[int, bool] | None = None,
+                  ) -> tuple[int, CommitReceipt | None, list[Extent], AcquireResult | None]:
         """complete_task up to the enqueue: (sequence number to wait for, the original
-        receipt of a retry or None, the extents adopted)."""
+        receipt of a retry or None, the extents adopted, and — with ``then_acquire``
+        (max_tasks, control) — the acquire result whose grant shares the commit's frame)."""
         with self._mutex:
             self._check_usable()
             done = self._completed_receipt(submission_id, key)
             if done is None:
                 allow_empty = self._check_lease(lease, allow_expired=True).allow_empty
         if done is not None:
-            return self._last_seq, done, []
+            return self._last_seq, done, [], None
         self._check_result(ref, lease, allow_empty)
         adopted = self._adopt([ref], announced)
+        got = None
         try:
             with self._mutex:
                 self._check_usable()
                 done = self._completed_receipt(submission_id, key)
                 if done is None:
                     task = self._check_lease(lease)
-                    seq = self._enqueue({"t": "complete", "task": task.task_id,
-                                         "attempt": lease.generation, "sub": submission_id,
-                                         "result": list(_ref_tuple(ref)), "digest": ref.digest,
-                                         "epoch": self.epoch,
-                                         "meta": {"worker": lease.worker_id}})
-                    self._deadlines.pop(task.task_id, None)
+                    txn = {"t": "complete", "task": task.task_id, "attempt": lease.generation,
+                           "sub": submission_id, "result": list(_ref_tuple(ref)),
+                           "digest": ref.digest, "epoch": self.epoch,
+                           "meta": {"worker": lease.worker_id}}
+                    if then_acquire is None:
+                        seq = self._enqueue(txn)
+                        self._deadlines.pop(task.task_id, None)
+                    else:
+                        seq, got = self._complete_then_grant(txn, lease.worker_id,
+                                                             *then_acquire)
                 else:
                     seq = self._last_seq
         finally:
             self._done_adopting(adopted)
-        return seq, done, adopted
+        return seq, done, adopted, got
+
+    def _complete_then_grant(self, complete: dict[str, Any], worker_id: str, max_tasks: int,
+                             control: bool) -> tuple[int, AcquireResult]:
+        """complete_and_acquire's transaction (mutex held, the lease checked): expiries
+        due are journaled first (their own frames, as acquire does), then the commit and
+        the grant chosen after it as one frame (``Journal.enqueue_many``)."""
+        self._expire_due()  # the completed lease is current: it is not among them
+        self.state.apply(complete)
+        self._deadlines.pop(complete["task"], None)
+        txns = [complete]
+        status, chosen, grant = self._grant_locked(worker_id, max_tasks, None, None, control)
+        if grant is not None:
+            self.state.apply(grant)
+            txns.append(grant)
+        seq = self.journal.enqueue_many([msgpack.packb(t, use_bin_type=True) for t in txns])
+        self._last_seq = seq
+        self._seq_commits[seq] = len(self.state.commits)
+        self._since_snapshot += len(txns)
+        return seq, AcquireResult(status, self._assigned(chosen))
 
     def _completed_receipt(self, submission_id: str, key: list[Any]) -> CommitReceipt | None:
         pos = self.state.submissions.get(submission_id)

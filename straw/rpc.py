@@ -56,7 +56,7 @@ METHODS = frozenset({
     "producer_state", "yield_task", "save_task_progress", "save_task_progress_many",
     # ours
     "yield_tasks", "pending_tasks", "outstanding_reads", "release_task_reads",
-    "retire_worker",
+    "retire_worker", "complete_and_acquire",
 })
 
 MAX_REQUEST_BYTES = 64 << 20  # control messages only; 100k task specs fit

@@ -457,3 +457,77 @@ def test_newer_epoch_that_never_started_is_not_a_lost_epoch(store):
     assert q.epoch == 3 and q.lookup_submission(receipt.submission_id) == receipt
     q.close()
     assert (Path(q.epochs_dir) / "e-000003").read_bytes() == b"started\n"
+
+
+# --- complete_and_acquire (straw's addition: the commit and the next grant in one step) ---
+def test_complete_and_acquire_is_one_durable_step(store):
+    """The commit and the next task's grant are one journal frame with one sync: the pair
+    costs what complete_task alone costs, where complete_task + acquire cost two."""
+    q = _coord(store)
+    q.submit_tasks("r", [TaskSpec(f"t{i}", priority=-i) for i in range(4)])
+    (a,) = q.acquire("w0").assignments
+    m0 = dict(q.journal._m)
+    receipt, got = q.complete_and_acquire(a.lease, submission_id="done-t0",
+                                          result_ref=_result(store, a.lease))
+    m1 = dict(q.journal._m)
+    assert receipt.task_id == "t0" and receipt.position == 0
+    assert got.status == "acquired"
+    (b,) = got.assignments
+    assert b.lease.task_id == "t1" and b.lease.worker_id == "w0"  # scheduling order
+    assert m1["fsyncs"] - m0["fsyncs"] == 1 and m1["frames"] - m0["frames"] == 1
+    assert m1["commits"] - m0["commits"] == 2  # two transactions in that one frame
+    # the plain pair, for comparison: two syncs
+    q.complete_task(b.lease, submission_id="done-t1", result_ref=_result(store, b.lease))
+    q.acquire("w0")
+    m2 = dict(q.journal._m)
+    assert m2["fsyncs"] - m1["fsyncs"] == 2
+    assert q.task_status("t0")["state"] == "completed"
+    assert q.task_status("t1")["state"] == "completed"
+    assert q.task_status("t2")["state"] == "leased"
+
+
+def test_complete_and_acquire_refused_completion_leases_nothing(store, clock):
+    """A completion complete_task would refuse (stale, expired) is refused the same way and
+    grants nothing; with nothing pending the acquire part says so."""
+    q = _coord(store)
+    q.submit_tasks("r", [TaskSpec("t0"), TaskSpec("t1")])
+    (a,) = q.acquire("w0").assignments
+    out = _result(store, a.lease)
+    clock.advance(11)
+    with pytest.raises(LeaseExpired):
+        q.complete_and_acquire(a.lease, submission_id="done-t0", result_ref=out)
+    assert q.task_status("t1")["state"] == "pending"
+    with pytest.raises(InvalidReference):
+        q.complete_and_acquire(a.lease, submission_id="done-t0", result_ref=out,
+                               result_digest="0" * 32)
+    (b,) = q.acquire("w1").assignments  # the expiry is journaled; t1 first in FIFO
+    (c,) = q.acquire("w1").assignments
+    assert {b.lease.task_id, c.lease.task_id} == {"t0", "t1"}
+    receipt, got = q.complete_and_acquire(b.lease, submission_id="done-b",
+                                          result_ref=_result(store, b.lease, "b"))
+    assert got.status == "empty" and got.assignments == ()
+    # a retry of the accepted submission: the original receipt, then a plain acquire
+    again, got2 = q.complete_and_acquire(b.lease, submission_id="done-b",
+                                         result_ref=_result(store, b.lease, "b"))
+    assert again == receipt and got2.status == "empty"
+
+
+def test_complete_and_acquire_survives_recovery_as_one(store):
+    """After a restart the frame replays whole: the task completed, the next one's grant
+    remembered (its attempt counted) and revoked by the new epoch."""
+    q = _coord(store)
+    q.submit_tasks("r", [TaskSpec("t0", priority=1), TaskSpec("t1")])
+    (a,) = q.acquire("w0").assignments
+    receipt, got = q.complete_and_acquire(a.lease, submission_id="done-t0",
+                                          result_ref=_result(store, a.lease))
+    (b,) = got.assignments
+    q.close()
+    q2 = _coord(store, recover=True)
+    assert q2.lookup_submission("done-t0") == receipt
+    st = q2.task_status("t1")
+    assert st["state"] == "pending" and st["generation"] == 1
+    with pytest.raises(StaleAttempt):
+        q2.complete_task(b.lease, submission_id="done-t1",
+                         result_ref=_result(store, b.lease))
+    (c,) = q2.acquire("w0").assignments
+    assert c.lease.task_id == "t1" and c.lease.generation == 2

@@ -24,6 +24,7 @@ import pytest
 
 from straw import Coordinator, IdempotencyConflict, Record, SharedFilesystemStore, TaskSpec
 from straw.errors import InvalidReference, StorageUnavailable, StrawError, UnsafeRecovery
+from straw.protocol import Lease
 from straw.refs import RecordSetRef
 
 REPO = Path(__file__).resolve().parents[2]
@@ -120,6 +121,24 @@ def test_rpc_carries_errors_back_as_their_classes(served):
     with pytest.raises(TypeError, match="payload bytes"):
         client.call("submit_tasks", request_id="r2", tasks=[], blob=b"x")
     assert [t.task_id for t in coordinator.pending_tasks()] == ["t1"]
+
+
+def test_rpc_complete_and_acquire_returns_the_receipt_and_the_next_lease(served):
+    """straw's addition travels like the other calls: a list [receipt, acquire result]."""
+    from straw.rpc import QueueClient
+    store, coordinator, server, token = served
+    client = QueueClient(server.url, token=token)
+    client.call("submit_tasks", request_id="r", tasks=[TaskSpec("a"), TaskSpec("b")])
+    lease = Lease(**client.call("acquire", worker_id="w")["assignments"][0]["lease"])
+    ref = store.publish([Record("out", b"x", metadata={"task_id": lease.task_id,
+                                                       "attempt_id": lease.attempt_id})],
+                        submission_id="out-a")
+    receipt, got = client.call("complete_and_acquire", lease=lease, submission_id="done-a",
+                               result_ref=ref)
+    assert receipt["task_id"] == "a" and got["status"] == "acquired"
+    assert got["assignments"][0]["lease"]["task_id"] == "b"
+    assert coordinator.task_status("a")["state"] == "completed"
+    assert coordinator.task_status("b")["state"] == "leased"
 
 
 SERVER = r"""

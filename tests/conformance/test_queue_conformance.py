@@ -537,6 +537,58 @@ class QueueConformance(RuleBasedStateMachine):
         self._lease_ended(w, err is None, done, f"complete {sid}")
 
     @precondition(lambda self: self._holders())
+    @rule(w=st.integers(0, 1), lost=st.booleans(), crash=crashes)
+    def complete_and_acquire(self, w: int, lost: bool, crash: Crash) -> None:
+        """straw's combined call: the commit and the next grant in one journal frame (spec
+        ``complete_and_acquire``; ``complete`` when nothing is pending).  The engine's
+        completion releases the worker's read in the same transaction, which the spec
+        states as ``release_reads`` first.  A lost reply is retried by ``complete``."""
+        w = self._pick(self._holders(), w)
+        h = self.held[w]
+        STEPS["complete_and_acquire"] += 1
+        sid = sid_of(h.spec)
+        h.result = self._publish_result(h)
+        t = h.spec.task
+        crashed, res, err = self._engine_call(
+            lambda: self.coord.complete_and_acquire(h.engine, submission_id=sid,
+                                                    result_ref=h.result), crash)
+        both: list[Step] = [("release_reads", (w, t)), ("complete_and_acquire", (h.spec, False))]
+        alone: list[Step] = [("complete", (h.spec, False)), ("release_reads", (w, t))]
+        if crashed:
+            i = self.resolve([[], both, alone], f"complete_and_acquire {sid}")
+            if i:
+                self.receipts[sid] = self.coord.lookup_submission(sid)
+            return
+        if err is not None and not isinstance(err, (LeaseExpired, StaleAttempt)):
+            raise Disagreement(f"complete_and_acquire {sid} failed: {err!r}")
+        if err is not None:
+            self._lease_ended(w, False, alone, f"complete_and_acquire {sid}")
+            return
+        receipt, got = res
+        self.receipts[sid] = receipt
+        if receipt.position != len(self.s.commits) or receipt.submission_id != sid:
+            raise Disagreement(f"receipt {receipt} for {sid}")
+        if got.status != "acquired":
+            if got.assignments or got.status != "empty":
+                raise Disagreement(f"complete_and_acquire {sid}: acquire part {got}")
+            if lost:
+                self.apply(alone, f"complete_and_acquire {sid} (nothing pending)")
+            else:
+                self.apply([("complete", (h.spec, True)), ("release_reads", (w, t))],
+                           f"complete_and_acquire {sid} (nothing pending)")
+            return
+        if lost:  # the worker never sees the receipt nor the new lease: it retries
+            self.apply(both, f"complete_and_acquire {sid} (reply lost)")
+            return
+        self.apply([("release_reads", (w, t)), ("complete_and_acquire", (h.spec, True))],
+                   f"complete_and_acquire {sid}")
+        (a,) = got.assignments
+        (le,) = [le for le in self.s.leases if le.worker == w]
+        if TASKS[le.task] != a.lease.task_id:
+            raise Disagreement(f"engine leased {a.lease.task_id}, spec {TASKS[le.task]}")
+        self.held[w] = Held(le, a.lease)
+
+    @precondition(lambda self: self._holders())
     @rule(w=st.integers(0, 1), crash=crashes)
     def fail(self, w: int, crash: Crash) -> None:
         w = self._pick(self._holders(), w)
