@@ -517,7 +517,10 @@ def _worker_init(root: str) -> None:
 def _worker_task(tensor: TensorRef) -> dict[str, Any]:
     """Load a tensor sent pickled, publish a result under the worker's own writer id."""
     assert _worker_store is not None
-    total = float(tensor.load().sum())
+    # NumPy, not torch: a torch reduction in a forked child after the parent process used
+    # torch's OpenMP pool can deadlock (a torch limitation, the reason DataLoader workers run
+    # one thread); what this test checks is straw's stores and sessions across fork.
+    total = float(tensor.load(framework="numpy").sum())
     ref = _worker_store.publish(_rec(repr(total)), submission_id=f"sum-{tensor.name}")
     return {"total": total, "ref": ref.to_dict()}
 
