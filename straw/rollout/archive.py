@@ -41,10 +41,12 @@ over an existing path is ``FileExistsError`` before anything is written.
 
 Opening checks the index, that its pool exists (it never creates one: ``FileNotFoundError``)
 and is the one named (pool id and run; ``InvalidReference`` otherwise), and that the
-manifest's dependencies are the chunks listed.  ``load_samples`` reads only the chunks
-holding the wanted samples (``chunks_read`` counts them); their captures come back lazy
-(``TensorRef``s bound to the archive's store).  Leave out (later parts of issue 16):
-``.pt`` export and import, replay into an isolated queue.
+manifest's dependencies are the chunks listed.  An index saved with an adjacent pool
+finds it beside itself when both were moved or copied together (same pool id).
+``load_samples`` reads only the chunks holding the wanted samples (``chunks_read`` counts
+them); their captures come back lazy (``TensorRef``s bound to the archive's store).
+Not here yet (later parts of issue 16): ``.pt`` export and import, replay into an
+isolated queue.
 """
 
 from __future__ import annotations
@@ -371,15 +373,23 @@ class RolloutArchive:
                     f"{store.run_id!r} of pool {store.pool_id} at {store.root}: open it "
                     "with a store of its own pool and run")
             return store
+        root = self.root
+        beside = os.path.join(os.path.dirname(self.path), ADJACENT_POOL)
+        if (not self._fs.probe(os.path.join(root, "POOL"))
+                and os.path.basename(root) == ADJACENT_POOL and self.run_id == ADJACENT_RUN
+                and self._fs.probe(os.path.join(beside, "POOL"))):
+            # an adjacent pool moved (or copied) with its index: it is the one beside the
+            # index now (its pool id is checked below like any other)
+            root = beside
         # never create a pool: an index whose pool is gone must say so, not open an empty one
-        if not self._fs.probe(os.path.join(self.root, "POOL")):
+        if not self._fs.probe(os.path.join(root, "POOL")):
             raise FileNotFoundError(f"archive {self.path}: its pool {self.root} is missing "
                                     "(copying the index alone does not copy its data)")
-        opened = SharedFilesystemStore(self.root, self.run_id, fs=self._fs)
+        opened = SharedFilesystemStore(root, self.run_id, fs=self._fs)
         if self.pool_id is not None and opened.pool_id != self.pool_id:
             opened.close()
             raise InvalidReference(f"archive {self.path} belongs to pool {self.pool_id}; "
-                                   f"{self.root} now holds pool {opened.pool_id}")
+                                   f"{root} now holds pool {opened.pool_id}")
         return opened
 
     def _check_manifest(self) -> None:

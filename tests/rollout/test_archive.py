@@ -159,6 +159,27 @@ def test_without_a_store_it_creates_a_straw_data_pool_next_to_the_index(tmp_path
         assert archive.keys() == [("sample:0", "prompt:0")]
 
 
+def test_an_adjacent_pool_moved_with_its_index_is_found_beside_it(tmp_path):
+    RolloutArchive.save(tmp_path / "d" / "r.straw.json", [_sample(0, routes=_routes(0))],
+                        rollout_id=0)
+    shutil.move(tmp_path / "d", tmp_path / "moved")
+    with RolloutArchive(tmp_path / "moved" / "r.straw.json") as archive:
+        got = archive.load_samples(sample_key="sample:0")[0]
+        np.testing.assert_array_equal(got.routes.load(framework="numpy"), _routes(0))
+        assert archive._store.root == str(tmp_path / "moved" / ADJACENT_POOL)
+    shutil.rmtree(tmp_path / "moved" / ADJACENT_POOL)
+    with pytest.raises(FileNotFoundError, match="is missing"):
+        RolloutArchive(tmp_path / "moved" / "r.straw.json")
+    assert not os.path.exists(tmp_path / "moved" / ADJACENT_POOL)
+
+
+def test_an_empty_rollout_is_an_empty_archive(tmp_path, pool):
+    with RolloutArchive(_archive(tmp_path, pool, [])) as archive:
+        assert archive.keys() == [] and len(archive) == 0
+        with pytest.raises(KeyError):
+            archive.load_samples(sample_key="sample:0")
+
+
 def test_saving_over_an_existing_path_is_refused_and_writes_nothing(tmp_path, pool):
     path = _archive(tmp_path, pool, [_sample(0)])
     before, owners, data = pool.metrics["segments"], pool.owners(), open(path).read()
