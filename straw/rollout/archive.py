@@ -15,13 +15,14 @@ index, ``<name>.straw.json``, next to the data it names::
 Layout.  The samples are packed ``CHUNK_SAMPLES`` to a publication (a *chunk*: record 0 a
 ``sample.v1`` structure of plain sample values, the core's sample codec, then the chunk's
 own capture tensors), all chunks and one *manifest* publication depending on every chunk
-written in one ``publish_many`` (one durable write).  A capture that is already a
-``TensorRef`` of the store's pool and run is shared, never copied: its publication becomes
-a dependency of the chunk and the chunk stores only ``[dependency index, ordinal]`` (a few
-bytes; the reference's own dict is a kilobyte).  A ``TensorRef`` of another pool or run is
-loaded and copied in: an archive never depends on a pool other than its own.  Without a
-store, ``save`` creates (or reuses) the pool ``straw-data`` next to the index, run
-``debug-rollout``.
+written in one ``publish_many`` (one durable write; a rollout whose chunks hold more than
+``WRITE_BATCH_BYTES`` of copied captures is written in several, so memory stays bounded).
+A capture that is already a ``TensorRef`` of the store's pool and run is shared, never
+copied: its publication becomes a dependency of the chunk and the chunk stores only
+``[dependency index, ordinal]`` (a few bytes; the reference's own dict is a kilobyte).
+A ``TensorRef`` of another pool or run is loaded and copied in: an archive never depends
+on a pool other than its own.  Without a store, ``save`` creates (or reuses) the pool
+``straw-data`` next to the index, run ``debug-rollout``.
 
 Retention.  Before the index exists, the owner ``archive:<rollout key>:<uuid>`` retains the
 manifest (and so, transitively, every chunk and shared tensor), and the staging protection
@@ -74,6 +75,7 @@ VERSION = 1
 CHUNK_SCHEMA = "straw.rollout.archive-chunk"
 CHUNK_VERSION = 1
 CHUNK_SAMPLES = 64  # samples per chunk: one lookup reads one chunk of at most this many
+WRITE_BATCH_BYTES = 256 * 1024**2  # chunks written together, up to this many payload bytes
 SUFFIX = ".straw.json"
 ADJACENT_POOL = "straw-data"  # the pool created next to an index saved without a store
 ADJACENT_RUN = "debug-rollout"
@@ -238,19 +240,34 @@ class RolloutArchive:
         key = _rollout_key(rid, evaluation)
         token = uuid.uuid4().hex
         submission = f"archive:{key}:{token}"
-        pubs: list[Publication] = []
+        published: list[RecordSetRef] = []  # chunks written already (a large rollout)
+        pending: list[Publication] = []
+        pending_bytes = 0
         entries: list[dict[str, Any]] = []
-        for c, start in enumerate(range(0, len(samples), CHUNK_SAMPLES)):
-            chunk = samples[start:start + CHUNK_SAMPLES]
-            pubs.append(_ChunkEncoder(store, f"{submission}:{c}").publication(chunk))
-            entries += [{"sample_key": sample_key(s, start + j), "task_key": task_key(s),
-                         "chunk": c, "ordinal": j} for j, s in enumerate(chunk)]
-        head = json.dumps({"format": FORMAT, "version": VERSION, "rollout_id": rid,
-                           "evaluation": evaluation, "samples": len(samples),
-                           "chunks": len(pubs)}).encode()
-        pubs.append(Publication([Record("archive", head, "json.v1")],
-                                tuple(range(len(pubs)))))
-        refs = store.publish_many(pubs, submission_id=submission)
+        try:
+            for c, start in enumerate(range(0, len(samples), CHUNK_SAMPLES)):
+                chunk = samples[start:start + CHUNK_SAMPLES]
+                pub = _ChunkEncoder(store, f"{submission}:{c}").publication(chunk)
+                entries += [{"sample_key": sample_key(s, start + j), "task_key": task_key(s),
+                             "chunk": c, "ordinal": j} for j, s in enumerate(chunk)]
+                pending.append(pub)
+                pending_bytes += sum(_nbytes(r.payload) for r in pub.records)
+                if pending_bytes >= WRITE_BATCH_BYTES:
+                    # copied captures (another pool's, loaded) are held until written:
+                    # write them in batches so memory stays bounded, not the whole rollout
+                    published += store.publish_many(
+                        pending, submission_id=f"{submission}:w{len(published)}")
+                    pending, pending_bytes = [], 0
+            head = json.dumps({"format": FORMAT, "version": VERSION, "rollout_id": rid,
+                               "evaluation": evaluation, "samples": len(samples),
+                               "chunks": len(published) + len(pending)}).encode()
+            pending.append(Publication([Record("archive", head, "json.v1")],
+                                       (*published, *range(len(pending)))))
+            refs = published + store.publish_many(pending, submission_id=submission)
+        except BaseException:
+            if published:  # unreferenced: let the collector have them
+                store.release_publications(published)
+            raise
         chunks, manifest = refs[:-1], refs[-1]
         owner = submission  # archive:<rollout key>:<uuid>
         store.retain(owner, [manifest])
@@ -503,6 +520,11 @@ class RolloutArchive:
     def __repr__(self) -> str:
         return (f"RolloutArchive({self.path!r}, rollout {self.key}, {len(self._entries)} "
                 f"samples in {len(self._chunks)} chunks)")
+
+
+def _nbytes(payload: Any) -> int:
+    n = getattr(payload, "nbytes", None)
+    return int(n) if n is not None else len(payload)
 
 
 def _write_exclusive(fs: Filesystem, path: str, data: bytes) -> None:

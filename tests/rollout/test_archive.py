@@ -112,6 +112,22 @@ def test_samples_are_packed_in_chunks_in_one_write(tmp_path, pool):
     assert pool.metrics["segments"] - before == 4
 
 
+def test_large_copied_rollouts_are_written_in_batches(tmp_path, pool, monkeypatch):
+    from straw.rollout import archive as archive_module
+    monkeypatch.setattr(archive_module, "WRITE_BATCH_BYTES", 1)  # every chunk at once
+    calls = []
+    real = pool.publish_many
+    monkeypatch.setattr(pool, "publish_many",
+                        lambda pubs, **kw: calls.append(len(pubs)) or real(pubs, **kw))
+    samples = [_sample(i, routes=_routes(i)) for i in range(2 * CHUNK_SAMPLES + 1)]
+    path = _archive(tmp_path, pool, samples)
+    assert calls == [1, 1, 1, 1]  # three chunks, then the manifest alone
+    with RolloutArchive(path) as archive:
+        for i in (0, CHUNK_SAMPLES, 2 * CHUNK_SAMPLES):
+            got = archive.load_samples(sample_key=f"sample:{i}")[0]
+            np.testing.assert_array_equal(got.routes.load(framework="numpy"), _routes(i))
+
+
 def test_tensors_already_in_the_pool_are_shared_not_copied(tmp_path, pool):
     big = [np.full((255, 16, 8), i, dtype=np.int32) for i in range(4)]  # 130 KB each
     samples = _published(pool, [Sample(("p", i), tokens=tuple(range(256)),
