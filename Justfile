@@ -36,6 +36,7 @@ bench *ARGS:
     {{python}} -m bench.catalog_bench
     {{python}} -m bench.rollout_bench
     {{python}} -m bench.builder_bench
+    {{python}} -m bench.archive_bench
 
 # store, tensor and queue workloads against straw-queue 0.1.6, alternating the two (~2-3 min; --queue-history 0 skips the slow reopen pass)
 bench-peer *ARGS:

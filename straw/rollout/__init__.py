@@ -22,6 +22,7 @@ The queue wiring (below) of the controller and the generation client:
 
 On the queue (the batch builder, below): ``builder`` (``BatchBuilder``), ``shards`` (rank
 partition, ``RankBatchRef``, identity checks), ``online_gc`` (background collection).
+Debug archives: ``archive`` (``RolloutArchive``: indexed, retained rollouts, issue 16).
 
 The next step: the queue wiring
 ===============================
@@ -97,6 +98,7 @@ the plan is durable, acknowledgement before training).
 
 from __future__ import annotations
 
+from .archive import RolloutArchive
 from .builder import COLLECTION_PREFIX, Accepted, BatchBuilder, default_convert
 from .codec import GROUP_SCHEMA, GROUP_VERSION, group_from_records, group_records
 from .config import RolloutConfig
@@ -160,4 +162,5 @@ __all__ = [
     "BatchBuilder", "Accepted", "default_convert", "COLLECTION_PREFIX",
     "RankBatchRef", "RankShard", "check_batch_identities", "partition_by_tokens",
     "OnlineGC", "OnlineGCFailed",
+    "RolloutArchive",
 ]

@@ -1,0 +1,548 @@
+"""Debug archives: one rollout's samples kept, indexed and retained (issue 16, first part).
+
+``RolloutArchive.save(path, samples, rollout_id=7)`` keeps a rollout for debugging (look a
+sample up by key, replay a training step without generation) and writes one immutable
+index, ``<name>.straw.json``, next to the data it names::
+
+    RolloutArchive.save("/shared/debug/rollout_7.straw.json", samples, rollout_id=7,
+                        store=store)          # store: the job's pool (tensors shared)
+    with RolloutArchive("/shared/debug/rollout_7.straw.json") as archive:
+        archive.keys()                        # [(sample key, task key or None), ...]
+        archive.load_samples(sample_key="sample:42")
+        archive.load_samples(task_key="prompt:21")
+        archive.release()                     # the archive's retention, not the index
+
+Layout.  The samples are packed ``CHUNK_SAMPLES`` to a publication (a *chunk*: record 0 a
+``sample.v1`` structure of plain sample values, the core's sample codec, then the chunk's
+own capture tensors), all chunks and one *manifest* publication depending on every chunk
+written in one ``publish_many`` (one durable write; a rollout whose chunks hold more than
+``WRITE_BATCH_BYTES`` of copied captures is written in several, so memory stays bounded).
+A capture that is already a ``TensorRef`` of the store's pool and run is shared, never
+copied: its publication becomes a dependency of the chunk and the chunk stores only
+``[dependency index, ordinal]`` (a few bytes; the reference's own dict is a kilobyte).
+A ``TensorRef`` of another pool or run is loaded and copied in: an archive never depends
+on a pool other than its own.  Without a store, ``save`` creates (or reuses) the pool
+``straw-data`` next to the index, run ``debug-rollout``.
+
+Retention.  Before the index exists, the owner ``archive:<rollout key>:<uuid>`` retains the
+manifest (and so, transitively, every chunk and shared tensor), and the staging protection
+of the fresh publications is dropped: the data survives queue consumption and garbage
+collection until ``release()``.  Other owners of the same tensors (the queue, another
+archive) keep theirs.
+
+The index (JSON) names ``format``/``version``, the rollout (``rollout_id``, an int, and
+``evaluation``: the key ``eval_<id>`` of an evaluation rollout), the pool (``root``,
+``pool_id``, ``run_id``), the ``manifest`` reference, its ``storage_owner``, the ``chunks``
+references and per sample its ``sample_key`` (``sample:<index>``, or ``position:<ordinal>``
+for a sample without an index: its position in the saved list), ``task_key`` (the queue
+task the sample came from, ``Sample.metadata["task_id"]``; None without queue provenance),
+``chunk`` and ``ordinal``; and a ``checksum`` (SHA-256 of the canonical JSON of the rest):
+a truncated or edited index is ``CorruptData``.  The index is created exclusively: saving
+over an existing path is ``FileExistsError`` before anything is written.
+
+Opening checks the index, that its pool exists (it never creates one: ``FileNotFoundError``)
+and is the one named (pool id and run; ``InvalidReference`` otherwise), and that the
+manifest's dependencies are the chunks listed.  An index saved with an adjacent pool
+finds it beside itself when both were moved or copied together (same pool id).
+``load_samples`` reads only the chunks holding the wanted samples (``chunks_read`` counts
+them); their captures come back lazy (``TensorRef``s bound to the archive's store).
+Not here yet (later parts of issue 16): ``.pt`` export and import, replay into an
+isolated queue.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import uuid
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from straw.codec import sample_from_records, sample_records
+from straw.errors import CorruptData, InvalidReference, UnsupportedSchema
+from straw.fs import Filesystem, PosixFS
+from straw.refs import Publication, Record, RecordSetRef
+from straw.store import SharedFilesystemStore
+from straw.tensor import TensorRef
+
+from .codec import _CAPTURES, _sample_from_value, _sample_value
+from .samples import Sample
+
+FORMAT = "straw.rollout-archive"
+VERSION = 1
+CHUNK_SCHEMA = "straw.rollout.archive-chunk"
+CHUNK_VERSION = 1
+CHUNK_SAMPLES = 64  # samples per chunk: one lookup reads one chunk of at most this many
+WRITE_BATCH_BYTES = 256 * 1024**2  # chunks written together, up to this many payload bytes
+SUFFIX = ".straw.json"
+ADJACENT_POOL = "straw-data"  # the pool created next to an index saved without a store
+ADJACENT_RUN = "debug-rollout"
+TASK_KEY = "task_id"  # the Sample.metadata entry naming the queue task a sample came from
+_SAMPLE_KEY = re.compile(r"(sample|position):(0|[1-9][0-9]*)\Z")
+_EVAL = re.compile(r"eval_(0|[1-9][0-9]*)\Z")
+_INDEX_KEYS = frozenset({"format", "version", "rollout_id", "evaluation", "root", "pool_id",
+                         "run_id", "manifest", "storage_owner", "chunks", "samples",
+                         "checksum"})
+
+
+def _rollout(rollout_id: object) -> tuple[int, bool]:
+    """``(id, evaluation)`` from an int id or an evaluation key ``eval_<id>``."""
+    if isinstance(rollout_id, int) and not isinstance(rollout_id, bool) and rollout_id >= 0:
+        return rollout_id, False
+    if isinstance(rollout_id, str):
+        m = _EVAL.match(rollout_id)
+        if m:
+            return int(m.group(1)), True
+    raise ValueError(f"rollout_id {rollout_id!r} is neither a rollout id (an int >= 0) nor "
+                     "an evaluation rollout's key 'eval_<id>'")
+
+
+def _rollout_key(rollout_id: int, evaluation: bool) -> str:
+    return f"eval_{rollout_id}" if evaluation else str(rollout_id)
+
+
+def _index_path(path: object) -> str:
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"an archive path must be a str or a path, got {type(path).__name__}")
+    p = os.path.abspath(os.fspath(path))
+    if not p.endswith(SUFFIX) or len(os.path.basename(p)) == len(SUFFIX):
+        raise ValueError(f"archive index {p} must be named <name>{SUFFIX}")
+    return p
+
+
+def _checksum(body: dict[str, Any]) -> str:
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def sample_key(sample: Sample, ordinal: int) -> str:
+    """``sample:<index>``, or ``position:<ordinal>`` for a sample without an index."""
+    return f"position:{ordinal}" if sample.index is None else f"sample:{sample.index}"
+
+
+def task_key(sample: Sample) -> str | None:
+    """The queue task a sample came from (``metadata["task_id"]``), None without one."""
+    t = sample.metadata.get(TASK_KEY)
+    return t if isinstance(t, str) and t else None
+
+
+def _check_sample_key(key: object) -> str:
+    if not isinstance(key, str):
+        raise TypeError(f"sample_key must be a str, got {type(key).__name__}")
+    if not _SAMPLE_KEY.match(key):
+        raise ValueError(f"sample_key {key!r} is not 'sample:<index>' or "
+                         "'position:<ordinal>' (see RolloutArchive.keys())")
+    return key
+
+
+def _check_task_key(key: object) -> str:
+    if not isinstance(key, str):
+        raise TypeError(f"task_key must be a str, got {type(key).__name__}")
+    if not key:
+        raise ValueError("task_key must be a non-empty queue task id (e.g. 'prompt:21')")
+    return key
+
+
+class _ChunkEncoder:
+    """One chunk's value and dependencies: shared captures become ``[dependency, ordinal]``
+    pointers, the others stay values the sample codec stores as the chunk's tensors."""
+
+    def __init__(self, store: SharedFilesystemStore, submission: str) -> None:
+        self.store = store
+        self.submission = submission
+        self.deps: list[RecordSetRef] = []
+        self.shared: list[list[Any]] = []  # [sample ordinal, field, dependency, ordinal]
+        self.wrapped = 0
+
+    def _dependency(self, pub: RecordSetRef) -> int:
+        if pub not in self.deps:
+            self.deps.append(pub)
+        return self.deps.index(pub)
+
+    def capture(self, ordinal: int, name: str, value: Any) -> Any:
+        if not isinstance(value, TensorRef):
+            return value  # NumPy or torch: stored in the chunk (new data)
+        if not value.shares_storage(self.store):
+            # another pool or run: copy it in, so the archive depends on its own pool only
+            return value.load(framework="numpy")
+        if value.blob_set is None:  # a bare record reference: wrap it, still no copy
+            self.wrapped += 1
+            pub, at = value.share(self.store,
+                                  submission_id=f"{self.submission}:wrap:{self.wrapped}")
+        else:
+            pub, at = value.share(self.store)
+        self.shared.append([ordinal, name, self._dependency(pub), at])
+        return None
+
+    def publication(self, samples: Sequence[Sample]) -> Publication:
+        values = []
+        for j, s in enumerate(samples):
+            v = _sample_value(s)
+            for name in _CAPTURES:
+                if v[name] is not None:
+                    v[name] = self.capture(j, name, v[name])
+            values.append(v)
+        value = {"schema": CHUNK_SCHEMA, "version": CHUNK_VERSION, "samples": values,
+                 "shared": self.shared}
+        records, found = sample_records(value, tokens=sum(len(s.tokens) for s in samples))
+        deps = self.deps + [d for d in found if d not in self.deps]
+        return Publication(records, tuple(deps))
+
+
+class RolloutArchive:
+    """An archive's index opened for lookups (see the module docstring).  ``store``: a
+    store of the archive's pool and run to read through (else one is opened at the
+    index's ``root``); ``fs``: the filesystem the index is read with (the store's when
+    given)."""
+
+    # --- saving ------------------------------------------------------------------------
+    @classmethod
+    def save(cls, path: str | os.PathLike[str], samples: Iterable[Sample], *,
+             rollout_id: int | str, store: SharedFilesystemStore | None = None,
+             fs: Filesystem | None = None) -> str:
+        """Archive ``samples`` at ``path`` (``<name>.straw.json``); returns the index's
+        absolute path.  ``rollout_id``: the rollout's id, or ``eval_<id>`` for an
+        evaluation rollout.  ``store``: the job's pool (shared tensors are not copied);
+        without it the pool ``straw-data`` next to the index is used (created if missing,
+        run ``debug-rollout``)."""
+        index_path = _index_path(path)
+        rid, evaluation = _rollout(rollout_id)
+        if isinstance(samples, (str, bytes, Sample)):
+            raise TypeError("samples must be a list of straw.rollout.Sample")
+        samples = list(samples)
+        for i, s in enumerate(samples):
+            if not isinstance(s, Sample):
+                raise TypeError(f"samples[{i}] must be a straw.rollout.Sample, got "
+                                f"{type(s).__name__}")
+        if store is not None and not isinstance(store, SharedFilesystemStore):
+            raise TypeError(f"store must be a SharedFilesystemStore, got "
+                            f"{type(store).__name__}")
+        fs = store.fs if store is not None else (fs or PosixFS())
+        # refused before anything is written; the exclusive create below closes the race
+        if fs.probe(index_path):
+            raise FileExistsError(f"{index_path} exists: rollout archives are immutable; "
+                                  "choose a new path")
+        own = store is None
+        if store is None:
+            store = SharedFilesystemStore(os.path.join(os.path.dirname(index_path),
+                                                   ADJACENT_POOL), ADJACENT_RUN, fs=fs)
+        try:
+            return cls._save(index_path, samples, rid, evaluation, store, fs)
+        finally:
+            if own:
+                store.close()
+
+    @classmethod
+    def _save(cls, index_path: str, samples: list[Sample], rid: int, evaluation: bool,
+              store: SharedFilesystemStore, fs: Filesystem) -> str:
+        key = _rollout_key(rid, evaluation)
+        token = uuid.uuid4().hex
+        submission = f"archive:{key}:{token}"
+        published: list[RecordSetRef] = []  # chunks written already (a large rollout)
+        pending: list[Publication] = []
+        pending_bytes = 0
+        entries: list[dict[str, Any]] = []
+        try:
+            for c, start in enumerate(range(0, len(samples), CHUNK_SAMPLES)):
+                chunk = samples[start:start + CHUNK_SAMPLES]
+                pub = _ChunkEncoder(store, f"{submission}:{c}").publication(chunk)
+                entries += [{"sample_key": sample_key(s, start + j), "task_key": task_key(s),
+                             "chunk": c, "ordinal": j} for j, s in enumerate(chunk)]
+                pending.append(pub)
+                pending_bytes += sum(_nbytes(r.payload) for r in pub.records)
+                if pending_bytes >= WRITE_BATCH_BYTES:
+                    # copied captures (another pool's, loaded) are held until written:
+                    # write them in batches so memory stays bounded, not the whole rollout
+                    published += store.publish_many(
+                        pending, submission_id=f"{submission}:w{len(published)}")
+                    pending, pending_bytes = [], 0
+            head = json.dumps({"format": FORMAT, "version": VERSION, "rollout_id": rid,
+                               "evaluation": evaluation, "samples": len(samples),
+                               "chunks": len(published) + len(pending)}).encode()
+            pending.append(Publication([Record("archive", head, "json.v1")],
+                                       (*published, *range(len(pending)))))
+            refs = published + store.publish_many(pending, submission_id=submission)
+        except BaseException:
+            if published:  # unreferenced: let the collector have them
+                store.release_publications(published)
+            raise
+        chunks, manifest = refs[:-1], refs[-1]
+        owner = submission  # archive:<rollout key>:<uuid>
+        store.retain(owner, [manifest])
+        try:
+            store.release_publications(refs)  # retained by the owner from here on
+            body: dict[str, Any] = {
+                "format": FORMAT, "version": VERSION, "rollout_id": rid,
+                "evaluation": evaluation, "root": store.root, "pool_id": store.pool_id,
+                "run_id": store.run_id, "manifest": manifest.to_dict(),
+                "storage_owner": owner, "chunks": [r.to_dict() for r in chunks],
+                "samples": entries}
+            body["checksum"] = _checksum(body)
+            data = json.dumps(body, sort_keys=True, separators=(",", ":")).encode() + b"\n"
+            _write_exclusive(fs, index_path, data)
+        except BaseException:
+            store.release(owner)  # no index names it: nothing would ever release it
+            raise
+        return index_path
+
+    # --- opening -----------------------------------------------------------------------
+    def __init__(self, path: str | os.PathLike[str], *,
+                 store: SharedFilesystemStore | None = None,
+                 fs: Filesystem | None = None) -> None:
+        self.path = _index_path(path)
+        if store is not None and not isinstance(store, SharedFilesystemStore):
+            raise TypeError(f"store must be a SharedFilesystemStore, got "
+                            f"{type(store).__name__}")
+        self._fs = store.fs if store is not None else (fs or PosixFS())
+        index = self._read_index()
+        self.rollout_id: int = index["rollout_id"]
+        self.evaluation: bool = index["evaluation"]
+        self.root: str = index["root"]
+        self.run_id: str = index["run_id"]
+        self.pool_id: str | None = index["pool_id"]
+        self.storage_owner: str = index["storage_owner"]
+        self.manifest_ref = self._ref(index["manifest"], "manifest")
+        self._chunks = [self._ref(c, f"chunks[{i}]") for i, c in enumerate(index["chunks"])]
+        self._entries = self._check_entries(index["samples"])
+        self._own = store is None
+        self._store = self._open_store(store)
+        try:
+            self._check_manifest()
+        except BaseException:
+            self.close()
+            raise
+        self.chunks_read = 0  # chunks decoded by load_samples (a lookup reads only its own)
+        self.closed = False
+
+    @property
+    def key(self) -> str:
+        """The rollout's key: its id, or ``eval_<id>`` for an evaluation rollout."""
+        return _rollout_key(self.rollout_id, self.evaluation)
+
+    def _bad(self, why: str) -> CorruptData:
+        return CorruptData(f"archive index {self.path}: {why}; the index is damaged or was "
+                           "edited (indexes are immutable: save the rollout again)")
+
+    def _read_index(self) -> dict[str, Any]:
+        try:
+            raw = self._fs.read_file(self.path)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"no rollout archive index at {self.path}") from None
+        try:
+            index = json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            raise self._bad("it is not complete JSON (truncated?)") from None
+        if not isinstance(index, dict):
+            raise self._bad("it is not a JSON object")
+        if index.get("format") != FORMAT or index.get("version") != VERSION:
+            raise UnsupportedSchema(f"{self.path} is not a {FORMAT} version {VERSION} index "
+                                    f"(format {index.get('format')!r}, version "
+                                    f"{index.get('version')!r})")
+        if set(index) != _INDEX_KEYS:
+            raise self._bad(f"its fields are {sorted(index)}")
+        body = {k: v for k, v in index.items() if k != "checksum"}
+        if index["checksum"] != _checksum(body):
+            raise self._bad("its checksum does not match its content")
+        kinds = {"rollout_id": int, "evaluation": bool, "root": str, "run_id": str,
+                 "storage_owner": str, "manifest": dict, "chunks": list, "samples": list}
+        for name, kind in kinds.items():
+            if not isinstance(index[name], kind) or (kind is int
+                                                     and isinstance(index[name], bool)):
+                raise self._bad(f"{name} is a {type(index[name]).__name__}")
+        if index["pool_id"] is not None and not isinstance(index["pool_id"], str):
+            raise self._bad("pool_id is not a str")
+        return index
+
+    def _ref(self, value: Any, where: str) -> RecordSetRef:
+        try:
+            ref = RecordSetRef.from_dict(value)
+        except (InvalidReference, KeyError, TypeError, ValueError) as e:
+            raise self._bad(f"{where} is not a publication reference ({e})") from None
+        if ref.manifest.segment.run_id != self.run_id:
+            raise self._bad(f"{where} belongs to run {ref.manifest.segment.run_id!r}, the "
+                            f"archive to run {self.run_id!r}")
+        return ref
+
+    def _check_entries(self, samples: list[Any]) -> list[tuple[str, str | None, int, int]]:
+        out = []
+        for i, e in enumerate(samples):
+            ok = (isinstance(e, dict)
+                  and set(e) == {"sample_key", "task_key", "chunk", "ordinal"}
+                  and isinstance(e["sample_key"], str) and _SAMPLE_KEY.match(e["sample_key"])
+                  and (e["task_key"] is None or isinstance(e["task_key"], str))
+                  and type(e["chunk"]) is int and 0 <= e["chunk"] < len(self._chunks)
+                  and type(e["ordinal"]) is int and 0 <= e["ordinal"] < CHUNK_SAMPLES)
+            if not ok:
+                raise self._bad(f"samples[{i}] is not a sample entry")
+            out.append((e["sample_key"], e["task_key"], e["chunk"], e["ordinal"]))
+        return out
+
+    def _open_store(self, store: SharedFilesystemStore | None) -> SharedFilesystemStore:
+        if store is not None:
+            if (os.path.realpath(store.root) != os.path.realpath(self.root)
+                    or store.run_id != self.run_id
+                    or (self.pool_id is not None and store.pool_id != self.pool_id)):
+                raise InvalidReference(
+                    f"archive {self.path} belongs to run {self.run_id!r} of pool "
+                    f"{self.pool_id} at {self.root}; the store given is run "
+                    f"{store.run_id!r} of pool {store.pool_id} at {store.root}: open it "
+                    "with a store of its own pool and run")
+            return store
+        root = self.root
+        beside = os.path.join(os.path.dirname(self.path), ADJACENT_POOL)
+        if (not self._fs.probe(os.path.join(root, "POOL"))
+                and os.path.basename(root) == ADJACENT_POOL and self.run_id == ADJACENT_RUN
+                and self._fs.probe(os.path.join(beside, "POOL"))):
+            # an adjacent pool moved (or copied) with its index: it is the one beside the
+            # index now (its pool id is checked below like any other)
+            root = beside
+        # never create a pool: an index whose pool is gone must say so, not open an empty one
+        if not self._fs.probe(os.path.join(root, "POOL")):
+            raise FileNotFoundError(f"archive {self.path}: its pool {self.root} is missing "
+                                    "(copying the index alone does not copy its data)")
+        opened = SharedFilesystemStore(root, self.run_id, fs=self._fs)
+        if self.pool_id is not None and opened.pool_id != self.pool_id:
+            opened.close()
+            raise InvalidReference(f"archive {self.path} belongs to pool {self.pool_id}; "
+                                   f"{root} now holds pool {opened.pool_id}")
+        return opened
+
+    def _check_manifest(self) -> None:
+        """The manifest exists and depends on exactly the chunks the index lists."""
+        try:
+            deps = self._store.checked_manifest(self.manifest_ref).dependencies
+        except InvalidReference as e:
+            raise InvalidReference(f"archive {self.path}: its manifest cannot be read ({e}); "
+                                   "its data was released and collected, or the index "
+                                   "names another pool's data") from None
+        if list(deps) != self._chunks:
+            raise self._bad("its chunks are not the manifest's")
+
+    # --- lookups -----------------------------------------------------------------------
+    def _check(self) -> None:
+        if self.closed:
+            raise ValueError(f"archive {self.path} is closed")
+
+    def keys(self) -> list[tuple[str, str | None]]:
+        """``(sample key, task key or None)`` of every sample, in archive order
+        (duplicates kept: compact trajectories may share a sample index)."""
+        self._check()
+        return [(s, t) for s, t, _, _ in self._entries]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def load_samples(self, sample_key: str | None = None, task_key: str | None = None
+                     ) -> list[Sample]:
+        """The samples with ``sample_key`` and/or ``task_key`` (both: those matching both;
+        neither: all), in archive order; ``KeyError`` when none matches.  Reads only the
+        chunks holding them; captures come back as lazy ``TensorRef``s."""
+        self._check()
+        if sample_key is not None:
+            _check_sample_key(sample_key)
+        if task_key is not None:
+            _check_task_key(task_key)
+        wanted = [(c, o) for s, t, c, o in self._entries
+                  if (sample_key is None or s == sample_key)
+                  and (task_key is None or t == task_key)]
+        if not wanted:
+            raise KeyError((sample_key, task_key))
+        decoded: dict[int, tuple[list[Any], dict[int, list[Any]], Any]] = {}
+        out = []
+        for c, o in wanted:
+            if c not in decoded:
+                decoded[c] = self._chunk(c)
+            values, shared, deps = decoded[c]
+            if o >= len(values):
+                raise self._bad(f"chunk {c} holds {len(values)} samples, not {o + 1}")
+            value = dict(values[o]) if isinstance(values[o], dict) else values[o]
+            # shared captures resolved for the wanted samples only: one manifest read
+            # (of the tensor's publication) each, none for the rest of the chunk
+            for name, d, at in shared.get(o, ()):
+                value[name] = TensorRef.from_record_set(self._store, deps[d], at)
+            out.append(_sample_from_value(value, f"archive chunk {c} sample {o}"))
+        return out
+
+    def _chunk(self, c: int) -> tuple[list[Any], dict[int, list[Any]], Any]:
+        """Chunk ``c``: its sample values, its shared captures by sample ordinal
+        (``[field, dependency, ordinal]``) and its dependencies."""
+        store, ref = self._store, self._chunks[c]
+        manifest = store.checked_manifest(ref)
+        if not manifest.record_refs:
+            raise CorruptData(f"archive {self.path}: chunk {c} holds no records")
+        head = store.read_record(manifest.record_refs[0])
+        value = sample_from_records([head], tensors=TensorRef.from_record_set_many(store, ref),
+                                    lazy_tensors_over=0, store=store)
+        where = f"archive {self.path}: chunk {c}"
+        if not isinstance(value, dict) or value.get("schema") != CHUNK_SCHEMA:
+            raise UnsupportedSchema(f"{where} is not a {CHUNK_SCHEMA}")
+        if value.get("version") != CHUNK_VERSION:
+            raise UnsupportedSchema(f"{where} is {CHUNK_SCHEMA} version "
+                                    f"{value.get('version')!r}; this straw reads "
+                                    f"{CHUNK_VERSION}")
+        samples, items = value.get("samples"), value.get("shared")
+        if not isinstance(samples, list) or not isinstance(items, list):
+            raise CorruptData(f"{where} lacks its samples or shared captures")
+        deps = manifest.dependencies
+        shared: dict[int, list[Any]] = {}
+        for item in items:
+            if not (isinstance(item, list) and len(item) == 4 and type(item[0]) is int
+                    and 0 <= item[0] < len(samples) and item[1] in _CAPTURES
+                    and type(item[2]) is int and 0 <= item[2] < len(deps)
+                    and type(item[3]) is int and isinstance(samples[item[0]], dict)):
+                raise CorruptData(f"{where} holds a malformed shared capture {item!r}")
+            shared.setdefault(item[0], []).append(item[1:])
+        self.chunks_read += 1
+        return samples, shared, deps
+
+    # --- ending ------------------------------------------------------------------------
+    def release(self) -> bool:
+        """Drop the archive's retention (the index stays, for inspection; other owners of
+        the same data keep theirs).  False if it was released already."""
+        self._check()
+        return self._store.release(self.storage_owner)
+
+    def close(self) -> None:
+        """Close the reader (the store this archive opened); the data stays retained."""
+        if self._own and not getattr(self, "closed", False):
+            self._store.close()
+        self.closed = True
+
+    def __enter__(self) -> RolloutArchive:
+        self._check()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"RolloutArchive({self.path!r}, rollout {self.key}, {len(self._entries)} "
+                f"samples in {len(self._chunks)} chunks)")
+
+
+def _nbytes(payload: Any) -> int:
+    n = getattr(payload, "nbytes", None)
+    return int(n) if n is not None else len(payload)
+
+
+def _write_exclusive(fs: Filesystem, path: str, data: bytes) -> None:
+    """Create ``path`` (never replacing a file: ``FileExistsError``), write and sync it and
+    its name.  A crash mid-write leaves a short file, which its checksum refuses."""
+    fs.makedirs_durable(os.path.dirname(path))
+    fd = fs.open(path, write=True, create=True, exclusive=True)
+    try:
+        try:
+            fs.writev(fd, [data], 0)
+            fs.fsync(fd)
+        finally:
+            fs.close(fd)
+    except BaseException:
+        fs.unlink(path)  # ours, incomplete: no reader may take it for an archive
+        raise
+    fs.fsync_dir(os.path.dirname(path))
+
+
+__all__ = ["RolloutArchive", "FORMAT", "VERSION", "CHUNK_SAMPLES", "ADJACENT_POOL",
+           "ADJACENT_RUN", "TASK_KEY", "sample_key", "task_key"]
