@@ -32,8 +32,9 @@ each committed prompt is trained in a finished batch, in the builder's backlog o
 one collection a restarted trainer replays; no group trained twice; RL4, every batch the
 builder finished was logged as training; RL5, a take of generation g resumes at least at
 the progress persisted under any earlier generation.  The negative control
-``rollout-restart-partial`` (generation clients restart every group from its prompt) must be
-reported.
+``rollout-restart-partial`` (generation clients restart every group from its prompt) and
+``rollout-trainer-skips-replay`` (a restarted trainer abandons the batch it had not
+finished) must be reported.
 """
 
 from __future__ import annotations
@@ -72,7 +73,10 @@ N_SAMPLES = 2
 TARGET = 6  # response tokens per sample of a ready group
 BATCH = 4  # groups per training batch
 LEASE_SECONDS = 3.0
-CONTROLS = ("rollout-restart-partial",)
+# negative controls: generation clients that restart partial groups from the prompt (RL5);
+# a trainer that, restarted, goes on to a new rollout id instead of replaying the batch it
+# had not finished (its groups are lost)
+CONTROLS = ("rollout-restart-partial", "rollout-trainer-skips-replay")
 # what a process meets while the controller restarts: it builds its clients again
 _GONE = (ConnectionError, StaleAttempt, LeaseExpired, UnsafeRecovery, IndeterminateCommit)
 
@@ -295,7 +299,7 @@ _POSITIONAL = {"submit_tasks": ("request_id", "tasks"), "task_status": ("task_id
                "close_consumer": ("consumer_id", "token")}
 
 
-def trainer_main(root: str, logdir: str, gen: int, seed: int) -> int:
+def trainer_main(root: str, logdir: str, gen: int, seed: int, control: str | None) -> int:
     from straw.rollout import BatchBuilder, EnvironmentMix
     signal.signal(signal.SIGTERM, _stop)
     r = random.Random(f"{seed}:trainer:{gen}")
@@ -319,7 +323,9 @@ def trainer_main(root: str, logdir: str, gen: int, seed: int) -> int:
                 os.fsync(f.fileno())
             os.replace(tmp, token_path)
             while True:
-                rollout = len(builder.state()["finished_batches"])
+                rollout: int | str = len(builder.state()["finished_batches"])
+                if control == "rollout-trainer-skips-replay":
+                    rollout = f"{gen}.{rollout}"  # the planted bug: a fresh id per process
                 refs = builder.next_batch(rollout)
                 if refs is None:
                     time.sleep(0.2)
@@ -387,8 +393,19 @@ def run_rollout(base: str, *, seconds: float, n_generators: int = 3, seed: int =
                                   "--gen", "0", "--seed", str(seed),
                                   *(("--control", control) if control else ())), logdir)
     procs["trainer"] = _Proc("trainer", _argv("trainer", roots[0], logdir, "--gen", "0",
-                                              "--seed", str(seed)), logdir)
+                                              "--seed", str(seed),
+                                              *(("--control", control) if control else ())),
+                             logdir)
+    # warm-up: the kills start once the job trained a batch (process start-up is slow on a
+    # busy machine; a run of a few seconds must still make progress), at most 60 s
+    warm = time.monotonic() + 60
+    while time.monotonic() < warm and not any(
+            e["ev"] == "finished" for e in _read_log(os.path.join(logdir, "trainer.acks"))):
+        time.sleep(0.2)
     end = time.monotonic() + seconds
+    # every role is killed once first (in a seeded order), then at random
+    first = ["controller", "trainer", *names]
+    r.shuffle(first)
     try:
         while time.monotonic() < end:
             time.sleep(r.uniform(0.8, 2.0))
@@ -398,7 +415,8 @@ def run_rollout(base: str, *, seconds: float, n_generators: int = 3, seed: int =
                     out.violations.append(f"{n} ended by itself (rc={q.p.returncode}):\n"
                                           f"{q.tail()}")
                     q.start()
-            victim = r.choice(["controller", "trainer", *names, *names])
+            victim = first.pop() if first else r.choice(
+                ["controller", "trainer", *names, *names])
             p = procs[victim]
             assert p.p is not None
             p.p.kill()
@@ -430,6 +448,8 @@ def check(root: str, logdir: str, names: Sequence[str], s: RolloutSummary) -> li
     try:
         # RL1: the admitted prompt groups are 0..G-1, each dataset index once per epoch
         cursor = cursor_from_producer_state(coord.producer_state("dataset"))
+        if cursor is None:
+            return [*out, "the job admitted no prompt group"]
         count = cursor.sample_group_index
         s.tasks = count
         seen: dict[int, list[int]] = {}
@@ -564,7 +584,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return generation_main(args.root, args.logdir, args.name, args.gen, args.seed,
                                args.control)
     if args.role == "trainer":
-        return trainer_main(args.root, args.logdir, args.gen, args.seed)
+        return trainer_main(args.root, args.logdir, args.gen, args.seed, args.control)
     import tempfile
     s = run_rollout(args.dir or tempfile.mkdtemp(prefix="straw-rollout-fuzz-"),
                     seconds=args.seconds, seed=args.seed, control=args.control)

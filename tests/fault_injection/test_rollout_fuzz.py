@@ -21,3 +21,12 @@ def test_rollout_fuzz_catches_partial_work_restarted_from_the_prompt(tmp_path) -
     s = run_rollout(str(tmp_path), seconds=8, n_generators=2, seed=5,
                     control="rollout-restart-partial")
     assert any(v.startswith("RL5:") for v in s.violations), s.line()
+
+
+def test_rollout_fuzz_catches_a_trainer_that_abandons_its_unfinished_batch(tmp_path) -> None:
+    """A restarted trainer that moves on to a new rollout id instead of replaying the batch
+    it had collected but not finished: those accepted groups are never trained (lost)."""
+    s = run_rollout(str(tmp_path), seconds=8, n_generators=2, seed=5,
+                    control="rollout-trainer-skips-replay")
+    assert s.kills.get("trainer", 0) > 0, s.line()
+    assert any("lost" in v for v in s.violations), s.line()
