@@ -502,7 +502,7 @@ def check(root: str, logdir: str, names: Sequence[str], s: RolloutSummary) -> li
                 by_rollout[c.task_id[len("collection:"):]] = "batch:" + c.commit_id
         # the builder's final state
         view = coord.load_consumer_state(coord.consumer_id)
-        state = {"finished_batches": [], "backlog": [], "scan_cursor": 0} \
+        state: dict[str, Any] = {"finished_batches": [], "backlog": [], "scan_cursor": 0} \
             if view is None else json.loads(
             bytes(list(store.read(_ref(view["state_ref"])))[0].payload))
         finished = set(state["finished_batches"])
