@@ -20,7 +20,8 @@ A crash campaign over one workload ``run(fs)``::
 
 The campaigns themselves: ``fault_injection.campaigns`` (store and catalog workloads,
 frame campaign, negative controls; ``just crash``), ``fault_injection.journal_campaign``,
-and ``fault_injection.fuzz`` (real processes under SIGKILL/SIGSTOP; ``just fuzz``).
+and ``fault_injection.fuzz`` (real processes under SIGKILL/SIGSTOP; ``just fuzz``; its rollout
+scenario is ``fault_injection.rollout_fuzz``).
 """
 
 from fault_injection.faultyfs import FaultyFS

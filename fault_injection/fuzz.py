@@ -49,8 +49,10 @@ directory and on JuiceFS, coordinators alternating between the two clients and
 ``--queue-seconds`` split between the filesystems; ``--no-queue-juicefs`` keeps them on
 the local directory), the shared-root scenario ``runs`` (``fault_injection.runs_fuzz``:
 two runs in one root, each with retaining writers and a queue of the same id;
-``--runs-seconds`` split between the filesystems) or ``all`` (the default).  ``--juicefs
-no`` skips JuiceFS for all.
+``--runs-seconds`` split between the filesystems), the rollout scenario ``rollout``
+(``fault_injection.rollout_fuzz``: a rollout controller, generation processes and a
+trainer, SIGKILLed and restarted; ``--rollout-seconds`` split between the filesystems) or
+``all`` (the default).  ``--juicefs no`` skips JuiceFS for all.
 """
 
 from __future__ import annotations
@@ -87,6 +89,7 @@ from straw.publication_log import AckLog
 
 if TYPE_CHECKING:
     from fault_injection.queue_fuzz import QueueSummary
+    from fault_injection.rollout_fuzz import RolloutSummary
     from fault_injection.runs_fuzz import RunsSummary
 
 RUN = "fuzz"
@@ -841,14 +844,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "(a name from fault_injection.controls.STORE_CONTROLS), or the "
                          "coordinators of the queue scenarios (queue_campaign.QUEUE_CONTROLS, "
                          "e.g. queue-no-fencing), or the writers of the shared-root scenario "
-                         "(controls.RUNS_CONTROLS, e.g. runs-share-owners); the run must then "
-                         "report violations")
-    ap.add_argument("--scenario", choices=("store", "queue", "runs", "all"), default="all",
+                         "(controls.RUNS_CONTROLS, e.g. runs-share-owners), or the generation "
+                         "processes of the rollout scenario (rollout_fuzz.CONTROLS, e.g. "
+                         "rollout-restart-partial); the run must then report violations")
+    ap.add_argument("--scenario", choices=("store", "queue", "runs", "rollout", "all"),
+                    default="all",
                     help="store: writer/reader processes (per filesystem); queue: a "
                          "coordinator process and worker processes, killed, paused and taken "
                          "over (fault_injection.queue_fuzz); runs: two runs in one root, each "
                          "with retaining writers and a queue of the same id "
-                         "(fault_injection.runs_fuzz); all: all three")
+                         "(fault_injection.runs_fuzz); rollout: a rollout job's controller, "
+                         "generation and trainer processes (fault_injection.rollout_fuzz); "
+                         "all: all four")
     ap.add_argument("--queue-seconds", type=float, default=None,
                     help="total duration of the queue scenarios, split between the local "
                          "directory and JuiceFS when it runs (default: --seconds)")
@@ -863,6 +870,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--runs-writers", type=int, default=2,
                     help="store writers (and queue workers) per run in the shared-root "
                          "scenario")
+    ap.add_argument("--rollout-seconds", type=float, default=None,
+                    help="total duration of the rollout scenario, split between the local "
+                         "directory and JuiceFS when it runs (default: --seconds)")
     ap.add_argument("--role", choices=("writer", "reader"), help=argparse.SUPPRESS)
     for hidden in ("--root", "--acks", "--logdir", "--writer-id", "--writer-ids"):
         ap.add_argument(hidden, help=argparse.SUPPRESS)
@@ -885,12 +895,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     notes: list[str] = []
     store_part = args.scenario in ("store", "all")
     store_control = args.control if args.control and not args.control.startswith(
-        ("queue-", "runs-")) else None
+        ("queue-", "runs-", "rollout-")) else None
     queue_part = args.scenario in ("queue", "all")
     queue_total = args.queue_seconds if args.queue_seconds is not None else args.seconds
     runs_part = args.scenario in ("runs", "all")
     runs_total = args.runs_seconds if args.runs_seconds is not None else args.seconds
     runs_summaries: list[RunsSummary] = []
+    rollout_part = args.scenario in ("rollout", "all")
+    rollout_total = args.rollout_seconds if args.rollout_seconds is not None else args.seconds
+    rollout_summaries: list[RolloutSummary] = []
 
     def run_queue_on(target: str, shared: tuple[str, str] | None, seconds: float) -> None:
         from fault_injection.queue_campaign import QUEUE_CONTROLS
@@ -911,11 +924,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         runs_summaries.append(rs)
         print(rs.line(), flush=True)
 
+    def run_rollout_on(target: str, shared: tuple[str, str] | None, seconds: float) -> None:
+        from fault_injection.rollout_fuzz import CONTROLS, run_rollout
+        rs = run_rollout(os.path.join(base, f"rollout-{target}"), seconds=seconds, seed=seed,
+                         shared=shared, target=target,
+                         control=args.control if args.control in CONTROLS else None)
+        rollout_summaries.append(rs)
+        print(rs.line(), flush=True)
+
     try:
         store_jfs = store_part and args.juicefs != "no"
         queue_jfs = queue_part and args.queue_juicefs and args.juicefs != "no"
         runs_jfs = runs_part and args.juicefs != "no"
-        want_jfs = store_jfs or queue_jfs or runs_jfs
+        rollout_jfs = rollout_part and args.juicefs != "no"
+        want_jfs = store_jfs or queue_jfs or runs_jfs or rollout_jfs
         mounting = _juicefs(base) if want_jfs else contextlib.nullcontext("")
         with mounting as mounts:
             # the queue and shared-root scenarios' time is split between the filesystems
@@ -923,6 +945,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             queue_seconds = queue_total / 2 if queue_jfs else queue_total
             runs_jfs = runs_jfs and not isinstance(mounts, str)
             runs_seconds = runs_total / 2 if runs_jfs else runs_total
+            rollout_jfs = rollout_jfs and not isinstance(mounts, str)
+            rollout_seconds = rollout_total / 2 if rollout_jfs else rollout_total
             if store_part:
                 local = os.path.join(base, "local")
                 summaries.append(run_target("local", local, local,
@@ -934,6 +958,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 run_queue_on("local", None, queue_seconds)
             if runs_part:
                 run_runs_on("local", None, runs_seconds)
+            if rollout_part:
+                run_rollout_on("local", None, rollout_seconds)
             if isinstance(mounts, str):
                 if want_jfs:
                     notes.append(f"JuiceFS skipped: {(mounts.splitlines() or [''])[0]}")
@@ -952,6 +978,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     run_queue_on("juicefs", (a, b), queue_seconds)
                 if runs_jfs:
                     run_runs_on("juicefs", (a, b), runs_seconds)
+                if rollout_jfs:
+                    run_rollout_on("juicefs", (a, b), rollout_seconds)
     finally:
         if not args.keep and args.dir is None:
             shutil.rmtree(base, ignore_errors=True)
@@ -960,6 +988,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     bad = [v for s in summaries for v in s.violations]
     bad += [v for q in queue_summaries for v in q.violations]
     bad += [v for r in runs_summaries for v in r.all_violations()]
+    bad += [v for r in rollout_summaries for v in r.violations]
     for v in bad[:20]:
         print("VIOLATION " + v)
     queue_text = "".join(
@@ -970,6 +999,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f", runs/{r.target}: {sum(s.retained_verified for s in r.stores)} retained "
         f"submissions and {sum(q.receipts for q in r.queues)} receipts verified in two runs"
         for r in runs_summaries)
+    queue_text += "".join(
+        f", rollout/{r.target}: {sum(r.kills.values())} kills, {r.batches} batches trained, "
+        f"{r.completed} accepted groups checked" for r in rollout_summaries)
     print(f"fuzz summary: seed={seed}, {len(summaries)} filesystem(s), "
           f"{sum(s.kills for s in summaries)} kills, {sum(s.stops for s in summaries)} stops, "
           f"{sum(s.restarts for s in summaries)} restarts, "

@@ -270,7 +270,10 @@ class QueueClient:
                 "Authorization": f"Bearer {self.token}", "Content-Type": "application/json"})
             response = conn.getresponse()
             status, content = response.status, response.read()
-        except OSError as e:  # an OSError, as straw-queue's client raised (URLError)
+        except (OSError, http.client.HTTPException) as e:
+            # a ConnectionError (an OSError, as straw-queue's client raised URLError); a
+            # reply cut off mid-way (IncompleteRead, BadStatusLine: the server died while
+            # answering) is a lost reply too, not another kind of error
             raise ConnectionError(
                 f"straw.rpc: no reply from the coordinator at {self.address} to {method} "
                 f"({e}); if the call mutates, retry with the same idempotency id") from e
