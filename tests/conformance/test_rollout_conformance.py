@@ -67,7 +67,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -638,7 +638,9 @@ def test_rollout_conformance() -> None:
     print(f"\nrollout conformance ({profile}): " +
           ", ".join(f"{k} {v}" for k, v in sorted(STEP_COUNT.items())))
     # the runs did reach every part of the layer
-    for what in ("complete", "yield_partial", "(hook runs)", "crash_manager (mid-take)"):
+    for what in ("complete", "complete_retry", "yield_partial", "drop_stale", "(hook runs)",
+                 "finish", "collect", "crash_manager (mid-take)",
+                 "crash_builder (mid-next_batch)", "crash_worker (mid-return)"):
         assert STEP_COUNT[what] > 0, f"no run reached {what}: {dict(STEP_COUNT)}"
 
 
@@ -723,6 +725,12 @@ def test_a_builder_that_acknowledges_at_ready_is_caught(monkeypatch: pytest.Monk
             run_steps(m, steps)
     finally:
         m.teardown()
+    # the random machine finds it too
+    RolloutConformance.TestCase.settings = settings(
+        PROFILES["ci"], max_examples=200, database=None, phases=(Phase.generate,),
+        report_multiple_bugs=False)
+    with pytest.raises(AssertionError, match="RL4"):
+        RolloutConformance.TestCase().runTest()
 
 
 def test_a_builder_that_runs_hooks_before_the_plan_is_durable_is_caught(
