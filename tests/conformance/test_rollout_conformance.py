@@ -640,7 +640,7 @@ def test_rollout_conformance() -> None:
     # the runs did reach every part of the layer
     for what in ("complete", "complete_retry", "yield_partial", "drop_stale", "(hook runs)",
                  "finish", "collect", "crash_manager (mid-take)",
-                 "crash_builder (mid-next_batch)", "crash_worker (mid-return)"):
+                 "crash_worker (mid-return)"):
         assert STEP_COUNT[what] > 0, f"no run reached {what}: {dict(STEP_COUNT)}"
 
 
@@ -672,6 +672,7 @@ def crash_sweep(prefix: list[tuple[str, dict[str, Any]]], op: str,
     """After ``prefix``, the manager crashes at its nth filesystem call of ``op`` for every
     other n (a kill or a power loss, alternately), recovers, and the run goes on with
     ``then``; the checks run after every step.  Returns the calls ``op`` made."""
+    STEP_COUNT.pop(f"crash_manager (after {op})", None)  # what other runs counted
     for nth in range(1, 400, 2):
         m = fresh_machine(nth)
         try:
@@ -697,6 +698,19 @@ def test_a_manager_crash_at_every_point_of_a_batch_and_its_acknowledgement() -> 
                            [("finish", {}), ("collect", {})])
     print(f"\nmanager crashes: next_batch {built} calls, finish_batch {finished} calls")
     assert built > 10 and finished > 3, (built, finished)
+    # the builder alone, after each of its queue calls of a next_batch
+    STEP_COUNT.pop("crash_builder (after next_batch)", None)
+    for after in range(1, 12):
+        m = fresh_machine(after)
+        try:
+            run_steps(m, accept_two_groups() + [("crash_builder", {"after": after}),
+                                                ("build", {}), ("train", {}), ("collect", {})])
+            assert m.trained, f"no batch trained after the builder crashed ({after})"
+        finally:
+            m.teardown()
+        if STEP_COUNT.pop("crash_builder (after next_batch)", 0):
+            break
+    assert after > 3, f"a next_batch made only {after - 1} queue calls"
 
 
 def test_a_builder_that_acknowledges_at_ready_is_caught(monkeypatch: pytest.MonkeyPatch
@@ -763,6 +777,7 @@ def test_a_controller_that_saves_its_cursor_apart_is_caught(monkeypatch: pytest.
 
     def sweep() -> list[str]:
         caught = []
+        STEP_COUNT.pop("crash_manager (after take)", None)  # what other runs counted
         for nth in range(1, 200):
             m = fresh_machine(nth)
             try:
