@@ -197,7 +197,8 @@ class RolloutController:
         # failed after advancing memory would skip prompts)
         self.source.reset(cursor_from_producer_state(
             self.coordinator.producer_state(PRODUCER_ID)))
-        refill = self.source.refill(count)
+        refill = self.source.refill(count, minimum=self.config.min_refill,
+                                    maximum=self.config.max_refill)
         refs = self._publish_inputs(refill)
         tasks = [TaskSpec(tid, ref, metadata={"group_index": g.group_index,
                                               "epoch_id": g.metadata["epoch_id"],

@@ -97,12 +97,13 @@ def cursor_from_producer_state(state: Mapping[str, Any] | None) -> Cursor | None
     return Cursor.from_dict(state["cursor"])
 
 
-def refill_size(count: int) -> int:
-    """How many groups a refill asked for ``count`` makes: ``count`` clamped to 8..64 (small
-    refills would cost a queue transaction per group, large ones hold prompts back from
-    other workers)."""
+def refill_size(count: int, minimum: int = MIN_REFILL, maximum: int = MAX_REFILL) -> int:
+    """How many groups a refill asked for ``count`` makes: ``count`` clamped to
+    ``minimum..maximum`` (by default 8..64; ``RolloutConfig.min_refill``/``max_refill`` in a
+    job: small refills would cost a queue transaction per group, large ones hold prompts
+    back from other workers)."""
     check_count("count", count)
-    return min(max(count, MIN_REFILL), MAX_REFILL)
+    return min(max(count, minimum), maximum)
 
 
 def task_id(group_index: int) -> str:
@@ -200,10 +201,12 @@ class DataSource:
             self._orders = {epoch_id: order}  # one epoch at a time is all a refill needs
         return order
 
-    def refill(self, count: int) -> Refill:
-        """The next ``refill_size(count)`` groups from the committed cursor, and the cursor
-        after them; the committed cursor does not move (``commit`` does)."""
-        wanted = refill_size(count)
+    def refill(self, count: int, *, minimum: int = MIN_REFILL,
+               maximum: int = MAX_REFILL) -> Refill:
+        """The next ``refill_size(count, minimum, maximum)`` groups from the committed
+        cursor, and the cursor after them; the committed cursor does not move (``commit``
+        does)."""
+        wanted = refill_size(count, minimum, maximum)
         start = c = self._cursor
         offset, epoch = c.sample_offset, c.epoch_id
         gid, sid = c.sample_group_index, c.sample_index

@@ -57,6 +57,23 @@ def test_take_refills_publishes_then_submits_with_the_cursor(tmp_path):
         store.close()
 
 
+def test_a_refill_follows_the_configured_bounds(tmp_path):
+    """RolloutConfig.min_refill/max_refill bound a refill (they were ignored: every
+    refill was clamped to the module defaults 8..64)."""
+    store = SharedFilesystemStore(str(tmp_path), "job", writer_id="controller")
+    config = RolloutConfig(lease_seconds=60, min_refill=2, max_refill=3)
+    c = RolloutController(store, PROMPTS, config=config)
+    try:
+        assert len(c.take("w", 1).assignments) == 1
+        assert cursor(c)["cursor"]["sample_group_index"] == 2  # raised to min_refill
+        assert len(c.take("w", 1).assignments) == 1 and c.refills == 1
+        assert len(c.take("w", 10).assignments) == 3  # cut to max_refill
+        assert cursor(c)["cursor"]["sample_group_index"] == 5 and c.refills == 2
+    finally:
+        c.close()
+        store.close()
+
+
 def test_reopening_resumes_the_cursor_from_the_producer_state(tmp_path):
     store, c = open_controller(tmp_path)
     c.take("w", 8)
