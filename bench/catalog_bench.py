@@ -27,10 +27,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from typing import Any
 
+from bench.queue_bench import complete_in_threads
 from straw import Publication, Record, SharedFilesystemStore
 from straw.catalog_snapshot import HEAD_NAME
 from straw.coordinator import Coordinator
@@ -53,25 +53,7 @@ def build(root: str, n: int, threads: int = 32) -> dict[str, Any]:
                 [Publication([Record("out", b"r" * 256, metadata={
                     "task_id": a.lease.task_id, "attempt_id": a.lease.attempt_id})])
                  for a in got.assignments], submission_id=f"results-{b}")
-            work = list(zip(got.assignments, refs, strict=True))
-            errors: list[BaseException] = []
-
-            def complete(part: int, work: list[Any] = work, errors: list[Any] = errors
-                         ) -> None:
-                try:
-                    for a, r in work[part::threads]:
-                        q.complete_task(a.lease, submission_id=f"done-{a.lease.task_id}",
-                                        result_ref=r)
-                except BaseException as e:  # noqa: BLE001 - re-raised below
-                    errors.append(e)
-
-            ts = [threading.Thread(target=complete, args=(i,)) for i in range(threads)]
-            for t in ts:
-                t.start()
-            for t in ts:
-                t.join()
-            if errors:
-                raise errors[0]
+            complete_in_threads(q, list(zip(got.assignments, refs, strict=True)), threads)
         q.close()
         compactions = dict(store.catalog.compactions)
     return {"build_s": time.perf_counter() - t0, "compactions": compactions}

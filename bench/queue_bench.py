@@ -171,6 +171,29 @@ def clients(root: str, n: int, nclients: int, combined: bool = False) -> dict[st
     return {"rate": done / wall, "syncs_per_completion": syncs / done, "completed": done}
 
 
+def complete_in_threads(q: Coordinator, work: list[tuple[Any, Any]], threads: int) -> None:
+    """Complete every (assignment, result_ref) of ``work`` with its own ``complete_task``,
+    from ``threads`` threads (group commit shares their journal syncs); the first error of
+    any thread is raised after all have stopped."""
+    errors: list[BaseException] = []
+
+    def complete(part: int) -> None:
+        try:
+            for a, r in work[part::threads]:
+                q.complete_task(a.lease, submission_id=f"done-{a.lease.task_id}",
+                                result_ref=r)
+        except BaseException as e:  # noqa: BLE001 - re-raised below
+            errors.append(e)
+
+    ts = [threading.Thread(target=complete, args=(i,)) for i in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
 def build_history(store: SharedFilesystemStore, n: int, *, fast: bool = True,
                   threads: int = 32, batch: int = 5_000) -> Coordinator:
     """A queue ``big`` with ``n`` completed tasks, through the public calls: submits and
@@ -199,24 +222,7 @@ def build_history(store: SharedFilesystemStore, n: int, *, fast: bool = True,
             for a, r in zip(work, refs, strict=True):
                 q.complete_task(a.lease, submission_id=f"done-{a.lease.task_id}", result_ref=r)
             continue
-        errors: list[BaseException] = []
-
-        def complete(part: int, work: Any = work, errors: list[Any] = errors,
-                     result: Any = empty) -> None:
-            try:
-                for a in work[part::threads]:
-                    q.complete_task(a.lease, submission_id=f"done-{a.lease.task_id}",
-                                    result_ref=result)
-            except BaseException as e:  # noqa: BLE001 - re-raised below
-                errors.append(e)
-
-        ts = [threading.Thread(target=complete, args=(i,)) for i in range(threads)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
-        if errors:
-            raise errors[0]
+        complete_in_threads(q, [(a, empty) for a in work], threads)
     return q
 
 
