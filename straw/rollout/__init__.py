@@ -2,8 +2,11 @@
 
 Prompts in, groups scheduled by stage and staleness, groups out, batches to every training
 rank.  No vime, Megatron, vLLM, Ray or torch imports (NumPy only); it uses the core's public
-API only.  This first part is the queue-independent core, each module one concern:
+API only (``tests/rollout/test_layering.py``).  Each module has one concern.
 
+The pure parts, which make every decision:
+
+* ``config``       ``RolloutConfig``: the seed's options and defaults;
 * ``samples``      Sample / SampleGroup values, validation, stage (ready 2 / partial 1 /
                    fresh 0), capture coverage;
 * ``scheduling``   scheduling key (oldest numeric generated-token version), priority,
@@ -11,89 +14,28 @@ API only.  This first part is the queue-independent core, each module one concer
 * ``data_source``  dataset -> prompt groups by seeded epochs, the JSON cursor, refills
                    that move nothing until committed (exactly-once admission per epoch);
 * ``environments`` weighted environments: per-batch quotas, producer-side backlog draining;
-* ``codec``        SampleGroup <-> records (the core's ``sample.v1``/``tensor.v1``), pure.
+* ``codec``        SampleGroup <-> records (the core's ``sample.v1``/``tensor.v1``).
 
-The queue wiring (below) of the controller and the generation client:
+The parts on the queue (each module's docstring is its reference, with a runnable example):
 
-* ``controller``   ``RolloutController``: the job's Coordinator and DataSource, ``take``
-                   with refills (RL1), serving version, staleness of what is accepted;
-* ``generation``   ``GenerationClient``: leases, heartbeat, groups returned by stage;
-* ``remote``       the controller served to generation processes (``straw.rpc``).
+* ``controller``   ``RolloutController`` (one per job): the Coordinator and the DataSource,
+                   ``take`` with refills published first, then tasks and cursor in ONE
+                   transaction (RL1), the serving version, staleness of what is accepted;
+* ``generation``   ``GenerationClient`` (one per generation process): leases and their
+                   heartbeat, groups returned by stage (completed with a receipt, yielded
+                   for continuation, rejected, released), every call safe to retry;
+* ``remote``       the controller served to generation processes (``straw.rpc``);
+* ``builder``      ``BatchBuilder`` (manager side): accepted groups -> a collection, a plan
+                   durable before any hook (RL3), rank shards, ready; ``finish_batch``
+                   after training is the only acknowledgement (RL4);
+* ``shards``       the rank partition by tokens, ``RankBatchRef``, identity checks;
+* ``online_gc``    background collection after acknowledgements, failures latched;
+* ``archive``      ``RolloutArchive``: indexed, retained debug rollouts (issue 16).
 
-On the queue (the batch builder, below): ``builder`` (``BatchBuilder``), ``shards`` (rank
-partition, ``RankBatchRef``, identity checks), ``online_gc`` (background collection).
-Debug archives: ``archive`` (``RolloutArchive``: indexed, retained rollouts, issue 16).
-
-The next step: the queue wiring
-===============================
-
-Everything below calls the Coordinator and the store; it should be written against their
-final (straw-queue 0.1.6) signatures, with these pure pieces doing every decision.
-
-**Controller** (one per job; owns the ``Coordinator(store, queue_id=..., namespace=True,
-exclusive_owner=..., lease_seconds=300)`` and one ``DataSource``):
-
-``take(worker_id, count)``:
-  1. ``acquire(worker_id, count, task_prefix=PROMPT_PREFIX)``; if not ``empty``, return it.
-  2. Under the producer lock: acquire again (another worker may have refilled); if still
-     empty, ``source.reset(cursor_from_producer_state(coord.producer_state(PRODUCER_ID)))``
-     (the committed cursor: a failed refill cannot skip prompts), then
-     ``refill = source.refill(count)``.
-  3. Publish every group: ``records, deps = group_records(g)`` for each, one
-     ``store.publish_many([Publication(records, deps)...], submission_id=
-     "input:" + refill.request_id)``.
-  4. ONE transaction: ``submit_tasks(refill.request_id, [TaskSpec(task_id, ref,
-     metadata={"group_index": ...}, priority=0, scheduling_key=SUBMITTED_PROMPT_KEY,
-     estimated_tokens=ref.tokens)...], producer_id=PRODUCER_ID,
-     producer_state=refill.producer_state)``; then ``source.commit(refill)``.  A lost reply
-     is retried with the same request id (D7).  This is invariant RL1.
-  5. Acquire again and return leases + refs (payloads never travel through the RPC).
-
-**Generation client** (one per generation process; a heartbeat thread renews its leases
-every ``max(0.1, lease_seconds / 3)`` s, ``StaleAttempt`` drops a lease locally):
-
-* read inputs: ``group_from_records(store.read(ref))`` inside one read session;
-* return a group (``add_samples``): if ``not captures_cover_group(g)``:
-  ``release_tasks([lease], request_id="release:<attempt_id>")`` (no failure spent; the task
-  resumes from its previous durable input).  Else ``verdict = decide(g, serving_version,
-  bound)``; REJECT -> ``fail_task(lease, request_id="reject:<attempt_id>", failure=
-  {"category": "Stale", "reason": verdict.reason}, retryable=False)``; REQUEUE -> return
-  ``restart_from_prompt(g)`` instead of ``g``.  Publish ``group_records(g)``, then
-  ``yield_tasks([{lease, input_ref, priority=priority(g), scheduling_key=
-  scheduling_key(g), metadata={stage, returned: True}}], request_id="return:" +
-  digest(updates))`` (publish first, then one transaction);
-* complete a ready group (``classify(g) is Stage.READY``): publish with submission
-  ``group:<attempt_id>``, ``complete_task(lease, submission_id="result:<attempt_id>",
-  result_ref=ref, result_digest=ref.digest)`` -> receipt (a retry returns the same
-  receipt; other content under the attempt is ``IdempotencyConflict``);
-* reject a filtered group: ``fail_task(lease, request_id="reject:<attempt_id>",
-  failure={"category": "Filtered", "reason": r}, retryable=False)``;
-* ``close()`` releases its leases (``release_tasks(leases, request_id=...)``).
-
-**Batch builder** (manager side; built in ``builder``, whose docstring is the reference):
-
-* collection: a control task ``collection:<rollout_id>`` (``control=True``) acquired by id,
-  its list of group refs published and completed -> the collection receipt;
-* plan: ``batch_id = "batch:" + receipt.commit_id``; plan digest over the selected
-  samples' positions, the conversion configuration and the parallel layout;
-  ``plan_batch(batch_id, positions)`` is durable BEFORE any reward or conversion hook runs
-  (invariant: a planned batch never changes; reusing the id with another plan is an error;
-  a ready batch is returned again without writing);
-* compose: ``EnvironmentMix.compose(state, backlog)`` picks how many groups of each
-  environment the batch takes from the accepted backlog and how many fresh admissions each
-  environment may make (``admits_fresh``); its ``MixState`` is saved with the builder state;
-* shards: samples split among data-parallel ranks balanced by ``SampleGroup.tokens``; every
-  rank's shard published (captures stay ``TensorRef``s: ``group_from_records(...,
-  tensors=TensorRef.from_record_set_many(store, ref), lazy_tensors_over=N)``), then
-  ``batch_ready``; each rank gets a small picklable reference and loads only its shard;
-* ``finish_batch`` after training acknowledges the inputs (consumer cursor), never before.
-
-**Spec** (``spec/rollout/``, invariant ids ``RL*``): RL1 exactly-once dataset admission per
-epoch (cursor and tasks committed together: stated and tested on the pure part in
-``data_source``); RL2 a group accepted at most once and never lost once accepted; RL3 a
-planned batch never changes (plan before hooks); RL4 nothing acknowledged before its
-training finished; with mutants for each (cursor saved apart from its tasks, hooks before
-the plan is durable, acknowledgement before training).
+The layer's state machine is ``spec/rollout.py`` (RL1-RL5, section 9 of ``spec/SPEC.md``),
+explored with a mutant per rule by ``just model``; ``tests/conformance/
+test_rollout_conformance.py`` drives this package against it on SimFS with crashes, and
+``fault_injection/rollout_fuzz.py`` kills its processes at random in ``just fuzz``.
 """
 
 from __future__ import annotations
