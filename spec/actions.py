@@ -1430,19 +1430,12 @@ def _successors(cfg: Config, mut: Mutants, s: State) -> Iterator[tuple[Action, S
             q = cfg.tasks[lease.task].queue
             ep = s.coords[q].serving
             ls = f"{cfg.tasks[lease.task].name}#{lease.attempt}@e{lease.epoch}"
-            yield from emit(
-                complete(cfg, mut, s, lease, True), "complete", (wname, ls), WORKER, ep, q
-            )
-            yield from emit(
-                complete(cfg, mut, s, lease, False), "complete", (wname, ls), WORKER, ep, q
-            )
-            for delivered in (True, False):
-                yield from emit(
-                    complete_and_acquire(cfg, mut, s, lease, delivered),
-                    "complete_and_acquire", (wname, ls), WORKER, ep, q,
-                )
-            yield from emit(fail(cfg, mut, s, lease, True), "fail", (wname, ls), WORKER, ep, q)
-            yield from emit(fail(cfg, mut, s, lease, False), "fail", (wname, ls), WORKER, ep, q)
+            # each with its reply delivered, then lost (the same order as before: BFS ties)
+            for name, step in (("complete", complete), ("complete_and_acquire",
+                                                       complete_and_acquire), ("fail", fail)):
+                for delivered in (True, False):
+                    yield from emit(step(cfg, mut, s, lease, delivered), name, (wname, ls),
+                                    WORKER, ep, q)
             yield from emit(yield_task(cfg, mut, s, lease), "yield", (wname, ls), WORKER, ep, q)
             yield from emit(abandon(cfg, mut, s, lease), "abandon", (wname, ls), WORKER)
             yield from emit(
