@@ -1,4 +1,4 @@
-"""Debug archives: one rollout's samples kept, indexed and retained (issue 16, first part).
+"""Debug archives: one rollout's samples kept, indexed and retained (issue 16).
 
 ``RolloutArchive.save(path, samples, rollout_id=7)`` keeps a rollout for debugging (look a
 sample up by key, replay a training step without generation) and writes one immutable
@@ -10,7 +10,10 @@ index, ``<name>.straw.json``, next to the data it names::
         archive.keys()                        # [(sample key, task key or None), ...]
         archive.load_samples(sample_key="sample:42")
         archive.load_samples(task_key="prompt:21")
+        archive.export_pt("/shared/debug/rollout_7.pt")  # self-contained, torch
         archive.release()                     # the archive's retention, not the index
+    RolloutArchive.import_pt("/shared/debug/rollout_7.pt",
+                             "/shared/debug/imported_7.straw.json")  # adjacent pool
 
 Layout.  The samples are packed ``CHUNK_SAMPLES`` to a publication (a *chunk*: record 0 a
 ``sample.v1`` structure of plain sample values, the core's sample codec, then the chunk's
@@ -36,9 +39,10 @@ The index (JSON) names ``format``/``version``, the rollout (``rollout_id``, an i
 references and per sample its ``sample_key`` (``sample:<index>``, or ``position:<ordinal>``
 for a sample without an index: its position in the saved list), ``task_key`` (the queue
 task the sample came from, ``Sample.metadata["task_id"]``; None without queue provenance),
-``chunk`` and ``ordinal``; and a ``checksum`` (SHA-256 of the canonical JSON of the rest):
-a truncated or edited index is ``CorruptData``.  The index is created exclusively: saving
-over an existing path is ``FileExistsError`` before anything is written.
+``group_index`` (the sample's, or None), ``chunk`` and ``ordinal``; and a ``checksum``
+(SHA-256 of the canonical JSON of the rest): a truncated or edited index is
+``CorruptData``.  The index is created exclusively: saving over an existing path is
+``FileExistsError`` before anything is written.
 
 Opening checks the index, that its pool exists (it never creates one: ``FileNotFoundError``)
 and is the one named (pool id and run; ``InvalidReference`` otherwise), and that the
@@ -46,8 +50,15 @@ manifest's dependencies are the chunks listed.  An index saved with an adjacent 
 finds it beside itself when both were moved or copied together (same pool id).
 ``load_samples`` reads only the chunks holding the wanted samples (``chunks_read`` counts
 them); their captures come back lazy (``TensorRef``s bound to the archive's store).
-Not here yet (later parts of issue 16): ``.pt`` export and import, replay into an
-isolated queue.
+``entries()`` says where every sample lies (``Entry``: keys, group index, chunk
+publication, ordinal), from the index alone: what ``straw.rollout.replay`` selects from.
+
+``.pt`` dumps.  ``export_pt(path)`` writes a self-contained torch dump (tensors
+materialised: readable after ``release()`` and collection); ``import_pt(pt_path, path)``
+makes a dump an indexed archive (``save``'s pool rules), loading it with ``weights_only``
+and checking it whole before anything is written.  Both delegate to
+``straw.rollout.archive_pt``, the one module of this layer allowed torch (imported in its
+functions only): this module stays NumPy-only.
 """
 
 from __future__ import annotations
@@ -58,7 +69,7 @@ import os
 import re
 import uuid
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from straw.codec import sample_from_records, sample_records
 from straw.errors import CorruptData, InvalidReference, UnsupportedSchema
@@ -82,6 +93,7 @@ ADJACENT_RUN = "debug-rollout"
 TASK_KEY = "task_id"  # the Sample.metadata entry naming the queue task a sample came from
 _SAMPLE_KEY = re.compile(r"(sample|position):(0|[1-9][0-9]*)\Z")
 _EVAL = re.compile(r"eval_(0|[1-9][0-9]*)\Z")
+_ENTRY_KEYS = frozenset({"sample_key", "task_key", "group_index", "chunk", "ordinal"})
 _INDEX_KEYS = frozenset({"format", "version", "rollout_id", "evaluation", "root", "pool_id",
                          "run_id", "manifest", "storage_owner", "chunks", "samples",
                          "checksum"})
@@ -143,6 +155,19 @@ def _check_task_key(key: object) -> str:
     if not key:
         raise ValueError("task_key must be a non-empty queue task id (e.g. 'prompt:21')")
     return key
+
+
+class Entry(NamedTuple):
+    """Where one archived sample lies: its keys, its group index (None without one), the
+    chunk publication holding it (and that chunk's number in the index) and its ordinal
+    in the chunk.  What ``straw.rollout.replay`` selects from, without reading data."""
+
+    sample_key: str
+    task_key: str | None
+    group_index: int | None
+    chunk_ref: RecordSetRef
+    chunk: int
+    ordinal: int
 
 
 class _ChunkEncoder:
@@ -249,7 +274,8 @@ class RolloutArchive:
                 chunk = samples[start:start + CHUNK_SAMPLES]
                 pub = _ChunkEncoder(store, f"{submission}:{c}").publication(chunk)
                 entries += [{"sample_key": sample_key(s, start + j), "task_key": task_key(s),
-                             "chunk": c, "ordinal": j} for j, s in enumerate(chunk)]
+                             "group_index": s.group_index, "chunk": c, "ordinal": j}
+                            for j, s in enumerate(chunk)]
                 pending.append(pub)
                 pending_bytes += sum(_nbytes(r.payload) for r in pub.records)
                 if pending_bytes >= WRITE_BATCH_BYTES:
@@ -365,18 +391,20 @@ class RolloutArchive:
                             f"archive to run {self.run_id!r}")
         return ref
 
-    def _check_entries(self, samples: list[Any]) -> list[tuple[str, str | None, int, int]]:
+    def _check_entries(self, samples: list[Any]) -> list[Entry]:
         out = []
         for i, e in enumerate(samples):
-            ok = (isinstance(e, dict)
-                  and set(e) == {"sample_key", "task_key", "chunk", "ordinal"}
+            ok = (isinstance(e, dict) and set(e) == _ENTRY_KEYS
                   and isinstance(e["sample_key"], str) and _SAMPLE_KEY.match(e["sample_key"])
                   and (e["task_key"] is None or isinstance(e["task_key"], str))
+                  and (e["group_index"] is None
+                       or (type(e["group_index"]) is int and e["group_index"] >= 0))
                   and type(e["chunk"]) is int and 0 <= e["chunk"] < len(self._chunks)
                   and type(e["ordinal"]) is int and 0 <= e["ordinal"] < CHUNK_SAMPLES)
             if not ok:
                 raise self._bad(f"samples[{i}] is not a sample entry")
-            out.append((e["sample_key"], e["task_key"], e["chunk"], e["ordinal"]))
+            out.append(Entry(e["sample_key"], e["task_key"], e["group_index"],
+                             self._chunks[e["chunk"]], e["chunk"], e["ordinal"]))
         return out
 
     def _open_store(self, store: SharedFilesystemStore | None) -> SharedFilesystemStore:
@@ -429,7 +457,19 @@ class RolloutArchive:
         """``(sample key, task key or None)`` of every sample, in archive order
         (duplicates kept: compact trajectories may share a sample index)."""
         self._check()
-        return [(s, t) for s, t, _, _ in self._entries]
+        return [(e.sample_key, e.task_key) for e in self._entries]
+
+    def entries(self) -> list[Entry]:
+        """Where every sample lies (``Entry``), in archive order: what a replay selects
+        from (``straw.rollout.replay``), read from the index alone."""
+        self._check()
+        return list(self._entries)
+
+    @property
+    def pool_root(self) -> str:
+        """The root of the pool this archive reads (the index's, or the adjacent pool's
+        new place when both were moved together)."""
+        return self._store.root
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -444,9 +484,9 @@ class RolloutArchive:
             _check_sample_key(sample_key)
         if task_key is not None:
             _check_task_key(task_key)
-        wanted = [(c, o) for s, t, c, o in self._entries
-                  if (sample_key is None or s == sample_key)
-                  and (task_key is None or t == task_key)]
+        wanted = [(e.chunk, e.ordinal) for e in self._entries
+                  if (sample_key is None or e.sample_key == sample_key)
+                  and (task_key is None or e.task_key == task_key)]
         if not wanted:
             raise KeyError((sample_key, task_key))
         decoded: dict[int, tuple[list[Any], dict[int, list[Any]], Any]] = {}
@@ -496,6 +536,34 @@ class RolloutArchive:
             shared.setdefault(item[0], []).append(item[1:])
         self.chunks_read += 1
         return samples, shared, deps
+
+    # --- .pt dumps: straw.rollout.archive_pt, the one module of the layer using torch ---
+    def export_pt(self, path: str | os.PathLike[str]) -> str:
+        """Write every sample to ``path`` (a new file) as a self-contained torch dump, its
+        tensors materialised: it stays readable after ``release()`` and collection.
+        Returns its absolute path (``straw.rollout.archive_pt.export_pt``)."""
+        self._check()
+        from .archive_pt import export_pt  # torch, lazily: import straw.rollout loads none
+        return export_pt(self, path, fs=self._fs)
+
+    @classmethod
+    def import_pt(cls, pt_path: str | os.PathLike[str], path: str | os.PathLike[str], *,
+                  rollout_id: int | str | None = None,
+                  store: SharedFilesystemStore | None = None,
+                  fs: Filesystem | None = None) -> str:
+        """Make the ``.pt`` dump at ``pt_path`` an indexed archive at ``path`` (``save``'s
+        pool rules: without ``store``, the adjacent ``straw-data`` pool).  ``rollout_id``:
+        the dump's own unless given.  The dump is loaded with ``weights_only`` and checked
+        whole before anything is written (``straw.rollout.archive_pt.load_pt``)."""
+        index_path = _index_path(path)
+        rfs = store.fs if store is not None else (fs or PosixFS())
+        if rfs.probe(index_path):  # before the dump is even read
+            raise FileExistsError(f"{index_path} exists: rollout archives are immutable; "
+                                  "choose a new path")
+        from .archive_pt import load_pt
+        dump = load_pt(pt_path, fs=rfs)
+        rid = dump.rollout_key if rollout_id is None else rollout_id
+        return cls.save(index_path, dump.samples, rollout_id=rid, store=store, fs=fs)
 
     # --- ending ------------------------------------------------------------------------
     def release(self) -> bool:

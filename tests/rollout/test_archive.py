@@ -4,6 +4,7 @@ input.  What each test pins is in its name; the claims are the module docstring'
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -72,7 +73,8 @@ def _rewrite(path, index: dict) -> None:
 
 
 def test_index_names_format_pool_run_manifest_owner_and_every_sample(tmp_path, pool):
-    samples = [_sample(0), _sample(1, index=None), _sample(2, task=False)]
+    samples = [_sample(0), _sample(1, index=None),
+               dataclasses.replace(_sample(2, task=False), group_index=None)]
     path = _archive(tmp_path, pool, samples)
     index = _index(path)
     assert (index["format"], index["version"]) == (FORMAT, VERSION)
@@ -84,9 +86,12 @@ def test_index_names_format_pool_run_manifest_owner_and_every_sample(tmp_path, p
     deps = pool.checked_manifest(RecordSetRef.from_dict(index["manifest"])).dependencies
     assert [d.to_dict() for d in deps] == index["chunks"]
     assert index["samples"] == [
-        {"sample_key": "sample:0", "task_key": "prompt:0", "chunk": 0, "ordinal": 0},
-        {"sample_key": "position:1", "task_key": "prompt:1", "chunk": 0, "ordinal": 1},
-        {"sample_key": "sample:2", "task_key": None, "chunk": 0, "ordinal": 2}]
+        {"sample_key": "sample:0", "task_key": "prompt:0", "group_index": 0, "chunk": 0,
+         "ordinal": 0},
+        {"sample_key": "position:1", "task_key": "prompt:1", "group_index": 1, "chunk": 0,
+         "ordinal": 1},
+        {"sample_key": "sample:2", "task_key": None, "group_index": None, "chunk": 0,
+         "ordinal": 2}]
     assert len(index["checksum"]) == 64
 
 

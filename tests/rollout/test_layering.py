@@ -1,6 +1,11 @@
 """straw.rollout is framework-neutral and looks down only: it imports the standard library,
 NumPy and the core's public names; importing it loads no torch, Ray, vLLM, vime or
-Megatron; the core never imports it."""
+Megatron; the core never imports it.
+
+LAYERING DECISION (issue 16): torch is allowed in exactly one module of the layer,
+``straw/rollout/archive_pt.py`` (``.pt`` debug dumps are torch's format), and there only
+inside functions (imported lazily, behind the ``torch`` extra), so that importing
+``straw.rollout``, or that module, still loads no torch."""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ROLLOUT = ROOT / "straw" / "rollout"
+TORCH_MODULE = ROLLOUT / "archive_pt.py"  # the one module that may import torch, lazily
 
 
 def imports(path: pathlib.Path) -> list[tuple[str, list[str], int]]:
@@ -35,8 +41,25 @@ def test_rollout_imports_only_stdlib_numpy_and_public_core_names():
                 assert not any(n.startswith("_") for n in names), \
                     f"{path.name} imports private core names {names} from {module}"
                 continue
+            if top == "torch" and path == TORCH_MODULE:
+                continue  # (inside functions only: the next test)
             assert top in sys.stdlib_module_names or top == "numpy", \
                 f"{path.name} imports {module}: straw.rollout is framework-neutral"
+
+
+def test_torch_is_imported_only_inside_functions_of_archive_pt():
+    tree = ast.parse(TORCH_MODULE.read_text())
+    lazy = {id(node) for f in ast.walk(tree)
+            if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+            for node in ast.walk(f)}
+    torch_imports = [node for node in ast.walk(tree)
+                     if (isinstance(node, ast.Import)
+                         and any(a.name.split(".")[0] == "torch" for a in node.names))
+                     or (isinstance(node, ast.ImportFrom)
+                         and (node.module or "").split(".")[0] == "torch")]
+    assert torch_imports, "archive_pt imports torch (lazily) to read and write .pt dumps"
+    assert all(id(node) in lazy for node in torch_imports), \
+        "archive_pt imports torch at module level: import it inside its functions"
 
 
 def test_the_core_never_imports_rollout():
@@ -46,7 +69,8 @@ def test_the_core_never_imports_rollout():
 
 
 def test_importing_rollout_loads_no_framework():
-    code = ("import sys, straw.rollout; bad = [m for m in ('torch', 'ray', 'vllm', 'vime', "
+    code = ("import sys, straw.rollout, straw.rollout.archive_pt, straw.rollout.replay; "
+            "bad = [m for m in ('torch', 'ray', 'vllm', 'vime', "
             "'megatron') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
