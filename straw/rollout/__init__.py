@@ -30,7 +30,10 @@ The parts on the queue (each module's docstring is its reference, with a runnabl
                    after training is the only acknowledgement (RL4);
 * ``shards``       the rank partition by tokens, ``RankBatchRef``, identity checks;
 * ``online_gc``    background collection after acknowledgements, failures latched;
-* ``archive``      ``RolloutArchive``: indexed, retained debug rollouts (issue 16).
+* ``archive``      ``RolloutArchive``: indexed, retained debug rollouts (issue 16);
+                   ``archive_pt`` their self-contained ``.pt`` dumps (the one module
+                   that may import torch, lazily); ``replay`` which archived groups a
+                   train-only job replays (selection and checks, pure).
 
 The layer's state machine is ``spec/rollout.py`` (RL1-RL5, section 9 of ``spec/SPEC.md``),
 explored with a mutant per rule by ``just model``; ``tests/conformance/
@@ -61,6 +64,7 @@ from .data_source import (
 from .environments import Composition, EnvironmentMix, MixState
 from .generation import GenerationClient, Returned
 from .online_gc import OnlineGC, OnlineGCFailed
+from .replay import ReplayGroup, ReplayPlan, plan_replay
 from .samples import (
     Sample,
     SampleGroup,
@@ -104,5 +108,5 @@ __all__ = [
     "BatchBuilder", "Accepted", "default_convert", "COLLECTION_PREFIX",
     "RankBatchRef", "RankShard", "check_batch_identities", "partition_by_tokens",
     "OnlineGC", "OnlineGCFailed",
-    "RolloutArchive",
+    "RolloutArchive", "ReplayPlan", "ReplayGroup", "plan_replay",
 ]
