@@ -402,3 +402,63 @@ def test_a_store_of_another_run_or_pool_is_refused(tmp_path, pool):
 def test_a_missing_index_is_file_not_found(tmp_path):
     with pytest.raises(FileNotFoundError, match="no rollout archive index"):
         RolloutArchive(tmp_path / "none.straw.json")
+
+
+# --- consistent but wrong indexes (checksum recomputed): clear errors, nothing changed --
+
+
+def _forge(path, edit) -> None:
+    """Edit the index and recompute its checksum, as a careless tool (or a copy of another
+    archive's fields) would: the checks beyond the checksum must catch it."""
+    from straw.rollout.archive import _checksum
+    index = _index(path)
+    edit(index)
+    index.pop("checksum")
+    index["checksum"] = _checksum(index)
+    _rewrite(path, index)
+
+
+def _tree(root) -> dict[str, int]:
+    return {os.path.relpath(os.path.join(d, f), root): os.path.getsize(os.path.join(d, f))
+            for d, _, files in os.walk(root) for f in files}
+
+
+@pytest.mark.parametrize("edit, error, message", [
+    # the index names a run its references do not belong to (another run of the pool)
+    (lambda ix: ix.update(run_id="other-run"), CorruptData, "belongs to run 'job'"),
+    (lambda ix: ix.update(pool_id="0" * 32), InvalidReference, "belongs to pool 0000"),
+    (lambda ix: ix.update(root="/nonexistent/pool"), FileNotFoundError, "is missing"),
+    (lambda ix: ix["chunks"].reverse(), CorruptData, "not the manifest's"),
+    (lambda ix: ix["samples"][1].update(sample_key="sample:01"), CorruptData,
+     r"samples\[1\] is not a sample entry"),
+    (lambda ix: ix["samples"][0].update(sample_key="prompt:0"), CorruptData,
+     r"samples\[0\] is not a sample entry"),
+    (lambda ix: ix["samples"][0].update(group_index="0"), CorruptData,
+     r"samples\[0\] is not a sample entry"),
+    (lambda ix: ix["samples"][0].update(chunk=5), CorruptData,
+     r"samples\[0\] is not a sample entry"),
+    (lambda ix: ix["samples"][0].pop("group_index"), CorruptData,
+     r"samples\[0\] is not a sample entry"),
+    (lambda ix: ix.update(rollout_id="7"), CorruptData, "rollout_id is a str"),
+    (lambda ix: ix.update(manifest={"not": "a reference"}), CorruptData,
+     "manifest is not a publication reference"),
+    (lambda ix: ix.pop("storage_owner"), CorruptData, "its fields are"),
+])
+def test_a_consistent_but_wrong_index_is_a_clear_error_and_changes_nothing(
+        tmp_path, pool, edit, error, message):
+    path = _archive(tmp_path, pool, [_sample(0), _sample(1)] * 40)  # two chunks
+    _forge(path, edit)
+    owners, tree = pool.owners(), _tree(tmp_path / "pool")
+    with pytest.raises(error, match=message):
+        RolloutArchive(path)
+    assert pool.owners() == owners and _tree(tmp_path / "pool") == tree
+    assert not os.path.exists("/nonexistent/pool")
+
+
+def test_an_index_of_another_archive_in_the_same_pool_is_refused(tmp_path, pool):
+    """Two archives' fields mixed (another archive's manifest, this one's chunks)."""
+    first = _archive(tmp_path, pool, [_sample(0)], name="a.straw.json")
+    second = _archive(tmp_path, pool, [_sample(1)], name="b.straw.json")
+    _forge(second, lambda ix: ix.update(manifest=_index(first)["manifest"]))
+    with pytest.raises(CorruptData, match="not the manifest's"):
+        RolloutArchive(second)
