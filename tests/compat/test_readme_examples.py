@@ -18,6 +18,9 @@ def test_readme_examples_run(tmp_path):
     text = text[text.index("## Using it"):text.index("## What straw guarantees")]
     blocks = re.findall(r"```python\n(.*?)```", text, re.S)
     assert len(blocks) >= 4
+    # the rollout section's debug-archive example is one of them (issue 16)
+    assert "#### Debug archives" in text
+    assert any("RolloutArchive.save(" in b and "export_pt(" in b for b in blocks)
     first = blocks[0].splitlines()
     opener = [i for i, line in enumerate(first) if line.startswith("with SharedFilesystemStore(")]
     assert opener, "the first example opens its store in a with block"
