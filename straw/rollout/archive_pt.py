@@ -172,19 +172,25 @@ def sample_dict(sample: Sample, where: str = "sample") -> dict[str, Any]:
 
 
 class _Writer:
-    """The file-like ``torch.save`` streams into: appends through a ``Filesystem``."""
+    """The file-like ``torch.save`` streams into: appends through a ``Filesystem``.  The
+    first failure is kept: torch reports a failed write as its own puzzling RuntimeError,
+    and the caller must see the storage's error (ENOSPC, EIO) instead."""
 
     def __init__(self, fs: Filesystem, fd: int) -> None:
         self.fs, self.fd, self.offset = fs, fd, 0
+        self.failed: BaseException | None = None
 
     def write(self, data: Any) -> int:
-        n = memoryview(data).nbytes
+        view = memoryview(data).cast("B")
         done = 0
-        while done < n:  # (a short write is continued, not lost)
-            done += self.fs.writev(self.fd, [memoryview(data).cast("B")[done:]],
-                                   self.offset + done)
-        self.offset += n
-        return n
+        try:
+            while done < view.nbytes:  # (a short write is continued, not lost)
+                done += self.fs.writev(self.fd, [view[done:]], self.offset + done)
+        except BaseException as e:
+            self.failed = self.failed or e
+            raise
+        self.offset += done
+        return done
 
     def flush(self) -> None:
         pass
@@ -209,14 +215,17 @@ def export_pt(archive: RolloutArchive, path: str | os.PathLike[str], *,
                         for i, s in enumerate(samples)]}
     fs.makedirs_durable(os.path.dirname(pt_path))
     fd = fs.open(pt_path, write=True, create=True, exclusive=True)
+    writer = _Writer(fs, fd)
     try:
         try:
-            torch.save(dump, _Writer(fs, fd))
+            torch.save(dump, writer)
             fs.fsync(fd)
         finally:
             fs.close(fd)
-    except BaseException:
+    except BaseException as e:
         fs.unlink(pt_path)  # ours and incomplete: never leave half a dump behind
+        if writer.failed is not None and writer.failed is not e:
+            raise writer.failed from None  # the storage's error, not torch's wrapper
         raise
     fs.fsync_dir(os.path.dirname(pt_path))
     return pt_path

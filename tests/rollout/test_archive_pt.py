@@ -14,6 +14,7 @@ import pytest
 
 from straw import SharedFilesystemStore
 from straw.errors import CorruptData, InvalidReference, UnsupportedSchema
+from straw.fs import PosixFS
 from straw.rollout import RolloutArchive, Sample, SampleGroup, Status, VersionSpan, group_records
 from straw.rollout.archive import ADJACENT_POOL
 from straw.rollout.archive_pt import PT_FORMAT, PT_VERSION, load_pt, sample_dict
@@ -328,3 +329,48 @@ def test_without_torch_a_clear_import_error_names_the_extra(tmp_path, pool, monk
     with pytest.raises(ImportError, match=r"pip install straw-store\[torch\]"):
         load_pt(tmp_path / "r.pt")
     assert not (tmp_path / "r.pt").exists()
+
+
+def test_export_of_collected_data_fails_before_writing(tmp_path, pool):
+    samples = _published(pool, [_sample(i) for i in range(2)])
+    path = RolloutArchive.save(tmp_path / "r.straw.json", samples, rollout_id=0, store=pool)
+    pool.seal()
+    pool.release_publications([s.routes.blob_set for s in samples])
+    with RolloutArchive(path) as archive:
+        archive.release()
+        pool.collect_garbage()
+        with pytest.raises(InvalidReference):
+            archive.export_pt(tmp_path / "r.pt")
+    assert not (tmp_path / "r.pt").exists()
+
+
+class _FailingWrites(PosixFS):
+    """A filesystem whose writes to ``.pt`` files fail after the first (a full disk)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pt_fds: set[int] = set()
+        self.writes = 0
+
+    def open(self, path: str, **kw: object) -> int:  # type: ignore[override]
+        fd = super().open(path, **kw)  # type: ignore[arg-type]
+        if path.endswith(".pt"):
+            self.pt_fds.add(fd)
+        return fd
+
+    def writev(self, fd, buffers, offset):  # type: ignore[no-untyped-def]
+        if fd in self.pt_fds:
+            self.writes += 1
+            if self.writes > 1:
+                raise OSError(28, "No space left on device")
+        return super().writev(fd, buffers, offset)
+
+
+def test_a_failed_export_leaves_no_half_dump(tmp_path, pool):
+    path = RolloutArchive.save(tmp_path / "r.straw.json", [_sample(i) for i in range(3)],
+                               rollout_id=0, store=pool)
+    fs = _FailingWrites()
+    with RolloutArchive(path, fs=fs) as archive:
+        with pytest.raises(OSError, match="No space"):
+            archive.export_pt(tmp_path / "r.pt")
+    assert fs.writes > 1 and not (tmp_path / "r.pt").exists()
