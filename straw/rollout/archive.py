@@ -612,5 +612,5 @@ def _write_exclusive(fs: Filesystem, path: str, data: bytes) -> None:
     fs.fsync_dir(os.path.dirname(path))
 
 
-__all__ = ["RolloutArchive", "FORMAT", "VERSION", "CHUNK_SAMPLES", "ADJACENT_POOL",
+__all__ = ["RolloutArchive", "Entry", "FORMAT", "VERSION", "CHUNK_SAMPLES", "ADJACENT_POOL",
            "ADJACENT_RUN", "TASK_KEY", "sample_key", "task_key"]

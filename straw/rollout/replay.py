@@ -28,9 +28,10 @@ is 29, not the 28 binary floating point gives), ``0 < ratio <= 1``.  Which ``m``
 sample's); the same archives, ratio and seed select the same groups on every machine.
 DECISION: a ratio that rounds to zero groups (``n * ratio < 1``) is refused with a
 ``ValueError`` giving the smallest ratio that selects one group: a replay that trains on
-nothing, or silently on everything (straw-queue's users' tool returns the whole dataset
-then), is never what was asked.  A replay of archives holding no sample at all is refused
-the same way.  ``ratio=None`` is the full replay.
+nothing, or silently on everything (the whole dataset, what vime's
+``--load-debug-rollout-data-subsample`` gives then), is never what was asked.  A replay of
+archives holding no sample at all is refused the same way.  ``ratio=None`` is the full
+replay.
 
 Checks.  All archives of one replay belong to one pool and run (``ValueError`` naming
 both archives and their pools and runs otherwise: a queue lives in one pool and run); an
