@@ -1,6 +1,6 @@
-"""Debug archives (issue 16, first part): save, open, keys, load_samples, release, bad
-input.  What each test pins is in its name; the claims are the module docstring's
-(``straw.rollout.archive``)."""
+"""Debug archives (issue 16): save, open, keys, load_samples, release, bad input (``.pt``
+dumps: test_archive_pt.py; replay selection: test_replay.py).  What each test pins is in
+its name; the claims are the module docstring's (``straw.rollout.archive``)."""
 
 from __future__ import annotations
 
