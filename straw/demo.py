@@ -497,6 +497,12 @@ def check(root: str, logdir: str, victim: str) -> dict[str, Any]:
                           if e["ev"] == "generate" and e["progress"] > 0)
     calls = sum(1 for n in names for e in logs[n] if e["ev"] == "generate")
     victim_lost = sorted(victim_done - set(in_batches) - backlog)
+    # one update per finished batch: a batch trained twice (say, again after the resume)
+    # shows as more updates than batches
+    updates = weights["version"]
+    if updates != len(rewards) or weights["trained"] != len(rewards):
+        raise RuntimeError(f"the demo's check failed: {updates} weight updates recorded for "
+                           f"{len(rewards)} finished batches")
     if lost or twice or regenerated or victim_lost:
         raise RuntimeError(f"the demo's check failed: accepted groups lost {lost} (of the "
                            f"killed worker: {victim_lost}), trained twice {twice}, "
