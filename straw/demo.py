@@ -402,6 +402,9 @@ def run(root: str, s: Settings) -> dict[str, Any]:
         job.kill(victim)
         if s.kill_point == "after-weights":
             job.job.wait(timeout=300)  # it kills itself inside batch kill_job_at - 1
+            if not any(e["ev"] == "killing-self" for e in _read(logdir, "trainer")):
+                raise RuntimeError(f"the job process exited with {job.job.returncode} "
+                                   "before its kill point; see its output above")
         else:
             _wait_trained(job, s.kill_job_at)
         job.kill_all()
@@ -490,8 +493,11 @@ def check(root: str, logdir: str, victim: str) -> dict[str, Any]:
     victim_done = {e["group"] for e in logs[victim] if e["ev"] == "completed"}
     last = {e["group"]: e["ev"] for e in logs[victim]}  # each group's last event
     victim_open = {g for g, ev in last.items() if ev == "generate"}
-    # taken again by the other workers of the first start (after its leases expired)
+    # taken again by the other workers of the first start (after its leases expired), or
+    # by the workers of the resumed job
     retaken = {e["group"] for n in names if n != victim and n.startswith("p1-")
+               for e in logs[n] if e["ev"] == "generate" and e["group"] in victim_open}
+    resumed = {e["group"] for n in names if n.startswith("p2-")
                for e in logs[n] if e["ev"] == "generate" and e["group"] in victim_open}
     resumed_partial = sum(1 for n in names for e in logs[n]
                           if e["ev"] == "generate" and e["progress"] > 0)
@@ -513,7 +519,8 @@ def check(root: str, logdir: str, victim: str) -> dict[str, Any]:
             "backlog": len(backlog), "lost": len(lost), "twice": len(twice),
             "accepted_before_resume": len(accepted_before_resume),
             "regenerated": regenerated, "victim_done": len(victim_done),
-            "victim_open": len(victim_open), "retaken": len(retaken & victim_open),
+            "victim_open": len(victim_open), "retaken": len(retaken),
+            "retaken_after_resume": len(resumed - retaken),
             "resumed_partial": resumed_partial, "generate_calls": calls,
             "staleness": dict(sorted(stale.items())), "version": weights["version"],
             "weights": weights, "collections": collections, "disk": disk,
@@ -555,9 +562,10 @@ def show(root: str, report: dict[str, Any], s: Settings, removed: bool) -> None:
           f"{report['steps']} batches, {report['backlog']} in the backlog for the next "
           f"one); lost: {report['lost']}; trained twice: {report['twice']}")
     print(f"worker {report['victim']} SIGKILLed: {report['victim_done']} groups it "
-          f"completed stayed accepted; its {report['victim_open']} in-flight groups were "
-          f"taken again by the other workers after its leases expired "
-          f"({s.lease_seconds:g} s): {report['retaken']}")
+          f"completed stayed accepted; of its {report['victim_open']} groups in flight, "
+          f"{report['retaken']} were taken again by the other workers once its leases "
+          f"expired ({s.lease_seconds:g} s), {report['retaken_after_resume']} by the "
+          "resumed job's workers")
     print(f"job SIGKILLed after {report['killed_job_after']} acknowledged batches and "
           f"resumed from the pool: {report['accepted_before_resume']} groups accepted before; "
           f"regenerated-after-resume: {report['regenerated']}")
