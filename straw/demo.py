@@ -52,6 +52,19 @@ from .coordinator import Coordinator
 from .fs import PosixFS
 from .publication_log import AckLog
 from .refs import RecordSetRef
+from .rollout import (
+    PROMPT_PREFIX,
+    BatchBuilder,
+    EnvironmentMix,
+    GenerationClient,
+    RankBatchRef,
+    RolloutConfig,
+    RolloutController,
+    default_convert,
+)
+from .rollout.builder import COLLECTION_PREFIX
+from .rollout.remote import RemoteController, start
+from .rollout.toy import ToyPolicy, ToyTask, grpo_advantages
 from .store import SharedFilesystemStore
 from .tensor import tensor_from_record, tensor_record
 
@@ -113,19 +126,16 @@ def _store(root: str, writer_id: str, s: Settings) -> SharedFilesystemStore:
                                  **_config(s).store_options())
 
 
-def _config(s: Settings) -> Any:
-    from .rollout import RolloutConfig
+def _config(s: Settings) -> RolloutConfig:
     return RolloutConfig(n_samples_per_prompt=s.samples, lease_seconds=s.lease_seconds,
                          segment_mib=8)
 
 
-def _policy(s: Settings) -> Any:
-    from .rollout.toy import ToyPolicy, ToyTask
+def _policy(s: Settings) -> ToyPolicy:
     return ToyPolicy(ToyTask(), seed=s.seed, lr=s.lr, token_seconds=s.token_seconds)
 
 
 def _prompts(s: Settings) -> list[tuple[int, ...]]:
-    from .rollout.toy import ToyTask
     return ToyTask().prompts(s.prompts, seed=s.seed)
 
 
@@ -150,15 +160,11 @@ def _load_weights(store: SharedFilesystemStore, state: Mapping[str, Any]) -> np.
 def convert_with_versions(sample: Any, reward: float) -> dict[str, Any]:
     """The builder's default train data plus the sample's weight versions (the trainer
     measures staleness against the version it trains)."""
-    from .rollout import default_convert
     return {**default_convert(sample, reward),
             "versions": [[v.start, v.stop, v.version] for v in sample.versions]}
 
 
 def job_main(root: str, logdir: str, phase: int, s: Settings) -> int:
-    from .rollout import BatchBuilder, EnvironmentMix, RolloutController
-    from .rollout.remote import start
-    from .rollout.toy import grpo_advantages
     signal.signal(signal.SIGTERM, _stop)
     log = _log(logdir, "trainer")
     config = _config(s)
@@ -187,8 +193,10 @@ def job_main(root: str, logdir: str, phase: int, s: Settings) -> int:
         if trained == finished + 1:
             # killed between recording the weights and finish_batch: the batch is trained
             # (its update is in the weights); acknowledge it, do not train it again
-            refs = builder.next_batch(finished)
-            assert refs is not None, "the trained batch is ready: next_batch returns it"
+            refs = builder.next_batch(finished)  # ready: returned again, nothing written
+            if refs is None:
+                raise RuntimeError(f"the weights record batch {finished} as trained but the "
+                                   "builder has no such batch: not this demo's pool?")
             builder.finish_batch(refs[0].batch_id)
             log.append({"ev": "acknowledged", "step": finished, "batch": refs[0].batch_id})
             finished += 1
@@ -226,16 +234,14 @@ def _commits(coord: Coordinator) -> int:
             return cursor
 
 
-def train_step(store: SharedFilesystemStore, coord: Coordinator, controller: Any,
-               builder: Any, policy: Any, refs: Sequence[Any], step: int, log: AckLog, *,
+def train_step(store: SharedFilesystemStore, coord: Coordinator,
+               controller: RolloutController, builder: BatchBuilder, policy: ToyPolicy,
+               refs: Sequence[RankBatchRef], step: int, log: AckLog, *,
                crash: bool = False) -> None:
-    """Train on one batch, publish and record the new weights, serve them, acknowledge."""
-    from .rollout.scheduling import numeric_version
+    """Train on one batch, publish and record the new weights, serve them, acknowledge.
+    (One process stands in for the data-parallel ranks: it loads every rank's shard and
+    sums their gradients, as an all-reduce would.)"""
     samples = [x for r in refs for x in r.load(store, rank=r.rank).samples]
-    staleness = []
-    for x in samples:
-        oldest = min(numeric_version(v[2]) or 0 for v in x["versions"])
-        staleness.append(policy.version - oldest)
     raw = [float(x["raw_reward"]) for x in samples]
     version = policy.update((x["tokens"].tolist(), x["response_length"], x["reward"])
                             for x in samples)
@@ -252,15 +258,11 @@ def train_step(store: SharedFilesystemStore, coord: Coordinator, controller: Any
         os.kill(os.getpid(), signal.SIGKILL)
     builder.finish_batch(refs[0].batch_id)  # RL4: after training, the only acknowledgement
     log.append({"ev": "trained", "step": step, "batch": refs[0].batch_id,
-                "version": version, "reward": float(np.mean(raw)),
-                "groups": sorted({int(x["group_index"]) for x in samples}),
-                "staleness": staleness, "t": time.time()})
+                "version": version, "reward": float(np.mean(raw)), "t": time.time()})
 
 
 # --- a generation worker --------------------------------------------------------------
 def worker_main(root: str, logdir: str, name: str, s: Settings) -> int:
-    from .rollout import GenerationClient
-    from .rollout.remote import RemoteController
     log = _log(logdir, name)
     url = _url(logdir, int(name[1:name.index("-")]))  # p<phase>-gen<i>
     store = _store(root, name, s)
@@ -276,8 +278,11 @@ def worker_main(root: str, logdir: str, name: str, s: Settings) -> int:
     return 0
 
 
-async def _generate(client: Any, remote: Any, store: SharedFilesystemStore, policy: Any,
-                    log: AckLog, s: Settings) -> None:
+async def _generate(client: GenerationClient, remote: RemoteController,
+                    store: SharedFilesystemStore, policy: ToyPolicy, log: AckLog,
+                    s: Settings) -> None:
+    """Take groups, generate them concurrently, return them; a new serving version
+    aborts the groups in flight (returned partial) and loads the recorded weights."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
@@ -432,8 +437,6 @@ def run(root: str, s: Settings) -> dict[str, Any]:
 
 def check(root: str, logdir: str, victim: str) -> dict[str, Any]:
     """What the logs and the queue prove (raises if anything was lost or done twice)."""
-    from .rollout import PROMPT_PREFIX, RankBatchRef
-    from .rollout.builder import COLLECTION_PREFIX
     with SharedFilesystemStore(root, RUN, writer_id="demo-check") as store:
         coord = Coordinator(store, queue_id=QUEUE, namespace=True, recover=True,
                             exclusive_owner="the demo's final check")
