@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from .coordinator import Coordinator
+from .errors import LeaseExpired, StaleAttempt
 from .fs import PosixFS
 from .publication_log import AckLog
 from .refs import RecordSetRef
@@ -58,6 +59,7 @@ from .rollout import (
     EnvironmentMix,
     GenerationClient,
     RankBatchRef,
+    Returned,
     RolloutConfig,
     RolloutController,
     default_convert,
@@ -317,7 +319,17 @@ async def _generate(client: GenerationClient, remote: RemoteController,
                                                      abort=abort) for g in groups))
         done.set()
         await watcher
-        returned = await asyncio.to_thread(client.return_groups, out)
+        try:
+            returned = await asyncio.to_thread(client.return_groups, out)
+        except (StaleAttempt, LeaseExpired):
+            # a lease expired under us (a stalled machine): another worker has that group
+            # now.  The others were returned; a retry answers each with its first outcome
+            returned = []
+            for g in out:
+                try:
+                    returned += await asyncio.to_thread(client.return_groups, [g])
+                except (StaleAttempt, LeaseExpired):
+                    returned.append(Returned(f"prompt:{g.group_index}", "lease-lost"))
         for g, r in zip(out, returned, strict=True):
             log.append({"ev": r.action, "group": g.group_index,
                         "progress": sum(x.response_length for x in g)})
