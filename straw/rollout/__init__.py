@@ -30,7 +30,9 @@ The parts on the queue (each module's docstring is its reference, with a runnabl
                    after training is the only acknowledgement (RL4);
 * ``shards``       the rank partition by tokens, ``RankBatchRef``, identity checks;
 * ``online_gc``    background collection after acknowledgements, failures latched;
-* ``archive``      ``RolloutArchive``: indexed, retained debug rollouts (issue 16).
+* ``archive``      ``RolloutArchive``: indexed, retained debug rollouts (issue 16);
+* ``toy``          a toy task and a tiny NumPy policy implementing the generate-function
+                   protocol (``generate``): the engine of ``python3 dev.py demo``.
 
 The layer's state machine is ``spec/rollout.py`` (RL1-RL5, section 9 of ``spec/SPEC.md``),
 explored with a mutant per rule by ``just model``; ``tests/conformance/
