@@ -1,6 +1,7 @@
 """The demo: a small, real RL job whose rollouts live in straw, killed and resumed.
 
     python3 dev.py demo       # or: python -m straw.demo [--root DIR] [--keep] [--quick]
+                              #     [--kill-point between-batches|after-weights]
 
 A tiny NumPy policy (``straw.rollout.toy``) learns to reverse 4-token prompts, fully
 async, on an embedded pool in a temp directory:
@@ -19,7 +20,10 @@ async, on an embedded pool in a temp directory:
 Mid-run one worker is SIGKILLed (its leases expire, the other workers take its groups
 again; what it had accepted stays accepted); later the whole job (job process and every
 worker) is SIGKILLed and started again on the same pool: the controller recovers the
-queue, the builder its state, the trainer the weights the queue records.  Every process
+queue, the builder its state, the trainer the weights the queue records (with
+``--kill-point after-weights`` the job dies inside a step, after recording its weights and
+before ``finish_batch``: the resumed job acknowledges that batch without training it
+again).  Every process
 keeps an fsynced log (``demo-logs/`` beside the pool's ``runs/``), and at the end the
 demo checks from the logs and the queue: nothing accepted lost, nothing trained twice,
 no accepted group generated again after the resume.  It prints the reward curve, groups
