@@ -23,12 +23,12 @@ worker) is SIGKILLed and started again on the same pool: the controller recovers
 queue, the builder its state, the trainer the weights the queue records (with
 ``--kill-point after-weights`` the job dies inside a step, after recording its weights and
 before ``finish_batch``: the resumed job acknowledges that batch without training it
-again).  Every process
-keeps an fsynced log (``demo-logs/`` beside the pool's ``runs/``), and at the end the
-demo checks from the logs and the queue: nothing accepted lost, nothing trained twice,
-no accepted group generated again after the resume.  It prints the reward curve, groups
-accepted, regenerated-after-resume, a staleness histogram, bytes on disk and where
-everything lives.  (The storage checks of the earlier demo are covered by the test
+again).  Every process keeps an fsynced log (``demo-logs/`` beside the pool's ``runs/``),
+and at the end the demo checks from the logs and the queue: nothing accepted lost,
+nothing trained twice, one weight update per finished batch, no accepted group generated
+again after the resume.  It prints the reward curve, groups accepted,
+regenerated-after-resume, a staleness histogram, bytes on disk and where everything
+lives.  (The storage checks of the earlier demo are covered by the test
 suite: ``tests/test_store.py``, ``tests/test_tensor.py``, ``tests/test_coordinator.py``.)
 """
 
