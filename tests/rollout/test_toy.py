@@ -57,8 +57,8 @@ def test_the_policy_learns_the_task_and_its_run_is_deterministic():
     again, rewards2, _ = train(seed=3)
     assert rewards2 == rewards
     assert np.array_equal(again.weights, policy.weights)
-    other, rewards3, _ = train(seed=4)
-    assert rewards3 != rewards
+    _, rewards3, _ = train(seed=4, steps=3)
+    assert rewards3 != rewards[:3]
 
 
 def test_generate_completes_every_sample_with_its_reward_and_version():
