@@ -34,6 +34,8 @@ The parts on the queue (each module's docstring is its reference, with a runnabl
                    ``archive_pt`` their self-contained ``.pt`` dumps (the one module
                    that may import torch, lazily); ``replay`` which archived groups a
                    train-only job replays (selection and checks, pure).
+* ``toy``          a toy task and a tiny NumPy policy implementing the generate-function
+                   protocol (``generate``): the engine of ``python3 dev.py demo``.
 
 The layer's state machine is ``spec/rollout.py`` (RL1-RL5, section 9 of ``spec/SPEC.md``),
 explored with a mutant per rule by ``just model``; ``tests/conformance/
