@@ -1,6 +1,7 @@
 """straw.rollout is framework-neutral and looks down only: it imports the standard library,
 NumPy and the core's public names; importing it loads no torch, Ray, vLLM, vime or
-Megatron; the core never imports it."""
+Megatron; the core never imports it.  The one exception is ``straw.rollout.ray`` (the
+distributed mode, issue 17), the only package that may import Ray."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ROLLOUT = ROOT / "straw" / "rollout"
+RAY_PACKAGE = ROLLOUT / "ray"
 
 
 def imports(path: pathlib.Path) -> list[tuple[str, list[str], int]]:
@@ -35,8 +37,18 @@ def test_rollout_imports_only_stdlib_numpy_and_public_core_names():
                 assert not any(n.startswith("_") for n in names), \
                     f"{path.name} imports private core names {names} from {module}"
                 continue
+            if top == "ray" and RAY_PACKAGE in path.parents:
+                continue  # straw.rollout.ray, the distributed mode: Ray is its point
             assert top in sys.stdlib_module_names or top == "numpy", \
                 f"{path.name} imports {module}: straw.rollout is framework-neutral"
+
+
+def test_only_the_ray_package_imports_ray():
+    importers = {path.relative_to(ROOT).as_posix()
+                 for path in sorted((ROOT / "straw").rglob("*.py"))
+                 for module, _, _ in imports(path) if module.split(".")[0] == "ray"}
+    assert importers, "straw.rollout.ray imports ray: this test reads the imports"
+    assert all(p.startswith("straw/rollout/ray/") for p in importers), importers
 
 
 def test_the_core_never_imports_rollout():
@@ -46,8 +58,9 @@ def test_the_core_never_imports_rollout():
 
 
 def test_importing_rollout_loads_no_framework():
-    code = ("import sys, straw.rollout; bad = [m for m in ('torch', 'ray', 'vllm', 'vime', "
-            "'megatron') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
+    code = ("import sys, straw.rollout, straw.rollout.generate, straw.rollout.producer; "
+            "bad = [m for m in ('torch', 'ray', 'vllm', 'vime', 'megatron') if m in "
+            "sys.modules]; print(bad); sys.exit(1 if bad else 0)")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
