@@ -45,6 +45,7 @@ the other nodes.  ``add_worker(node)`` starts a replacement (a new worker id).
 from __future__ import annotations
 
 import dataclasses
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -143,6 +144,7 @@ class RayRollout:
         self.driver_node = str(ray.get_runtime_context().get_node_id())
         self.workers: list[Worker] = []
         self._incarnation = 0
+        self._tag = uuid.uuid4().hex[:6]  # worker ids of this job instance: its own writers
         self.controller: Any = ray.remote(ControllerWorker).options(  # type: ignore[attr-defined]
             name=self.name, num_cpus=0, max_restarts=0, max_task_retries=0,
             max_concurrency=CONTROLLER_CONCURRENCY,
@@ -192,7 +194,7 @@ class RayRollout:
     # --- generation actors ------------------------------------------------------------
     def _spawn(self, node: NodeSpec, slots: int) -> Worker:
         self._incarnation += 1
-        worker_id = f"gen-{node.node_id[:12]}-{self._incarnation}"
+        worker_id = f"gen-{node.node_id[:12]}-{self._tag}-{self._incarnation}"
         options: dict[str, Any] = {
             "num_cpus": node.num_cpus, "num_gpus": node.num_gpus, "max_restarts": 0,
             "max_task_retries": 0, "max_concurrency": GENERATION_CONCURRENCY,
@@ -321,12 +323,31 @@ class RayRollout:
                     self._call("close")
             finally:
                 ray.kill(self.controller, no_restart=True)
+                # dead before this returns: a job started next on the pool reuses the
+                # controller's writer (whose lock a live process would still hold)
+                for handle in [self.controller, *(w.handle for w in self.workers)]:
+                    _await_death(handle)
 
     def __enter__(self) -> RayRollout:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close(force=exc[0] is not None)
+
+
+def _await_death(handle: Any, timeout: float = 60.0) -> None:
+    """Until Ray reports the (killed) actor dead."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            ray.get(handle.where.remote(), timeout=1)
+        except ray.exceptions.RayActorError:
+            return
+        except ray.exceptions.GetTimeoutError:
+            pass
+        else:
+            time.sleep(0.05)  # the kill has not reached it yet
+    raise TimeoutError(f"actor {handle} still answers {timeout} s after ray.kill")
 
 
 __all__ = ["RayRollout", "NodeSpec", "Worker", "share_concurrency", "default_nodes",
