@@ -37,6 +37,7 @@ from straw.rollout.ray import (  # noqa: E402
     RayController,
     RayRollout,
     StorageProbeFailed,
+    default_nodes,
     share_concurrency,
 )
 
@@ -159,6 +160,16 @@ def test_share_concurrency():
     assert share_concurrency(8, 1, 3) == [3, 3, 2]
     with pytest.raises(ValueError, match="raise concurrency to at least 6"):
         share_concurrency(4, 2, 3)
+
+
+def test_default_nodes_are_every_alive_node_with_a_cpu(cluster):
+    nodes = default_nodes()
+    alive = [n for n in ray.nodes() if n["Alive"]]
+    assert sorted(n.node_id for n in nodes) == sorted(n["NodeID"] for n in alive)
+    assert len(nodes) >= 3 and all(n.root is None and n.num_cpus == 1 for n in nodes)
+    keys = [(next(a["NodeManagerAddress"] for a in alive if a["NodeID"] == n.node_id),
+             n.node_id) for n in nodes]
+    assert keys == sorted(keys)
 
 
 def test_storage_probe_names_the_node_that_sees_another_pool(cluster, juicefs_dirs, tmp_path):
