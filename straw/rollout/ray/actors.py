@@ -198,6 +198,12 @@ class ControllerWorker:
     def staleness_metrics(self) -> dict[str, float]:
         return self.controller.staleness_metrics()
 
+    def retire_worker(self, worker_id: str) -> int:
+        """A generation worker is confirmed dead: its leases are revoked now (its tasks
+        pending again from their durable inputs) instead of when they expire; how many
+        of its accepted results the builder has not trained yet (they stay in the log)."""
+        return len(self.controller.coordinator.retire_worker(worker_id))
+
     def tasks(self, prefix: str = "prompt:") -> dict[str, dict[str, Any]]:
         """Every task of the queue under ``prefix``: its status (for checks and reports)."""
         return {t: s for t, s in sorted(self.controller.coordinator.tasks.items())

@@ -36,10 +36,14 @@ path it used; every actor started is stopped.
 returns once every node's in-flight groups are durable in the queue; ``resume(v)`` sets
 the controller's serving version, then reopens every node's admission under ``v``.
 
-A generation actor that dies (killed, its node lost) is noticed by the next ``pause``,
-``stats`` or ``check_workers``: it is listed in ``lost``; its leases expire after
-``config.lease_seconds`` and its tasks return to the queue (continuations included), for
-the other nodes.  ``add_worker(node)`` starts a replacement (a new worker id).
+A generation actor that dies (killed, its node lost) returns its work either way: its
+leases expire after ``config.lease_seconds`` and its tasks return to the queue
+(continuations included) for the other nodes.  When the driver notices the death first
+(the next ``pause``, ``stats``, ``held``, ``check_workers`` or ``kill_worker``; the worker
+is listed in ``lost``) and ``retire_lost`` is on (the default), the controller retires the
+worker at once (``Coordinator.retire_worker``: its leases revoked, one unit of each task's
+failure budget spent, ``WorkerLost``), so its tasks need not wait for the lease.
+``add_worker(node)`` starts a replacement (a new worker id).
 """
 
 from __future__ import annotations
@@ -124,7 +128,7 @@ class RayRollout:
                  nodes: Sequence[NodeSpec] | None = None, batch_groups: int | None = None,
                  dp_size: int = 1, controller_options: Mapping[str, Any] | None = None,
                  weight_version: int = 0, name: str | None = None,
-                 probe_timeout: float = PROBE_TIMEOUT) -> None:
+                 probe_timeout: float = PROBE_TIMEOUT, retire_lost: bool = True) -> None:
         if not ray.is_initialized():
             raise RuntimeError("RayRollout needs a Ray cluster: call ray.init() (or "
                                "ray.init(address=...)) first")
@@ -140,6 +144,7 @@ class RayRollout:
         self.slots = share_concurrency(concurrency, self.config.n_samples_per_prompt,
                                        len(self.nodes))
         self.probe_timeout = probe_timeout
+        self.retire_lost = retire_lost
         self.name = name or f"straw-rollout-controller:{run_id}:{uuid.uuid4().hex[:8]}"
         self.driver_node = str(ray.get_runtime_context().get_node_id())
         self.workers: list[Worker] = []
@@ -247,8 +252,15 @@ class RayRollout:
             try:
                 out[w.worker_id] = ray.get(call)
             except ray.exceptions.RayActorError as e:
-                w.lost = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                self._lost(w, f"{type(e).__name__}: "
+                              f"{str(e).splitlines()[0] if str(e) else ''}")
         return out
+
+    def _lost(self, w: Worker, why: str) -> None:
+        """``w`` is confirmed dead: retire it (``retire_lost``) so its tasks return now."""
+        w.lost = why
+        if self.retire_lost:
+            self._call("retire_worker", w.worker_id)
 
     def check_workers(self) -> list[Worker]:
         """The workers found dead now or before."""
@@ -281,10 +293,12 @@ class RayRollout:
         self._each("resume", weight_version)
 
     def kill_worker(self, worker_id: str) -> None:
-        """Kill a generation actor at once (``ray.kill``: no cleanup; its leases expire)."""
+        """Kill a generation actor at once (``ray.kill``: no cleanup), then retire it
+        (``retire_lost``; else its leases expire)."""
         w = self._worker(worker_id)
         ray.kill(w.handle, no_restart=True)
-        w.lost = "killed by the driver"
+        _await_death(w.handle)
+        self._lost(w, "killed by the driver")
 
     def add_worker(self, node: NodeSpec, slots: int | None = None) -> Worker:
         """Start a generation actor on ``node`` (a replacement: a new worker id), after

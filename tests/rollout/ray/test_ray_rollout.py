@@ -190,7 +190,8 @@ def test_killed_generation_actor_its_leases_expire_its_work_returns(cluster, jui
              NodeSpec(node_of("n2"), root=root_b, resources={"n2": 0.01})]
     store = SharedFilesystemStore(root_a, "kill")
     with RayRollout(root_a, "kill", list(range(64)), SlowCounter(length=8, delay=0.05),
-                    concurrency=8, config=config(), nodes=nodes, batch_groups=4) as job:
+                    concurrency=8, config=config(), nodes=nodes, batch_groups=4,
+                    retire_lost=False) as job:  # the lease expiry path
         victim = job.workers[1]
         wait_for(lambda: len(job.held().get(victim.worker_id, [])) >= 2, what="leases")
         held = job.held()[victim.worker_id]
@@ -209,22 +210,28 @@ def test_killed_generation_actor_its_leases_expire_its_work_returns(cluster, jui
     store.close()
 
 
-def test_killed_node(cluster, juicefs_dirs):
+def test_killed_node_its_worker_retired_at_once(cluster, juicefs_dirs):
     extra = cluster.add_node(num_cpus=1, resources={"n3": 1})
     cluster.wait_for_nodes()
     nodes = [NodeSpec(node_of("n1"), root=juicefs_dirs.a, resources={"n1": 0.01}),
              NodeSpec(node_of("n3"), root=juicefs_dirs.b, resources={"n3": 0.01})]
     store = SharedFilesystemStore(juicefs_dirs.a, "node")
+    long_lease = RolloutConfig(n_samples_per_prompt=N, lease_seconds=120, segment_mib=1)
     with RayRollout(juicefs_dirs.a, "node", list(range(64)), SlowCounter(length=8, delay=0.05),
-                    concurrency=8, config=config(), nodes=nodes, batch_groups=4) as job:
+                    concurrency=8, config=long_lease, nodes=nodes, batch_groups=4) as job:
         victim = job.workers[1]
         wait_for(lambda: len(job.held().get(victim.worker_id, [])) >= 2, what="leases")
         held = job.held()[victim.worker_id]
         cluster.remove_node(extra)
+        # the driver notices the death: the worker is retired, its tasks return now (their
+        # 120 s leases are far from expiring)
+        wait_for(lambda: victim in job.check_workers(), what="the lost worker")
+        states = job.tasks()
+        assert all(states[t]["state"] != "leased" or states[t]["lease"]["worker_id"] !=
+                   victim.worker_id for t in held)
         built = batches(job, store, 6)
         wait_for(lambda: all(job.tasks()[t]["state"] == "completed" for t in held),
                  timeout=60, what="the lost node's tasks to complete elsewhere")
-        assert victim.worker_id in [w.worker_id for w in job.check_workers()]
         job.pause()
         check_exactly_once(job, built)
     store.close()
