@@ -38,6 +38,11 @@ bench *ARGS:
     {{python}} -m bench.builder_bench
     {{python}} -m bench.archive_bench
 
+# the distributed toy pipeline on a local 2-node Ray cluster, payloads in Ray's object store vs
+# in straw, alternated in one run, then a kill of each job (~2-4 min): just bench-pipeline --batches 6
+bench-pipeline *ARGS:
+    {{python}} -m bench.pipeline_bench {{ARGS}}
+
 # store, tensor and queue workloads against straw-queue 0.1.6, alternating the two (~2-3 min; --queue-history 0 skips the slow reopen pass)
 bench-peer *ARGS:
     {{python}} -m bench.peer {{ARGS}}

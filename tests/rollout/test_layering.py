@@ -5,7 +5,10 @@ Megatron; the core never imports it.
 LAYERING DECISION (issue 16): torch is allowed in exactly one module of the layer,
 ``straw/rollout/archive_pt.py`` (``.pt`` debug dumps are torch's format), and there only
 inside functions (imported lazily, behind the ``torch`` extra), so that importing
-``straw.rollout``, or that module, still loads no torch."""
+``straw.rollout``, or that module, still loads no torch.
+
+The other exception is ``straw.rollout.ray`` (the distributed mode, issue 17), the only
+package that may import Ray."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ROLLOUT = ROOT / "straw" / "rollout"
 TORCH_MODULE = ROLLOUT / "archive_pt.py"  # the one module that may import torch, lazily
+RAY_PACKAGE = ROLLOUT / "ray"
 
 
 def imports(path: pathlib.Path) -> list[tuple[str, list[str], int]]:
@@ -43,8 +47,18 @@ def test_rollout_imports_only_stdlib_numpy_and_public_core_names():
                 continue
             if top == "torch" and path == TORCH_MODULE:
                 continue  # (inside functions only: the next test)
+            if top == "ray" and RAY_PACKAGE in path.parents:
+                continue  # straw.rollout.ray, the distributed mode: Ray is its point
             assert top in sys.stdlib_module_names or top == "numpy", \
                 f"{path.name} imports {module}: straw.rollout is framework-neutral"
+
+
+def test_only_the_ray_package_imports_ray():
+    importers = {path.relative_to(ROOT).as_posix()
+                 for path in sorted((ROOT / "straw").rglob("*.py"))
+                 for module, _, _ in imports(path) if module.split(".")[0] == "ray"}
+    assert importers, "straw.rollout.ray imports ray: this test reads the imports"
+    assert all(p.startswith("straw/rollout/ray/") for p in importers), importers
 
 
 def test_torch_is_imported_only_inside_functions_of_archive_pt():
@@ -77,7 +91,7 @@ def test_the_core_never_imports_rollout():
 
 
 def test_importing_rollout_loads_no_framework():
-    code = ("import sys, straw.rollout, straw.rollout.archive_pt, straw.rollout.replay; "
+    code = ("import sys, straw.rollout, straw.rollout.archive_pt, straw.rollout.replay, straw.rollout.generate, straw.rollout.producer; "
             "bad = [m for m in ('torch', 'ray', 'vllm', 'vime', "
             "'megatron') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,

@@ -1,0 +1,251 @@
+"""The distributed pipeline with payloads in Ray's object store versus in straw (issue 17,
+"Performance"): ``just bench-pipeline`` (``python -m bench.pipeline_bench [--batches 4]``).
+
+Both sides run the same toy pipeline on one local Ray cluster (``ray.cluster_utils``): a
+head node (the driver, which "trains": it touches every token of each batch) and two
+generation nodes, one generation actor each, the same trivial generate function
+(``fill``: ``--tokens`` response tokens per sample, no model), ``--samples`` samples per
+prompt, ``--concurrency`` samples generated at once, batches of ``--batch-groups`` groups.
+
+* **object store** (what users run without straw): each actor's generate call returns the
+  group as a Ray object; the driver keeps ``concurrency`` calls in flight, buffers the
+  groups it gets and trains on every ``batch_groups`` of them.
+* **straw**: ``straw.rollout.ray.RayRollout`` on a pool in a temp directory: the groups
+  are published in the pool by the generation actors, Ray carries references; the driver
+  takes ``next_batch``, loads its shard from the pool, trains, ``finish_batch``.
+
+Throughput is groups trained per second after the first batch (start-up excluded),
+the two sides alternated ``--rounds`` times in one run; the ratio is straw's median over
+the object store's (target >= 0.8).
+
+The kill: each side is stopped abruptly (every actor and the driver's state gone, as when
+the job's driver process is SIGKILLed) once the next batch is half full, then started
+again.  The object store's buffered groups were only in memory: they are lost and
+generated again.  straw's accepted groups are in the pool: the restarted job
+(``recover=True``) finds them in its builder's backlog and trains them, none generated
+again.  Both counts are reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+import ray
+from ray.cluster_utils import Cluster
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from straw import SharedFilesystemStore
+from straw.rollout import RolloutConfig, Sample, SampleGroup, Status
+from straw.rollout.generate import extend_sample
+from straw.rollout.ray import NodeSpec, RayRollout
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Fill:
+    """The trivial generate function: ``tokens`` response tokens per sample at once."""
+
+    tokens: int = 256
+
+    async def __call__(self, group: SampleGroup, *, weight_version: int,
+                       abort: asyncio.Event) -> SampleGroup:
+        g = group.group_index or 0
+        return dataclasses.replace(group, samples=tuple(
+            extend_sample(s, [(g + (s.index or 0) + i) % 32_000 for i in range(self.tokens)],
+                          weight_version=weight_version, status=Status.COMPLETED,
+                          reward=float((g + (s.index or 0)) % 2))
+            for s in group.samples))
+
+
+class ObjectStoreGenerator:
+    """The object-store side's generation actor: a group in, the generated group out (as
+    a Ray object)."""
+
+    def __init__(self, generate: Fill, samples: int) -> None:
+        self.generate, self.samples = generate, samples
+
+    def group(self, gid: int) -> SampleGroup:
+        g = SampleGroup(tuple(Sample((gid,), group_index=gid, index=gid * self.samples + j)
+                              for j in range(self.samples)))
+        return asyncio.run(self.generate(g, weight_version=0, abort=asyncio.Event()))
+
+
+def train(samples: list[Any]) -> int:
+    """The 'training': touch every token of the batch."""
+    return sum(len(s) for s in samples)
+
+
+def object_store_run(nodes: list[str], args: argparse.Namespace, batches: int, *,
+                     kill_at: int | None = None) -> dict[str, Any]:
+    """``batches`` batches through the object store; with ``kill_at`` the job is killed
+    once that many groups of the next batch are buffered (and started again)."""
+    def spawn() -> list[Any]:
+        return [ray.remote(ObjectStoreGenerator).options(  # type: ignore[attr-defined]
+            num_cpus=1, max_restarts=0, max_concurrency=1,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)
+        ).remote(Fill(args.tokens), args.samples) for n in nodes]
+
+    actors = spawn()
+    slots = max(1, args.concurrency // args.samples)
+    next_gid, trained, lost, generated = 0, 0, 0, 0
+    inflight: dict[Any, int] = {}
+    buffer: list[SampleGroup] = []
+    t0 = None
+    killed = False
+    while trained < batches:
+        while len(inflight) < slots:
+            inflight[actors[next_gid % len(actors)].group.remote(next_gid)] = next_gid
+            next_gid += 1
+        done, _ = ray.wait(list(inflight), num_returns=1)
+        for ref in done:
+            inflight.pop(ref)
+            buffer.append(ray.get(ref))
+            generated += 1
+        if kill_at is not None and not killed and trained >= 1 and len(buffer) >= kill_at:
+            # the job dies: its actors, its buffer and what was in flight are gone
+            for a in actors:
+                ray.kill(a, no_restart=True)
+            lost += len(buffer)
+            buffer, inflight, killed = [], {}, True
+            actors = spawn()
+            continue
+        if len(buffer) >= args.batch_groups:
+            batch, buffer = buffer[:args.batch_groups], buffer[args.batch_groups:]
+            train([s.tokens for g in batch for s in g])
+            trained += 1
+            if trained == 1:
+                t0 = time.perf_counter()
+    elapsed = time.perf_counter() - (t0 or 0)
+    for a in actors:
+        ray.kill(a, no_restart=True)
+    return {"groups_per_s": (batches - 1) * args.batch_groups / elapsed,
+            "generated": generated, "lost_groups": lost,
+            "regenerated_groups": lost}
+
+
+def straw_run(root: str, run: str, nodes: list[str], args: argparse.Namespace, batches: int,
+              *, kill_at: int | None = None) -> dict[str, Any]:
+    """``batches`` batches through straw; with ``kill_at`` the job is killed once that many
+    accepted groups wait for the next batch, then recovered from the pool."""
+    config = RolloutConfig(n_samples_per_prompt=args.samples, lease_seconds=10,
+                           segment_mib=64)
+    specs = [NodeSpec(n) for n in nodes]
+
+    def start(recover: bool) -> RayRollout:
+        return RayRollout(root, run, list(range(100_000)), Fill(args.tokens),
+                          concurrency=args.concurrency, config=config, nodes=specs,
+                          batch_groups=args.batch_groups,
+                          controller_options={"recover": recover})
+
+    store = SharedFilesystemStore(root, run)
+    job = start(False)
+    trained, t0, lost, regenerated, waiting = 0, None, 0, 0, 0
+    killed = False
+    try:
+        while trained < batches:
+            if kill_at is not None and not killed and trained >= 1:
+                backlog = sum(job.backlog().values())
+                if backlog >= kill_at:
+                    before = {r.task_id for r in job.accepted()}
+                    waiting = backlog
+                    job.close(force=True)  # every actor killed: no pause, no close
+                    job = start(True)
+                    killed = True
+                    after = [r.task_id for r in job.accepted()]
+                    regenerated = len(after) - len(set(after))
+                    lost = len(before - set(after))
+                    if sum(job.backlog().values()) < waiting:
+                        lost += waiting - sum(job.backlog().values())
+            refs = job.next_batch(trained)
+            if refs is None:
+                time.sleep(0.01)
+                continue
+            shard = refs[0].load(store, rank=0)
+            train([s["tokens"] for s in shard.samples])
+            job.finish_batch(refs[0].batch_id)
+            trained += 1
+            if trained == 1:
+                t0 = time.perf_counter()
+        elapsed = time.perf_counter() - (t0 or 0)
+        accepted = len(job.accepted())
+    finally:
+        job.close(force=True)
+        store.close()
+    return {"groups_per_s": (batches - 1) * args.batch_groups / elapsed,
+            "accepted": accepted, "lost_groups": lost, "regenerated_groups": regenerated,
+            "survived_kill": waiting}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batches", type=int, default=4, help="batches per run (>= 2)")
+    ap.add_argument("--batch-groups", type=int, default=64)
+    ap.add_argument("--samples", type=int, default=4, help="samples per prompt")
+    ap.add_argument("--tokens", type=int, default=256, help="response tokens per sample")
+    ap.add_argument("--concurrency", type=int, default=64, help="samples generated at once")
+    ap.add_argument("--rounds", type=int, default=2, help="alternations of the two sides")
+    ap.add_argument("--dir", default=None, help="where the pool lives (default: a temp dir)")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    if args.batches < 2:
+        ap.error("--batches must be >= 2 (the first batch is the warm-up)")
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [REPO] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+    base = tempfile.mkdtemp(prefix="straw-pipeline-", dir=args.dir)
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1, "include_dashboard": False})
+    for i in range(2):
+        cluster.add_node(num_cpus=1, resources={f"gen{i}": 1})
+    ray.init(address=cluster.address, log_to_driver=False)
+    cluster.wait_for_nodes()
+    try:
+        nodes = sorted(n["NodeID"] for n in ray.nodes()
+                       if n["Alive"] and any(k.startswith("gen") for k in n["Resources"]))
+        rates: dict[str, list[float]] = {"object_store": [], "straw": []}
+        for r in range(args.rounds):
+            os_side = object_store_run(nodes, args, args.batches)
+            rates["object_store"].append(os_side["groups_per_s"])
+            st = straw_run(os.path.join(base, "pool"), f"run{r}", nodes, args, args.batches)
+            rates["straw"].append(st["groups_per_s"])
+            print(f"round {r}: object store {os_side['groups_per_s']:.1f} groups/s, "
+                  f"straw {st['groups_per_s']:.1f} groups/s", flush=True)
+        half = args.batch_groups // 2
+        os_kill = object_store_run(nodes, args, 3, kill_at=half)
+        st_kill = straw_run(os.path.join(base, "pool"), "kill", nodes, args, 3, kill_at=half)
+        med = {k: statistics.median(v) for k, v in rates.items()}
+        doc = {"cpus": os.cpu_count(), "nodes": 2, "batch_groups": args.batch_groups,
+               "samples": args.samples, "tokens": args.tokens,
+               "concurrency": args.concurrency, "rounds": args.rounds,
+               "groups_per_s": rates, "median": med,
+               "ratio_straw_over_object_store": med["straw"] / med["object_store"],
+               "kill": {"object_store": os_kill, "straw": st_kill}}
+        print(f"median groups/s: object store {med['object_store']:.1f}, straw "
+              f"{med['straw']:.1f}, ratio {doc['ratio_straw_over_object_store']:.2f} "
+              f"(target >= 0.8; {os.cpu_count()} cpus shared by the 3 nodes)")
+        print(f"kill of the whole job with half a batch accepted: object store lost "
+              f"{os_kill['lost_groups']} groups (generated again); straw lost "
+              f"{st_kill['lost_groups']}, regenerated {st_kill['regenerated_groups']}, "
+              f"{st_kill['survived_kill']} accepted groups trained after recovery")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(doc, f, indent=2)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        shutil.rmtree(base, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

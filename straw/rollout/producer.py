@@ -1,0 +1,279 @@
+"""The producer: one generation process's slots running a generate function, with an
+admission pause for weight updates (issue 17, item 3).  Framework-neutral (asyncio only):
+the Ray generation actor (``straw.rollout.ray``) runs one, and so can any process.
+
+``Producer(client, generate, slots=n, weight_version=v)`` over a ``GenerationClient``:
+``start()`` (in a running event loop) starts ``n`` slots, each a loop of
+
+1. get one prompt group (a fresh prompt or a durable continuation): one ``client.take``
+   leases groups for every slot waiting (up to ``MAX_TAKE``), one controller round trip;
+2. generate on it (``generate(group, weight_version=v, abort=event)``, the protocol of
+   ``straw.rollout.generate``), the result checked by ``check_generated``; a group that is
+   already ready (a continuation whose samples are all finished) is not generated again;
+3. return it (``client.return_groups``): ready groups are completed (a receipt), partial
+   ones yielded as the task's durable continuation; the groups finished meanwhile go back
+   in one call (one publication, one group commit of their completions).
+
+``pause()`` closes admission (no slot takes again), sets the abort event of the generation
+under way, and returns once every slot is idle: each aborted group returned as a partial
+group (durable: its continuation published and the queue's yield transaction committed)
+and each finished one completed.  A group a slot took after the pause began is returned
+unchanged, never generated.  ``resume(weight_version)`` (after the weight update) reopens
+admission with the new version: continuations go on under it, so each token range of a
+sample carries the version that generated it (``VersionSpan``).  ``stop()`` pauses, ends
+the slots and closes the client (its leases released).
+
+A lease lost meanwhile (``StaleAttempt``/``LeaseExpired`` on return: this process was too
+slow, the task is someone else's now) is counted and the slot goes on.  Any other error
+(a generate function that raises or breaks the protocol, the controller gone) stops the
+producer: it is latched and raised by ``pause``, ``stats``, ``wait`` and ``stop``; the
+leases it holds are left to expire (their tasks return to the queue; nothing is lost).
+
+The client's calls block (they reach the controller and the pool); they run on the
+producer's own threads (the taker, the returner, ``stop``), never on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from straw import LeaseExpired, StaleAttempt
+
+from .generate import GenerateFn, check_generated
+from .generation import GenerationClient
+from .samples import SampleGroup, Stage, classify
+
+IDLE_SECONDS = 0.05  # a take that found nothing is tried again after this long
+MAX_TAKE = 64  # prompt groups leased in one take
+
+
+class Producer:
+    """Generation slots of one process (see the module docstring)."""
+
+    def __init__(self, client: GenerationClient, generate: GenerateFn, *, slots: int,
+                 weight_version: int = 0, idle_seconds: float = IDLE_SECONDS) -> None:
+        if not isinstance(client, GenerationClient):
+            raise TypeError(f"client must be a GenerationClient, got {type(client).__name__}")
+        if not callable(generate):
+            raise TypeError(f"generate must be an async generate function (see "
+                            f"straw.rollout.generate), got {type(generate).__name__}")
+        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+            raise ValueError(f"slots must be an int >= 1 (prompt groups generated at once), "
+                             f"got {slots!r}")
+        _check_weight_version(weight_version)
+        self.client = client
+        self.generate = generate
+        self.slots = slots
+        self.weight_version = weight_version
+        self.idle_seconds = idle_seconds
+        self.counts: Counter[str] = Counter()  # what became of the groups returned
+        self.error: BaseException | None = None
+        self._threads = concurrent.futures.ThreadPoolExecutor(
+            3, thread_name_prefix=f"straw.rollout producer {client.worker_id}")
+        self._tasks: list[asyncio.Task[None]] = []
+        self._admission: asyncio.Event | None = None  # set: slots may take
+        self._abort: asyncio.Event | None = None  # set: the generation under way stops
+        self._idle: asyncio.Condition | None = None
+        self._busy = 0  # groups held: from their take until their durable return
+        self._hungry = 0  # slots waiting for a group
+        self._inbox: asyncio.Queue[SampleGroup] = asyncio.Queue()  # taken, not started
+        self._outbox: list[SampleGroup] = []  # generated, not returned yet
+        self._hunger = asyncio.Event()  # set: a slot waits for a group
+        self._returns = asyncio.Event()  # set: the outbox has groups
+        self._stopping = False
+
+    # --- lifecycle --------------------------------------------------------------------
+    async def start(self) -> None:
+        """Start the slots in the running event loop (admission open)."""
+        if self._tasks:
+            raise RuntimeError(f"producer {self.client.worker_id!r} is already started")
+        self._admission, self._abort = asyncio.Event(), asyncio.Event()
+        self._idle = asyncio.Condition()
+        self._admission.set()
+        self._inbox = asyncio.Queue()
+        self._hunger, self._returns = asyncio.Event(), asyncio.Event()
+        self._tasks = [asyncio.create_task(self._guard(self._slot()), name=f"slot {i}")
+                       for i in range(self.slots)]
+        self._tasks += [asyncio.create_task(self._guard(self._feed()), name="take"),
+                        asyncio.create_task(self._guard(self._return()), name="return")]
+
+    def _check(self) -> None:
+        if self.error is not None:
+            raise RuntimeError(f"producer {self.client.worker_id!r} stopped: "
+                               f"{type(self.error).__name__}: {self.error}") from self.error
+
+    def _started(self) -> tuple[asyncio.Event, asyncio.Condition]:
+        if self._admission is None or self._idle is None:
+            raise RuntimeError(f"producer {self.client.worker_id!r} is not started: await "
+                               "start() first")
+        return self._admission, self._idle
+
+    async def pause(self) -> dict[str, Any]:
+        """Stop new takes, abort the generation under way, and return once every group
+        held is back in the queue, durably (module docstring): ``{"paused": True,
+        "counts": {...}}``."""
+        admission, idle = self._started()
+        admission.clear()
+        assert self._abort is not None
+        self._abort.set()
+        async with idle:
+            await idle.wait_for(lambda: self._busy == 0 or self.error is not None)
+        self._check()
+        return {"paused": True, "counts": dict(self.counts)}
+
+    def resume(self, weight_version: int) -> None:
+        """Reopen admission; generation goes on under ``weight_version``."""
+        admission, _ = self._started()
+        self._check()
+        _check_weight_version(weight_version)
+        self.weight_version = weight_version
+        self._abort = asyncio.Event()  # a fresh one: the old one stays set for its users
+        admission.set()
+
+    @property
+    def paused(self) -> bool:
+        return self._admission is not None and not self._admission.is_set()
+
+    def stats(self) -> dict[str, Any]:
+        """Counts by outcome, slots busy, leases held, the weight version; raises the
+        latched error if the producer stopped."""
+        self._check()
+        return {"counts": dict(self.counts), "busy": self._busy, "slots": self.slots,
+                "leases": len(self.client.leases), "weight_version": self.weight_version,
+                "paused": self.paused}
+
+    async def wait(self) -> None:
+        """Until the slots end (they end only on ``stop`` or an error, which is raised)."""
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._check()
+
+    async def stop(self) -> None:
+        """Pause, end the slots, close the client (releasing its leases).  Idempotent."""
+        if self._stopping:
+            return
+        try:
+            if self._tasks and self.error is None:
+                await self.pause()
+        finally:
+            self._stopping = True
+            for t in self._tasks:
+                t.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await self._call(self.client.close)
+            self._threads.shutdown(wait=True)
+        self._check()
+
+    # --- the slots ----------------------------------------------------------------------
+    async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._threads, fn, *args)
+
+    def _done(self, n: int) -> None:
+        """``n`` groups (or takes) are no longer held: wake a pause waiting for idle."""
+        self._busy -= n
+        assert self._idle is not None
+        idle = self._idle
+
+        async def notify() -> None:
+            async with idle:
+                idle.notify_all()
+        asyncio.get_running_loop().create_task(notify())
+
+    async def _guard(self, coro: Any) -> None:
+        """Run a loop of the producer; an error stops the producer (latched)."""
+        try:
+            await coro
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:  # noqa: BLE001 - latched: pause/stats/stop raise it
+            self.error = e
+            self._done(0)
+            me = asyncio.current_task()
+            for t in self._tasks:  # the producer stops; the leases it holds expire
+                if t is not me:
+                    t.cancel()
+
+    async def _feed(self) -> None:
+        """Take for the slots waiting, in one call (one controller round trip and one
+        read session for all of them)."""
+        admission = self._admission
+        assert admission is not None
+        while not self._stopping:
+            await admission.wait()
+            want = min(MAX_TAKE, self._hungry - self._inbox.qsize())
+            if want <= 0:
+                self._hunger.clear()
+                await self._hunger.wait()
+                continue
+            self._busy += 1  # a take in flight: a pause waits for its groups
+            try:
+                groups: list[SampleGroup] = await self._call(self.client.take, want)
+                self._busy += len(groups)
+            finally:
+                self._done(1)
+            for g in groups:
+                self._inbox.put_nowait(g)
+            if not groups:
+                await asyncio.sleep(self.idle_seconds)
+
+    async def _slot(self) -> None:
+        admission = self._admission
+        assert admission is not None
+        while not self._stopping:
+            self._hungry += 1
+            self._hunger.set()
+            try:
+                group = await self._inbox.get()
+            finally:
+                self._hungry -= 1
+            version, abort = self.weight_version, self._abort
+            assert abort is not None
+            if not admission.is_set():
+                out = group  # taken after the pause began: back unchanged, never generated
+                self.counts["untouched"] += 1
+            elif classify(group) is Stage.READY:
+                out = group  # a finished continuation: complete it, do not generate again
+            else:
+                out = check_generated(group, await self.generate(
+                    group, weight_version=version, abort=abort), version)
+                self.counts["generated"] += 1
+            self._outbox.append(out)
+            self._returns.set()
+
+    async def _return(self) -> None:
+        """Return the groups the slots finished, all waiting ones in one call (one
+        publication and one group commit for all of them)."""
+        while not self._stopping or self._outbox:
+            await self._returns.wait()
+            self._returns.clear()
+            batch, self._outbox = self._outbox, []
+            if not batch:
+                continue
+            try:
+                try:
+                    returned = await self._call(self.client.return_groups, batch)
+                except (StaleAttempt, LeaseExpired):
+                    # a lease in the batch is gone (the others were returned): one by one
+                    # for the outcomes (a retry answers the returned ones again)
+                    returned = []
+                    for g in batch:
+                        try:
+                            returned += await self._call(self.client.return_groups, [g])
+                        except (StaleAttempt, LeaseExpired):
+                            self.counts["lease_lost"] += 1  # another worker's task now
+                for r in returned:
+                    self.counts[r.action] += 1
+            finally:
+                self._done(len(batch))
+
+
+def _check_weight_version(version: object) -> None:
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+        raise ValueError(f"weight_version must be an int >= 0, got {version!r}")
+
+
+__all__ = ["Producer", "IDLE_SECONDS"]

@@ -1,0 +1,313 @@
+"""The two actors of a distributed rollout, as plain classes (``job`` makes them Ray
+actors with their placement): the job's controller and a node's generation worker.
+
+``ControllerWorker`` owns the job's ``RolloutController`` (coordinator and data source)
+and, when the job builds batches, its ``BatchBuilder``; it answers the calls of every
+node's ``GenerationClient`` (through ``RayController``) and the driver's.  It runs on the
+driver's node, threaded (calls from many clients at once; the coordinator serialises).
+
+``GenerationWorker`` is one node's generation process: its own pool client (the node's
+mount of the pool), a ``GenerationClient`` over ``RayController`` and a ``Producer`` of
+``slots`` slots running the job's generate function.  It runs as an async actor: the
+producer's slots live on the actor's event loop; its blocking calls run on threads.
+
+Only control messages cross Ray: leases, task specs (their input references), receipts,
+outcomes, counts; every payload (prompts, continuations, groups, shards) is written and
+read in the pool by the process that produces or consumes it.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import ray
+import ray.exceptions
+
+from straw import SharedFilesystemStore, StrawError
+from straw.protocol import AcquireResult, CommitReceipt, Lease
+from straw.refs import Record, RecordSetRef
+
+from ..builder import BatchBuilder
+from ..config import RolloutConfig
+from ..controller import RolloutController
+from ..environments import EnvironmentMix
+from ..generate import GenerateFn
+from ..generation import GenerationClient
+from ..producer import Producer
+from ..shards import RankBatchRef
+
+CONTROLLER_WRITER = "ray-controller"
+PROBE_PREFIX = "storage-probe"
+
+
+class ControllerLost(RuntimeError):
+    """The job's controller actor died: the job fails (there is no failover)."""
+
+
+def controller_lost(name: str, error: BaseException) -> ControllerLost:
+    return ControllerLost(
+        f"the rollout controller actor {name!r} died ({type(error).__name__}: "
+        f"{str(error).splitlines()[0] if str(error) else ''}); the job fails: there is no "
+        "controller failover. Restart the job: a new controller recovers the queue "
+        "(recover=True) and nothing accepted is lost")
+
+
+class StorageProbeFailed(RuntimeError):
+    """A node does not see the job's pool (start-up storage probe)."""
+
+
+class RayController:
+    """The controller actor as a ``GenerationClient`` calls it: the same calls as
+    ``RolloutController``'s worker side, each a blocking Ray call.  Errors the controller
+    raises arrive as their own straw classes (Ray re-raises the cause's type); the actor's
+    death is ``ControllerLost`` naming it."""
+
+    def __init__(self, handle: Any, name: str) -> None:
+        self.handle = handle
+        self.name = name
+
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return ray.get(getattr(self.handle, method).remote(*args, **kwargs))
+        except ray.exceptions.RayActorError as e:
+            raise controller_lost(self.name, e) from e
+
+    def take(self, worker_id: str, count: int, *, request_id: str | None = None
+             ) -> AcquireResult:
+        return self._call("take", worker_id, count, request_id=request_id)  # type: ignore[no-any-return]
+
+    def heartbeat(self, leases: Sequence[Lease]) -> list[str]:
+        return self._call("heartbeat", list(leases))  # type: ignore[no-any-return]
+
+    def complete_many(self, items: Sequence[Mapping[str, Any]]
+                      ) -> list[CommitReceipt | StrawError]:
+        return self._call("complete_many", [dict(i) for i in items])  # type: ignore[no-any-return]
+
+    def yield_groups(self, updates: Sequence[Mapping[str, Any]], *, request_id: str) -> str:
+        return self._call("yield_groups", [dict(u) for u in updates],  # type: ignore[no-any-return]
+                          request_id=request_id)
+
+    def save_progress(self, updates: Sequence[Mapping[str, Any]], *, request_id: str) -> str:
+        return self._call("save_progress", [dict(u) for u in updates],  # type: ignore[no-any-return]
+                          request_id=request_id)
+
+    def reject(self, lease: Lease, *, category: str, reason: str) -> str:
+        return self._call("reject", lease, category=category, reason=reason)  # type: ignore[no-any-return]
+
+    def release(self, leases: Sequence[Lease], *, request_id: str) -> list[str]:
+        return self._call("release", list(leases), request_id=request_id)  # type: ignore[no-any-return]
+
+    def task_status(self, task_id: str) -> dict[str, Any] | None:
+        return self._call("task_status", task_id)  # type: ignore[no-any-return]
+
+    @property
+    def serving_version(self) -> int | str:
+        return self._call("current_version")  # type: ignore[no-any-return]
+
+
+def node_id() -> str:
+    return str(ray.get_runtime_context().get_node_id())
+
+
+def _marker_record(token: str, who: str) -> Record:
+    return Record(f"{PROBE_PREFIX}:{who}", token.encode(), metadata={"who": who})
+
+
+def write_marker(store: SharedFilesystemStore, who: str) -> tuple[RecordSetRef, str]:
+    """Publish a random marker through ``store``; its reference and the token."""
+    token = secrets.token_hex(16)
+    ref = store.publish([_marker_record(token, who)],
+                        submission_id=f"{PROBE_PREFIX}:{who}:{token}")
+    return ref, token
+
+
+def read_marker(store: SharedFilesystemStore, ref: RecordSetRef) -> str:
+    """The token of a marker, read back through ``store`` (the reader's view of the pool)."""
+    with store.read_session() as reader:
+        (record,) = list(reader.read(ref))
+    return bytes(record.payload).decode()
+
+
+class ControllerWorker:
+    """The job's controller (module docstring).  ``dataset`` is the prompts, a
+    ``DataSource``, or a callable returning either (called here, so a large dataset is
+    loaded on the controller's node, not shipped through Ray)."""
+
+    def __init__(self, root: str, run_id: str, dataset: Any, *, config: RolloutConfig,
+                 batch_groups: int | None = None, dp_size: int = 1,
+                 controller_options: Mapping[str, Any] | None = None) -> None:
+        self.config = config
+        self.store = SharedFilesystemStore(root, run_id, writer_id=CONTROLLER_WRITER,
+                                           **config.store_options())
+        if callable(dataset):
+            dataset = dataset()
+        self.controller = RolloutController(self.store, dataset, config=config,
+                                            **dict(controller_options or {}))
+        self.builder: BatchBuilder | None = None
+        try:
+            if batch_groups is not None:
+                self.builder = BatchBuilder(self.controller.coordinator, self.store,
+                                            EnvironmentMix.single(batch_groups),
+                                            dp_size=dp_size, config=config)
+        except BaseException:
+            self.controller.close()
+            raise
+
+    def where(self) -> dict[str, Any]:
+        return {"node_id": node_id(), "pid": os.getpid(), "host": socket.gethostname(),
+                "root": self.store.root}
+
+    # --- what generation clients call -------------------------------------------------
+    def take(self, worker_id: str, count: int, *, request_id: str | None = None
+             ) -> AcquireResult:
+        return self.controller.take(worker_id, count, request_id=request_id)
+
+    def heartbeat(self, leases: Sequence[Lease]) -> list[str]:
+        return self.controller.heartbeat(leases)
+
+    def complete_many(self, items: Sequence[Mapping[str, Any]]
+                      ) -> list[CommitReceipt | StrawError]:
+        return self.controller.complete_many(items)
+
+    def yield_groups(self, updates: Sequence[Mapping[str, Any]], *, request_id: str) -> str:
+        return self.controller.yield_groups(updates, request_id=request_id)
+
+    def save_progress(self, updates: Sequence[Mapping[str, Any]], *, request_id: str) -> str:
+        return self.controller.save_progress(updates, request_id=request_id)
+
+    def reject(self, lease: Lease, *, category: str, reason: str) -> str:
+        return self.controller.reject(lease, category=category, reason=reason)
+
+    def release(self, leases: Sequence[Lease], *, request_id: str) -> list[str]:
+        return self.controller.release(leases, request_id=request_id)
+
+    def task_status(self, task_id: str) -> dict[str, Any] | None:
+        return self.controller.task_status(task_id)
+
+    def current_version(self) -> int | str:
+        return self.controller.serving_version
+
+    # --- what the driver calls --------------------------------------------------------
+    def set_serving_version(self, version: int | str) -> None:
+        self.controller.set_serving_version(version)
+
+    def staleness_metrics(self) -> dict[str, float]:
+        return self.controller.staleness_metrics()
+
+    def retire_worker(self, worker_id: str) -> int:
+        """A generation worker is confirmed dead: its leases are revoked now (its tasks
+        pending again from their durable inputs) instead of when they expire; how many
+        of its accepted results the builder has not trained yet (they stay in the log)."""
+        return len(self.controller.coordinator.retire_worker(worker_id))
+
+    def tasks(self, prefix: str = "prompt:") -> dict[str, dict[str, Any]]:
+        """Every task of the queue under ``prefix``: its status (for checks and reports)."""
+        return {t: s for t, s in sorted(self.controller.coordinator.tasks.items())
+                if t.startswith(prefix)}
+
+    def accepted(self, cursor: int = 0, limit: int = 1000) -> list[CommitReceipt]:
+        """Receipts of the accepted prompt groups from commit ``cursor`` on (each names
+        its result's reference: read the group from the pool, not through Ray)."""
+        page = self.controller.coordinator.read_commits(cursor, limit)
+        return [r for r in page.commits if r.task_id.startswith("prompt:")]
+
+    def _builder(self) -> BatchBuilder:
+        if self.builder is None:
+            raise RuntimeError("this job builds no batches: give batch_groups to RayRollout")
+        return self.builder
+
+    def next_batch(self, rollout_id: int | str) -> list[RankBatchRef] | None:
+        return self._builder().next_batch(rollout_id)
+
+    def finish_batch(self, batch_id: str) -> None:
+        self._builder().finish_batch(batch_id)
+
+    def backlog(self) -> dict[str, int]:
+        return self._builder().backlog()
+
+    def write_marker(self) -> tuple[RecordSetRef, str]:
+        return write_marker(self.store, "controller")
+
+    def read_marker(self, ref: RecordSetRef) -> str:
+        return read_marker(self.store, ref)
+
+    def close(self) -> None:
+        try:
+            if self.builder is not None:
+                self.builder.close()
+        finally:
+            self.controller.close()
+            self.store.close()
+
+
+class GenerationWorker:
+    """One node's generation process (module docstring)."""
+
+    def __init__(self, controller: Any, controller_name: str, root: str, run_id: str, *,
+                 worker_id: str, config: RolloutConfig, generate: GenerateFn, slots: int,
+                 weight_version: int = 0) -> None:
+        self.worker_id = worker_id
+        self.store = SharedFilesystemStore(root, run_id, writer_id=worker_id,
+                                           **config.store_options())
+        self.client = GenerationClient(RayController(controller, controller_name), self.store,
+                                       worker_id=worker_id, config=config)
+        self.producer = Producer(self.client, generate, slots=slots,
+                                 weight_version=weight_version)
+
+    def where(self) -> dict[str, Any]:
+        return {"node_id": node_id(), "pid": os.getpid(), "host": socket.gethostname(),
+                "root": self.store.root, "worker_id": self.worker_id}
+
+    def probe(self, ref: RecordSetRef, token: str) -> dict[str, Any]:
+        """The start-up storage probe on this node: read the controller's marker back
+        through this node's pool client, then write this node's own (the controller reads
+        it back).  ``{"ok", "seen", "ref", "token", "error"}`` plus ``where()``."""
+        out = {**self.where(), "ok": False, "ref": None, "token": None, "error": ""}
+        try:
+            seen = read_marker(self.store, ref)
+        except (StrawError, OSError, ValueError) as e:
+            out["error"] = f"the controller's marker is not readable: {type(e).__name__}: {e}"
+            return out
+        if seen != token:
+            out["error"] = "the controller's marker reads back other content"
+            return out
+        out["ref"], out["token"] = write_marker(self.store, self.worker_id)
+        out["ok"] = True
+        return out
+
+    async def start(self) -> None:
+        await self.producer.start()
+
+    async def pause(self) -> dict[str, Any]:
+        return await self.producer.pause()
+
+    async def resume(self, weight_version: int) -> None:
+        self.producer.resume(weight_version)
+
+    async def stats(self) -> dict[str, Any]:
+        return {**self.producer.stats(), "worker_id": self.worker_id}
+
+    async def held(self) -> list[str]:
+        """The task ids this worker holds leases on now."""
+        return sorted(self.client.leases)
+
+    async def stop(self) -> dict[str, Any]:
+        try:
+            await self.producer.stop()
+        finally:
+            self.store.close()
+        return {"counts": dict(self.producer.counts)}
+
+
+def remote_class(cls: type, **options: Any) -> Callable[..., Any]:
+    """``cls`` as a Ray actor class with ``options``."""
+    return ray.remote(cls).options(**options)  # type: ignore[no-any-return]
+
+
+__all__ = ["ControllerWorker", "GenerationWorker", "RayController", "ControllerLost",
+           "StorageProbeFailed", "controller_lost", "write_marker", "read_marker",
+           "CONTROLLER_WRITER"]

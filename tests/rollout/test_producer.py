@@ -1,0 +1,168 @@
+"""straw.rollout.producer without Ray: slots take, generate and return; pause turns the
+generation under way into durable partial groups and takes nothing more; resume continues
+them under the new weight version (each token range tagged with its own); a group already
+ready is not generated again; a generate function that breaks the protocol stops the
+producer with its error, its lease left to expire (nothing lost)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import pytest
+
+from straw import SharedFilesystemStore
+from straw.rollout import RolloutConfig, SampleGroup, Status, group_from_records
+from straw.rollout.controller import RolloutController
+from straw.rollout.generate import extend_sample
+from straw.rollout.generation import GenerationClient
+from straw.rollout.producer import Producer
+
+CONFIG = RolloutConfig(n_samples_per_prompt=2, lease_seconds=60)
+LENGTH = 4
+
+
+class Gated:
+    """Version 0 generates one token per sample, then waits for the abort (the pause);
+    any later version finishes the group.  Counts its calls by group."""
+
+    def __init__(self) -> None:
+        self.calls: dict[int, list[int]] = {}
+        self.waiting = 0
+
+    async def __call__(self, group: SampleGroup, *, weight_version: int,
+                       abort: asyncio.Event) -> SampleGroup:
+        self.calls.setdefault(group.group_index, []).append(weight_version)
+        samples = [extend_sample(s, [s.response_length], weight_version=weight_version)
+                   for s in group.samples]
+        if weight_version == 0:
+            self.waiting += 1
+            await abort.wait()
+            self.waiting -= 1
+            samples = [dataclasses.replace(s, status=Status.ABORTED) for s in samples]
+        else:
+            samples = [extend_sample(s, range(s.response_length, LENGTH),
+                                     weight_version=weight_version, status=Status.COMPLETED,
+                                     reward=1.0) for s in samples]
+        return dataclasses.replace(group, samples=tuple(samples))
+
+
+@pytest.fixture
+def job(tmp_path):
+    store = SharedFilesystemStore(tmp_path, "job", writer_id="controller")
+    controller = RolloutController(store, [(i,) for i in range(16)], config=CONFIG)
+    gen_store = SharedFilesystemStore(tmp_path, "job", writer_id="gen")
+    client = GenerationClient(controller, gen_store, worker_id="gen-0", config=CONFIG)
+    yield controller, client, gen_store
+    client.close()
+    controller.close()
+    gen_store.close()
+    store.close()
+
+
+async def until(cond, what: str) -> None:
+    for _ in range(2000):
+        if cond():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_pause_persists_in_flight_groups_and_resume_continues_them(job):
+    controller, client, store = job
+    gen = Gated()
+
+    async def run() -> tuple[dict, dict]:
+        producer = Producer(client, gen, slots=2)
+        await producer.start()
+        await until(lambda: gen.waiting == 2, "two groups in generation")
+        paused = await producer.pause()
+        # durable when pause returns: nothing leased, both groups are continuations
+        states = {t: s for t, s in controller.coordinator.tasks.items()
+                  if t.startswith("prompt:")}
+        assert not [t for t, s in states.items() if s["state"] == "leased"]
+        assert not client.leases
+        await asyncio.sleep(0.2)
+        assert not client.leases and gen.waiting == 0  # admission stays shut
+        controller.set_serving_version(1)
+        producer.resume(1)
+        await until(lambda: producer.counts["completed"] >= 2, "the continued groups")
+        await producer.pause()
+        await producer.stop()
+        return paused, states
+
+    paused, states = asyncio.run(run())
+    assert paused["counts"]["returned"] == 2
+    partial = sorted(t for t, s in states.items()
+                     if s["spec"]["metadata"].get("stage") == "partial")
+    assert len(partial) == 2
+    receipts = {r.task_id: r for r in controller.coordinator.read_commits(0, 100).commits}
+    with store.read_session() as reader:
+        for t in partial:
+            g = group_from_records(list(reader.read(receipts[t].result_ref)))
+            for s in g:  # token 0 under version 0, the rest under version 1
+                assert [(v.start, v.stop, v.version) for v in s.versions] == \
+                    [(0, 1, 0), (1, LENGTH, 1)]
+            assert gen.calls[g.group_index] == [0, 1]  # continued, never restarted
+
+
+def test_a_group_taken_after_the_pause_is_returned_unchanged(job):
+    controller, client, _ = job
+    gen = Gated()
+
+    async def run() -> Producer:
+        producer = Producer(client, gen, slots=1)
+        real_take = client.take
+
+        def slow_take(n):  # the pause lands while the take is in flight
+            got = real_take(n)
+            asyncio.run_coroutine_threadsafe(producer.pause(), loop)
+            import time
+            time.sleep(0.1)
+            return got
+
+        loop = asyncio.get_running_loop()
+        client.take = slow_take  # type: ignore[method-assign]
+        await producer.start()
+        await until(lambda: producer.counts["untouched"] == 1, "the untouched group")
+        client.take = real_take  # type: ignore[method-assign]
+        await producer.pause()
+        await producer.stop()
+        return producer
+
+    producer = asyncio.run(run())
+    assert gen.calls == {} and producer.counts["returned"] == 1
+    states = controller.coordinator.tasks
+    assert not [t for t, s in states.items() if s["state"] == "leased"]
+
+
+def test_a_generate_function_breaking_the_protocol_stops_the_producer(job):
+    controller, client, _ = job
+
+    async def rewrites(group, *, weight_version, abort):
+        return dataclasses.replace(group, samples=tuple(
+            dataclasses.replace(s, tokens=(9,), response_length=1) for s in group.samples))
+
+    async def run() -> Producer:
+        producer = Producer(client, rewrites, slots=1)
+        await producer.start()
+        with pytest.raises(RuntimeError, match="not tagged|tagged with weight version 0"):
+            await producer.wait()
+        return producer
+
+    producer = asyncio.run(run())
+    assert isinstance(producer.error, ValueError)
+    # its lease is still held (it expires, or close releases it): the task is not lost
+    assert len(client.leases) == 1
+    with pytest.raises(RuntimeError, match="producer 'gen-0' stopped"):
+        producer.stats()
+
+
+def test_bad_arguments(job):
+    _, client, _ = job
+    with pytest.raises(ValueError, match="slots must be an int >= 1"):
+        Producer(client, Gated(), slots=0)
+    with pytest.raises(TypeError, match="GenerationClient"):
+        Producer(object(), Gated(), slots=1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="weight_version must be an int >= 0"):
+        Producer(client, Gated(), slots=1, weight_version=-1)
