@@ -89,11 +89,13 @@ from .catalog_roots import RootSet
 from .checks import check_count, check_int, check_seconds, short_repr
 from .clock import Clock
 from .errors import (
+    Closed,
     Fenced,
     IdempotencyConflict,
     IndeterminateCommit,
     InvalidReference,
     LeaseExpired,
+    NotAnInteger,
     ResourceLimitExceeded,
     StaleAttempt,
     StorageUnavailable,
@@ -449,7 +451,7 @@ class Coordinator(ProcessBound):
     def _check_usable(self) -> None:
         self._check_process()
         if self._closed:
-            raise ValueError(f"coordinator of {self.owner} is closed")
+            raise Closed(f"coordinator of {self.owner} is closed; open a new Coordinator")
         if self._broken is not None:
             raise Fenced(f"coordinator of {self.owner} (epoch {self.epoch}) stopped after "
                          f"{self._broken!r}; open a new one with recover=True")
@@ -2272,11 +2274,15 @@ def _check_id(name: str, value: object) -> None:
 
 def _check_int64(name: str, value: object) -> None:
     """A priority or scheduling key: a signed 64-bit integer (what the journal stores)."""
-    if isinstance(value, int) and not isinstance(value, bool) and not (
-            INT64[0] <= value <= INT64[1]):
+    if isinstance(value, bool) or not isinstance(value, int):
+        # both a TypeError (ours) and a ValueError (straw-queue's class for it)
+        raise NotAnInteger(f"{name} must be a signed 64-bit integer (-2**63..2**63-1), got "
+                           f"{type(value).__name__} {short_repr(value)}"
+                           + (" (a bool is not a number here)" if isinstance(value, bool)
+                              else ""))
+    if not INT64[0] <= value <= INT64[1]:
         raise ValueError(f"{name} must be a signed 64-bit integer (-2**63..2**63-1), got "
                          f"{short_repr(value)}")
-    check_int(name, value, *INT64)
 
 
 def _check_lease_fields(lease: object, where: str) -> Lease:

@@ -114,6 +114,27 @@ class TensorMismatch(InvalidReference, CorruptData):
     the reference from its publication (``TensorRef.from_record_set``)."""
 
 
+class ExtentMismatch(InvalidReference, CorruptData):
+    """A ``SegmentRef`` whose size disagrees with the frame at its offset (smaller than
+    any extent, or not the length the authenticated frame header states): an edited or
+    stale reference, refused before its size is trusted for any read or allocation.  Both
+    an ``InvalidReference`` (the stored data is intact) and, as straw-queue reports it, a
+    ``CorruptData``.  Use the reference that ``publish``/``write_records`` returned."""
+
+
+class Closed(StrawError, ValueError):
+    """A store, read session or coordinator used after ``close()``.  A ``RuntimeError``,
+    as straw-queue reports it, and a ``ValueError``, as Python reports a closed file (and
+    as straw did).  Open a new one."""
+
+
+class NotAnInteger(TypeError, ValueError):
+    """An argument that must be an integer (a task's priority or scheduling key) is of
+    another type, a bool or a float included.  A ``TypeError``, as straw reports a bad
+    type, and a ``ValueError``, as straw-queue reports it, so that either ``except``
+    catches it.  Pass an int."""
+
+
 __all__ = [
     "StrawError",
     "QueueError",
@@ -134,4 +155,7 @@ __all__ = [
     "WriterFenced",
     "ForkedProcess",
     "TensorMismatch",
+    "ExtentMismatch",
+    "NotAnInteger",
+    "Closed",
 ]

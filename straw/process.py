@@ -84,9 +84,10 @@ class ProcessBound:
             raise ForkedProcess(self._forked_message())
 
     def _forked_message(self) -> str:
-        return (f"{self._process_subject()} was opened by process {self._creator_pid}; this "
-                f"is process {os.getpid()}, forked from it, which must not use it: "
-                f"{self._process_state} belong to the parent. {self._process_remedy}")
+        # "cannot be reused after fork": straw-queue's phrase, which its callers match
+        return (f"{self._process_subject()} was opened by process {self._creator_pid} and "
+                f"cannot be reused after fork: this is process {os.getpid()}, forked from "
+                f"it, and {self._process_state} belong to the parent. {self._process_remedy}")
 
     def _process_subject(self) -> str:
         return type(self).__name__

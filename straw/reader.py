@@ -58,20 +58,23 @@ from __future__ import annotations
 import ctypes
 import json
 import platform
+import posixpath
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import xxhash
 
-from . import framing
+from . import framing, ranges
 from .clock import Clock
 from .errors import (
+    Closed,
     CorruptData,
+    ExtentMismatch,
     InvalidReference,
     StorageUnavailable,
     StrawError,
@@ -81,12 +84,15 @@ from .fs import Filesystem, NotBeneath
 from .pack import EXTENT_PREFIX, decode_manifest, manifest_size, read_sealed_index
 from .process import ProcessBound, close_quietly
 from .refs import (
+    PACK_PATH_RE,
     Manifest,
     Record,
     RecordInfo,
     RecordRef,
     RecordSetRef,
     SegmentRef,
+    alias_parts,
+    canonical_ref,
     check_pack_path,
     parse_metadata,
     ref_from_tuple,
@@ -262,6 +268,16 @@ def _partial_header(head: memoryview, file_offset: int) -> bool:
     return False
 
 
+def _check_extent_size(seg: SegmentRef) -> None:
+    """Refuse a size no extent can have before anything is read for it (a shorter read
+    would parse as a torn frame, which is not an answer about a reference)."""
+    if seg.size < framing.HEADER_SIZE + EXTENT_PREFIX.size:
+        raise ExtentMismatch(
+            f"{seg!r}: size {seg.size} is too small to be an extent (at least "
+            f"{framing.HEADER_SIZE + EXTENT_PREFIX.size} bytes); the reference is edited: "
+            "use the reference publish returned")
+
+
 @dataclass(frozen=True)
 class PackStatus:
     """What the pool's catalog knows of a pack: ``state`` is ``"unknown"`` (never
@@ -373,6 +389,7 @@ class ReadSession(ProcessBound):
         publication, which live in other extents, are read and checked one by one as the
         iterator reaches them."""
         self._check_process()
+        ref = self._canonical(ref)
         self._check_ref(ref)
         ext = self._extent(ref.segment)
         self._match(ref, ext)
@@ -392,6 +409,7 @@ class ReadSession(ProcessBound):
         ``attempt_id``, every record must name that task/attempt in its metadata
         (``task_id``/``attempt_id`` keys), else ``InvalidReference``."""
         self._check_process()
+        ref = self._canonical(ref)
         manifest = self.checked_manifest(ref)
         ext = self._extent(ref.segment)
         if ext.members:
@@ -421,6 +439,7 @@ class ReadSession(ProcessBound):
         """straw's own view of the checked manifest (records' ids, codecs, metadata,
         lengths and checksums, dependencies, record references)."""
         self._check_process()
+        ref = self._canonical(ref)
         self._check_ref(ref)
         ext = self._extent(ref.segment)
         self._match(ref, ext)
@@ -439,12 +458,12 @@ class ReadSession(ProcessBound):
         is an extent of its size and checksum.  One small read (none when its manifest was
         checked already); what is retained or depended on must exist (D4)."""
         self._check_process()
+        ref = self._canonical(ref)
         seg = ref.segment if isinstance(ref, RecordSetRef) else ref
         self._check_ref(ref)
         if seg in self._extents:
             return
-        if seg.size < framing.HEADER_SIZE:
-            raise InvalidReference(f"{seg!r}: too small to be an extent")
+        _check_extent_size(seg)
         head = self._read_exact(seg.path, seg.offset, framing.HEADER_SIZE, frame=True)
         self._check_header(seg, head)
 
@@ -490,11 +509,35 @@ class ReadSession(ProcessBound):
             raise InvalidReference(f"{record_ref!r} names a manifest, not a payload record")
         return info, where[0], where[1]
 
+    def read_range(self, record_ref: RecordRef, start: int, stop: int, *, chunk_bytes: int,
+                   checksums: Sequence[str]) -> bytearray:
+        """Bytes [start, stop) of a record, checked against the caller's chunk checksums
+        (``checksums[k]`` hashes payload bytes [k*chunk_bytes, (k+1)*chunk_bytes), hex
+        SHA-256 or xxh3-128): every chunk the range touches is read and checked whole
+        (``straw.ranges``); a mismatch is ``CorruptData``."""
+        self._check_process()
+        return ranges.read_range(self, record_ref, start, stop, chunk_bytes=chunk_bytes,
+                                 checksums=checksums)
+
+    def read_tensor_range(self, record_ref: RecordRef, start: int, stop: int, *,
+                          expected: Mapping[str, Any] | None = None
+                          ) -> tuple[dict[str, Any], bytearray]:
+        """``(envelope, bytes [start, stop))`` of a ``tensor.v1`` record, checked against
+        the chunk checksums of its authenticated manifest entry.  ``expected``
+        (``{"dtype", "shape", "length"}``, any subset) must match the envelope before
+        any payload is read, else ``CorruptData``."""
+        self._check_process()
+        info, _, _ = self.payload_location(record_ref)
+        chunk_bytes, sums = ranges.tensor_chunks(info, expected)
+        return envelope_dict(info), ranges.read_range(
+            self, record_ref, start, stop, chunk_bytes=chunk_bytes, checksums=sums)
+
     # --- extents ----------------------------------------------------------------------
     def extent(self, seg: SegmentRef) -> ExtentInfo:
         """The checked manifest of the extent ``seg`` names (cached): its frame header
         matches the reference (size, checksum) and the manifest its own checksum."""
         self._check_process()
+        seg = self._canonical(seg)
         self._check_ref(seg)
         return self._extent(seg)
 
@@ -503,6 +546,7 @@ class ReadSession(ProcessBound):
         cached = self._extents.get(seg)
         if cached is not None:
             return cached
+        _check_extent_size(seg)
         head = self._read_exact(seg.path, seg.offset, min(seg.size, _FIRST_READ), frame=True)
         header = self._check_header(seg, head)
         body_head = memoryview(head)[framing.HEADER_SIZE:]
@@ -522,6 +566,7 @@ class ReadSession(ProcessBound):
         location for the manifest ordinal."""
         if not isinstance(record_ref, RecordRef):
             raise TypeError(f"expected a RecordRef, got {type(record_ref).__name__}")
+        record_ref = self._canonical(record_ref)
         record_ref.check()
         if record_ref.segment.run_id != self.run_id:
             self._check_ref(record_ref.segment)  # the error naming both runs
@@ -545,6 +590,34 @@ class ReadSession(ProcessBound):
         return info
 
     # --- internals --------------------------------------------------------------------
+    def _canonical(self, ref: Any) -> Any:
+        """``ref`` with an in-pool alias of its pack resolved (``straw.refs.canonical_ref``);
+        a canonical reference is returned as it is, without I/O."""
+        return canonical_ref(ref, self._resolve_alias)
+
+    def _resolve_alias(self, path: str) -> str:
+        """The canonical pack path that ``path`` (not canonical) names through symbolic
+        links inside the pool, else ``path`` unchanged (the reference check then refuses
+        it).  A link whose target lies outside the pool root is ``InvalidReference``:
+        straw never follows a reference out of its pool.  Only names are resolved here;
+        the pack is opened by its canonical path beneath the root."""
+        parts = alias_parts(path)
+        if parts is None:
+            return path
+        try:
+            real = self.fs.realpath(posixpath.join(self.real_root, *parts))
+        except OSError as e:  # a loop of links, say
+            raise InvalidReference(f"reference path {path!r} cannot be resolved inside the "
+                                   f"pool {self.root!r}: {e}") from None
+        base = self.real_root.rstrip("/") + "/"
+        if not real.startswith(base):
+            raise InvalidReference(
+                f"reference path {path!r} leads outside the pool root {self.root!r} (to "
+                f"{real!r}) through a symbolic link; straw follows references only to packs "
+                "inside their pool: use the pack's own path")
+        rel = real[len(base):]
+        return rel if PACK_PATH_RE.match(rel) else path
+
     def _check_ref(self, ref: object) -> None:
         if not isinstance(ref, (RecordSetRef, SegmentRef)):
             raise TypeError(f"expected a RecordSetRef, got {type(ref).__name__}")
@@ -576,8 +649,7 @@ class ReadSession(ProcessBound):
         mismatch whose bytes end in zero pages may be another client's partial view of
         fresh data: reread a bounded number of times; if it persists it is corruption.
         ``seg`` is checked by the caller (``_check_ref``)."""
-        if seg.size < framing.HEADER_SIZE:
-            raise InvalidReference(f"{seg!r}: too small to be an extent")
+        _check_extent_size(seg)
         if seg.size > _CHUNK:
             # Nothing large is allocated for a reference before its size is known right:
             # the authenticated header at its offset names exactly this size, and the file
@@ -698,10 +770,15 @@ class ReadSession(ProcessBound):
                 raise InvalidReference(
                     f"{ref!r}: no publication of sealed pack {ref.path} starts at offset "
                     f"{ref.offset} (an edited or fabricated reference)") from None
-            raise CorruptData(f"{where}: {e} (data damaged, or the reference does not point "
-                              "at an extent)") from None
+            # "Invalid segment header": straw-queue's phrase for this failure, which its
+            # callers match; the rest names the place and the two possible causes.
+            raise CorruptData(f"Invalid segment header at {where}: {e} (data damaged, or the "
+                              "reference does not point at an extent)") from None
         if header.kind != framing.KIND_EXTENT or header.frame_length != ref.size:
-            raise InvalidReference(f"{ref!r} does not match the frame at {where}")
+            raise ExtentMismatch(
+                f"{ref!r} does not match the frame at {where} (the frame there holds "
+                f"{header.frame_length} bytes); the reference is edited or stale: use the "
+                "reference publish returned")
         if header.body_hash.hex() != ref.checksum:
             raise InvalidReference(
                 f"{ref!r}: checksum differs from the extent at {where} (stale or edited "
@@ -768,7 +845,7 @@ class ReadSession(ProcessBound):
             self._sweep_unlinked()
         with self._lock:
             if self.closed:
-                raise ValueError("read session is closed")
+                raise Closed("read session is closed; open a new one (store.read_session())")
             fd = self._fds.get(path)
             if fd is not None:
                 self._fds.move_to_end(path)

@@ -20,10 +20,11 @@ which also matches before a final newline).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,19 +52,28 @@ def check_name(kind: str, value: object) -> str:
     return value
 
 
+@functools.lru_cache(maxsize=4096)
+def pack_path_run(path: str) -> str | None:
+    """The run of a canonical pack path, None if ``path`` is not one.  Cached: every
+    reference check asks it, of the few pack paths a process reads (the match costs
+    several times the lookup)."""
+    m = PACK_PATH_RE.match(path)
+    return None if m is None else m.group("run")
+
+
 def check_pack_path(path: object, run_id: str) -> str:
     """Refuse absolute paths, ``..``, odd shapes and other runs (``InvalidReference``)."""
     if not isinstance(path, str):
         raise InvalidReference(f"reference path must be a str, got {type(path).__name__}")
-    m = PACK_PATH_RE.match(path)
-    if m is None:
+    run = pack_path_run(path)
+    if run is None:
         raise InvalidReference(
             f"reference path {path!r} is not a pack path inside the pool "
             "(expected runs/<run>/writers/<writer>/i<n>/pack-<n>.strw, relative, without '..')"
         )
-    if m.group("run") != run_id:
+    if run != run_id:
         raise InvalidReference(
-            f"reference path {path!r} belongs to run {m.group('run')!r}, this store is run "
+            f"reference path {path!r} belongs to run {run!r}, this store is run "
             f"{run_id!r}; open a store of that run to read it"
         )
     return path
@@ -408,14 +418,70 @@ class RecordSetRef:
         if not isinstance(self.manifest, RecordRef):
             raise InvalidReference(f"{self!r}: manifest must be a RecordRef")
         self.manifest.check()
-        for name in ("records", "payload_bytes", "tokens"):
-            _check_int(f"reference to {self.manifest.segment.path}", name,
-                       getattr(self, name))
+        where = f"reference to {self.manifest.segment.path}"
+        _check_int(where, "records", self.records)
+        # "Invalid result usage": straw-queue's phrase for a bad payload_bytes/tokens
+        # (the usage a result is accounted with), which its callers match.
+        for name in ("payload_bytes", "tokens"):
+            _check_int(f"Invalid result usage in {where}", name, getattr(self, name))
         if not isinstance(self.digest, str) or not _HEX32.match(self.digest):
             raise InvalidReference(f"{self!r}: digest must be 32 lowercase hex digits")
 
 
 _RECORD_SET_KEYS = frozenset(("manifest", "digest", "records", "payload_bytes", "tokens"))
+
+
+# --- aliases: another spelling of a pack's path -------------------------------------------
+#
+# A reference may name its pack through a symbolic link inside the pool (an operator's
+# ``alias.strw`` -> ``runs/.../pack-000001.strw``, a linked directory, a chain of links),
+# as straw-queue allows.  Such a reference is rewritten to the pack's one canonical path
+# before anything else looks at it, so that reading, retaining, pinning and collecting
+# all see one identity (a pack retained through an alias is the pack GC keeps).  The
+# resolver (``ReadSession.resolve_alias``) refuses a link that leads outside the pool
+# root; nothing is ever opened through the link (reads open the canonical path beneath
+# the root with ``open_beneath``).  A canonical path costs nothing: no I/O.
+
+AnyRef = Any  # SegmentRef | RecordRef | RecordSetRef, or anything (returned unchanged)
+
+
+def canonical_ref(ref: AnyRef, resolve: Callable[[str], str]) -> AnyRef:
+    """``ref`` with its pack path replaced by ``resolve(path)`` when that path is not
+    canonical; ``ref`` itself otherwise (and for anything that is not a reference: the
+    caller's checks refuse it)."""
+    if isinstance(ref, SegmentRef):
+        seg = ref
+    elif isinstance(ref, RecordRef):
+        seg = ref.segment
+    elif isinstance(ref, RecordSetRef) and isinstance(ref.manifest, RecordRef):
+        seg = ref.manifest.segment
+    else:
+        return ref
+    if not isinstance(seg, SegmentRef) or not isinstance(seg.path, str) \
+            or pack_path_run(seg.path) is not None:
+        return ref
+    path = resolve(seg.path)
+    if path == seg.path:
+        return ref
+    moved = SegmentRef(seg.run_id, path, seg.segment_id, seg.size, seg.checksum,
+                       seg.version, seg.checksum_algorithm, seg.offset)
+    if isinstance(ref, SegmentRef):
+        return moved
+    if isinstance(ref, RecordRef):
+        return RecordRef(moved, ref.ordinal)
+    return RecordSetRef(ref.manifest, ref.digest, ref.records, ref.payload_bytes, ref.tokens,
+                        segment=moved)
+
+
+def alias_parts(path: str) -> list[str] | None:
+    """The components of a relative alias path worth resolving, or None (absolute, empty
+    components, ``.``/``..``, NUL: the reference's own check refuses it as it is)."""
+    if not path or path.startswith("/") or "\0" in path:
+        return None
+    parts = path.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        return None
+    return parts
 
 
 def record_sets_in(value: Any, *, strict: bool = True) -> tuple[Any, list[RecordSetRef]]:

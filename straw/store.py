@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import json
 import os
 import socket
@@ -58,13 +57,13 @@ from typing import Any
 import msgpack
 import xxhash
 
-from . import framing, holder, tensor_format
+from . import framing, holder
 from .backend import FilesystemBackend
 from .catalog import Catalog, Extent
 from .checks import check_count, check_seconds
 from .clock import Clock, SystemClock
 from .errors import (
-    CorruptData,
+    Closed,
     IdempotencyConflict,
     InvalidReference,
     ResourceLimitExceeded,
@@ -454,6 +453,7 @@ class SharedFilesystemStore(ProcessBound):
         for i, r in enumerate(refs):
             if not isinstance(r, RecordRef):
                 raise TypeError(f"refs[{i}] must be a RecordRef, got {type(r).__name__}")
+            r = self._session._canonical(r)
             r.check()
             if r.segment.run_id != self.run_id:
                 raise InvalidReference(f"refs[{i}] belongs to run {r.segment.run_id!r}; "
@@ -565,7 +565,8 @@ class SharedFilesystemStore(ProcessBound):
     def _check_open(self) -> None:
         self._check_process()  # first: a forked child is refused before any lock
         if self.closed:
-            raise ValueError(f"store of run {self.run_id!r} at {self.root} is closed")
+            raise Closed(f"store of run {self.run_id!r} at {self.root} is closed; open a new "
+                         "SharedFilesystemStore")
 
     @staticmethod
     def _check_submission_id(submission_id: object) -> None:
@@ -656,6 +657,7 @@ class SharedFilesystemStore(ProcessBound):
                 deps.append(d)
                 dep_ident.append(earlier[d].hex())
             elif isinstance(d, RecordSetRef):
+                d = self._session._canonical(d)
                 d.check()
                 if d.run_id != self.run_id:
                     raise InvalidReference(f"{dw} belongs to run {d.run_id!r}; dependencies "
@@ -678,7 +680,7 @@ class SharedFilesystemStore(ProcessBound):
         self._check_open()
         check_owner(owner)
         items = _listed(refs)
-        extents = self._extents(items, "refs")
+        extents = self._extents(items, "refs")  # in-pool aliases resolved to their packs
         self._check_all_published(items, "refs")
         self.catalog.retain(owner, extents)
 
@@ -732,6 +734,7 @@ class SharedFilesystemStore(ProcessBound):
         with self._write_lock:
             if self._writer is not None:
                 self._writer.seal_abandoned()
+                self._writer.seal_if_full()  # no later publication would add to it
         on_behalf, damaged = seal_dead_writers(self.fs, self.root, self.catalog, self.clock,
                                               run=self.run_id)
         result = self.catalog.collect()
@@ -776,6 +779,7 @@ class SharedFilesystemStore(ProcessBound):
             if not isinstance(r, (RecordSetRef, RecordRef)):
                 raise TypeError(f"{where}[{i}] must be a RecordSetRef or RecordRef, got "
                                 f"{type(r).__name__}")
+            r = self._session._canonical(r)  # an in-pool alias names its pack's identity
             r.check()
             seg = r.segment
             if seg.run_id != self.run_id:
@@ -841,8 +845,8 @@ class SharedFilesystemStore(ProcessBound):
         self._check_process()
         try:
             self._session.check_published(ref.segment if isinstance(ref, RecordRef) else ref)
-        except InvalidReference as e:
-            raise InvalidReference(f"{where}: {e}") from None
+        except InvalidReference as e:  # the same class (an ExtentMismatch stays one)
+            raise type(e)(f"{where}: {e}") from None
 
     def inspect_segment(self, segment_ref: SegmentRef, *, verify_payload: bool = False
                         ) -> dict[str, Any]:
@@ -855,6 +859,7 @@ class SharedFilesystemStore(ProcessBound):
         if not isinstance(segment_ref, SegmentRef):
             raise TypeError(f"inspect_segment takes a SegmentRef (e.g. ref.manifest.segment "
                             f"or record_ref.segment), got {type(segment_ref).__name__}")
+        segment_ref = self._session._canonical(segment_ref)
         ext = self._session.extent(segment_ref)  # checks the reference first
         if verify_payload:
             self._session._read_extent(segment_ref)
@@ -868,71 +873,19 @@ class SharedFilesystemStore(ProcessBound):
 
     def read_range(self, record_ref: RecordRef, start: int, stop: int, *, chunk_bytes: int,
                    checksums: Sequence[str]) -> bytearray:
-        """Bytes [start, stop) of a record, checked against the caller's chunk
-        checksums: ``checksums[k]`` is the hash of payload bytes [k*chunk_bytes,
-        (k+1)*chunk_bytes), as hex: SHA-256 (64 digits, straw-queue's) or xxh3-128 (32
-        digits, straw's).  Every chunk the range touches is read and checked whole, in
-        bounded pieces (a small range of a huge chunk allocates no more than a piece);
-        a mismatch is ``CorruptData`` ("chunk checksum")."""
+        """Bytes [start, stop) of a record, checked against the caller's chunk checksums
+        (``ReadSession.read_range``), through the store's read session."""
         self._check_process()
-        check_count("chunk_bytes", chunk_bytes, minimum=1)
-        info, path, base = self._session.payload_location(record_ref)
-        check_count("start", start)
-        check_count("stop", stop)
-        if not start <= stop <= info.length:
-            raise ValueError(f"range [{start}, {stop}) outside record {info.record_id!r} of "
-                             f"{info.length} bytes")
-        if isinstance(checksums, (str, bytes)) or not isinstance(checksums, Sequence):
-            raise TypeError("checksums must be a list of hex digests, one per chunk")
-        chunks = -(-info.length // chunk_bytes)
-        if len(checksums) != chunks:
-            raise ValueError(f"record {info.record_id!r} of {info.length} bytes has {chunks} "
-                             f"chunks of {chunk_bytes} bytes; {len(checksums)} checksums given")
-        out = bytearray(stop - start)
-        if stop == start:
-            return out
-        piece = _alloc_piece(min(chunk_bytes, _RANGE_PIECE))
-        for k in range(start // chunk_bytes, (stop - 1) // chunk_bytes + 1):
-            want = checksums[k]
-            hasher = _chunk_hasher(want, k)
-            c0, c1 = k * chunk_bytes, min((k + 1) * chunk_bytes, info.length)
-            pos = c0
-            while pos < c1:
-                n = min(piece.nbytes, c1 - pos)
-                view = piece[:n]
-                self._session._read_exact(path, base + pos, n, into=view)
-                hasher.update(view)
-                a, b = max(start, pos), min(stop, pos + n)
-                if a < b:
-                    out[a - start:b - start] = view[a - pos:b - pos]
-                pos += n
-            if hasher.hexdigest() != want.lower():
-                raise CorruptData(
-                    f"record {info.record_id!r} at {path} offset {base}: chunk {k} (bytes "
-                    f"{c0}..{c1}) fails its chunk checksum; the stored data is damaged or the "
-                    "checksums are not this record's")
-        return out
+        return self._session.read_range(record_ref, start, stop, chunk_bytes=chunk_bytes,
+                                        checksums=checksums)
 
     def read_tensor_range(self, ref: RecordRef, start: int, stop: int, *,
                           expected: Mapping[str, Any] | None = None
                           ) -> tuple[dict[str, Any], bytearray]:
         """``(envelope, bytes [start, stop))`` of a ``tensor.v1`` record, checked against
-        the chunk checksums in its authenticated manifest entry.  ``expected``
-        (``{"dtype", "shape", "length"}``, any subset) must match the envelope before
-        any payload is read, else ``CorruptData``."""
+        its own chunk checksums (``ReadSession.read_tensor_range``)."""
         self._check_process()
-        info, _, _ = self._session.payload_location(ref)
-        where = f"record {info.record_id!r}"
-        if info.codec != tensor_format.CODEC:
-            raise InvalidReference(f"{where} has codec {info.codec!r}, not "
-                                   f"{tensor_format.CODEC}")
-        dtype, shape, _, chunk_bytes, chunks = tensor_format._check_meta(
-            info.metadata, info.length, where)
-        tensor_format.check_expected(dtype, shape, info.length, expected, where)
-        h = tensor_format._HEX
-        sums = [chunks[i:i + h] for i in range(0, len(chunks), h)]
-        return envelope_dict(info), self.read_range(ref, start, stop,
-                                                    chunk_bytes=chunk_bytes, checksums=sums)
+        return self._session.read_tensor_range(ref, start, stop, expected=expected)
 
     # --- writers: receipts and retirement ----------------------------------------------
     def publication_receipt(self, writer_id: str, *, api: str, submission_id: str
@@ -1066,26 +1019,6 @@ class SharedFilesystemStore(ProcessBound):
         earlier incarnations found and did not index (pack, offset, reason)."""
         self._check_process()
         return self._writer.describe() if self._writer else None
-
-
-_RANGE_PIECE = 1 << 20  # read_range reads and hashes a chunk this much at a time
-
-
-def _alloc_piece(n: int) -> memoryview:
-    return memoryview(bytearray(n))
-
-
-def _chunk_hasher(want: object, k: int) -> Any:
-    """The hash of a caller's chunk checksum, told by its length: SHA-256 (64 hex digits,
-    straw-queue's) or xxh3-128 (32, straw's)."""
-    if not isinstance(want, str):
-        raise TypeError(f"checksums[{k}] must be a hex str, got {type(want).__name__}")
-    if len(want) == 64:
-        return hashlib.sha256()
-    if len(want) == 32:
-        return xxhash.xxh3_128()
-    raise ValueError(f"checksums[{k}] {want[:80]!r} is neither a SHA-256 (64 hex digits) nor "
-                     "an xxh3-128 (32 hex digits) digest")
 
 
 def _receipt(known: Submission | None, api: str) -> list[Any] | None:

@@ -256,6 +256,17 @@ class WriterIncarnation(ProcessBound):
         self.pack = None
         self.sealed_packs.append(self.pack_rel)
 
+    def seal_if_full(self) -> None:
+        """Seal the open pack now if it has reached the segment target: the next
+        publication would rotate it anyway, so sealing it early changes no layout, and a
+        collection can then reclaim it once released (with ``segment_target_bytes=0``
+        every publication's pack is reclaimable as soon as nothing reaches it, as in
+        straw-queue, where each such publication is its own sealed file)."""
+        self._check_process()
+        if self.pack is not None and self.pack.entries and \
+                self.pack.data_end >= self.segment_target_bytes:
+            self.seal()
+
     def _abandon(self, acknowledged: list[int]) -> None:
         """The open pack is given up after an I/O error: never written again; sealed in
         the catalog with its acknowledged extents only (L1: reclaimable once released)."""

@@ -299,3 +299,33 @@ def test_refs_are_plain_data_a_reader_can_rebuild(tmp_path):
         wire = json.dumps(dataclasses.asdict(ref))
     with SharedFilesystemStore(tmp_path, "run") as reader:
         assert next(reader.read(RecordSetRef.from_dict(json.loads(wire)))).payload == b"x"
+
+
+def test_zero_segment_target_makes_each_released_publication_reclaimable(tmp_path):
+    # straw-queue writes each publication of a segment_target_bytes=0 store to its own
+    # sealed file; ours seals a full open pack when collecting, so the last one is too
+    with SharedFilesystemStore(tmp_path, "target0", segment_target_bytes=0) as store:
+        refs = [store.publish([Record(f"r{i}", b"x" * 100)], submission_id=f"s{i}")
+                for i in range(3)]
+        assert len({r.manifest.segment.path for r in refs}) == 3
+        store.retain("keep", refs[1:2])
+        assert store.release_publications(refs) == 3
+        result = store.collect_garbage()
+        assert result["reclaimed_files"] == 2 and result["open_packs"] == 0
+        assert sorted(result["tombstoned"]) == sorted(
+            [refs[0].manifest.segment.path, refs[2].manifest.segment.path])
+        assert next(store.read(refs[1])).payload == b"x" * 100
+        # the store publishes on into a new pack
+        later = store.publish([Record("later", b"y")], submission_id="later")
+        assert later.manifest.segment.path not in result["tombstoned"]
+        assert next(store.read(later)).payload == b"y"
+
+
+def test_collection_leaves_a_pack_below_its_target_open(tmp_path):
+    with SharedFilesystemStore(tmp_path, "target", segment_target_bytes=1 << 20) as store:
+        a = store.publish([Record("a", b"x" * 100)], submission_id="a")
+        store.release_publications([a])
+        result = store.collect_garbage()
+        assert result["reclaimed_files"] == 0 and result["open_packs"] == 1
+        b = store.publish([Record("b", b"y")], submission_id="b")
+        assert b.manifest.segment.path == a.manifest.segment.path  # same pack, appended
