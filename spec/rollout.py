@@ -172,6 +172,9 @@ class RolloutMutants:
     # RL8: salvage keeps the dead run's acknowledgements of batches after T (its future
     # markers) as consumed in the new timeline: they hide the groups they name.
     salvage_keeps_dead_markers: bool = False
+    # RL5: salvage restores the completed groups only (the Megatron bank's rule): every
+    # unfinished task returns to its prompt, dropping the partial groups made durable.
+    salvage_restarts_partial: bool = False
     # RL9: the commit marker is written once every component is written, not once each is
     # durable (no fsync before the marker): a power loss leaves a marker naming lost files.
     marker_before_components_durable: bool = False
@@ -708,9 +711,12 @@ def _restores(cfg: RolloutConfig, mut: RolloutMutants, s: State
         consumed = min(step + 1, len(dead.plans))
     if mut.salvage_keeps_dead_markers:
         consumed = max(consumed, dead.acked)
+    tasks = _returned(dead.tasks)
+    if mut.salvage_restarts_partial:
+        tasks = tuple(t if t.status == DONE else replace(t, progress=0) for t in tasks)
     yield Action("salvage", (f"r{s.run_id}.k{step}",), CONTROLLER), _start(
-        s, s.past + (dead,), replace(dead, tasks=_returned(dead.tasks), trained=consumed,
-                                     acked=consumed, base=step, mode="salvage"))
+        s, s.past + (dead,), replace(dead, tasks=tasks, trained=consumed, acked=consumed,
+                                     base=step, mode="salvage"))
 
 
 def successors(cfg: RolloutConfig, mut: RolloutMutants, s: State

@@ -27,6 +27,7 @@ EXPECTED = {
     "checkpoint_retained_at_commit": "RL7",
     "salvage_boundary_inclusive": "RL8",
     "salvage_keeps_dead_markers": "RL8",
+    "salvage_restarts_partial": "RL5",
     "marker_before_components_durable": "RL9",
 }
 
@@ -92,6 +93,11 @@ def test_checkpoint_counterexamples_are_the_stories() -> None:
         names = _names(res.violation.trace)
         assert names[-2:] == ["crash_job", "salvage"] and before in names, name
         assert "missing from the restore: t0" in res.violation.message
+    # RL5 across a salvage: a partial group made durable is not dropped for its prompt.
+    _, res = hunt_mutant("salvage_restarts_partial", SMALL, machine=ROLLOUT)
+    assert res is not None and res.violation is not None
+    names = _names(res.violation.trace)
+    assert names[-1] == "salvage" and "worker_yield_partial" in names
     # RL9: the marker over components that are only written: caught at the marker.
     _, res = hunt_mutant("marker_before_components_durable", SMALL, machine=ROLLOUT)
     assert res is not None and res.violation is not None
@@ -188,7 +194,7 @@ def test_every_action_of_the_layer_is_reachable() -> None:
 def test_cli_runs_the_rollout_machine(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--machine", "rollout", "--config", "small", "--mutants", "--jobs", "1"]) == 0
     out = capsys.readouterr().out
-    assert "rollout-small" in out and "rollout-ckpt" in out and "15/15 mutants caught" in out
+    assert "rollout-small" in out and "rollout-ckpt" in out and "16/16 mutants caught" in out
 
 
 def test_spec_document_names_every_rollout_id_action_and_mutant() -> None:
