@@ -13,8 +13,9 @@ L's fair set keep being taken while enabled (weak fairness); faults, producers a
 are not assumed to happen.
 
 Two machines are explored: the queue protocol (`spec/actions.py`: publication, retention, GC,
-queue, leases, coordinators) and the rollout layer above it (`spec/rollout.py`, RL1-RL5); each
-brings its own configurations, invariants and mutants (`Machine`).
+queue, leases, coordinators) and the rollout layer above it (`spec/rollout.py`, RL1-RL9:
+admission, generation, batches, and checkpoints, forks and salvage); each brings its own
+configurations, invariants and mutants (`Machine`).
 
 Usage:
     python -m model.explore [--machine queue|rollout|all] [--config small|full] [--mutants]

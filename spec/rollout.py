@@ -1,4 +1,4 @@
-"""The rollout layer's state machine (issue 14, item 7): one readable file.
+"""The rollout layer's state machine (issue 14 item 7; checkpoints: issue 15 item 5).
 
 Role: what `straw.rollout` (controller, generation clients, batch builder, trainer) must
 guarantee, stated **on top of the queue's guarantees** (`spec/actions.py` proves those: a
@@ -20,8 +20,17 @@ and the rollout layer's own choices are what is explored:
   acknowledges the batch's inputs (the consumer cursor), after which collection may reclaim
   their payloads.
 
+* the **trainer** saves a **joint checkpoint** of step k between training steps: capture
+  (snapshot, retention and floor registration), each component durable in turn, the commit
+  marker last; the job's policy **releases** superseded checkpoints;
+* after a **crash of the whole job** (volatile state and non-durable files lost) it starts
+  again as a new run in an isolated queue: a **fork** (exact restore of a committed
+  checkpoint) or a **salvage** (the dead run's durable queue, its consumer rewound to its
+  latest checkpoint T, every accepted group not trained by T restored).
+
 Faults: the controller, a worker, the builder and the trainer may crash (volatile state lost),
-a lease may expire, a reply may be lost, a refill's publication may fail.
+a lease may expire, a reply may be lost, a refill's publication may fail, the whole job may
+crash.
 
 Abstractions: a dataset position ``pos = epoch * dataset + index`` (the per-epoch shuffle is a
 bijection, so exactly-once over positions is exactly-once over indices); a group's
@@ -40,6 +49,11 @@ Invariants (ids used in SPEC.md, tests and `straw/rollout/`):
   a batch's hooks saw the same plan.
 * **RL4** nothing is acknowledged before its training finished.
 * **RL5** partial work is resumed, not restarted: a group's durable progress never decreases.
+* **RL6** a fork never changes its source (step check).
+* **RL7** shared payloads stay reachable while any checkpoint or branch needs them.
+* **RL8** salvage restores exactly the accepted-after-T, untrained-by-T set and never
+  regenerates a durable group (step check).
+* **RL9** a commit marker implies every component durable.
 
 Each rule has a mutant (``RolloutMutants``) that the explorer must catch.
 """
@@ -47,7 +61,7 @@ Each rule has a mutant (``RolloutMutants``) that the explorer must catch.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 
 from spec.actions import Action
 
@@ -78,6 +92,11 @@ class RolloutConfig:
     steps: int
     batch: int
     faults: int
+    # Joint checkpoints (issue 15): how many the trainer may save in a run of the machine (0:
+    # none, and the model is durable with every finished training step, as RL1-RL5 assume),
+    # and how many times the crashed job may be started again by a fork or a salvage.
+    checkpoints: int = 0
+    restores: int = 0
 
     @property
     def positions(self) -> int:
@@ -97,11 +116,15 @@ CONFIGS: dict[str, RolloutConfig] = {
                       batch=2, faults=1),
         RolloutConfig("rollout-faults", dataset=3, epochs=1, refill=2, workers=1, steps=2,
                       batch=2, faults=3),
+        # Checkpoints, restores and releases: two saves (so that one supersedes the other and
+        # a release moves the floor), one crash of the whole job, one restore after it.
+        RolloutConfig("rollout-ckpt", dataset=2, epochs=1, refill=1, workers=1, steps=2,
+                      batch=1, faults=1, checkpoints=2, restores=1),
     )
 }
 CONFIG_SETS: dict[str, tuple[str, ...]] = {
-    "small": ("rollout-small",),
-    "full": ("rollout-small", "rollout-workers", "rollout-faults"),
+    "small": ("rollout-small", "rollout-ckpt"),
+    "full": ("rollout-small", "rollout-workers", "rollout-faults", "rollout-ckpt"),
 }
 
 
@@ -129,6 +152,32 @@ class RolloutMutants:
     ack_before_training: bool = False
     # RL5: an expired lease returns its task from the prompt, dropping its partial group.
     expiry_restarts_from_prompt: bool = False
+    # RL6: the fork journals its restore decision (every batch the source planned taken as
+    # finished, so that the branch never meets the source's later samples) in the SOURCE
+    # queue's consumer instead of its own.
+    fork_writes_source: bool = False
+    # RL7: the fork leaves what it shares with the checkpoint (its seeded tasks' inputs, the
+    # groups its builder holds by reference) retained only by the checkpoint's owner:
+    # releasing the checkpoint then drops payloads the branch still needs.
+    fork_keeps_checkpoint_retention: bool = False
+    # RL7: an acknowledgement releases a group even after the latest checkpoint (the
+    # checkpoint floor ignored): a salvage from that checkpoint needs it again.
+    ack_ignores_checkpoint_floor: bool = False
+    # RL7: a checkpoint's retention is taken with its commit marker instead of with its
+    # capture: what the snapshot names may be collected while the components are written.
+    checkpoint_retained_at_commit: bool = False
+    # RL8: salvage from checkpoint T takes batch T (the first one planned after it) as
+    # trained by T (`b <= T` for `b < T`): its groups are neither replayed nor restored.
+    salvage_boundary_inclusive: bool = False
+    # RL8: salvage keeps the dead run's acknowledgements of batches after T (its future
+    # markers) as consumed in the new timeline: they hide the groups they name.
+    salvage_keeps_dead_markers: bool = False
+    # RL5: salvage restores the completed groups only (the Megatron bank's rule): every
+    # unfinished task returns to its prompt, dropping the partial groups made durable.
+    salvage_restarts_partial: bool = False
+    # RL9: the commit marker is written once every component is written, not once each is
+    # durable (no fsync before the marker): a power loss leaves a marker naming lost files.
+    marker_before_components_durable: bool = False
 
 
 CORRECT = RolloutMutants()
@@ -155,6 +204,7 @@ class Task:
     status: str = PENDING
     progress: int = 0  # durable input: 0 = the prompt, k = a partial group after k steps
     attempt: int = 0  # the current (or last) lease's attempt number
+    src: int = 0  # the run that wrote its durable input (or result): payload (src, pos, progress)
 
 
 @dataclass(frozen=True)
@@ -178,6 +228,61 @@ class Hold:
     completed: bool = False  # the completion was durable but its reply was lost
 
 
+# A payload's identity: (the run that wrote it, task position, progress). The run is the
+# per-run nonce of group ids: a branch that generates a position again writes a new payload.
+Payload = tuple[int, int, int]
+
+# The components of a joint checkpoint, written in this order before its commit marker.
+COMPONENTS = ("model", "queue_state", "builder_state")
+ABSENT, WRITTEN, DURABLE = 0, 1, 2  # a component's file: missing, written not fsynced, durable
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run's durable state: its queue (cursor, tasks) and its builder's consumer (plans,
+    ready/trained/acked), with the step it started from.  The active run keeps these as
+    `State`'s top-level fields; earlier runs and checkpoint snapshots keep them here."""
+
+    cursor: int
+    tasks: tuple[Task, ...]
+    accepts: tuple[int, ...]
+    plans: tuple[tuple[int, ...], ...]
+    hooked: tuple[tuple[tuple[int, ...], ...], ...]
+    ready: int
+    trained: int
+    acked: int
+    best: tuple[int, ...]
+    base: int
+    mode: str  # how the run started: "new", "fork" (an exact restore) or "salvage"
+
+
+RUN_FIELDS = tuple(f.name for f in fields(Run))
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """The joint checkpoint of step `step` of run `run` (durable records): what its
+    components hold (`snap`, the run captured with leases returned as pending), each
+    component file's state, its commit marker, and whether its retention was released."""
+
+    run: int
+    step: int
+    snap: Run
+    components: tuple[int, ...] = (ABSENT,) * len(COMPONENTS)
+    committed: bool = False
+    released: bool = False
+    # derived: what an exact restore of it reads (what its retention keeps)
+    reads: frozenset[Payload] = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "reads",
+                           _needed_by_restore(self.snap.tasks, self.snap.plans, self.step))
+
+    @property
+    def name(self) -> str:
+        return f"r{self.run}.k{self.step}"
+
+
 @dataclass(frozen=True)
 class State:
     # durable (the queue and the pool)
@@ -189,15 +294,32 @@ class State:
     ready: int = 0  # batches [0, ready) are ready (shards published)
     trained: int = 0  # batches [0, trained) finished training (durable with the model)
     acked: int = 0  # consumer cursor: inputs of batches [0, acked) acknowledged
-    collected: frozenset[int] = frozenset()  # tasks whose payload was reclaimed
+    collected: frozenset[Payload] = frozenset()  # payloads reclaimed by collection
     # history variable for RL5: the highest durable progress each task ever had
     best: tuple[int, ...] = ()
+    base: int = 0  # the step this run started from (its restored checkpoint's; 0 at first)
+    mode: str = "new"  # how it started: "new", "fork" (an exact restore) or "salvage"
+    # durable, issue 15: the active run's id, every checkpoint captured so far, and whether
+    # the whole job crashed (then only a fork or a salvage starts it again)
+    run: int = 0
+    ckpts: tuple[Checkpoint, ...] = ()
+    down: bool = False
+    # The earlier runs' durable state, by run id, kept for RL6's step check only.  Nothing
+    # else reads it (an abandoned queue keeps nothing anyone needs: a restore retains what
+    # it shares under its own queue, a checkpoint under its own owner), so states that
+    # differ only here have the same futures: the explorer takes them as one state.
+    past: tuple[Run, ...] = field(default=(), compare=False)
     # volatile
     refill: Refill | None = None
     memory_cursor: int | None = None  # the controller's cursor; None until it starts
     holds: tuple[Hold | None, ...] = ()
     selection: tuple[int, ...] | None = None  # builder's in-memory selection (next batch)
+    saving: int | None = None  # the trainer's save in progress (index in ckpts)
     faults: int = 0
+
+    @property
+    def run_id(self) -> int:
+        return self.run
 
 
 def initial_state(cfg: RolloutConfig) -> State:
@@ -214,7 +336,7 @@ def _set(t: tuple, i: int, v: object) -> tuple:
 
 
 def _admit(s: State, start: int, end: int) -> State:
-    new = tuple(Task(p) for p in range(start, end))
+    new = tuple(Task(p, src=s.run_id) for p in range(start, end))
     return replace(s, tasks=s.tasks + new, accepts=s.accepts + (0,) * len(new),
                    best=s.best + (0,) * len(new))
 
@@ -303,12 +425,12 @@ def _workers(cfg: RolloutConfig, mut: RolloutMutants, s: State) -> Iterator[tupl
                 s, holds=_set(s.holds, w, replace(h, progress=h.progress + 1)))
         if t.progress < h.progress < cfg.steps:
             # yield a partial group: published, then its input replaced in one transaction
-            t2 = replace(t, status=PENDING, progress=h.progress)
+            t2 = replace(t, status=PENDING, progress=h.progress, src=s.run_id)
             yield Action("worker_yield_partial", (name, f"t{h.task}"), WORKER), replace(
                 s, tasks=_set(s.tasks, h.task, t2), holds=_set(s.holds, w, None),
                 best=_set(s.best, h.task, max(s.best[h.task], h.progress)))
         if h.progress == cfg.steps:
-            t2 = replace(t, status=DONE, progress=h.progress)
+            t2 = replace(t, status=DONE, progress=h.progress, src=s.run_id)
             done = replace(s, tasks=_set(s.tasks, h.task, t2),
                            accepts=_set(s.accepts, h.task, s.accepts[h.task] + 1),
                            best=_set(s.best, h.task, max(s.best[h.task], h.progress)))
@@ -361,15 +483,20 @@ def _builder(cfg: RolloutConfig, mut: RolloutMutants, s: State) -> Iterator[tupl
 
 
 def _trainer(cfg: RolloutConfig, mut: RolloutMutants, s: State) -> Iterator[tuple[Action, State]]:
-    if s.trained < s.ready:
+    if s.trained < s.ready and s.saving is None:  # a save runs between training steps
         yield Action("trainer_finish", (f"b{s.trained}",), TRAINER), replace(
             s, trained=s.trained + 1)
     limit = s.ready if mut.ack_before_training else s.trained
     if s.acked < limit:
         yield Action("builder_ack", (f"b{s.acked}",), BUILDER), replace(s, acked=s.acked + 1)
-    # Collection may reclaim any acknowledged group's payload.
-    for i in sorted(_acked_tasks(s) - s.collected):
-        yield Action("collect", (f"t{i}",), BUILDER), replace(s, collected=s.collected | {i})
+
+
+def _collector(cfg: RolloutConfig, mut: RolloutMutants, s: State
+               ) -> Iterator[tuple[Action, State]]:
+    # Collection reclaims a payload that no root keeps: the first one, in a fixed order
+    # (whatever it reclaims later stays unkept: one order reaches every collected set).
+    for p in sorted(_named(s) - _roots(cfg, mut, s) - s.collected):
+        yield Action("collect", (_pname(p),), BUILDER), replace(s, collected=s.collected | {p})
         break
 
 
@@ -392,15 +519,220 @@ def _faults(cfg: RolloutConfig, mut: RolloutMutants, s: State) -> Iterator[tuple
                 faults=f)
     if s.selection is not None:
         yield Action("crash_builder", (), FAULT), replace(s, selection=None, faults=f)
+    if cfg.restores:
+        # The whole job dies (every process, or a power loss): all volatile state is lost,
+        # with the save in progress and every component file not yet durable.
+        ckpts = tuple(replace(c, components=tuple(ABSENT if x == WRITTEN else x
+                                                  for x in c.components)) for c in s.ckpts)
+        yield Action("crash_job", (), FAULT), replace(
+            s, memory_cursor=None, refill=None, holds=(None,) * cfg.workers, selection=None,
+            saving=None, ckpts=ckpts, down=True, faults=f)
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints, restores and retention (issue 15)
+# ---------------------------------------------------------------------------------------------
+
+
+def _pname(p: Payload) -> str:
+    return f"t{p[1]}@{p[2]}/r{p[0]}"
+
+
+def _run_of(s: State) -> Run:
+    """The active run's durable state."""
+    return Run(**{f: getattr(s, f) for f in RUN_FIELDS})
+
+
+def _returned(tasks: tuple[Task, ...]) -> tuple[Task, ...]:
+    """What a snapshot or a new queue holds: leases returned as pending, and attempts
+    counted afresh (no lease of the old queue survives into a new one)."""
+    return tuple(replace(t, status=PENDING if t.status == LEASED else t.status, attempt=0)
+                 for t in tasks)
+
+
+def _payload(i: int, t: Task) -> Payload:
+    return (t.src, i, t.progress)
+
+
+def _needed_by_restore(tasks: tuple[Task, ...], plans: tuple[tuple[int, ...], ...], step: int
+                       ) -> frozenset[Payload]:
+    """What a restore of a run (its tasks and plans) resuming at model step `step` reads:
+    every unfinished task's durable input and every accepted group not trained by `step`
+    (in no batch below it)."""
+    trained = {i for plan in plans[:step] for i in plan}
+    return frozenset(_payload(i, t) for i, t in enumerate(tasks)
+                     if t.status != DONE or i not in trained)
+
+
+def _target(cfg: RolloutConfig, s: State) -> int:
+    """The model step a salvage of the active run resumes from: its latest committed (and
+    so unreleased) checkpoint's, else the step the run started from.  Without checkpoints
+    the model is durable with every finished training step."""
+    if cfg.checkpoints == 0:
+        return s.trained
+    steps = [c.step for c in s.ckpts if c.run == s.run_id and c.committed and not c.released]
+    return max(steps, default=s.base)
+
+
+def _floor(cfg: RolloutConfig, s: State, r: int, run: Run) -> int:
+    """A run keeps an acknowledged group for a salvage unless its batch is below the floor:
+    the lowest step of the run's registered checkpoints (captured, not released) and, until
+    one of them is committed, the step the run started from (the core's checkpoint_floor)."""
+    if cfg.checkpoints == 0:
+        return run.trained
+    own = [c for c in s.ckpts if c.run == r and not c.released]
+    steps = [c.step for c in own]
+    if not any(c.committed for c in own):
+        steps.append(run.base)
+    return min(steps)
+
+
+def _roots(cfg: RolloutConfig, mut: RolloutMutants, s: State) -> set[Payload]:
+    """What collection keeps (the mechanism): the active run's queue keeps its unfinished
+    tasks' inputs and its accepted groups, restored ones included, until acknowledged below
+    the floor; every captured checkpoint keeps what its snapshot names until released.  An
+    earlier run's queue is taken to keep nothing (it may be deleted once abandoned): what
+    is needed must not depend on it."""
+    keep: set[Payload] = set()
+    r, run = s.run_id, _run_of(s)
+    limit = run.acked if mut.ack_ignores_checkpoint_floor else min(
+        run.acked, _floor(cfg, s, r, run))
+    released = {i for plan in run.plans[:limit] for i in plan}
+    borrowed = mut.fork_keeps_checkpoint_retention and run.mode == "fork"
+    for i, t in enumerate(run.tasks):
+        if borrowed and t.src != r:
+            continue  # shared with the checkpoint, kept only by the checkpoint's owner
+        if t.status != DONE or i not in released:
+            keep.add(_payload(i, t))
+    for c in s.ckpts:
+        if not c.released and (c.committed or not mut.checkpoint_retained_at_commit):
+            keep |= c.reads
+    return keep
+
+
+def _named(s: State) -> set[Payload]:
+    """The payloads the active run or a checkpoint names: the candidates for collection
+    (collecting one only an earlier run names changes nothing anyone reads)."""
+    out = {_payload(i, t) for i, t in enumerate(s.tasks)}
+    for c in s.ckpts:
+        out |= c.reads
+    return out
+
+
+def _needs(cfg: RolloutConfig, s: State) -> Iterator[tuple[str, frozenset[Payload]]]:
+    """What must stay readable (RL7's oracle): what an exact restore of every committed,
+    unreleased checkpoint reads, and what a salvage of the active run (live, or crashed and
+    not yet restored) reads."""
+    for c in s.ckpts:
+        if c.committed and not c.released:
+            yield f"checkpoint {c.name} (an exact restore)", c.reads
+    step = _target(cfg, s)
+    yield (f"run r{s.run_id} (to go on, or a salvage of it from step {step})",
+           _needed_by_restore(s.tasks, s.plans, step))
+
+
+def _checkpointer(cfg: RolloutConfig, mut: RolloutMutants, s: State
+                  ) -> Iterator[tuple[Action, State]]:
+    """The trainer's joint checkpoint of step k (= batches trained), between training
+    steps: capture, each component written durably in order, then the commit marker."""
+    if s.saving is None:
+        k = s.trained
+        mine = [c.step for c in s.ckpts if c.run == s.run_id]
+        # a step the run trained itself, never one it already saved (the existing commit
+        # is refused before anything is written)
+        if len(s.ckpts) < cfg.checkpoints and k > s.base and all(m < k for m in mine):
+            # One step: the snapshot (leases returned as pending) and its retention and
+            # floor registration under the checkpoint's owner.  Retaining a payload that a
+            # collection has tombstoned fails (D4): a save that races one fails, unmarked.
+            snap = replace(_run_of(s), tasks=_returned(s.tasks), acked=k)
+            yield Action("ckpt_capture", (f"k{k}",), TRAINER), replace(
+                s, ckpts=s.ckpts + (Checkpoint(s.run_id, k, snap),), saving=len(s.ckpts))
+        return
+    n, c = s.saving, s.ckpts[s.saving]
+    for j, component in enumerate(COMPONENTS):
+        if c.components[j] == ABSENT:
+            # write a temp file, fsync, rename, fsync the directory: durable in one step
+            # (the mutant skips the fsyncs: the file is only written)
+            state = WRITTEN if mut.marker_before_components_durable else DURABLE
+            yield Action("ckpt_write", (c.name, component), TRAINER), replace(
+                s, ckpts=_set(s.ckpts, n, replace(c, components=_set(c.components, j, state))))
+            return
+    # The commit marker last (RL9); the tracker and current.json follow it (resolution
+    # reads markers: a tracker newer than the last marker is ignored), so they are not
+    # steps of their own here.
+    yield Action("ckpt_commit", (c.name,), TRAINER), replace(
+        s, ckpts=_set(s.ckpts, n, replace(c, committed=True)), saving=None)
+
+
+def _releases(cfg: RolloutConfig, mut: RolloutMutants, s: State
+              ) -> Iterator[tuple[Action, State]]:
+    # The job's retention policy releases a committed checkpoint of an earlier run (no
+    # rollback there is wanted any more), or one of the active run's that a later committed
+    # checkpoint supersedes (the newest is the salvage point): its owner and its floor
+    # registration go in one step.  The model files stay (a released checkpoint remains
+    # a salvage base for a run started from it); it can no longer be restored exactly.
+    for n, c in enumerate(s.ckpts):
+        if c.committed and not c.released and (c.run != s.run_id or any(
+                d.run == c.run and d.committed and d.step > c.step for d in s.ckpts)):
+            yield Action("release", (c.name,), TRAINER), replace(
+                s, ckpts=_set(s.ckpts, n, replace(c, released=True)))
+
+
+def _start(s: State, past: tuple[Run, ...], run: Run) -> State:
+    """The job started again as a new run (a new queue): `run` is its durable state."""
+    return replace(s, past=past, run=len(past), down=False,
+                   **{f: getattr(run, f) for f in RUN_FIELDS})
+
+
+def _restores(cfg: RolloutConfig, mut: RolloutMutants, s: State
+              ) -> Iterator[tuple[Action, State]]:
+    """The crashed job starts again in an isolated queue: exact (a fork of a committed
+    checkpoint: a rollback or another branch) or salvage (the dead run resumed from its
+    latest checkpoint).  The dead run's durable state is kept as it is."""
+    if s.run >= cfg.restores:
+        return
+    dead = _run_of(s)
+    for c in s.ckpts:
+        if c.committed and not c.released:
+            past = s.past + (dead,)
+            if mut.fork_writes_source:
+                src = past[c.run]
+                past = _set(past, c.run, replace(src, acked=max(src.acked, len(src.plans))))
+            # Exact: the snapshot as saved; batches below k are trained by k, so the new
+            # consumer starts at k; the source's later samples are not read.
+            yield Action("fork", (c.name,), CONTROLLER), _start(
+                s, past, replace(c.snap, acked=c.step, base=c.step, mode="fork"))
+    # Salvage from step T: the dead queue's durable state (leases returned) in a new queue:
+    # every accepted group kept, the batches planned after T replayed as planned, the
+    # consumer rewound to T (the dead run's acknowledgements after T are not carried).
+    step = _target(cfg, s)
+    consumed = step
+    if mut.salvage_boundary_inclusive:
+        consumed = min(step + 1, len(dead.plans))
+    if mut.salvage_keeps_dead_markers:
+        consumed = max(consumed, dead.acked)
+    tasks = _returned(dead.tasks)
+    if mut.salvage_restarts_partial:
+        tasks = tuple(t if t.status == DONE else replace(t, progress=0) for t in tasks)
+    yield Action("salvage", (f"r{s.run_id}.k{step}",), CONTROLLER), _start(
+        s, s.past + (dead,), replace(dead, tasks=tasks, trained=consumed, acked=consumed,
+                                     base=step, mode="salvage"))
 
 
 def successors(cfg: RolloutConfig, mut: RolloutMutants, s: State
                ) -> Iterator[tuple[Action, State]]:
     """Every enabled action of s with its next state, in a fixed order."""
+    if s.down:
+        yield from _collector(cfg, mut, s)
+        yield from _restores(cfg, mut, s)
+        return
     yield from _controller(cfg, mut, s)
     yield from _workers(cfg, mut, s)
     yield from _builder(cfg, mut, s)
     yield from _trainer(cfg, mut, s)
+    yield from _collector(cfg, mut, s)
+    yield from _checkpointer(cfg, mut, s)
+    yield from _releases(cfg, mut, s)
     yield from _faults(cfg, mut, s)
 
 
@@ -429,7 +761,8 @@ def rl1_exactly_once_admission(cfg: RolloutConfig, s: State) -> str | None:
 
 def rl2_accepted_once_never_lost(cfg: RolloutConfig, s: State) -> str | None:
     """RL2: a group is accepted at most once, planned in at most one batch, and its payload
-    is not collected before the batch that trains it has finished."""
+    is not collected before the batch that trains it has finished (for a group this run
+    wrote; the groups a restore shares with another run are RL7's)."""
     for i, n in enumerate(s.accepts):
         if n > 1:
             return f"task t{i}'s group was accepted {n} times"
@@ -439,10 +772,11 @@ def rl2_accepted_once_never_lost(cfg: RolloutConfig, s: State) -> str | None:
             if i in where:
                 return f"group t{i} is planned in batches b{where[i]} and b{b}"
             where[i] = b
-    for i in sorted(s.collected):
-        batch = where.get(i)
-        if batch is None or batch >= s.trained:
-            return f"group t{i} was collected but its batch has not finished training"
+    for i, t in enumerate(s.tasks):
+        if t.status == DONE and t.src == s.run_id and _payload(i, t) in s.collected:
+            batch = where.get(i)
+            if batch is None or batch >= s.trained:
+                return f"group t{i} was collected but its batch has not finished training"
     return None
 
 
@@ -473,17 +807,96 @@ def rl5_progress_kept(cfg: RolloutConfig, s: State) -> str | None:
     return None
 
 
+def rl6_fork_never_changes_source(cfg: RolloutConfig, s: State, a: Action, s2: State
+                                  ) -> str | None:
+    """RL6 (step): a fork never changes its source.  No step changes an earlier run's
+    durable state or a checkpoint's snapshot, and a restore keeps the run it replaces
+    exactly as the crash left it (another restore of it, or of its checkpoints, reads it)."""
+    if s2.past is s.past and s2.ckpts is s.ckpts:
+        return None  # (most steps: nothing of another run or a checkpoint was touched)
+    n = len(s.past)
+    for r, (run, run2) in enumerate(zip(s.past, s2.past, strict=False)):
+        if run != run2:
+            return f"{a.name} changed the durable state of the earlier run r{r}"
+    if len(s2.past) > n and s2.past[n] != _run_of(s):
+        return f"{a.name} changed the durable state of its source run r{n}"
+    for c, c2 in zip(s.ckpts, s2.ckpts, strict=False):
+        if c is not c2 and (c.run, c.step, c.snap) != (c2.run, c2.step, c2.snap):
+            return f"{a.name} changed the snapshot of checkpoint {c.name}"
+    return None
+
+
+def rl7_shared_payloads_reachable(cfg: RolloutConfig, s: State) -> str | None:
+    """RL7: payloads stay readable while a checkpoint or a branch needs them: everything an
+    exact restore of a committed, unreleased checkpoint reads, and everything a salvage of
+    the active run (its latest checkpoint, the groups accepted since and its unfinished
+    inputs) reads.  Checked against what was collected, whatever kept it."""
+    if not s.collected:
+        return None
+    for who, needed in _needs(cfg, s):
+        lost = sorted(needed & s.collected)
+        if lost:
+            return f"{who} needs {', '.join(map(_pname, lost))}, which was collected"
+    return None
+
+
+def rl8_salvage_restores_exactly(cfg: RolloutConfig, s: State, a: Action, s2: State
+                                 ) -> str | None:
+    """RL8 (step): a salvage from checkpoint T restores exactly the groups accepted and not
+    trained by T (in no batch below T), replays the batches planned after T as planned,
+    and never generates a durable group again (each stays accepted, with its payload)."""
+    if a.name != "salvage":
+        return None
+    dead, step = _run_of(s), _target(cfg, s)
+    done = {i for i, t in enumerate(dead.tasks) if t.status == DONE}
+    expected = done - {i for plan in dead.plans[:step] for i in plan}
+    consumed = {i for plan in s2.plans[:max(s2.trained, s2.acked)] for i in plan}
+    restored = {i for i, t in enumerate(s2.tasks) if t.status == DONE} - consumed
+    if restored != expected:
+        missing = ",".join(f"t{i}" for i in sorted(expected - restored)) or "-"
+        extra = ",".join(f"t{i}" for i in sorted(restored - expected)) or "-"
+        return (f"salvage from step {step} of run r{s.run_id}: accepted groups not trained "
+                f"by {step} missing from the restore: {missing}; restored but trained by "
+                f"{step}: {extra}")
+    for i in sorted(done):
+        t, t2 = dead.tasks[i], s2.tasks[i] if i < len(s2.tasks) else None
+        if t2 is None or t2.status != DONE or _payload(i, t2) != _payload(i, t):
+            return f"salvage returns t{i} to generation, but its group was durable"
+    if s2.plans[: len(dead.plans)] != dead.plans:
+        return "salvage does not replay the dead run's planned batches as planned"
+    return None
+
+
+def rl9_marker_implies_components(cfg: RolloutConfig, s: State) -> str | None:
+    """RL9: a commit marker implies every component of its checkpoint durable."""
+    for c in s.ckpts:
+        if c.committed:
+            missing = [name for name, x in zip(COMPONENTS, c.components, strict=True)
+                       if x != DURABLE]
+            if missing:
+                return f"the commit marker of {c.name} names {', '.join(missing)}, not durable"
+    return None
+
+
 STATE_INVARIANTS = {
     "RL1": rl1_exactly_once_admission,
     "RL2": rl2_accepted_once_never_lost,
     "RL3": rl3_plan_never_changes,
     "RL4": rl4_ack_after_training,
     "RL5": rl5_progress_kept,
+    "RL7": rl7_shared_payloads_reachable,
+    "RL9": rl9_marker_implies_components,
 }
-ALL_IDS = frozenset(STATE_INVARIANTS)
+STEP_INVARIANTS = {
+    "RL6": rl6_fork_never_changes_source,
+    "RL8": rl8_salvage_restores_exactly,
+}
+ALL_IDS = frozenset(STATE_INVARIANTS) | frozenset(STEP_INVARIANTS)
 
 
 def check_state(cfg: RolloutConfig, s: State) -> tuple[str, str] | None:
+    """RL1-RL5, RL7 and RL9 on the active run and the pool, in every state: every state's
+    durable part is what a crash at that point leaves."""
     for iid, check in STATE_INVARIANTS.items():
         msg = check(cfg, s)
         if msg is not None:
@@ -492,6 +905,9 @@ def check_state(cfg: RolloutConfig, s: State) -> tuple[str, str] | None:
 
 
 def check_step(cfg: RolloutConfig, s: State, a: Action, s2: State) -> tuple[str, str] | None:
-    """The rollout rules are all state invariants (history variables carry what a step
-    check would need)."""
+    """RL6 and RL8 compare a step's two sides (history variables carry the rest)."""
+    for iid, check in STEP_INVARIANTS.items():
+        msg = check(cfg, s, a, s2)
+        if msg is not None:
+            return iid, msg
     return None
