@@ -116,7 +116,8 @@ def resolve_checkpoint(save: str, load: str | None = None, step: int | None = No
     current_path = os.path.join(root, ROLLOUT, CURRENT)
     current_text = fs.read_file(current_path) if fs.exists(current_path) else None
     current = _current(fs, current_path) if current_text is not None else None
-    auto = load is None and current is not None
+    # resuming the active branch: no load, or load = save (the same thing said twice)
+    auto = current is not None and (load is None or os.path.abspath(load) == root)
     if load is None and current is None:
         return Resolution(NEW, root, *_place(fs, root))
     load_path = root if load is None else os.path.abspath(load)
