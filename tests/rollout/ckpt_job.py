@@ -86,9 +86,10 @@ class Job:
         return self.job.save(step, model_saver(**kw))
 
     def close(self) -> None:
-        self.client.close()
+        if not self.gen_store.closed:
+            self.client.close()
+            self.gen_store.close()
         self.job.close()
-        self.gen_store.close()
         self.store.close()
 
 
