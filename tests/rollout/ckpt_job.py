@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from straw import SharedFilesystemStore
-from straw.rollout import EnvironmentMix, RolloutConfig, Status
+from straw.rollout import EnvironmentMix, RolloutConfig, Status, VersionSpan
 from straw.rollout.generation import GenerationClient
 from straw.rollout.resolve import resolve_checkpoint
 from straw.rollout.restore import RolloutJob, open_job
@@ -55,13 +55,16 @@ class Job:
         self.rollout_id = self.job.next_rollout_id
         self.trained: dict[int, list[Any]] = {}  # rollout id -> the batch's samples
 
-    def generate(self, n: int = 2) -> None:
-        """One generator call: lease up to ``n`` groups, complete them all."""
+    def generate(self, n: int = 2, version: int | None = None) -> None:
+        """One generator call: lease up to ``n`` groups, complete them all (their tokens
+        generated under weight ``version``, if given)."""
         self.generator_calls += 1
         groups = self.client.take(n)
+        spans = () if version is None else (VersionSpan(0, 2, version),)
         done = [dataclasses.replace(g, samples=tuple(
             dataclasses.replace(s, tokens=s.tokens + (7, 8 + s.index), response_length=2,
-                                status=Status.COMPLETED, reward=float(s.index % 3))
+                                status=Status.COMPLETED, reward=float(s.index % 3),
+                                versions=spans)
             for s in g.samples)) for g in groups]
         self.client.return_groups(done)
 

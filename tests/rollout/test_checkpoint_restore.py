@@ -129,7 +129,11 @@ def test_salvage_restores_every_group_accepted_after_the_checkpoint_and_replays_
     for _ in range(3):
         dead.train()
     dead.save(2)
+    dead.generate(version=5)
     dead.train(finish=False)  # planned after the checkpoint, its training lost
+    # groups of an OLDER weight version, accepted after batch 3 was planned: a replay
+    # that re-selected by version would move them into batch 3
+    dead.generate(version=1)
     dead.train()  # planned, trained and acknowledged after the checkpoint: rolled back
     dead.generate()
     dead.generate()  # four groups accepted after the checkpoint, never planned
@@ -158,6 +162,26 @@ def test_salvage_restores_every_group_accepted_after_the_checkpoint_and_replays_
         assert not set(alive.job.controller.coordinator.batches) & dead_batch_ids
         assert refs[0][0].batch_id not in dead_batch_ids
         assert dead_ids[3] == alive.trained[3][0]["group_index"]
+    finally:
+        alive.close()
+
+
+def test_the_salvage_boundary_is_exactly_the_checkpoint(dirs):
+    """RL8 at the boundary: the first group accepted after the save is restored, none
+    trained at or before it is (a `<=` for `<` either way changes the count)."""
+    pool, save = dirs
+    dead = Job(pool, save)
+    dead.train()
+    dead.save(0)
+    dead.generate()  # accepted at the boundary position S and S+1, never planned
+    after = sorted(dead.job.builder.backlog().items())
+    dead.close()
+    alive = Job(pool, save, mode_expected=SALVAGE)
+    try:
+        assert after == [("", 2)] and alive.job.restored == 2
+        alive.train()
+        assert alive.generator_calls == 0
+        assert min(s["group_index"] for s in alive.trained[1]) >= 2  # not step 0's groups
     finally:
         alive.close()
 
