@@ -308,8 +308,12 @@ class Checkpointer:
         self.store.release(checkpoint_owner(self.namespace, self.queue_id, step))
 
 
+_TASK_FIELDS = tuple(f.name for f in dataclasses.fields(TaskSpec))
+
+
 def _task_dict(task: TaskSpec) -> dict[str, Any]:
-    d = dataclasses.asdict(task)
+    # shallow (dataclasses.asdict deep-copies every reference: 0.4 ms a task)
+    d = {name: getattr(task, name) for name in _TASK_FIELDS}
     d["input_ref"] = None if task.input_ref is None else task.input_ref.to_dict()
     d["metadata"] = dict(task.metadata)
     return d
