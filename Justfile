@@ -28,7 +28,8 @@ lint:
 # and a publisher's pause during compaction (building that history takes ~30 min here);
 # then the rollout control overhead per group (1 and 8 generation processes, ~1 min) and
 # the batch builder's memory and rank reads on 1,024 samples with 12.6 MB R3 routes each
-# (writes 12.9 GB: ~5 min; it checks the free disk first)
+# (writes 12.9 GB: ~5 min; it checks the free disk first); then a checkpoint's save at
+# 100,000 accepted groups of history and 1,000 live, and an exact restore of 10,000 (~5 min)
 bench *ARGS:
     {{python}} -m bench.bench {{ARGS}}
     {{python}} -m bench.retention
@@ -37,6 +38,7 @@ bench *ARGS:
     {{python}} -m bench.rollout_bench
     {{python}} -m bench.builder_bench
     {{python}} -m bench.archive_bench
+    {{python}} -m bench.checkpoint_bench
 
 # store, tensor and queue workloads against straw-queue 0.1.6, alternating the two (~2-3 min; --queue-history 0 skips the slow reopen pass)
 bench-peer *ARGS:
