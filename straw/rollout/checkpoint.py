@@ -18,12 +18,12 @@ the queue's live state, the builder's, then LAST a commit marker; then the track
    collected but unfinished batch with its groups and mix states, the mix state, and the
    boundary ``scan_cursor`` S: the source commit log position the checkpoint covers).
    Payloads are referenced, not copied: the groups and inputs named are retained under
-   the checkpoint's owner ``checkpoint:<queue>:<k>`` (``store.retain``) BEFORE any file
-   names them, until ``release(k)``; and the checkpoint is registered on the source queue
-   with cursor S (``Coordinator.register_checkpoint``): every result from S on stays
-   readable (a salvage needs the groups accepted after the checkpoint even once a later
-   batch acknowledged them) until the next checkpoint supersedes this registration
-   (RL7).
+   the checkpoint's owner ``checkpoint:<queue>:<k>`` (``store.retain``) before the marker
+   names them (the two files are written meanwhile), until ``release(k)``; and the
+   checkpoint is registered on the source queue with cursor S
+   (``Coordinator.register_checkpoint``): every result from S on stays readable (a
+   salvage needs the groups accepted after the checkpoint even once a later batch
+   acknowledged them) until the next checkpoint supersedes this registration (RL7).
 4. **The marker** ``committed_<k>.json``, written last (RL9: every component is durable
    before it): each component's size and sha256 (small files), the optimizer and RNG
    flags, weight version k+1, the pool id, the run id, the source queue and the owner.
@@ -43,6 +43,7 @@ so a crash campaign on SimFS can crash any syscall of a save (``checkpoint_files
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import hashlib
 import json
@@ -128,14 +129,17 @@ class Checkpointer:
         reg = registration_id(self.namespace, self.queue_id, step)
         try:
             queue_state, builder_state, refs = self._rollout_state(step)
-            self.store.retain(owner, refs)  # RL7: before any file names them
-            self._register(reg, builder_state)
-            files = dict(model)
-            for kind, value in (("queue_state", queue_state), ("builder_state", builder_state)):
-                path = rollout_file(self.directory, kind, step)
-                data = write_json(self.fs, path, value)
-                files[os.path.relpath(path, self.directory)] = {
-                    "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+            # the state files and the retention are independent until the marker: their
+            # syncs overlap (a save costs its fsync latencies; this halves the middle)
+            with concurrent.futures.ThreadPoolExecutor(
+                    1, thread_name_prefix="straw.rollout checkpoint") as pool:
+                written = pool.submit(self._write_states, step, queue_state, builder_state)
+                try:
+                    self.store.retain(owner, refs)  # RL7: before the marker names them
+                    self._register(reg, builder_state)
+                finally:
+                    states = written.result()
+            files = {**model, **states}
             marker = {"version": VERSION, "step": step, "weight_version": step + 1,
                       "files": files, "optimizer": optimizer, "rng": rng,
                       "pool": self.store.pool_id, "run_id": self.store.run_id,
@@ -146,16 +150,35 @@ class Checkpointer:
         except BaseException:
             self._forget(owner, reg)
             raise
-        # a later checkpoint supersedes the earlier registrations (their owners stay)
-        for old in self._registered:
-            self.controller.coordinator.release_checkpoint(old)
-        self._registered = [reg]
+        # a later checkpoint supersedes the earlier registrations (their owners stay);
+        # meanwhile the trackers (both only after the marker: they may lag, never lead)
+        with concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="straw.rollout checkpoint") as pool:
+            trackers = pool.submit(self._write_trackers, step)
+            try:
+                for old in self._registered:
+                    self.controller.coordinator.release_checkpoint(old)
+                self._registered = [reg]
+            finally:
+                trackers.result()
+        return marker
+
+    def _write_states(self, step: int, queue_state: Mapping[str, Any],
+                      builder_state: Mapping[str, Any]) -> dict[str, Any]:
+        files = {}
+        for kind, value in (("queue_state", queue_state), ("builder_state", builder_state)):
+            path = rollout_file(self.directory, kind, step)
+            data = write_json(self.fs, path, value)
+            files[os.path.relpath(path, self.directory)] = {
+                "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        return files
+
+    def _write_trackers(self, step: int) -> None:
         write_tracker(self.fs, self.directory, step)
         if self.root != self.directory:
             write_tracker(self.fs, self.root, step)
         write_json(self.fs, os.path.join(self.root, ROLLOUT, CURRENT),
                    {"version": VERSION, "directory": self.directory, "tracker": str(step)})
-        return marker
 
     def _check_current(self) -> None:
         path = os.path.join(self.root, ROLLOUT, CURRENT)
