@@ -24,6 +24,7 @@ import json
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from types import SimpleNamespace
@@ -140,13 +141,18 @@ def run(history: int, live: int, ready: int, batch: int, rounds: int) -> dict[st
         b.accept(live // 2)
         b.admit(live - live // 2)
         small = b.saves(rounds, 0)
+        _progress(f"small-history saves: {[round(x * 1000, 1) for x in small]} ms")
         t = time.perf_counter()
-        b.accept(history - batch)
-        b.train_all()
+        for lo in range(batch, history, 10_000):  # in slices, reporting progress
+            b.accept(min(10_000, history - lo))
+            b.train_all()
+            _progress(f"history: {min(history, lo + 10_000):,} groups accepted and trained "
+                      f"({time.perf_counter() - t:.0f} s)")
         build = time.perf_counter() - t
         b.accept(live // 2)  # the same live state again
         b.admit(live - live // 2)
         large = b.saves(rounds, 100)
+        _progress(f"full-history saves: {[round(x * 1000, 1) for x in large]} ms")
         # a checkpoint of `ready` accepted untrained groups, restored exactly
         b.accept(ready - sum(b.builder.backlog().values()))
         b.ck.save(200, save_model)
@@ -170,6 +176,10 @@ def run(history: int, live: int, ready: int, batch: int, rounds: int) -> dict[st
                 "restore_target_s": RESTORE_TARGET}
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _progress(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
