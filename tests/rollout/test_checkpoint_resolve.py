@@ -201,7 +201,8 @@ def test_a_model_without_queue_snapshot_starts_an_empty_queue(tmp_path, run):
     with pytest.warns(UserWarning, match="dataset offset 0"):
         r = resolve_checkpoint(save, step=5)
     assert (r.mode, r.dataset_cursor) == (EMPTY, None)
-    job = Job(pool, save, step=5, mode_expected=EMPTY)
+    with pytest.warns(UserWarning, match="dataset offset 0"):
+        job = Job(pool, save, step=5, mode_expected=EMPTY)
     try:
         assert job.job.controller.cursor.sample_group_index == 0
         assert job.job.controller.coordinator.pending_tasks() == []
