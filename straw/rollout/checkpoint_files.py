@@ -9,6 +9,7 @@ Layout of a *physical* save directory ``D`` (the job's ``--save``, or a branch o
     D/rollout/builder_state_<k>.json    the batch builder's backlog and planned batches
     D/rollout/committed_<k>.json        the commit marker, written LAST (RL9)
     D/rollout/branch.json               this branch: its parent {directory, step}, queue
+    D/rollout/seeded.json               this branch's queue is seeded (a restart recovers it)
     D/rollout/dataset_cursor_<k>.json   optional: a cursor for a model without snapshot
 
 and of the *logical* save root ``L`` (the ``--save`` the user gives; ``D`` is ``L`` or
@@ -40,6 +41,7 @@ TRACKER = "latest_checkpointed_iteration.txt"
 CURRENT = "current.json"
 BRANCH = "branch.json"
 BRANCHES = "branches"
+SEEDED = "seeded.json"  # written once a branch's queue holds its restored state
 # files at most this large get a sha256 in the commit marker; larger ones (model weights)
 # their size (hashing gigabytes at every save would cost what the model save costs)
 SMALL_FILE = 1 << 20
@@ -134,7 +136,8 @@ def read_tracker(fs: Filesystem, directory: str) -> int | None:
                          "load (an int) or remove the file") from None
 
 
-__all__ = ["VERSION", "ROLLOUT", "TRACKER", "CURRENT", "BRANCH", "BRANCHES", "SMALL_FILE",
+__all__ = ["VERSION", "ROLLOUT", "TRACKER", "CURRENT", "BRANCH", "BRANCHES", "SEEDED",
+           "SMALL_FILE",
            "model_dir", "rollout_file", "committed_steps", "step_of_marker", "canonical",
            "write_json", "read_json", "check_version", "sha256_file", "write_tracker",
            "read_tracker"]

@@ -59,6 +59,7 @@ from .checkpoint_files import (
     BRANCHES,
     CURRENT,
     ROLLOUT,
+    SEEDED,
     check_version,
     committed_steps,
     model_dir,
@@ -142,6 +143,7 @@ def resolve_checkpoint(save: str, load: str | None = None, step: int | None = No
     branch = load_current["directory"] if load_current is not None else load_path
     chosen = step
     explicit = step is not None
+    unseeded_mode = None
     if chosen is None and load_current is not None:
         tracker = read_tracker(fs, load_path)
         if tracker is not None and str(tracker) != str(load_current.get("tracker")):
@@ -151,13 +153,20 @@ def resolve_checkpoint(save: str, load: str | None = None, step: int | None = No
         if own:
             chosen = own[-1]
         else:
-            queue = _branch(fs, branch).get("queue")
-            if auto and queue is not None:
-                # a crash before this branch's first checkpoint: reopen its own queue
+            info = _branch(fs, branch)
+            queue, parent = info.get("queue"), info.get("parent")
+            if auto and queue is not None and fs.exists(os.path.join(branch, ROLLOUT, SEEDED)):
+                # a crash before this branch's first checkpoint: reopen its own queue; the
+                # model restarts from the branch point, so do the rollout ids (the batches
+                # the branch planned since are replayed from its queue, identical)
                 return Resolution(RECOVER, root, branch, str(queue["queue_id"]), branch,
-                                  None, None, _branch(fs, branch).get("parent"),
-                                  current_text, queue=dict(queue))
-            parent = _branch(fs, branch).get("parent")
+                                  None if parent is None else int(parent["step"]), None,
+                                  parent, current_text, queue=dict(queue))
+            if auto and queue is not None and parent is None:
+                # a new run that crashed before its queue was seeded: a new run again
+                return Resolution(NEW, root, *_place(fs, root), current=current_text)
+            if auto and queue is not None:
+                unseeded_mode = info.get("mode")  # the start crashed before its seed: redo
             if parent is None:
                 tracker = read_tracker(fs, branch)
                 if tracker is None:
@@ -177,6 +186,8 @@ def resolve_checkpoint(save: str, load: str | None = None, step: int | None = No
     latest = committed_steps(fs, branch)
     mode = SALVAGE if (auto and not explicit and found == branch and latest
                        and latest[-1] == chosen) else EXACT
+    if unseeded_mode == SALVAGE:
+        mode = SALVAGE  # the interrupted start was a salvage of this same checkpoint
     return Resolution(mode, root, *_place(fs, root), found, chosen, marker,
                       {"directory": found, "step": chosen}, current_text)
 

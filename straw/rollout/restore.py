@@ -60,6 +60,7 @@ from .checkpoint_files import (
     BRANCH,
     CURRENT,
     ROLLOUT,
+    SEEDED,
     VERSION,
     check_version,
     read_json,
@@ -150,6 +151,9 @@ def open_job(resolution: Resolution, store: Any, dataset: Any, mix: EnvironmentM
                                          producer_state=producer, accepted=accepted,
                                          mix=mix_state, clock=clock)
             seeded.coordinator.close()  # the controller owns the queue from here on
+            # from here on a restart recovers this branch's queue (resolve: recover)
+            write_json(fs, os.path.join(resolution.directory, ROLLOUT, SEEDED),
+                       {"version": VERSION, "queue": {"namespace": ns, "queue_id": qid}})
             controller = RolloutController(store, dataset, config=config, queue_id=qid,
                                            namespace=ns, recover=True, clock=clock)
             state = seeded.builder_state

@@ -26,7 +26,7 @@ from straw.rollout.checkpoint_errors import (
 from straw.rollout.resolve import EMPTY, EXACT, NEW, RECOVER, SALVAGE, resolve_checkpoint
 from straw.rollout.restore import open_job
 
-from .ckpt_job import BATCH, CONFIG, PROMPTS, Job
+from .ckpt_job import BATCH, CONFIG, PROMPTS, Job, train_data
 
 
 @pytest.fixture
@@ -237,3 +237,30 @@ def test_a_crash_before_the_first_checkpoint_recovers_the_branch_queue(tmp_path)
         assert again.generator_calls == 0
     finally:
         again.close()
+
+
+def test_a_branch_that_crashed_before_its_first_checkpoint_recovers_from_its_queue(run):
+    pool, save = run
+    b = Job(pool, save, step=1, mode_expected=EXACT)
+    b.train()  # rollout 2 of the branch, no checkpoint of its own yet
+    want = train_data(b.trained[2])
+    b.close()
+    again = Job(pool, save, mode_expected=RECOVER)
+    try:
+        assert again.resolution.directory == b.resolution.directory
+        assert again.rollout_id == 2  # the model restarts from the branch point, step 1
+        again.train()  # the branch's batch 2 again, from its queue, identical
+        assert train_data(again.trained[2]) == want and again.generator_calls == 0
+    finally:
+        again.close()
+
+
+def test_a_start_that_crashed_before_its_queue_was_seeded_starts_again(run):
+    pool, save = run
+    b = Job(pool, save, mode_expected=SALVAGE)
+    branch = b.resolution.directory
+    b.close()
+    os.remove(os.path.join(branch, "rollout", "seeded.json"))  # as if it crashed before
+    r = resolve_checkpoint(save)
+    assert (r.mode, r.step, r.source) == (SALVAGE, 2, save)  # the same salvage, redone
+    assert r.directory != branch  # into a new branch (the old queue id stays unused)
