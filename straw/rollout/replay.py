@@ -1,10 +1,12 @@
-"""Replay selection: which archived groups a train-only job replays, in which order (issue 16).
+"""Replay of debug archives: which archived groups a train-only job replays, in which
+order, and the isolated queue that feeds them to training (issue 16).
 
 A train-only job replays one or more debug archives (``RolloutArchive``) without
-generation.  This module is the selection and its checks, pure functions over opened
-archives' indexes (no data is read, nothing is written); feeding the selected groups to
-training through an isolated queue in the archives' pool is the queue part's (it builds on
-the rollout checkpoint's isolated-queue restore, not a mechanism of its own)::
+generation.  ``plan_replay`` is the selection and its checks, pure functions over opened
+archives' indexes (no data is read, nothing is written); ``replay_archives`` (below) puts
+the selected groups into an isolated queue in the archives' pool, through the rollout
+checkpoint's isolated-queue restore (``straw.rollout.isolated``), not a mechanism of its
+own::
 
     with RolloutArchive(a) as first, RolloutArchive(b) as second:
         plan = plan_replay([first, second])                      # full replay
