@@ -353,3 +353,38 @@ def test_a_restarted_replay_job_continues_from_its_queue(tmp_path, pool):
         coord.close()
     assert _trained(pool.store, first) == _expected(samples[:4])
     assert _trained(pool.store, second) == _expected(samples[4:])
+
+
+def test_archives_of_one_pool_replay_together_in_order_groups_across_chunks_too(tmp_path,
+                                                                                pool):
+    big = _archived(pool, 30, n=3)  # 90 samples: group 21 is samples 63-65, two chunks
+    small = _archived(pool, 2, n=3, start=30)
+    a = RolloutArchive.save(tmp_path / "a.straw.json", big, rollout_id=1, store=pool.store)
+    b = RolloutArchive.save(tmp_path / "b.straw.json", small, rollout_id=2, store=pool.store)
+    with RolloutArchive(a) as first, RolloutArchive(b) as second:
+        replay = replay_archives(pool.store, [second, first], queue_id="both")
+        assert [g.rollout for g in replay.plan.groups] == ["2"] * 2 + ["1"] * 30
+        spanning = replay.plan.groups[2 + 21]
+        assert len({m.chunk_ref for m in spanning.members}) == 2
+        assert len(pool.store.checked_manifest(replay.groups[2 + 21]).dependencies) == 2
+    with replay, replay.builder(pool.store, EnvironmentMix.single(8), dp_size=2) as builder:
+        batches = [builder.next_batch(r) for r in range(4)]
+        assert builder.next_batch(4) is None
+    # replay order: the archives in the order given, each in archive order
+    assert _trained(pool.store, batches[0]) == _expected(small + big[:18])
+    assert [t for b in batches for t in _trained(pool.store, b)] == \
+        [t for k in range(4) for t in _expected((small + big)[24 * k:24 * k + 24])]
+
+
+def test_archives_of_different_runs_are_refused_before_anything_is_written(tmp_path, pool):
+    samples = _archived(pool, 1)
+    a = RolloutArchive.save(tmp_path / "a.straw.json", samples, rollout_id=1,
+                            store=pool.store)
+    b = RolloutArchive.save(tmp_path / "b.straw.json", samples, rollout_id=1)  # adjacent
+    owners, written = pool.store.owners(), pool.store.metrics["payload_bytes"]
+    with RolloutArchive(a) as first, RolloutArchive(b) as second:
+        with pytest.raises(ValueError, match="one pool and run"):
+            replay_archives(pool.store, [first, second], queue_id="mixed")
+    assert pool.store.owners() == owners
+    assert pool.store.metrics["payload_bytes"] == written
+    assert not os.path.exists(queue_dir(pool.store.root, "job", REPLAY_NAMESPACE, "mixed"))
