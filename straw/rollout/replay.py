@@ -84,8 +84,9 @@ from straw.refs import RecordSetRef
 
 from .archive import Chunk, RolloutArchive, chunk_sample, read_chunk
 from .builder import Accepted, BatchBuilder
+from .checkpoint_errors import BranchStarted
 from .environments import EnvironmentMix
-from .isolated import seed_isolated_queue
+from .isolated import branch_owner, seed_isolated_queue
 from .replay_group import replay_group_publication
 from .samples import SampleGroup, Stage, classify
 from .scheduling import scheduling_key
@@ -349,6 +350,11 @@ def replay_archives(store: Any, archives: Sequence[RolloutArchive], *, queue_id:
         seeded = seed_isolated_queue(store, namespace=namespace, queue_id=queue_id, tasks=[],
                                      producer_state=None, accepted=accepted, clock=clock,
                                      lease_seconds=lease_seconds)
+    except BranchStarted as e:
+        raise BranchStarted(f"replay queue {namespace}/{queue_id} exists: a replay starts "
+                            "once (its data stays retained by its owner "
+                            f"{branch_owner(namespace, queue_id)!r}); choose a new queue_id"
+                            ) from e
     finally:
         # retained by the branch owner from here on (or, when seeding failed, by nothing
         # of ours: the collector may have them)

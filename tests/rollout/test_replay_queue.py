@@ -280,7 +280,8 @@ def test_a_replay_starts_once_and_a_second_start_leaves_the_first_its_data(tmp_p
     with RolloutArchive(path) as archive:
         replay = replay_archives(pool.store, [archive], queue_id="once")
         for ratio in (None, 0.5):  # the same selection, or another one
-            with pytest.raises(BranchStarted, match="exists"):
+            with pytest.raises(BranchStarted, match="replay queue replay/once exists: a "
+                                                    "replay starts once.*new queue_id"):
                 replay_archives(pool.store, [archive], queue_id="once", ratio=ratio)
         archive.release()
     assert replay.owner in pool.store.owners()  # the refused start left it alone
