@@ -68,7 +68,7 @@ import json
 import os
 import re
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from straw.codec import sample_from_records, sample_records
@@ -178,6 +178,9 @@ class Chunk(NamedTuple):
     samples: list[Any]
     shared: dict[int, list[Any]]
     deps: tuple[RecordSetRef, ...]
+    # the shared tensors of each dependency read so far (``from_record_set_many``): the
+    # samples of one group share one publication, read once for all of them
+    tensors: dict[int, Mapping[int, TensorRef]]
 
 
 def read_chunk(store: SharedFilesystemStore, ref: RecordSetRef, where: str) -> Chunk:
@@ -208,7 +211,7 @@ def read_chunk(store: SharedFilesystemStore, ref: RecordSetRef, where: str) -> C
                 and type(item[3]) is int and isinstance(samples[item[0]], dict)):
             raise CorruptData(f"{where} holds a malformed shared capture {item!r}")
         shared.setdefault(item[0], []).append(item[1:])
-    return Chunk(samples, shared, deps)
+    return Chunk(samples, shared, deps, {})
 
 
 def chunk_sample(store: SharedFilesystemStore, chunk: Chunk, ordinal: int, where: str
@@ -220,9 +223,14 @@ def chunk_sample(store: SharedFilesystemStore, chunk: Chunk, ordinal: int, where
     value = chunk.samples[ordinal]
     value = dict(value) if isinstance(value, dict) else value
     # shared captures resolved for the wanted sample only: one manifest read (of the
-    # tensor's publication) each, none for the rest of the chunk
+    # tensor's publication) per publication, none for the rest of the chunk
     for name, d, at in chunk.shared.get(ordinal, ()):
-        value[name] = TensorRef.from_record_set(store, chunk.deps[d], at)
+        if d not in chunk.tensors:
+            chunk.tensors[d] = TensorRef.from_record_set_many(store, chunk.deps[d])
+        if at not in chunk.tensors[d]:
+            raise CorruptData(f"{where} sample {ordinal}: its {name} is record {at} of "
+                              f"{chunk.deps[d]!r}, which is not a tensor record there")
+        value[name] = chunk.tensors[d][at]
     return _sample_from_value(value, f"{where} sample {ordinal}")
 
 

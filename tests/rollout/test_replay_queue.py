@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 
 from bench.counting import CountingFS
 from straw import Coordinator, SharedFilesystemStore
+from straw.codec import sample_records
 from straw.coordinator import queue_dir
 from straw.errors import CorruptData, InvalidReference, UnsupportedSchema
 from straw.fs import PosixFS
@@ -23,8 +25,10 @@ from straw.rollout import (
     Status,
     group_records,
 )
+from straw.rollout.archive import CHUNK_SCHEMA, CHUNK_VERSION, chunk_sample, read_chunk
 from straw.rollout.builder import lazy_group
 from straw.rollout.checkpoint_errors import BranchStarted
+from straw.rollout.codec import _sample_value
 from straw.rollout.replay import REPLAY_NAMESPACE, plan_replay, replay_archives
 from straw.rollout.replay_group import REPLAY_GROUP_SCHEMA
 
@@ -389,3 +393,22 @@ def test_archives_of_different_runs_are_refused_before_anything_is_written(tmp_p
     assert pool.store.owners() == owners
     assert pool.store.metrics["payload_bytes"] == written
     assert not os.path.exists(queue_dir(pool.store.root, "job", REPLAY_NAMESPACE, "mixed"))
+
+
+def test_a_shared_capture_pointing_at_no_tensor_is_corrupt_data(tmp_path, pool):
+    samples = _archived(pool, 1)
+    source = pool.coord.read_commits(0, 10).commits[0].result_ref  # record 0: no tensor
+    value = {"schema": CHUNK_SCHEMA, "version": CHUNK_VERSION,
+             "samples": [_sample_value(samples[0]) | {"routes": None}],
+             "shared": [[0, "routes", 0, 0]]}
+    records, _ = sample_records(value)
+    chunk_ref = pool.store.publish(records, submission_id="crafted", dependencies=[source])
+    chunk = read_chunk(pool.store, chunk_ref, "crafted chunk")
+    with pytest.raises(CorruptData, match="record 0 of .* not a tensor record"):
+        chunk_sample(pool.store, chunk, 0, "crafted chunk")
+    value["shared"] = [[0, "routes", 0, 1]]  # the routes of the source's first sample
+    records, _ = sample_records(value)
+    chunk_ref = pool.store.publish(records, submission_id="fixed", dependencies=[source])
+    got = chunk_sample(pool.store, read_chunk(pool.store, chunk_ref, "fixed"), 0, "fixed")
+    assert np.array_equal(got.routes.load(framework="numpy"),
+                          samples[0].routes.load(framework="numpy"))
