@@ -94,6 +94,7 @@ def test_a_full_replay_trains_the_archived_groups_with_no_generation_source_unto
     source = queue_dir(pool.store.root, "job", "default", "rollout")
     journal = _files(source)
     commits = pool.coord.read_commits(0, 10_000).commits
+    assert journal and len(commits) == 6
     with RolloutArchive(path) as archive:
         replay = replay_archives(pool.store, [archive], queue_id="debug-7")
     assert replay.plan.full and len(replay.plan.groups) == 6
