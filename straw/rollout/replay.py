@@ -47,19 +47,22 @@ generation at all::
     builder.finish_batch(refs[0].batch_id); builder.close(); replay.close()
     replay.release()                         # when the replay's data may go
 
-An archived group is not a publication of its own (samples are packed in chunks), so
-the replay publishes one tiny reference per group (``straw.rollout.replay_group``: its
+An archived group is not a publication of its own (samples are packed in chunks), so the
+replay publishes one tiny reference per group (``straw.rollout.replay_group``: its
 samples' ``[chunk, ordinal]``, depending on the chunks): no sample or tensor byte is
-written again (a few dozen bytes a group).  Retention (RL7): the replay's branch owner
-``branch:<namespace>/<queue_id>`` retains those references, hence the chunks and every
-tensor they share, so ``archive.release()`` and collection never break a running replay;
-``Replay.release()`` drops it.  Nothing of the source is opened or written (RL6): not its
-queue, not the archives' owners.  ``store``: a writable store of the archives' pool and
-run (``InvalidReference`` otherwise); every group must be ready to train (every sample
-completed or truncated and scored: ``ValueError`` naming the group otherwise); all of it
-is checked before anything is written.  The environment of the replayed groups is
-``environment`` (an archive keeps samples, not their groups' environments).  A queue id
-used before is ``BranchStarted`` (a replay starts once; its retention is left alone).
+written again (85 bytes for a group of 8 samples; reading a replayed group decodes its
+chunk's record 0, 64 samples, so it costs about twice a queue group's read).  Retention
+(RL7): the replay's branch owner ``branch:<namespace>/<queue_id>`` retains those
+references, hence the chunks and every tensor they share, so ``archive.release()`` and
+collection never break a running replay; ``Replay.release()`` drops it (the replay
+queue's own batches keep what they name while that queue exists).  Nothing of the source
+is opened or written (RL6): not its queue, not the archives' owners.  ``store``: a
+writable store of the archives' pool and run (``InvalidReference`` otherwise); every
+group must be ready to train (every sample completed or truncated and scored:
+``ValueError`` naming the group otherwise); all of it is checked before anything is
+written.  The environment of the replayed groups is ``environment`` (an archive keeps
+samples, not their groups' environments).  A queue id used before is ``BranchStarted``
+(a replay starts once; its retention is left alone).
 
 Checks.  All archives of one replay belong to one pool and run (``ValueError`` naming
 both archives and their pools and runs otherwise: a queue lives in one pool and run); an
