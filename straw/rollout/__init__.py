@@ -33,7 +33,9 @@ The parts on the queue (each module's docstring is its reference, with a runnabl
 * ``archive``      ``RolloutArchive``: indexed, retained debug rollouts (issue 16);
                    ``archive_pt`` their self-contained ``.pt`` dumps (the one module
                    that may import torch, lazily); ``replay`` which archived groups a
-                   train-only job replays (selection and checks, pure).
+                   train-only job replays (selection and checks, pure) and
+                   ``replay_archives``, their isolated replay queue; ``replay_group``
+                   an archived group by reference (no sample byte copied).
 * ``toy``          a toy task and a tiny NumPy policy implementing the generate-function
                    protocol (``generate``): the engine of ``python3 dev.py demo``.
 
@@ -78,7 +80,7 @@ from .data_source import (
 from .environments import Composition, EnvironmentMix, MixState
 from .generation import GenerationClient, Returned
 from .online_gc import OnlineGC, OnlineGCFailed
-from .replay import ReplayGroup, ReplayPlan, plan_replay
+from .replay import Replay, ReplayGroup, ReplayPlan, plan_replay, replay_archives
 from .samples import (
     Sample,
     SampleGroup,
@@ -122,5 +124,5 @@ __all__ = [
     "BatchBuilder", "Accepted", "default_convert", "COLLECTION_PREFIX",
     "RankBatchRef", "RankShard", "check_batch_identities", "partition_by_tokens",
     "OnlineGC", "OnlineGCFailed",
-    "RolloutArchive", "ReplayPlan", "ReplayGroup", "plan_replay",
+    "RolloutArchive", "ReplayPlan", "ReplayGroup", "plan_replay", "Replay", "replay_archives",
 ]

@@ -68,7 +68,7 @@ import json
 import os
 import re
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from straw.codec import sample_from_records, sample_records
@@ -168,6 +168,70 @@ class Entry(NamedTuple):
     chunk_ref: RecordSetRef
     chunk: int
     ordinal: int
+
+
+class Chunk(NamedTuple):
+    """One decoded chunk: its sample values, its shared captures by sample ordinal
+    (``[field, dependency, ordinal]``) and its dependencies (the shared tensors'
+    publications)."""
+
+    samples: list[Any]
+    shared: dict[int, list[Any]]
+    deps: tuple[RecordSetRef, ...]
+    # the shared tensors of each dependency read so far (``from_record_set_many``): the
+    # samples of one group share one publication, read once for all of them
+    tensors: dict[int, Mapping[int, TensorRef]]
+
+
+def read_chunk(store: SharedFilesystemStore, ref: RecordSetRef, where: str) -> Chunk:
+    """The chunk published at ``ref`` (its record 0 only: captures stay lazy).  What
+    ``load_samples`` reads, and what a replayed group (``straw.rollout.replay_group``,
+    archived samples named by chunk and ordinal) reads its samples from."""
+    manifest = store.checked_manifest(ref)
+    if not manifest.record_refs:
+        raise CorruptData(f"{where} holds no records")
+    head = store.read_record(manifest.record_refs[0])
+    value = sample_from_records([head], tensors=TensorRef.from_record_set_many(store, ref),
+                                lazy_tensors_over=0, store=store)
+    if not isinstance(value, dict) or value.get("schema") != CHUNK_SCHEMA:
+        raise UnsupportedSchema(f"{where} is not a {CHUNK_SCHEMA}")
+    if value.get("version") != CHUNK_VERSION:
+        raise UnsupportedSchema(f"{where} is {CHUNK_SCHEMA} version "
+                                f"{value.get('version')!r}; this straw reads "
+                                f"{CHUNK_VERSION}")
+    samples, items = value.get("samples"), value.get("shared")
+    if not isinstance(samples, list) or not isinstance(items, list):
+        raise CorruptData(f"{where} lacks its samples or shared captures")
+    deps = tuple(manifest.dependencies)
+    shared: dict[int, list[Any]] = {}
+    for item in items:
+        if not (isinstance(item, list) and len(item) == 4 and type(item[0]) is int
+                and 0 <= item[0] < len(samples) and item[1] in _CAPTURES
+                and type(item[2]) is int and 0 <= item[2] < len(deps)
+                and type(item[3]) is int and isinstance(samples[item[0]], dict)):
+            raise CorruptData(f"{where} holds a malformed shared capture {item!r}")
+        shared.setdefault(item[0], []).append(item[1:])
+    return Chunk(samples, shared, deps, {})
+
+
+def chunk_sample(store: SharedFilesystemStore, chunk: Chunk, ordinal: int, where: str
+                 ) -> Sample:
+    """Sample ``ordinal`` of a decoded chunk, its captures lazy ``TensorRef``s."""
+    if type(ordinal) is not int or not 0 <= ordinal < len(chunk.samples):
+        raise CorruptData(f"{where} holds {len(chunk.samples)} samples, not sample "
+                          f"{ordinal!r}")
+    value = chunk.samples[ordinal]
+    value = dict(value) if isinstance(value, dict) else value
+    # shared captures resolved for the wanted sample only: one manifest read (of the
+    # tensor's publication) per publication, none for the rest of the chunk
+    for name, d, at in chunk.shared.get(ordinal, ()):
+        if d not in chunk.tensors:
+            chunk.tensors[d] = TensorRef.from_record_set_many(store, chunk.deps[d])
+        if at not in chunk.tensors[d]:
+            raise CorruptData(f"{where} sample {ordinal}: its {name} is record {at} of "
+                              f"{chunk.deps[d]!r}, which is not a tensor record there")
+        value[name] = chunk.tensors[d][at]
+    return _sample_from_value(value, f"{where} sample {ordinal}")
 
 
 class _ChunkEncoder:
@@ -489,53 +553,15 @@ class RolloutArchive:
                   and (task_key is None or e.task_key == task_key)]
         if not wanted:
             raise KeyError((sample_key, task_key))
-        decoded: dict[int, tuple[list[Any], dict[int, list[Any]], Any]] = {}
+        decoded: dict[int, Chunk] = {}
         out = []
         for c, o in wanted:
+            where = f"archive {self.path}: chunk {c}"
             if c not in decoded:
-                decoded[c] = self._chunk(c)
-            values, shared, deps = decoded[c]
-            if o >= len(values):
-                raise self._bad(f"chunk {c} holds {len(values)} samples, not {o + 1}")
-            value = dict(values[o]) if isinstance(values[o], dict) else values[o]
-            # shared captures resolved for the wanted samples only: one manifest read
-            # (of the tensor's publication) each, none for the rest of the chunk
-            for name, d, at in shared.get(o, ()):
-                value[name] = TensorRef.from_record_set(self._store, deps[d], at)
-            out.append(_sample_from_value(value, f"archive chunk {c} sample {o}"))
+                decoded[c] = read_chunk(self._store, self._chunks[c], where)
+                self.chunks_read += 1
+            out.append(chunk_sample(self._store, decoded[c], o, where))
         return out
-
-    def _chunk(self, c: int) -> tuple[list[Any], dict[int, list[Any]], Any]:
-        """Chunk ``c``: its sample values, its shared captures by sample ordinal
-        (``[field, dependency, ordinal]``) and its dependencies."""
-        store, ref = self._store, self._chunks[c]
-        manifest = store.checked_manifest(ref)
-        if not manifest.record_refs:
-            raise CorruptData(f"archive {self.path}: chunk {c} holds no records")
-        head = store.read_record(manifest.record_refs[0])
-        value = sample_from_records([head], tensors=TensorRef.from_record_set_many(store, ref),
-                                    lazy_tensors_over=0, store=store)
-        where = f"archive {self.path}: chunk {c}"
-        if not isinstance(value, dict) or value.get("schema") != CHUNK_SCHEMA:
-            raise UnsupportedSchema(f"{where} is not a {CHUNK_SCHEMA}")
-        if value.get("version") != CHUNK_VERSION:
-            raise UnsupportedSchema(f"{where} is {CHUNK_SCHEMA} version "
-                                    f"{value.get('version')!r}; this straw reads "
-                                    f"{CHUNK_VERSION}")
-        samples, items = value.get("samples"), value.get("shared")
-        if not isinstance(samples, list) or not isinstance(items, list):
-            raise CorruptData(f"{where} lacks its samples or shared captures")
-        deps = manifest.dependencies
-        shared: dict[int, list[Any]] = {}
-        for item in items:
-            if not (isinstance(item, list) and len(item) == 4 and type(item[0]) is int
-                    and 0 <= item[0] < len(samples) and item[1] in _CAPTURES
-                    and type(item[2]) is int and 0 <= item[2] < len(deps)
-                    and type(item[3]) is int and isinstance(samples[item[0]], dict)):
-                raise CorruptData(f"{where} holds a malformed shared capture {item!r}")
-            shared.setdefault(item[0], []).append(item[1:])
-        self.chunks_read += 1
-        return samples, shared, deps
 
     # --- .pt dumps: straw.rollout.archive_pt, the one module of the layer using torch ---
     def export_pt(self, path: str | os.PathLike[str]) -> str:
@@ -612,5 +638,5 @@ def _write_exclusive(fs: Filesystem, path: str, data: bytes) -> None:
     fs.fsync_dir(os.path.dirname(path))
 
 
-__all__ = ["RolloutArchive", "Entry", "FORMAT", "VERSION", "CHUNK_SAMPLES", "ADJACENT_POOL",
-           "ADJACENT_RUN", "TASK_KEY", "sample_key", "task_key"]
+__all__ = ["RolloutArchive", "Entry", "Chunk", "read_chunk", "chunk_sample", "FORMAT", "VERSION",
+           "CHUNK_SAMPLES", "ADJACENT_POOL", "ADJACENT_RUN", "TASK_KEY", "sample_key", "task_key"]

@@ -103,6 +103,7 @@ from .config import RolloutConfig
 from .data_source import PROMPT_PREFIX
 from .environments import EnvironmentMix, MixState
 from .online_gc import OnlineGC
+from .replay_group import is_replay_group, read_replay_group
 from .samples import Sample, SampleGroup, Stage, classify
 from .scheduling import scheduling_key
 from .shards import SHARD_SCHEMA, SHARD_VERSION, RankBatchRef, partition_by_tokens
@@ -202,10 +203,13 @@ def read_accepted(store: Any, mix: EnvironmentMix, receipt: CommitReceipt) -> Ac
 
 
 def lazy_group(store: Any, ref: RecordSetRef) -> SampleGroup:
-    """A group with its captures lazy: the manifest and record 0 only."""
+    """A group with its captures lazy: the manifest and record 0 only (of a replayed
+    group, ``straw.rollout.replay_group``: record 0 of the archive chunks it names)."""
     manifest = store.checked_manifest(ref)
     if not manifest.record_refs:
         raise CorruptData(f"accepted group {ref!r} has no records")
+    if is_replay_group(manifest):
+        return read_replay_group(store, ref, manifest)
     head = store.read_record(manifest.record_refs[0])
     tensors = TensorRef.from_record_set_many(store, ref)
     return group_from_records([head], tensors=tensors, lazy_tensors_over=0, store=store)

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from straw import Coordinator, TaskSpec
+from straw.coordinator import queue_dir
 from straw.errors import UnsafeRecovery
 
 from .builder import STATE_VERSION, Accepted
@@ -77,6 +78,12 @@ def seed_isolated_queue(store: Any, *, namespace: str, queue_id: str,
     if len(set(ids)) != len(ids):
         raise ValueError("accepted names a group twice: each restored group is restored once")
     owner = branch_owner(namespace, queue_id)
+    if store.fs.probe(queue_dir(store.root, store.run_id, namespace, queue_id)):
+        # before retain: retain REPLACES an owner's roots, so retaining here would take the
+        # running branch's payloads away from it (and the release below drop them)
+        raise BranchStarted(f"queue {namespace}/{queue_id} exists: this branch was started "
+                            "already; resolve the checkpoint selection again (a new "
+                            "branch)")
     refs = [a.ref for a in accepted] + [t.input_ref for t in tasks if t.input_ref is not None]
     store.retain(owner, refs)  # RL7, before anything names them
     kwargs: dict[str, Any] = {} if lease_seconds is None else {"lease_seconds": lease_seconds}
