@@ -171,7 +171,7 @@ from typing import Any
 import msgpack
 
 from . import framing
-from .catalog_roots import RootSet
+from .catalog_roots import OffsetSet, RootSet
 from .catalog_snapshot import (
     HEAD_NAME,
     SNAP_PREFIX,
@@ -231,7 +231,9 @@ class PackInfo:
     state: str = "open"  # open | sealed
     # extents, known once sealed (a SortedOffsets when decoded from a snapshot)
     offsets: AbstractSet[int] = frozenset()
-    unstaged: set[int] = field(default_factory=set)
+    # nearly every extent once a long job ran: kept as a snapshot's sorted array plus
+    # what changed since (a snapshot's open builds no Python set of them, CS1)
+    unstaged: OffsetSet = field(default_factory=OffsetSet)
     tombstoned: bool = False
     unlinked: bool = False
 
@@ -239,7 +241,7 @@ class PackInfo:
         """Staged extent offsets of a sealed pack; None for an open pack (all staged)."""
         if self.state == "open":
             return None
-        return self.offsets - self.unstaged
+        return self.unstaged.missing_from(self.offsets)
 
 
 @dataclass
