@@ -5,7 +5,8 @@ accepted (a million after a long job) and a sealed pack lists every extent it ho
 Python sets of tuples (or of ints) a million of them cost about half a second to build,
 which is what a catalog snapshot would spend on every open.  Here they are kept as they
 are stored in a snapshot: a sorted array of u64 offsets per pack, decoded with one copy;
-membership is a binary search; what changes after the snapshot lives in small overlay sets.
+membership is a binary search; what changes after the snapshot lives in small overlay sets
+(``RootSet`` for an owner's roots, ``OffsetSet`` for a pack's unstaged extents).
 So opening a pool costs little per live extent (CS1, issue 13).  Pure: no I/O.
 """
 
@@ -78,7 +79,7 @@ def le_u64(values: Iterable[int]) -> bytes:
     """Sorted little-endian u64 bytes of ``values`` (a snapshot's offset array), sorted
     in C (compaction runs in the background, but a million offsets sorted in Python
     would still cost a second of the GIL)."""
-    if isinstance(values, SortedOffsets):
+    if isinstance(values, (SortedOffsets, OffsetSet)):
         return values.le_bytes()
     n = len(values) if isinstance(values, Set) else -1
     a = np.fromiter(values, dtype=np.uint64, count=n)
@@ -96,6 +97,85 @@ def _merged(base: SortedOffsets, added: set[int] | None, removed: set[int] | Non
         more.sort()
         a = np.insert(a, np.searchsorted(a, more), more)
     return a.astype("<u8", copy=False).tobytes()
+
+
+class OffsetSet(MutableSet[int]):
+    """A mutable set of offsets: a sorted base (from a snapshot, never changed) plus the
+    offsets added since and the base offsets removed since.  A pack's unstaged extents:
+    after a long job nearly every extent of every pack, so a snapshot's open must not
+    build them into Python sets (a million ints cost about 0.2 s)."""
+
+    __slots__ = ("_base", "_added", "_removed")
+
+    def __init__(self, values: Iterable[int] = ()) -> None:
+        self._base = _EMPTY
+        self._added: set[int] = set()
+        self._removed: set[int] = set()
+        self.update(values)
+
+    @classmethod
+    def from_base(cls, base: SortedOffsets) -> OffsetSet:
+        """A set whose content is ``base`` (shared, immutable)."""
+        out = cls()
+        out._base = base
+        return out
+
+    def __contains__(self, o: object) -> bool:
+        if o in self._added:
+            return True
+        return o in self._base and o not in self._removed
+
+    def __iter__(self) -> Iterator[int]:
+        removed = self._removed
+        for o in self._base:
+            if o not in removed:
+                yield o
+        yield from self._added
+
+    def __len__(self) -> int:
+        return len(self._base) - len(self._removed) + len(self._added)
+
+    def add(self, o: int) -> None:
+        if o in self._base:
+            self._removed.discard(o)  # (back in the base, or there already)
+        else:
+            self._added.add(o)
+
+    def discard(self, o: int) -> None:
+        if o in self._added:
+            self._added.discard(o)
+        elif o in self._base:
+            self._removed.add(o)
+
+    def update(self, values: Iterable[int]) -> None:
+        base, added, removed = self._base, self._added, self._removed
+        for o in values:  # ``add`` inlined: a catalog replay calls this per publication
+            if base and o in base:
+                removed.discard(o)
+            else:
+                added.add(o)
+
+    def le_bytes(self) -> bytes:
+        """The content as sorted little-endian u64 bytes (a snapshot's offset array)."""
+        if not self._added and not self._removed:
+            return self._base.le_bytes()
+        return _merged(self._base, self._added, self._removed)
+
+    def missing_from(self, offsets: Iterable[int]) -> SortedOffsets:
+        """``offsets`` minus this set, in C (a sealed pack's staged extents)."""
+        a = np.frombuffer(le_u64(offsets), dtype="<u8")
+        mine = np.frombuffer(self.le_bytes(), dtype="<u8")
+        return SortedOffsets.from_le_bytes(
+            np.setdiff1d(a, mine, assume_unique=True).astype("<u8", copy=False).tobytes())
+
+    def __repr__(self) -> str:
+        return f"OffsetSet({len(self)} offsets)"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (OffsetSet, (list(self),))
+
+
+_EMPTY = SortedOffsets()
 
 
 class RootSet(MutableSet[Extent]):
@@ -218,4 +298,4 @@ class RootSet(MutableSet[Extent]):
         return (RootSet, (list(self),))
 
 
-__all__ = ["RootSet", "SortedOffsets", "le_u64"]
+__all__ = ["OffsetSet", "RootSet", "SortedOffsets", "le_u64"]

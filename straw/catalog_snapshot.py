@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 
 from . import framing
-from .catalog_roots import RootSet, SortedOffsets, le_u64
+from .catalog_roots import OffsetSet, RootSet, SortedOffsets, le_u64
 from .errors import CorruptData, UnsupportedSchema
 
 if TYPE_CHECKING:
@@ -118,7 +118,8 @@ def decode_state(data: bytes, where: str, *, gen: int, want_digest: bytes) -> Ca
             st.packs[path] = PackInfo(
                 state="sealed" if sealed else "open",
                 offsets=_offsets(offs, where),
-                unstaged=set(_offsets(unstaged, where)), tombstoned=tomb, unlinked=unlinked)
+                unstaged=OffsetSet.from_base(_offsets(unstaged, where)), tombstoned=tomb,
+                unlinked=unlinked)
         for path, off, deps in snap["edges"]:
             st.edges[(path, off)] = tuple((p, o) for p, o in deps)
             st.edge_offsets.setdefault(path, set()).add(off)

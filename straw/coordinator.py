@@ -273,6 +273,9 @@ class Coordinator(ProcessBound):
         self._rooted = RootSet()  # the queue owner's roots as this coordinator knows them
         self._adding: Counter[Extent] = Counter()
         self._unstage: set[Extent] = set()
+        # (retirement cursor, commits, sparse) of a recovered journal whose results'
+        # staging the next collection drops (see _open)
+        self._recovered_results: tuple[int, int, frozenset[int]] | None = None
         self._broken: BaseException | None = None
         self._closed = False
         self._last_seq = 0
@@ -393,8 +396,17 @@ class Coordinator(ProcessBound):
             self._rooted = roots.copy() if roots is not None else RootSet()
         # Staging of what the recovered journal names and the queue roots can go at the
         # next collection, as it would have after the previous coordinator's (it may have
-        # stopped before collecting): that journal is durable, so D2 holds
-        self._unstage = self._live_extents() & set(self._rooted)
+        # stopped before collecting): that journal is durable, so D2 holds.  The results
+        # of its unretired commits are looked up at that collection, not here: after a
+        # long job they are most of the history (read from history segments, seconds per
+        # million), and an open must cost the live state (issue 13).  Their positions are
+        # recorded now, so the collection unstages exactly what this journal named.
+        # (membership in the root set, not a set of it: it holds every unretired result)
+        self._unstage = {e for r in self.state.live_refs(self.consumer_id, results=False)
+                         if (e := (r[0], r[1])) in self._rooted}
+        self._recovered_results = (
+            self.state.retirement_cursor(self.consumer_id), len(self.state.commits),
+            self.state.retired_sparse(self.consumer_id))
         # What this coordinator's last collection released (results below the cursor, and
         # the positions): read_commits refuses them.  Nothing is known released at start:
         # a crash may have come before the collection (a reference read_commits returns
@@ -2018,6 +2030,11 @@ class Coordinator(ProcessBound):
         with self._mutex:
             self._check_usable()
             live = self._live_extents() | set(self._adding)
+            if self._recovered_results is not None:  # see _open
+                cursor, stop, sparse = self._recovered_results
+                named = self.state.live_results(self.consumer_id, stop, (cursor, sparse))
+                self._unstage |= {e for r in named if (e := (r[0], r[1])) in self._rooted}
+                self._recovered_results = None
             unstage = set(self._unstage)
             # the mutex is held across the catalog update so no adoption interleaves
             if not self.store.catalog.adopt(self.owner, self.epoch, replace=live,

@@ -909,16 +909,16 @@ class QueueState:
         floor = self.checkpoint_floor()
         return frozenset(p for p in c.sparse if floor is None or p < floor)
 
-    def live_refs(self, consumer: str) -> set[RefTuple]:
+    def live_refs(self, consumer: str, *, results: bool = True) -> set[RefTuple]:
+        """What the queue still needs.  ``results=False`` leaves out the results of the
+        unretired commits (``live_results``: the part that grows with the history)."""
         refs: set[RefTuple] = set()
         for task in self.tasks.loaded():  # the others are terminal
             if task.status not in TERMINAL and task.input is not None:
                 refs.add(task.input)
         refs.update(self.reads.values())
-        cursor, sparse = self.retirement_cursor(consumer), self.retired_sparse(consumer)
-        for pos, rec in enumerate(self.commits[cursor:], cursor):
-            if pos not in sparse:
-                refs.add(rec.result)
+        if results:
+            refs.update(self.live_results(consumer))
         for c in self.consumers.values():
             refs.update(r for r in (c.state, c.progress) if r is not None)
         kept = {b for ck in self.checkpoints.values() for b in ck.batches}
@@ -931,6 +931,18 @@ class QueueState:
         for held in self.producer_refs.values():
             refs.update(held)
         return refs
+
+    def live_results(self, consumer: str, stop: int | None = None,
+                     since: tuple[int, frozenset[int]] | None = None) -> set[RefTuple]:
+        """The results of the commits not retired for ``consumer`` (below ``stop``: all
+        commits by default); ``since``: a (retirement cursor, sparse positions) recorded
+        earlier, used instead of the current ones (``Coordinator``: what a recovered
+        journal named)."""
+        cursor, sparse = since or (self.retirement_cursor(consumer),
+                                   self.retired_sparse(consumer))
+        end = len(self.commits) if stop is None else stop
+        return {rec.result for pos, rec in enumerate(self.commits[cursor:end], cursor)
+                if pos not in sparse}
 
     # --- snapshots ------------------------------------------------------------------------
     def to_snapshot(self) -> dict[str, Any]:

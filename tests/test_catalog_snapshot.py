@@ -462,6 +462,77 @@ def test_root_sets_behave_as_sets_across_a_snapshot() -> None:
         assert ("p9", 1) not in roots and ("p9", 1) in copy
 
 
+def test_offset_sets_behave_as_sets_across_a_snapshot() -> None:
+    """OffsetSet (a pack's unstaged extents: a snapshot's sorted base plus overlays)
+    answers exactly as a set of ints, before and after it is written to a snapshot and
+    read back; ``missing_from`` is set difference."""
+    import random
+
+    from straw.catalog_roots import OffsetSet, SortedOffsets, le_u64
+
+    rng = random.Random(11)
+    model: set[int] = set()
+    offs = OffsetSet()
+    everything = SortedOffsets(range(0, 300, 3))
+    for round_ in range(4):
+        for _ in range(300):
+            o = rng.randrange(300)
+            r = rng.random()
+            if r < 0.5:
+                offs.add(o)
+                model.add(o)
+            elif r < 0.8:
+                offs.discard(o)
+                model.discard(o)
+            else:
+                more = [rng.randrange(300) for _ in range(5)]
+                offs.update(more)
+                model.update(more)
+        assert offs == model and len(offs) == len(model) and set(offs) == model
+        assert all((o in offs) == (o in model) for o in range(-1, 301))
+        assert le_u64(offs) == le_u64(model)
+        assert set(offs.missing_from(everything)) == set(everything) - model
+        assert set(offs.missing_from(frozenset(everything))) == set(everything) - model
+        # through a snapshot: the base becomes the sorted array
+        offs = OffsetSet.from_base(SortedOffsets.from_le_bytes(le_u64(offs)))
+        assert offs == model, round_
+
+
+def test_a_snapshot_open_keeps_unstaged_extents_as_arrays(tmp_path: Any) -> None:
+    """What grows with a job's history is decoded with C-level calls: a fresh client's
+    packs hold their unstaged extents as the snapshot's array (no Python set of every
+    released publication: a million of them cost ~0.2 s of every open, issue 13), and
+    answer as the replayed state does (staged extents, a later unstage)."""
+    from straw.catalog_roots import OffsetSet
+
+    s = _store(tmp_path)
+    refs = [_pub(s, f"r{i}") for i in range(20)]
+    s.seal()
+    s.release_publications(refs[:15])
+    before = _state(s)
+    s.catalog.compact()
+    cat = Catalog(PosixFS(), str(tmp_path), "run")
+    try:
+        with cat.locked() as st:
+            (info,) = [i for p, i in st.packs.items() if p == refs[0].path]
+            assert isinstance(info.unstaged, OffsetSet)
+            assert len(info.unstaged._base) == 15 and not info.unstaged._added
+            assert set(info.staged() or ()) == {r.offset for r in refs[15:]}
+            assert canon(st) == before
+    finally:
+        cat.close()
+    s.release_publications(refs[15:])  # the suffix adds to the snapshot's array
+    got, _ = _fresh(tmp_path)
+    assert got == _state(s)
+    cat = Catalog(PosixFS(), str(tmp_path), "run")
+    try:
+        with cat.locked() as st:
+            assert not list(st.packs[refs[0].path].staged() or ())
+    finally:
+        cat.close()
+    s.close()
+
+
 def test_an_empty_catalog_without_its_head_copy_fails_closed(tmp_path: Any) -> None:
     """Snapshots exist, so the pool is not new: an empty catalog without ``CATALOG.head``
     means catalog files were lost; the catalog never starts over."""

@@ -237,7 +237,7 @@ def test_power_loss_tearing_the_unsynced_catalog_group_is_recovered(variant):
         store.retain("one", [a])
         # the next transaction is written but the machine dies before its fsync: (confirm
         # of "one" + the transaction) is one unsynced write group, torn by the power loss
-        sim.crash_at(1, ops="fsync", path="CATALOG$")
+        sim.crash_at(1, ops=["fsync", "fdatasync"], path="CATALOG$")
         with pytest.raises(SimulatedCrash):
             store.retain("two", [a])
         sim.crash(variant)

@@ -296,7 +296,7 @@ def test_announced_adopts_share_one_catalog_transaction(tmp_path):
         pass  # creates the catalog
 
     def fsyncs() -> int:
-        return sum(1 for e in fs.plan.trace if e.op == "fsync")
+        return sum(1 for e in fs.plan.trace if e.op in ("fsync", "fdatasync"))
 
     before = fsyncs()
     announced, go = threading.Event(), threading.Event()
