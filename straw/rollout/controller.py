@@ -204,7 +204,7 @@ class RolloutController:
                                               "epoch_id": g.metadata["epoch_id"],
                                               "dataset_index": g.metadata["dataset_index"]},
                           priority=0, scheduling_key=SUBMITTED_PROMPT_KEY,
-                          estimated_tokens=ref.tokens)
+                          estimated_tokens=ref.tokens, max_attempts=self.config.max_attempts)
                  for tid, g, ref in zip(refill.task_ids, refill.groups, refs, strict=True)]
         self._submit(refill, tasks)
         # RL1: the transaction holding tasks and cursor is durable: now memory may follow

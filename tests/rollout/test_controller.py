@@ -57,6 +57,32 @@ def test_take_refills_publishes_then_submits_with_the_cursor(tmp_path):
         store.close()
 
 
+@pytest.mark.parametrize("max_attempts", [None, 1, 5])
+def test_prompt_tasks_spend_the_configured_attempts(tmp_path, max_attempts):
+    # each lease that expires spends an attempt: the task fails for good after
+    # max_attempts of them (RolloutConfig's, the queue's 3 unless set)
+    clock = ManualClock()
+    store = SharedFilesystemStore(str(tmp_path), "job", writer_id="controller")
+    extra = {} if max_attempts is None else {"max_attempts": max_attempts}
+    config = RolloutConfig(n_samples_per_prompt=1, lease_seconds=10, min_refill=1,
+                           max_refill=1, **extra)
+    c = RolloutController(store, PROMPTS[:1], config=config, clock=clock)
+    try:
+        want = 3 if max_attempts is None else max_attempts
+        for attempt in range(want):
+            (a,) = c.take(f"w{attempt}", 1).assignments
+            assert a.task.max_attempts == want and a.task.task_id == "prompt:0"
+            clock.advance(11)  # the lease expires
+        c.coordinator.acquire("nobody", 1, task_ids=["prompt:1"])  # expiries run
+        status = c.task_status("prompt:0")
+        assert status["state"] == "failed", status
+    finally:
+        c.close()
+        store.close()
+    with pytest.raises(ValueError, match="max_attempts"):
+        RolloutConfig(max_attempts=0)
+
+
 def test_a_refill_follows_the_configured_bounds(tmp_path):
     """RolloutConfig.min_refill/max_refill bound a refill (they were ignored: every
     refill was clamped to the module defaults 8..64)."""
