@@ -86,12 +86,31 @@ _BUILTIN = {"ValueError": RemoteValueError, "TypeError": RemoteTypeError,
 
 
 # --- values on the wire ---------------------------------------------------------------
+# class -> its dataclass field names, or None when it is not a dataclass: a reply holds
+# hundreds of dataclasses (leases, task specs, references), looked up once per class
+_FIELDS: dict[type, tuple[str, ...] | None] = {}
+
+
+def _fields(cls: type) -> tuple[str, ...] | None:
+    try:
+        return _FIELDS[cls]
+    except KeyError:
+        names = tuple(f.name for f in dataclasses.fields(cls)) \
+            if dataclasses.is_dataclass(cls) else None
+        _FIELDS[cls] = names
+        return names
+
+
 def to_wire(value: Any) -> Any:
     """A JSON-able copy of ``value``: dataclasses as their asdict dicts, tuples as lists.
     Payload bytes are refused (``TypeError``): they never travel over the control
     channel."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: to_wire(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    t = type(value)
+    if value is None or t in (str, int, float, bool):
+        return value
+    names = _fields(t)
+    if names is not None:
+        return {n: to_wire(getattr(value, n)) for n in names}
     if isinstance(value, Mapping):
         return {str(k): to_wire(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

@@ -9,7 +9,8 @@ option                 default  purpose
 =====================  =======  ==============================================
 ``segment_mib``        256      pack rotation target (MiB) of every store
 ``io_concurrency``     4        bound on concurrent serialization and filesystem
-                                I/O submissions (publishes and shard loads)
+                                I/O submissions (the batch builder serializes and
+                                publishes this many rank shards at a time)
 ``lease_seconds``      300      worker lease; a client's heartbeat renews it
 ``online_gc``          False    background collection after acknowledgements
 =====================  =======  ==============================================
