@@ -362,6 +362,11 @@ def run_rollout(base: str, *, seconds: float, n_generators: int = 3, seed: int =
                     q.start()
             victim = first.pop() if first else r.choice(
                 ["controller", "trainer", *names, *names])
+            if victim == "trainer" and (control == "rollout-trainer-skips-replay"
+                                        or r.random() < 0.5):
+                # half the trainer's kills (all of them for the control, whose bug shows
+                # only then) while it trains: a collected batch is not finished
+                _await_training(os.path.join(logdir, "trainer.acks"), end)
             p = procs[victim]
             assert p.p is not None
             p.p.kill()
@@ -381,6 +386,16 @@ def run_rollout(base: str, *, seconds: float, n_generators: int = 3, seed: int =
         out.violations += _stop_all(stopping)
     out.violations += check(roots[0], logdir, names, out)
     return out
+
+
+def _await_training(path: str, end: float) -> None:
+    """Wait (until ``end`` at most) for the trainer's log to end with a ``training``
+    entry: it is training on a batch it has not finished."""
+    while time.monotonic() < end:
+        log = _read_log(path)
+        if log and log[-1]["ev"] == "training":
+            return
+        time.sleep(0.05)
 
 
 def check(root: str, logdir: str, names: Sequence[str], s: RolloutSummary) -> list[str]:
