@@ -9,14 +9,16 @@ Processes (each ``python -m fault_injection.rollout_fuzz --role ...``):
 * **generation** processes: a ``GenerationClient`` over ``RemoteController``, each with its
   own store; a toy generator extends every sample a token or two per step, now and then
   saves its progress or returns the group partial, and completes ready groups;
-* a **trainer**: a ``BatchBuilder`` over the served coordinator (``_RemoteQueue``):
-  ``next_batch`` (rollout id = batches finished so far, so a restart replays the batch it
-  had not finished), "trains" (a sleep, after loading its shard), ``finish_batch``.
+* a **trainer**: a ``BatchBuilder`` over the served coordinator
+  (``straw.rpc.RemoteCoordinator``): ``next_batch`` (rollout id = batches finished so
+  far, so a restart replays the batch it had not finished), "trains" (a sleep, after
+  loading its shard), ``finish_batch``.
 
 A seeded supervisor SIGKILLs one of them at random and restarts it; a client whose
-controller went away builds a new client; the trainer closes its dead predecessor's
-consumer with the token it saved.  Every process logs to its own fsynced acknowledgement
-log, always AFTER the call it acknowledges returned:
+controller went away builds a new client; a restarted trainer takes the consumer over
+from its dead predecessor (``takeover=True``: the old token is fenced).  Every process
+logs to its own fsynced acknowledgement log, always AFTER the call it acknowledges
+returned:
 
 * generation: ``take`` (task, lease generation, the progress it resumes from),
   ``persist`` (a partial group durable as the task's input: its progress), ``complete``
@@ -61,9 +63,8 @@ from straw import (
     StrawError,
     UnsafeRecovery,
 )
-from straw.coordinator import DEFAULT_CONSUMER
-from straw.protocol import AcquireResult, Assignment, CommitPage, CommitReceipt, Lease, TaskSpec
-from straw.rpc import QueueClient
+from straw.protocol import CommitReceipt, TaskSpec
+from straw.rpc import RemoteCoordinator
 
 RUN = "rollout-fuzz"
 QUEUE = "rollout"
@@ -251,79 +252,23 @@ def _report(logdir: str, who: str, message: str) -> None:
 
 
 # --- the trainer ------------------------------------------------------------------------
-class _RemoteQueue:
-    """The served coordinator as the ``BatchBuilder`` calls it: the calls it makes over
-    ``straw.rpc.QueueClient``, results decoded into our types."""
-
-    consumer_id = DEFAULT_CONSUMER
-
-    def __init__(self, url: str) -> None:
-        self.c = QueueClient(url, token=TOKEN, timeout=30)
-
-    def acquire(self, worker_id: str, max_tasks: int = 1, **kw: Any) -> AcquireResult:
-        got = self.c.call("acquire", worker_id=worker_id, max_tasks=max_tasks, **kw)
-        return AcquireResult(got["status"], tuple(
-            Assignment(TaskSpec.from_dict(a["task"]), Lease.from_dict(a["lease"]))
-            for a in got["assignments"]))
-
-    def complete_task(self, lease: Lease, **kw: Any) -> CommitReceipt:
-        return CommitReceipt.from_dict(self.c.call("complete_task", lease=lease, **kw))
-
-    def read_commits(self, cursor: int = 0, limit: int = 100) -> CommitPage:
-        got = self.c.call("read_commits", cursor=cursor, limit=limit)
-        return CommitPage(tuple(CommitReceipt.from_dict(c) for c in got["commits"]),
-                          int(got["cursor"]), bool(got["end_of_input"]))
-
-    def lookup_submission(self, submission_id: str) -> CommitReceipt | None:
-        got = self.c.call("lookup_submission", submission_id=submission_id)
-        return None if got is None else CommitReceipt.from_dict(got)
-
-    def __getattr__(self, method: str) -> Any:
-        # the others answer JSON values the builder reads as they are
-        if method not in ("submit_tasks", "task_status", "get_batch", "load_consumer_state",
-                          "save_consumer_state", "plan_batch", "batch_ready",
-                          "open_consumer", "close_consumer"):
-            raise AttributeError(method)
-        names = _POSITIONAL[method]
-
-        def call(*args: Any, **kw: Any) -> Any:
-            return self.c.call(method, **dict(zip(names[:len(args)], args, strict=True)),
-                               **kw)
-        return call
-
-
-_POSITIONAL = {"submit_tasks": ("request_id", "tasks"), "task_status": ("task_id",),
-               "get_batch": ("batch_id",), "load_consumer_state": ("consumer_id",),
-               "save_consumer_state": ("consumer_id",), "plan_batch": ("consumer_id",),
-               "batch_ready": ("consumer_id",), "open_consumer": ("consumer_id",),
-               "close_consumer": ("consumer_id", "token")}
-
-
 def trainer_main(root: str, logdir: str, gen: int, seed: int, control: str | None) -> int:
     from straw.rollout import BatchBuilder, EnvironmentMix
     signal.signal(signal.SIGTERM, _stop)
     r = random.Random(f"{seed}:trainer:{gen}")
     log = _AckLog(os.path.join(logdir, "trainer.acks"))
     store = SharedFilesystemStore(root, RUN, writer_id=f"trainer-{gen}")
-    token_path = os.path.join(logdir, "trainer.token")
     while True:
-        queue = _RemoteQueue(_url(logdir))
+        queue = RemoteCoordinator(_url(logdir), token=TOKEN, timeout=30, retries=2,
+                                  retry_wait=0.1)  # a restarted controller: a new URL
         try:
-            try:  # our dead predecessor's consumer: close it with the token it saved
-                with open(token_path) as f:
-                    queue.close_consumer(queue.consumer_id, f.read().strip())
-            except (FileNotFoundError, StaleAttempt):
-                pass  # none, or the controller restarted since (it holds none then)
+            # the supervisor runs one trainer: a restarted one succeeds a dead one, whose
+            # consumer the controller still holds open (fenced here), unless the
+            # controller restarted since
             builder = BatchBuilder(queue, store, EnvironmentMix.single(BATCH), dp_size=1,
-                                   config=_config())
-            tmp = token_path + f".{gen}"
-            with open(tmp, "w") as f:
-                f.write(builder._token)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, token_path)
+                                   config=_config(), takeover=True)
             while True:
-                rollout: int | str = len(builder.state()["finished_batches"])
+                rollout: int | str = builder.state()["finished_count"]
                 if control == "rollout-trainer-skips-replay":
                     rollout = f"{gen}.{rollout}"  # the planted bug: a fresh id per process
                 refs = builder.next_batch(rollout)
@@ -417,6 +362,11 @@ def run_rollout(base: str, *, seconds: float, n_generators: int = 3, seed: int =
                     q.start()
             victim = first.pop() if first else r.choice(
                 ["controller", "trainer", *names, *names])
+            if victim == "trainer" and (control == "rollout-trainer-skips-replay"
+                                        or r.random() < 0.5):
+                # half the trainer's kills (all of them for the control, whose bug shows
+                # only then) while it trains: a collected batch is not finished
+                _await_training(os.path.join(logdir, "trainer.acks"), end)
             p = procs[victim]
             assert p.p is not None
             p.p.kill()
@@ -436,6 +386,16 @@ def run_rollout(base: str, *, seconds: float, n_generators: int = 3, seed: int =
         out.violations += _stop_all(stopping)
     out.violations += check(roots[0], logdir, names, out)
     return out
+
+
+def _await_training(path: str, end: float) -> None:
+    """Wait (until ``end`` at most) for the trainer's log to end with a ``training``
+    entry: it is training on a batch it has not finished."""
+    while time.monotonic() < end:
+        log = _read_log(path)
+        if log and log[-1]["ev"] == "training":
+            return
+        time.sleep(0.05)
 
 
 def check(root: str, logdir: str, names: Sequence[str], s: RolloutSummary) -> list[str]:
@@ -500,12 +460,17 @@ def check(root: str, logdir: str, names: Sequence[str], s: RolloutSummary) -> li
                 body = json.loads(bytes(list(store.read(c.result_ref))[0].payload))
                 batches["batch:" + c.commit_id] = {int(e["position"]) for e in body["groups"]}
                 by_rollout[c.task_id[len("collection:"):]] = "batch:" + c.commit_id
-        # the builder's final state
+        # the builder's final state, and the batches its progress lists finished
         view = coord.load_consumer_state(coord.consumer_id)
-        state: dict[str, Any] = {"finished_batches": [], "backlog": [], "scan_cursor": 0} \
-            if view is None else json.loads(
-            bytes(list(store.read(_ref(view["state_ref"])))[0].payload))
-        finished = set(state["finished_batches"])
+        state: dict[str, Any] = {"backlog": [], "scan_cursor": 0} if view is None else \
+            json.loads(bytes(list(store.read(_ref(view["state_ref"])))[0].payload))
+        progress: dict[str, Any] = {"finished_batches": []} \
+            if view is None or not view.get("progress_ref") else json.loads(
+            bytes(list(store.read(_ref(view["progress_ref"])))[0].payload))
+        finished = set(progress["finished_batches"])
+        if view is not None and state.get("finished_count") != len(finished):
+            out.append(f"the builder state counts {state.get('finished_count')} finished "
+                       f"batches, its progress lists {len(finished)}")
         # the backlog: what the builder saved, and what it has not scanned yet
         backlog = {int(e["position"]) for e in state["backlog"]}
         backlog |= {p for p in prompt_commits if p >= int(state["scan_cursor"])}

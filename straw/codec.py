@@ -101,6 +101,9 @@ class Registry:
         self._by_tag: dict[tuple[str, int], Callable[[Any], Any]] = {}
         self._dataclass_names: dict[type, str] = {}
         self._dataclasses: dict[str, type] = {}
+        # cls -> its encoder (or None) as found along its MRO: a sample asks this for
+        # every container it holds; emptied by every registration
+        self._encoder_memo: dict[type, tuple[str, int, Callable[[Any], Any]] | None] = {}
         # built in: references decode through their checking constructor.  Version 1 is
         # the previous straw's flat dict (still decoded: ``from_dict`` reads both forms),
         # version 2 straw-queue's shape (``manifest`` RecordRef, usage counts).
@@ -128,6 +131,7 @@ class Registry:
         self._by_tag[(tag, version)] = decode
         if known is None or version > known[1]:
             self._by_cls[cls] = (tag, version, encode)
+        self._encoder_memo.clear()
 
     def register_dataclass(self, cls: type, name: str | None = None) -> None:
         """Make dataclass ``cls`` encodable field by field under ``name`` (default
@@ -163,11 +167,13 @@ class Registry:
         return cls
 
     def encoder(self, cls: type) -> tuple[str, int, Callable[[Any], Any]] | None:
-        for base in cls.__mro__:
-            found = self._by_cls.get(base)
-            if found is not None:
-                return found
-        return None
+        try:
+            return self._encoder_memo[cls]
+        except KeyError:
+            pass
+        found = next((self._by_cls[b] for b in cls.__mro__ if b in self._by_cls), None)
+        self._encoder_memo[cls] = found
+        return found
 
     def decoder(self, tag: str, version: int) -> Callable[[Any], Any]:
         dec = self._by_tag.get((tag, version))
@@ -211,6 +217,13 @@ def _key_path(path: str, key: Any) -> str:
     return f"{path}[{key!r}]"
 
 
+# values ``_Encoder.enc`` returns as they are (and ints in msgpack's range): a container
+# passes such children through without the call (and the child's path string) per value
+# (the sample encoder's cost is per value: this halves it for plain structures)
+_PLAIN = frozenset({type(None), bool, str, bytes, float})
+_INT_MIN, _INT_END = -(1 << 63), 1 << 64
+
+
 class _Encoder:
     def __init__(self, registry: Registry) -> None:
         self.registry = registry
@@ -248,13 +261,21 @@ class _Encoder:
                 del self.active[id(x)]
             return (_MARKERS[_CUSTOM], tag, version, value)
         if t in (list, tuple, dict):
+            if not x and depth < MAX_DEPTH:  # empty: nothing to walk, no cycle possible
+                return self.mapping([], key) if t is dict else \
+                    ((_MARKERS[_TUPLE],) if t is tuple else ())
             self.enter(x, path, depth)
+            plain, lo, end = _PLAIN, _INT_MIN, _INT_END
             try:
                 if t is dict:
-                    return self.mapping([(self.enc(k, f"{path}.keys()", depth + 1, True),
-                                          self.enc(v, _key_path(path, k), depth + 1, key))
-                                         for k, v in x.items()], key)
-                items = tuple(self.enc(v, f"{path}[{i}]", depth + 1, key)
+                    return self.mapping([
+                        (k if type(k) in plain or (type(k) is int and lo <= k < end)
+                         else self.enc(k, f"{path}.keys()", depth + 1, True),
+                         v if type(v) in plain or (type(v) is int and lo <= v < end)
+                         else self.enc(v, _key_path(path, k), depth + 1, key))
+                        for k, v in x.items()], key)
+                items = tuple(v if type(v) in plain or (type(v) is int and lo <= v < end)
+                              else self.enc(v, f"{path}[{i}]", depth + 1, key)
                               for i, v in enumerate(x))
             finally:
                 del self.active[id(x)]

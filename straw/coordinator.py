@@ -1521,22 +1521,32 @@ class Coordinator(ProcessBound):
     # hands it a token that every save, plan and ready call must present.  Tokens belong
     # to this coordinator process and are not journaled (a recovered coordinator has no
     # open consumer); the saved progress is.
-    def open_consumer(self, consumer_id: str, *, exclusive_owner: str) -> str:
+    def open_consumer(self, consumer_id: str, *, exclusive_owner: str,
+                      takeover: bool = False) -> str:
         """Become the consumer's one owner: returns its token.  ``UnsafeRecovery`` while
         another owner has it open (close it first, or recover the queue if that owner is
-        gone).  ``exclusive_owner`` says, in prose, why this caller is the only one."""
+        gone).  ``exclusive_owner`` says, in prose, why this caller is the only one.
+
+        ``takeover=True`` (ours, like ``Coordinator(takeover=True)``): the caller's
+        successor role, e.g. a trainer restarted after its predecessor died (in another
+        process than this coordinator's, so no recovery revoked its token), replaces the
+        current owner.  That owner's token is fenced: its every later save, plan, ready
+        or close is ``StaleAttempt``, so a predecessor that is in fact still alive cannot
+        interleave its writes with the successor's."""
         self._check_process()
         _check_id("consumer_id", consumer_id)
         _check_id("exclusive_owner", exclusive_owner)
+        if not isinstance(takeover, bool):
+            raise TypeError(f"takeover must be a bool, got {type(takeover).__name__}")
         with self._mutex:
             self._check_usable()
             held = self._consumer_owners.get(consumer_id)
-            if held is not None:
+            if held is not None and not takeover:
                 raise UnsafeRecovery(
                     f"consumer {consumer_id!r} of queue {self.owner} is open (owner "
                     f"{held[1]!r}); a consumer has one owner at a time: close it with "
-                    "close_consumer(consumer_id, token), or recover the queue if that owner "
-                    "is gone")
+                    "close_consumer(consumer_id, token), open it with takeover=True if that "
+                    "owner is gone (its token is fenced), or recover the queue")
             token = os.urandom(32).hex()
             self._consumer_owners[consumer_id] = (token, exclusive_owner)
         return token
@@ -1560,7 +1570,8 @@ class Coordinator(ProcessBound):
         if held is None or not hmac.compare_digest(held[0], token):
             raise StaleAttempt(
                 f"consumer {consumer_id!r} token is not current (the consumer was closed, "
-                "or this coordinator was recovered since it was opened): open_consumer again")
+                "taken over by another owner, or this coordinator was recovered since it "
+                "was opened): open_consumer again")
 
     def save_consumer_state(self, consumer_id: str, *, token: str, request_id: str,
                             state_ref: RecordSetRef, fetch_cursor: int,

@@ -35,13 +35,15 @@ import http.client
 import json
 import os
 import threading
+import time
 import urllib.parse
 from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from . import errors
-from .protocol import Lease, TaskSpec
+from .coordinator import DEFAULT_CONSUMER
+from .protocol import AcquireResult, Assignment, CommitPage, CommitReceipt, Lease, TaskSpec
 from .refs import RecordSetRef
 from .reporting import canonical_json
 
@@ -84,12 +86,31 @@ _BUILTIN = {"ValueError": RemoteValueError, "TypeError": RemoteTypeError,
 
 
 # --- values on the wire ---------------------------------------------------------------
+# class -> its dataclass field names, or None when it is not a dataclass: a reply holds
+# hundreds of dataclasses (leases, task specs, references), looked up once per class
+_FIELDS: dict[type, tuple[str, ...] | None] = {}
+
+
+def _fields(cls: type) -> tuple[str, ...] | None:
+    try:
+        return _FIELDS[cls]
+    except KeyError:
+        names = tuple(f.name for f in dataclasses.fields(cls)) \
+            if dataclasses.is_dataclass(cls) else None
+        _FIELDS[cls] = names
+        return names
+
+
 def to_wire(value: Any) -> Any:
     """A JSON-able copy of ``value``: dataclasses as their asdict dicts, tuples as lists.
     Payload bytes are refused (``TypeError``): they never travel over the control
     channel."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: to_wire(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    t = type(value)
+    if value is None or t in (str, int, float, bool):
+        return value
+    names = _fields(t)
+    if names is not None:
+        return {n: to_wire(getattr(value, n)) for n in names}
     if isinstance(value, Mapping):
         return {str(k): to_wire(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -306,5 +327,143 @@ def _error(name: str, message: str, status: int, address: str) -> BaseException:
     return errors.StrawError(f"the coordinator at {address} failed with {name}: {message}")
 
 
-__all__ = ["ControlServer", "METHODS", "QueueClient", "RemoteKeyError", "RemoteTypeError",
-           "RemoteValueError", "from_wire", "serve", "start", "to_wire"]
+# --- a typed remote coordinator ----------------------------------------------------------
+def _receipt(value: Any) -> CommitReceipt | None:
+    return None if value is None else CommitReceipt.from_dict(value)
+
+
+class RemoteCoordinator:
+    """A served coordinator as a library client calls it: the consumer's and a control
+    task's calls (what a batch builder in a trainer process makes), with our types.
+
+    ``RemoteCoordinator(url, token=...)`` stands in for the ``Coordinator`` object: the
+    same method names and keywords, results decoded (``AcquireResult``,
+    ``CommitReceipt``, ``CommitPage``; views stay the coordinator's dicts), errors raised
+    as the same straw error classes (``QueueClient``).  ``consumer_id`` is the queue's
+    designated consumer (``Coordinator(consumer_id=...)``; ``"training"`` unless the
+    controller chose another).
+
+    Retry-safe: a lost reply (``ConnectionError``: no reply, or one cut off) of a call
+    that is safe to repeat is retried here, ``retries`` times, waiting ``retry_wait``
+    seconds doubled each time (a restarting coordinator answers again in a moment).
+    Safe to repeat: every read, and every call that carries its idempotency id
+    (``submit_tasks``' request id, ``complete_task``'s submission id, a consumer save's
+    request id; ``plan_batch`` and ``batch_ready`` with the same content answer the
+    first reply), ``close_consumer`` (a retry that finds the consumer closed: it was
+    this call) and ``open_consumer(..., takeover=True)`` (a retry fences the token whose
+    reply was lost).  Not repeated: ``acquire`` and ``heartbeat`` (a lost ``acquire``
+    granted leases nobody holds: they expire, or ``task_status`` names them) and a plain
+    ``open_consumer`` (a retry would find the consumer held by the lost reply's token:
+    open it with ``takeover=True``); their ``ConnectionError`` reaches the caller.
+
+    Lifecycle and maintenance calls (``close``, ``collect_garbage``, ``snapshot``) are
+    not served (``METHODS``): they stay with the controller's process.  Holds no
+    connection between calls: safe to share between threads and across ``fork``."""
+
+    def __init__(self, address: str, *, token: str, consumer_id: str = DEFAULT_CONSUMER,
+                 timeout: float = 30, retries: int = 5, retry_wait: float = 0.2) -> None:
+        if not isinstance(consumer_id, str) or not consumer_id:
+            raise ValueError(f"consumer_id must be a non-empty str, got {consumer_id!r}")
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise ValueError(f"retries must be an int >= 0, got {retries!r}")
+        if not isinstance(retry_wait, (int, float)) or retry_wait < 0:
+            raise ValueError(f"retry_wait must be a number of seconds >= 0, got "
+                             f"{retry_wait!r}")
+        self.client = QueueClient(address, token=token, timeout=timeout)
+        self.consumer_id = consumer_id
+        self.retries, self.retry_wait = retries, float(retry_wait)
+
+    def _call(self, method: str, *, retry: bool, **args: Any) -> Any:
+        """One call; a lost reply retried when ``retry`` (the call is safe to repeat)."""
+        for attempt in range(self.retries + 1 if retry else 1):
+            try:
+                return self.client.call(method, **args)
+            except ConnectionError:
+                if not retry or attempt == self.retries:
+                    raise
+            time.sleep(self.retry_wait * 2 ** attempt)
+        raise AssertionError("unreachable")  # the loop returns or raises
+
+    # producers and control tasks
+    def submit_tasks(self, request_id: str, tasks: Any, **kw: Any) -> Any:
+        return self._call("submit_tasks", retry=True, request_id=request_id,
+                          tasks=list(tasks), **kw)
+
+    def producer_state(self, producer_id: str) -> Any:
+        return self._call("producer_state", retry=True, producer_id=producer_id)
+
+    def acquire(self, worker_id: str, max_tasks: int = 1, **kw: Any) -> AcquireResult:
+        got = self._call("acquire", retry=False, worker_id=worker_id, max_tasks=max_tasks,
+                         **kw)
+        return AcquireResult(got["status"], tuple(
+            Assignment(TaskSpec.from_dict(a["task"]), Lease.from_dict(a["lease"]))
+            for a in got["assignments"]))
+
+    def heartbeat(self, leases: Any) -> list[str]:
+        return list(self._call("heartbeat", retry=False, leases=list(leases)))
+
+    def complete_task(self, lease: Lease, *, submission_id: str, result_ref: RecordSetRef,
+                      **kw: Any) -> CommitReceipt:
+        got = self._call("complete_task", retry=True, lease=lease,
+                         submission_id=submission_id, result_ref=result_ref, **kw)
+        return CommitReceipt.from_dict(got)
+
+    # reads
+    def read_commits(self, cursor: int = 0, limit: int = 100) -> CommitPage:
+        got = self._call("read_commits", retry=True, cursor=cursor, limit=limit)
+        return CommitPage(tuple(CommitReceipt.from_dict(c) for c in got["commits"]),
+                          int(got["cursor"]), bool(got["end_of_input"]))
+
+    def lookup_submission(self, submission_id: str) -> CommitReceipt | None:
+        return _receipt(self._call("lookup_submission", retry=True,
+                                   submission_id=submission_id))
+
+    def task_status(self, task_id: str) -> dict[str, Any] | None:
+        return self._call("task_status", retry=True, task_id=task_id)  # type: ignore[no-any-return]
+
+    def get_batch(self, batch_id: str) -> dict[str, Any] | None:
+        return self._call("get_batch", retry=True, batch_id=batch_id)  # type: ignore[no-any-return]
+
+    def load_consumer_state(self, consumer_id: str) -> dict[str, Any] | None:
+        return self._call("load_consumer_state", retry=True,  # type: ignore[no-any-return]
+                          consumer_id=consumer_id)
+
+    def metrics(self) -> dict[str, Any]:
+        return self._call("metrics", retry=True)  # type: ignore[no-any-return]
+
+    # the consumer
+    def open_consumer(self, consumer_id: str, *, exclusive_owner: str,
+                      takeover: bool = False) -> str:
+        args: dict[str, Any] = {"consumer_id": consumer_id, "exclusive_owner": exclusive_owner}
+        if takeover:  # straw-queue's coordinator has no takeover keyword: sent when used
+            args["takeover"] = True
+        return str(self._call("open_consumer", retry=bool(takeover), **args))
+
+    def close_consumer(self, consumer_id: str, token: str) -> None:
+        try:
+            self.client.call("close_consumer", consumer_id=consumer_id, token=token)
+            return
+        except ConnectionError:
+            if not self.retries:
+                raise
+        try:  # the reply was lost: a retry that finds the token stale was this close
+            self._call("close_consumer", retry=True, consumer_id=consumer_id, token=token)
+        except errors.StaleAttempt:
+            pass
+
+    def save_consumer_state(self, consumer_id: str, **kw: Any) -> dict[str, Any]:
+        return self._call("save_consumer_state", retry=True,  # type: ignore[no-any-return]
+                          consumer_id=consumer_id, **kw)
+
+    def plan_batch(self, consumer_id: str, **kw: Any) -> dict[str, Any]:
+        return self._call("plan_batch", retry=True, consumer_id=consumer_id, **kw)  # type: ignore[no-any-return]
+
+    def batch_ready(self, consumer_id: str, **kw: Any) -> dict[str, Any]:
+        return self._call("batch_ready", retry=True, consumer_id=consumer_id, **kw)  # type: ignore[no-any-return]
+
+    def __repr__(self) -> str:
+        return f"RemoteCoordinator({self.client.address!r}, consumer_id={self.consumer_id!r})"
+
+
+__all__ = ["ControlServer", "METHODS", "QueueClient", "RemoteCoordinator", "RemoteKeyError",
+           "RemoteTypeError", "RemoteValueError", "from_wire", "serve", "start", "to_wire"]

@@ -208,6 +208,20 @@ def test_registry_versions_and_unknown_tags(store):
         v2.register(Pt, "pt", 5, None, str)  # type: ignore[arg-type]
 
 
+def test_a_registration_after_an_encode_is_used_by_the_next_encode(store):
+    # the registry remembers each class's encoder: a registration must reach it
+    r = Registry()
+    with pytest.raises(TypeError, match="cannot encode"):
+        encode_sample(store, [Pt(1, 2)], submission_id=sid(), registry=r)
+    r.register(Pt, "pt-late", 1, lambda p: [p.x, p.y], lambda v: Pt(*v))
+    ref = encode_sample(store, [Pt(1, 2)], submission_id=sid(), registry=r)
+    assert decode_sample(store, ref, registry=r)[0].y == 2
+    r.register(Pt, "pt-late", 2, lambda p: {"x": p.x, "y": p.y}, lambda v: Pt(v["x"], v["y"]))
+    ref = encode_sample(store, [Pt(3, 4)], submission_id=sid(), registry=r)
+    body = msgpack.unpackb(next(store.read(ref)).payload, raw=False)
+    assert body[0][1:3] == ["pt-late", 2]
+
+
 def test_default_registry(store, monkeypatch):
     monkeypatch.setattr(C, "DEFAULT_REGISTRY", Registry())
     C.register_type(Pt, "pt-default", 1, lambda p: (p.x, p.y), lambda v: Pt(*v))

@@ -300,6 +300,33 @@ def test_bad_input_leaves_the_journal_unchanged(store, tmp_path):
     q.close()
 
 
+def test_open_consumer_with_takeover_fences_the_previous_owner(store):
+    # a trainer in another process died holding the consumer: no recovery revoked its
+    # token, so its successor takes the consumer over and the old token is fenced
+    q = _coord(store)
+    mine = store.publish([Record("state", b"s")], submission_id="state")
+    old = q.open_consumer("training", exclusive_owner="the job's one trainer")
+    with pytest.raises(UnsafeRecovery, match="takeover=True"):
+        q.open_consumer("training", exclusive_owner="the job's one trainer")
+    new = q.open_consumer("training", exclusive_owner="the job's one trainer",
+                          takeover=True)
+    assert new != old
+    with pytest.raises(StaleAttempt, match="taken over"):
+        q.save_consumer_state("training", token=old, request_id="old", state_ref=mine,
+                              fetch_cursor=0, processed_cursor=0)
+    with pytest.raises(StaleAttempt):
+        q.close_consumer("training", old)
+    q.save_consumer_state("training", token=new, request_id="new", state_ref=mine,
+                          fetch_cursor=0, processed_cursor=0)
+    with pytest.raises(TypeError, match="takeover must be a bool"):
+        q.open_consumer("training", exclusive_owner="x", takeover="yes")  # type: ignore[arg-type]
+    q.close_consumer("training", new)
+    # a takeover of a consumer nobody holds is a plain open
+    q.close_consumer("training", q.open_consumer("training", exclusive_owner="y",
+                                                 takeover=True))
+    q.close()
+
+
 def test_consumer_tokens_cursors_and_retirement(store):
     q = _coord(store)
     q.submit_tasks("r", [TaskSpec(f"t{i}") for i in range(3)])

@@ -24,7 +24,8 @@ The parts on the queue (each module's docstring is its reference, with a runnabl
 * ``generation``   ``GenerationClient`` (one per generation process): leases and their
                    heartbeat, groups returned by stage (completed with a receipt, yielded
                    for continuation, rejected, released), every call safe to retry;
-* ``remote``       the controller served to generation processes (``straw.rpc``);
+* ``remote``       the controller served to generation processes (``straw.rpc``; a
+                   trainer's builder takes ``straw.rpc.RemoteCoordinator``);
 * ``builder``      ``BatchBuilder`` (manager side): accepted groups -> a collection, a plan
                    durable before any hook (RL3), rank shards, ready; ``finish_batch``
                    after training is the only acknowledgement (RL4);

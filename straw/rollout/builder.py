@@ -44,9 +44,17 @@ twice, one group at a time, and never a capture tensor; the converted batch it h
 while publishing is the samples' token arrays and references.
 
 The builder state (``state()``, JSON: scan cursor, backlog, consumer cursors, processed
-positions, finished batches, the ``MixState``) is saved with every ready and finished
-batch as the consumer's state, so a new builder on a recovered queue resumes from it;
-``BatchBuilder(..., state=saved)`` restores one taken from a checkpoint.
+positions, the count and newest ids of the finished batches, quarantined groups, the
+``MixState``) is saved with every ready and finished batch as the consumer's state, so a
+new builder on a recovered queue resumes from it; ``BatchBuilder(..., state=saved)``
+restores one taken from a checkpoint.  Its size follows what is live, not the run's
+length (the queue's progress record is what lists every finished batch).
+
+A builder in a trainer process apart from the controller takes the served coordinator
+as ``straw.rpc.RemoteCoordinator(url, token=...)``.  The consumer has one owner at a
+time; a trainer restarted after its predecessor died (its token was not revoked: the
+coordinator lives on in the controller) opens with ``takeover=True``, which fences the
+predecessor's token, so one still alive fails its next save instead of interleaving.
 
 Example (runnable; a generation client completes prompt tasks in a real job)::
 
@@ -83,6 +91,7 @@ Example (runnable; a generation client completes prompt tasks in a real job)::
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import json
 import math
@@ -93,7 +102,7 @@ from typing import Any
 import numpy as np
 
 from straw.codec import sample_records
-from straw.errors import CorruptData, IdempotencyConflict
+from straw.errors import CorruptData, IdempotencyConflict, UnsupportedSchema
 from straw.protocol import CommitReceipt, Lease, TaskSpec
 from straw.refs import Record, RecordSetRef
 from straw.tensor import TensorRef
@@ -110,7 +119,10 @@ from .shards import SHARD_SCHEMA, SHARD_VERSION, RankBatchRef, partition_by_toke
 
 COLLECTION_PREFIX = "collection:"
 BUILDER_WORKER = "batch-builder"
-STATE_VERSION = 1
+STATE_VERSION = 2
+# finished batch ids the state keeps (the newest): enough to recognise a retried
+# finish_batch and to match a restored state against the queue's progress record
+FINISHED_KEPT = 16
 PLAN_SCHEMA = "straw.rollout.plan"
 READY_SCHEMA = "straw.rollout.ready"
 COLLECTION_SCHEMA = "straw.rollout.collection"
@@ -182,6 +194,20 @@ class Accepted:
         return (0, 0, self.position) if self.restored else (1, self.key, self.position)
 
 
+class _Untrainable(ValueError):
+    """An accepted group that can never enter a batch (``BatchBuilder._scan``)."""
+
+
+def empty_state(backlog: Sequence[Accepted] = (), mix: MixState | None = None
+                ) -> dict[str, Any]:
+    """A builder state (``BatchBuilder.state()``) of a queue nothing was read from yet,
+    holding ``backlog`` (e.g. restored groups, ``straw.rollout.isolated``)."""
+    return {"version": STATE_VERSION, "scan_cursor": 0, "fetch_cursor": 0,
+            "processed_cursor": 0, "processed_positions": [], "finished_count": 0,
+            "recent_finished": [], "quarantined": [],
+            "backlog": [e.to_dict() for e in backlog], "mix": (mix or MixState()).to_dict()}
+
+
 def read_accepted(store: Any, mix: EnvironmentMix, receipt: CommitReceipt) -> Accepted:
     """The backlog entry of an accepted group's commit ``receipt`` (its record 0 read,
     no capture byte): what a builder scanning the log adds, and what a salvage reads
@@ -189,14 +215,14 @@ def read_accepted(store: Any, mix: EnvironmentMix, receipt: CommitReceipt) -> Ac
     where = f"accepted group of task {receipt.task_id!r} (commit {receipt.position})"
     try:
         group = lazy_group(store, receipt.result_ref)
-    except CorruptData as e:
-        raise CorruptData(f"{where}: {e}") from None
+    except (CorruptData, UnsupportedSchema) as e:
+        raise _Untrainable(f"{where}: {type(e).__name__}: {e}") from None
     if classify(group) is not Stage.READY:
         bad = next(i for i, s in enumerate(group.samples) if not s.finished)
-        raise ValueError(f"{where} is not ready: sample {bad} is "
-                         f"{group.samples[bad].status.value} with reward "
-                         f"{group.samples[bad].reward!r}; complete only groups whose "
-                         "samples are all completed or truncated and scored")
+        raise _Untrainable(f"{where} is not ready: sample {bad} is "
+                           f"{group.samples[bad].status.value} with reward "
+                           f"{group.samples[bad].reward!r}; complete only groups whose "
+                           "samples are all completed or truncated and scored")
     env = mix.environment_of(group)
     return Accepted(receipt.position, receipt.commit_id, receipt.result_ref, env,
                     scheduling_key(group), tuple(len(s.tokens) for s in group.samples))
@@ -248,7 +274,8 @@ class BatchBuilder:
                  convert_hook: ConvertHook | None = None,
                  reward_key: str | None = None,
                  state: Mapping[str, Any] | None = None,
-                 exclusive_owner: str = "the job's one BatchBuilder") -> None:
+                 exclusive_owner: str = "the job's one BatchBuilder",
+                 takeover: bool = False) -> None:
         if not isinstance(mix, EnvironmentMix):
             raise TypeError(f"mix must be an EnvironmentMix, got {type(mix).__name__} (use "
                             "EnvironmentMix.single(batch_size) for one environment)")
@@ -280,16 +307,26 @@ class BatchBuilder:
                                                     "dp_size": dp_size}))
         except (TypeError, ValueError) as e:
             raise ValueError(f"conversion and parallel must be JSON mappings: {e}") from None
+        if self.config.online_gc and not callable(getattr(coordinator, "collect_garbage",
+                                                          None)):
+            raise ValueError("online GC runs collections in the coordinator's process: with "
+                             f"a {type(coordinator).__name__} (another process's queue), "
+                             "leave RolloutConfig.online_gc off here and collect garbage "
+                             "where the coordinator runs")
         self.consumer_id = coordinator.consumer_id
+        # takeover=True: this builder succeeds one whose process died holding the
+        # consumer (a trainer apart from the controller: no recovery revoked its token);
+        # the old token is fenced, so a predecessor still alive can write nothing more
+        open_args = {"takeover": True} if takeover else {}
         self._token = coordinator.open_consumer(self.consumer_id,
-                                                exclusive_owner=exclusive_owner)
+                                                exclusive_owner=exclusive_owner, **open_args)
         self._closed = False
         # the background collector (RolloutConfig.online_gc), None when off
         self.online_gc: OnlineGC | None = None
         try:
-            saved = self._load_saved()
-            self._set_state(saved if state is None else dict(state))
-            if state is not None and state != saved:
+            saved, progress = self._load_saved()
+            self._set_state(saved if state is None else dict(state), progress)
+            if state is not None and self.state() != saved:
                 self._save(f"restore:{_digest(self.state())}")
         except BaseException:
             coordinator.close_consumer(self.consumer_id, self._token)
@@ -299,19 +336,34 @@ class BatchBuilder:
 
     # --- state ----------------------------------------------------------------------------
     def _empty_state(self) -> dict[str, Any]:
-        return {"version": STATE_VERSION, "scan_cursor": 0, "fetch_cursor": 0,
-                "processed_cursor": 0, "processed_positions": [], "finished_batches": [],
-                "backlog": [], "mix": MixState().to_dict()}
+        return empty_state()
 
-    def _load_saved(self) -> dict[str, Any]:
+    def _load_saved(self) -> tuple[dict[str, Any], list[str]]:
+        """The saved builder state and the finished batches of the saved progress."""
         view = self.coord.load_consumer_state(self.consumer_id)
         if view is None:
-            return self._empty_state()
-        ref = RecordSetRef.from_dict(view["state_ref"])
-        return self._read_json(ref, "builder state")
+            return self._empty_state(), []
+        state = self._read_json(RecordSetRef.from_dict(view["state_ref"]), "builder state")
+        progress: list[str] = []
+        if view.get("progress_ref"):
+            value = self._read_json(RecordSetRef.from_dict(view["progress_ref"]),
+                                    "builder progress")
+            if isinstance(value, dict) and isinstance(value.get("finished_batches"), list):
+                progress = [str(b) for b in value["finished_batches"]]
+        return state, progress
 
-    def _set_state(self, value: Mapping[str, Any]) -> None:
+    def _set_state(self, value: Mapping[str, Any], progress: Sequence[str]) -> None:
+        """Adopt ``value`` (``state()``'s form; a version 1 state, with every finished
+        batch listed, is read too).  ``progress``: the finished batches the queue's saved
+        progress lists, in finishing order."""
         keys = set(self._empty_state())
+        if isinstance(value, Mapping) and value.get("version") == 1 \
+                and isinstance(value.get("finished_batches"), list):
+            listed = [str(b) for b in value["finished_batches"]]
+            value = {**{k: v for k, v in value.items() if k != "finished_batches"},
+                     "version": STATE_VERSION, "finished_count": len(listed),
+                     "recent_finished": listed[-FINISHED_KEPT:], "quarantined": []}
+            progress = listed
         if not isinstance(value, Mapping) or set(value) != keys \
                 or value.get("version") != STATE_VERSION:
             raise ValueError(f"a builder state is a mapping with version {STATE_VERSION} and "
@@ -321,20 +373,50 @@ class BatchBuilder:
         self._fetch = int(value["fetch_cursor"])
         self._processed = int(value["processed_cursor"])
         self._sparse = sorted(int(p) for p in value["processed_positions"])
-        self._finished = [str(b) for b in value["finished_batches"]]
+        self._finished_count = int(value["finished_count"])
+        self._recent = [str(b) for b in value["recent_finished"]][-FINISHED_KEPT:]
+        # every finished batch, for the progress record: the queue releases a batch's
+        # plan and ready data while its consumer's progress lists it (a list without it
+        # would make them needed again), so that list is cumulative; the state keeps only
+        # its count and newest ids, and the list is the saved progress's first
+        # ``finished_count`` (a restored state whose newest ids are not there brings its
+        # own, e.g. into another queue)
+        prefix = list(progress[:self._finished_count])
+        n = len(self._recent)
+        self._finished = prefix if len(prefix) >= n and prefix[len(prefix) - n:] == \
+            self._recent else list(self._recent)
+        self._quarantined = [dict(q) for q in value["quarantined"]]
         self._backlog = [Accepted.from_dict(e) for e in value["backlog"]]
         self._mix_state = MixState.from_dict(value["mix"])
         self.mix.quota(self._mix_state)  # checks its environments against the mix
 
     def state(self) -> dict[str, Any]:
-        """The builder state as JSON (what a checkpoint saves; ``state=`` restores it)."""
+        """The builder state as JSON (what a checkpoint saves; ``state=`` restores it).
+        Its size follows what is live (the backlog, unprocessed positions, quarantined
+        groups), not the run's length: of the finished batches it keeps the count
+        (``finished_count``, e.g. the next rollout id) and the newest ``FINISHED_KEPT``."""
         self._check()
         return {"version": STATE_VERSION, "scan_cursor": self._scan_cursor,
                 "fetch_cursor": self._fetch, "processed_cursor": self._processed,
                 "processed_positions": list(self._sparse),
-                "finished_batches": list(self._finished),
+                "finished_count": self._finished_count,
+                "recent_finished": list(self._recent),
+                "quarantined": [dict(q) for q in self._quarantined],
                 "backlog": [e.to_dict() for e in self._backlog],
                 "mix": self._mix_state.to_dict()}
+
+    def quarantined(self) -> list[dict[str, Any]]:
+        """The accepted groups the builder skipped for good, each with its commit
+        (``position``, ``task_id``, ``commit_id``) and ``reason`` (see ``_scan``)."""
+        self._check()
+        return [dict(q) for q in self._quarantined]
+
+    def metrics(self) -> dict[str, int]:
+        """``backlog`` (accepted groups not yet in a batch), ``finished_batches``,
+        ``quarantined`` (groups skipped for good: ``quarantined()`` says why)."""
+        self._check()
+        return {"backlog": len(self._backlog), "finished_batches": self._finished_count,
+                "quarantined": len(self._quarantined)}
 
     def _publish_state(self, state: Mapping[str, Any]) -> tuple[RecordSetRef, RecordSetRef]:
         """The consumer state and progress records (the progress depends on the state)."""
@@ -342,7 +424,7 @@ class BatchBuilder:
         state_ref = self.store.publish([_json_record("builder-state", body)],
                                        submission_id=f"builder-state:{_digest(body)}")
         progress = {"version": 1, "processed_positions": body["processed_positions"],
-                    "finished_batches": body["finished_batches"]}
+                    "finished_batches": list(self._finished)}
         progress_ref = self.store.publish(
             [_json_record("progress", progress)],
             submission_id=f"builder-progress:{_digest([progress, state_ref.digest])}",
@@ -375,13 +457,26 @@ class BatchBuilder:
 
     def _scan(self, until: int | None = None) -> None:
         """Add the accepted groups committed since the scan cursor to the backlog (up to
-        position ``until`` exclusive, else to the end of the durable log)."""
+        position ``until`` exclusive, else to the end of the durable log).
+
+        A group that can never be trained (its stored bytes are corrupt or of another
+        schema, or it is not ready) is **quarantined**, not retried: skipped with its
+        reason in ``quarantined()`` (and the state, saved with the next batch), so the
+        groups after it flow.  The next ``finish_batch`` acknowledges its position with
+        the batch's (it will never train; else the processed cursor would stop there for
+        good).  A group of an environment the mix does not configure still raises: that
+        is this builder's configuration to fix, not the group's fault."""
         while until is None or self._scan_cursor < until:
             limit = _PAGE if until is None else min(_PAGE, until - self._scan_cursor)
             page = self.coord.read_commits(self._scan_cursor, limit)
             for receipt in page.commits:
                 if receipt.task_id.startswith(PROMPT_PREFIX):
-                    self._backlog.append(self._accepted(receipt))
+                    try:
+                        self._backlog.append(self._accepted(receipt))
+                    except _Untrainable as e:
+                        self._quarantined.append({
+                            "position": receipt.position, "task_id": receipt.task_id,
+                            "commit_id": receipt.commit_id, "reason": str(e)})
                 elif receipt.task_id.startswith(COLLECTION_PREFIX):
                     # RL2: a collected group belongs to that collection's batch from now
                     # on, ready or not (a later rollout never selects it again)
@@ -600,16 +695,22 @@ class BatchBuilder:
                                     "returns a mapping of train data")
                 converted[(g, j)] = {**item, "environment": e.environment}
         digest = plan["digest"]
-        shards = []
-        for rank, part in enumerate(plan["partition"]):
+
+        def publish(rank: int) -> RecordSetRef:
+            part = plan["partition"][rank]
             value = {"schema": SHARD_SCHEMA, "version": SHARD_VERSION, "batch_id": batch_id,
                      "plan_digest": digest, "rank": rank, "world": self.dp_size,
                      "samples": [converted[(g, j)] for g, j in part]}
             records, deps = sample_records(value)
-            shards.append(self.store.publish(
+            return self.store.publish(
                 records, submission_id=f"shard:{batch_id}:{rank}:{_content(records, deps)}",
-                dependencies=deps))
-        del converted
+                dependencies=deps)
+
+        # every rank's shard serialized and published, at most io_concurrency at a time
+        # (the payload copies and the pack writes release the GIL); all of them are
+        # durable before the ready record names them
+        shards = _bounded_map(publish, range(self.dp_size), self.config.io_concurrency)
+        converted.clear()  # the batch's train data: published, not held any longer
         ready = {"schema": READY_SCHEMA, "version": 1, "batch_id": batch_id,
                  "plan_digest": digest, "world": self.dp_size,
                  "ranks": [s.to_dict() for s in shards]}
@@ -661,10 +762,12 @@ class BatchBuilder:
             raise ValueError(f"cannot finish batch {batch_id!r}: it is not a ready batch of "
                              f"consumer {self.consumer_id!r} (next_batch returns ready "
                              "batches; finish each one after training on it)")
-        if batch_id in self._finished:
-            return
-        # RL4: the only place inputs become processed, after training finished
-        done = set(self._sparse) | {p for p in view["input_positions"]
+        if view["finished"] or batch_id in self._recent:
+            return  # the queue's progress lists it: a retry
+        # RL4: the only place inputs become processed, after training finished (with
+        # the quarantined groups scanned so far: they never train, _scan)
+        skipped = {q["position"] for q in self._quarantined if q["position"] < self._fetch}
+        done = set(self._sparse) | {p for p in [*view["input_positions"], *skipped]
                                     if p >= self._processed}
         cursor = self._processed
         while cursor in done:
@@ -672,6 +775,8 @@ class BatchBuilder:
         self._processed = cursor
         self._sparse = sorted(p for p in done if p >= cursor)
         self._finished.append(batch_id)
+        self._finished_count += 1
+        self._recent = [*self._recent, batch_id][-FINISHED_KEPT:]
         self._save(f"finish:{batch_id}")
         if self.online_gc is not None:
             self.online_gc.request()
@@ -712,6 +817,17 @@ class BatchBuilder:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _bounded_map(fn: Callable[[int], RecordSetRef], items: Sequence[int], bound: int
+                 ) -> list[RecordSetRef]:
+    """``[fn(i) for i in items]``, at most ``bound`` running at once (in order; the first
+    error raised once every started call ended)."""
+    if bound <= 1 or len(items) <= 1:
+        return [fn(i) for i in items]
+    with concurrent.futures.ThreadPoolExecutor(min(bound, len(items)),
+                                               thread_name_prefix="straw.rollout io") as pool:
+        return list(pool.map(fn, items))
 
 
 def _content(records: Sequence[Record], deps: Sequence[RecordSetRef]) -> str:

@@ -27,6 +27,8 @@ only a rank's rows); without it the captures are decoded from the records.
 
 from __future__ import annotations
 
+import array
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -49,13 +51,30 @@ _SAMPLE_KEYS = frozenset({"prompt", "tokens", "response_length", "status", "rewa
 _TOKEN_DTYPES: dict[int, np.dtype[Any]] = {4: np.dtype("<i4"), 8: np.dtype("<i8")}
 
 
+# the stdlib array types of 4- and 8-byte signed ints (C int and long long on every
+# platform we run on; checked here, NumPy is the fallback)
+_ARRAY_CODES = {4: "i", 8: "q"} if array.array("i").itemsize == 4 \
+    and array.array("q").itemsize == 8 else None
+
+
 def _token_bytes(tokens: tuple[int, ...]) -> list[Any]:
     """``[width, bytes]``: the ids as int32 when they fit (they do for every vocabulary
-    in use), else int64."""
-    ids = np.asarray(tokens, dtype=np.int64)  # (Sample checked the int64 range)
-    small = ids.size == 0 or (int(ids.min()) >= -(2**31) and int(ids.max()) < 2**31)
-    width = 4 if small else 8
-    return [width, ids.astype(_TOKEN_DTYPES[width]).tobytes()]
+    in use), else int64, little-endian.  (``array.array`` converts a tuple of ints twice
+    as fast as NumPy: this runs for every sample a client returns and every prompt a
+    refill publishes.)"""
+    if not tokens:
+        return [4, b""]
+    if _ARRAY_CODES is None:
+        wide = np.asarray(tokens, dtype=np.int64)  # (Sample checked the int64 range)
+        width = 4 if int(wide.min()) >= -(2**31) and int(wide.max()) < 2**31 else 8
+        return [width, wide.astype(_TOKEN_DTYPES[width]).tobytes()]
+    try:
+        width, ids = 4, array.array(_ARRAY_CODES[4], tokens)
+    except OverflowError:  # an id past int32
+        width, ids = 8, array.array(_ARRAY_CODES[8], tokens)
+    if sys.byteorder != "little":
+        ids.byteswap()
+    return [width, ids.tobytes()]
 
 
 def _tokens(value: Any, where: str) -> tuple[int, ...]:

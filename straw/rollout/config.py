@@ -9,14 +9,17 @@ option                 default  purpose
 =====================  =======  ==============================================
 ``segment_mib``        256      pack rotation target (MiB) of every store
 ``io_concurrency``     4        bound on concurrent serialization and filesystem
-                                I/O submissions (publishes and shard loads)
+                                I/O submissions (the batch builder serializes and
+                                publishes this many rank shards at a time)
 ``lease_seconds``      300      worker lease; a client's heartbeat renews it
 ``online_gc``          False    background collection after acknowledgements
 =====================  =======  ==============================================
 
 The rest have no seed default and are ours: ``n_samples_per_prompt`` (1), the refill
-bounds of the data source (8..64 groups, ``data_source.MIN_REFILL``/``MAX_REFILL``) and
-the optional staleness bound (off).
+bounds of the data source (8..64 groups, ``data_source.MIN_REFILL``/``MAX_REFILL``),
+``max_attempts`` (3, the queue's default: how many failures, lease expiries included, a
+prompt task may spend before it fails for good; a release spends none) and the optional
+staleness bound (off).
 """
 
 from __future__ import annotations
@@ -40,11 +43,12 @@ class RolloutConfig:
     n_samples_per_prompt: int = 1
     min_refill: int = MIN_REFILL
     max_refill: int = MAX_REFILL
+    max_attempts: int = 3
     staleness_bound: StalenessBound | None = None
 
     def __post_init__(self) -> None:
         for name in ("segment_mib", "io_concurrency", "n_samples_per_prompt", "min_refill",
-                     "max_refill"):
+                     "max_refill", "max_attempts"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"RolloutConfig.{name} must be an int >= 1, got {value!r}")

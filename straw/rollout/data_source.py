@@ -216,7 +216,12 @@ class DataSource:
                 offset, epoch = 0, epoch + 1
             index = self.order(epoch)[offset]
             prompt = self.prompts[index]
-            samples = tuple(Sample(copy.deepcopy(prompt), group_index=gid, index=sid + k)
+            # each sample its own copy of a mutable prompt (a chat's list of dicts); an
+            # immutable one (text, token ids) is shared: copying it is all cost
+            immutable = type(prompt) in (str, bytes, int) or (
+                type(prompt) is tuple and all(type(t) is int for t in prompt))
+            samples = tuple(Sample(prompt if immutable else copy.deepcopy(prompt),
+                                   group_index=gid, index=sid + k)
                             for k in range(self.n_samples_per_prompt))
             made.append(SampleGroup(samples, self.environment,
                                     {"epoch_id": epoch, "dataset_index": index}))

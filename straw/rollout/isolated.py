@@ -32,7 +32,7 @@ from straw import Coordinator, TaskSpec
 from straw.coordinator import queue_dir
 from straw.errors import UnsafeRecovery
 
-from .builder import STATE_VERSION, Accepted
+from .builder import Accepted, empty_state
 from .checkpoint_errors import BranchStarted
 from .data_source import PRODUCER_ID
 from .environments import MixState
@@ -102,10 +102,7 @@ def seed_isolated_queue(store: Any, *, namespace: str, queue_id: str,
     except BaseException:
         coord.close()
         raise
-    state = {"version": STATE_VERSION, "scan_cursor": 0, "fetch_cursor": 0,
-             "processed_cursor": 0, "processed_positions": [], "finished_batches": [],
-             "backlog": [e.to_dict() for e in restored_backlog(accepted)],
-             "mix": (mix or MixState()).to_dict()}
+    state = empty_state(restored_backlog(accepted), mix)
     return IsolatedQueue(coord, state, owner)
 
 

@@ -9,17 +9,19 @@ import dataclasses
 import json
 import math
 import pickle
+import re
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from straw import CorruptData, IdempotencyConflict, InvalidReference
+from straw import IdempotencyConflict, InvalidReference
 from straw.codec import sample_records
 from straw.rollout import (
     BatchBuilder,
     EnvironmentMix,
     RankBatchRef,
+    Status,
     check_batch_identities,
     partition_by_tokens,
 )
@@ -351,23 +353,68 @@ def test_a_nan_reward_from_the_hook_is_an_error_and_the_batch_stays_unready(pool
                 b.next_batch(0)
 
 
-def test_a_stored_nan_reward_reaching_the_builder_is_a_clear_error(pool):
+def _accept_records(pool, records, deps=()):
+    """Complete one prompt task with ``records`` as its result (crafted bytes)."""
+    from straw import TaskSpec
+    n = sum(1 for t in pool.coord.tasks if t.startswith("prompt:"))
+    tid = f"prompt:{n}"
+    prompt = pool.gen.publish([], submission_id=f"p{n}")
+    pool.coord.submit_tasks(f"admit{n}", [TaskSpec(tid, input_ref=prompt)])
+    (a,) = pool.coord.acquire("gen", 1, task_ids=[tid]).assignments
+    records[0] = dataclasses.replace(records[0], metadata={
+        **records[0].metadata, "task_id": a.lease.task_id, "attempt_id": a.lease.attempt_id})
+    ref = pool.gen.publish(records, submission_id=f"bad{n}", dependencies=list(deps))
+    return pool.coord.complete_task(a.lease, submission_id=f"bad{n}", result_ref=ref).position
+
+
+def test_a_stored_nan_reward_reaching_the_builder_is_quarantined_with_its_reason(pool):
     value = group_value(make_group(0))
     value["samples"][1]["reward"] = math.nan  # what no Sample allows: crafted bytes
     records, _ = sample_records(value, tokens=8)
-    ids = ["prompt:0"]
-    prompt = pool.gen.publish([], submission_id="p")
-    from straw import TaskSpec
-    pool.coord.submit_tasks("admit", [TaskSpec(ids[0], input_ref=prompt)])
-    (a,) = pool.coord.acquire("gen", 1).assignments
-    records[0] = dataclasses.replace(records[0], metadata={
-        **records[0].metadata, "task_id": a.lease.task_id, "attempt_id": a.lease.attempt_id})
-    ref = pool.gen.publish(records, submission_id="bad")
-    pool.coord.complete_task(a.lease, submission_id="bad", result_ref=ref)
+    _accept_records(pool, records)
     with BatchBuilder(pool.coord, pool.store, EnvironmentMix.single(1), dp_size=1) as b:
-        with pytest.raises(CorruptData, match=r"task 'prompt:0' \(commit 0\).*reward.*finite"):
-            b.next_batch(0)
+        assert b.next_batch(0) is None  # nothing trainable yet: the scan went on
         assert pool.coord.batches == {}
+        (q,) = b.quarantined()
+        assert (q["position"], q["task_id"]) == (0, "prompt:0")
+        assert re.search(r"task 'prompt:0' \(commit 0\).*CorruptData.*reward.*finite",
+                         q["reason"]), q["reason"]
+
+
+def test_bad_accepted_groups_are_quarantined_durably_and_later_groups_flow(pool):
+    # corrupt (a NaN reward in the stored bytes), another schema, not ready: each skipped
+    # for good with its reason; the groups after them make batches
+    corrupt = group_value(make_group(0))
+    corrupt["samples"][0]["reward"] = math.nan
+    _accept_records(pool, sample_records(corrupt, tokens=8)[0])
+    _accept_records(pool, sample_records({"schema": "someone.else", "version": 1})[0])
+    not_ready = make_group(2)
+    not_ready = dataclasses.replace(not_ready, samples=(dataclasses.replace(
+        not_ready.samples[0], status=Status.PENDING, reward=None), *not_ready.samples[1:]))
+    pool.accept([not_ready, make_group(3), make_group(4)])
+    b = BatchBuilder(pool.coord, pool.store, EnvironmentMix.single(2), dp_size=1)
+    refs = b.next_batch(0)
+    assert {s["group_index"] for s in shard_samples(refs, pool.store)} == {3, 4}
+    reasons = {q["task_id"]: q["reason"] for q in b.quarantined()}
+    assert sorted(reasons) == ["prompt:0", "prompt:1", "prompt:2"]
+    assert "CorruptData" in reasons["prompt:0"]
+    assert "UnsupportedSchema" in reasons["prompt:1"]
+    assert "not ready: sample 0 is pending" in reasons["prompt:2"]
+    assert b.metrics() == {"backlog": 0, "finished_batches": 0, "quarantined": 3}
+    saved = b.state()
+    assert [q["position"] for q in saved["quarantined"]] == [0, 1, 2]
+    # durable: saved with the ready batch, a new builder does not meet them again
+    b.close()
+    b = BatchBuilder(pool.coord, pool.store, EnvironmentMix.single(2), dp_size=1)
+    assert b.state() == saved and len(b.quarantined()) == 3
+    # they never train: finishing the batch acknowledges them with its inputs, so the
+    # processed cursor passes them (else it would stop at position 0 for good)
+    b.finish_batch(refs[0].batch_id)
+    view = pool.coord.load_consumer_state("training")
+    assert view["processed_cursor"] == 6 and b.state()["processed_positions"] == []
+    pool.accept([make_group(5), make_group(6)])
+    assert {s["group_index"] for s in shard_samples(b.next_batch(1), pool.store)} == {5, 6}
+    b.close()
 
 
 def test_finishing_a_batch_after_training_acknowledges_its_inputs_never_before(pool):
@@ -556,3 +603,100 @@ def test_a_collection_leased_before_a_lost_reply_is_completed_with_that_lease(po
     receipt = pool.coord.lookup_submission("collection:0")
     assert refs[0].batch_id == "batch:" + receipt.commit_id
     assert pool.coord.task_status("collection:0")["generation"] == 1  # no second attempt
+
+
+def test_the_builder_state_stays_flat_over_many_batches(pool):
+    # the state keeps what is live, not the run's history: of the finished batches their
+    # count and the newest few (the queue's progress record lists them all: the core's
+    # protocol releases a batch's plan and ready data while it is listed there)
+    sizes, batch_ids = {}, []
+    with BatchBuilder(pool.coord, pool.store, EnvironmentMix.single(1), dp_size=1) as b:
+        for i in range(60):
+            pool.accept([make_group(i)])
+            refs = b.next_batch(i)
+            b.finish_batch(refs[0].batch_id)
+            batch_ids.append(refs[0].batch_id)
+            sizes[i] = len(json.dumps(b.state(), sort_keys=True))
+        state = b.state()
+        assert state["finished_count"] == 60
+        assert state["recent_finished"] == batch_ids[-builder_module.FINISHED_KEPT:]
+        # flat: from batch 20 to 60 only the counters' digits may grow
+        assert sizes[59] - sizes[20] <= 8, (sizes[20], sizes[59])
+        # a retried finish of a batch older than the kept window is still a no-op
+        b.finish_batch(batch_ids[0])
+        assert b.state() == state
+        progress = json.loads(bytes(next(iter(pool.store.read(RecordSetRef_of(
+            pool.coord.load_consumer_state("training")["progress_ref"])))).payload))
+        assert progress["finished_batches"] == batch_ids
+        assert all(pool.coord.get_batch(x)["finished"] for x in batch_ids)
+
+
+def test_restoring_an_older_state_unfinishes_only_the_batches_after_it(tmp_path):
+    # in place, past the kept window: the finished batches up to the state stay finished
+    # (the saved progress's first finished_count), the later ones are replayed
+    p = Pool(str(tmp_path / "pool"))
+    n = builder_module.FINISHED_KEPT + 4
+    ids = []
+    with BatchBuilder(p.coord, p.store, EnvironmentMix.single(1), dp_size=1) as b:
+        for i in range(n + 2):
+            p.accept([make_group(i)])
+            ids.append(b.next_batch(i)[0].batch_id)
+            b.finish_batch(ids[-1])
+            if i == n - 1:
+                older = b.state()
+    with BatchBuilder(p.coord, p.store, EnvironmentMix.single(1), dp_size=1,
+                      state=older) as b:
+        assert b.state() == older
+        assert [p.coord.get_batch(x)["finished"] for x in ids] == [True] * n + [False] * 2
+        assert b.next_batch(n)[0].batch_id == ids[n]  # ready again: replayed
+    p.close()
+
+
+def test_a_version_1_state_is_read(pool):
+    pool.accept([make_group(i) for i in range(2)])
+    with BatchBuilder(pool.coord, pool.store, EnvironmentMix.single(1), dp_size=1) as b:
+        first = b.next_batch(0)[0].batch_id
+        b.finish_batch(first)
+        v2 = b.state()
+    v1 = {k: v for k, v in v2.items()
+          if k not in ("finished_count", "recent_finished", "quarantined")}
+    v1.update(version=1, finished_batches=[first])
+    with BatchBuilder(pool.coord, pool.store, EnvironmentMix.single(1), dp_size=1,
+                      state=v1) as b:
+        assert b.state() == v2
+
+
+def test_rank_shards_are_published_concurrently_bounded_by_io_concurrency(pool):
+    import threading
+    import time
+
+    from straw.rollout import RolloutConfig
+
+    pool.accept([make_group(i, n=2) for i in range(6)])
+    inflight, peak, lock = [0], [0], threading.Lock()
+    publish = pool.store.publish
+
+    def counting(records, **kw):  # type: ignore[no-untyped-def]
+        shard = kw["submission_id"].startswith("shard:")
+        if shard:
+            with lock:
+                inflight[0] += 1
+                peak[0] = max(peak[0], inflight[0])
+            time.sleep(0.05)  # a slow filesystem: overlapping publishes show
+        try:
+            return publish(records, **kw)
+        finally:
+            if shard:
+                with lock:
+                    inflight[0] -= 1
+
+    pool.store.publish = counting
+    for bound, batch in ((2, 0), (1, 1)):
+        peak[0] = 0
+        with BatchBuilder(pool.coord, pool.store, EnvironmentMix.single(3), dp_size=6,
+                          config=RolloutConfig(io_concurrency=bound)) as b:
+            refs = b.next_batch(batch)
+            check_batch_identities(refs)
+            assert [r.rank for r in refs] == list(range(6))
+            assert len(shard_samples(refs, pool.store)) == 6
+        assert peak[0] == bound, (bound, peak[0])

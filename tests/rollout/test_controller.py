@@ -5,6 +5,8 @@ across a SimFS crash at every step of a run of refills."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from fault_injection.queue_campaign import crash_in
@@ -12,7 +14,7 @@ from fault_injection.rules import MUTATING_OPS
 from fault_injection.simfs import SimFS
 from straw import IndeterminateCommit, SharedFilesystemStore, StorageUnavailable
 from straw.clock import ManualClock
-from straw.rollout import DataSource, RolloutConfig, group_from_records
+from straw.rollout import DataSource, RolloutConfig, Status, group_from_records
 from straw.rollout.controller import RolloutController
 
 PROMPTS = [(i, i + 1, i + 2) for i in range(20)]
@@ -52,6 +54,72 @@ def test_take_refills_publishes_then_submits_with_the_cursor(tmp_path):
         assert c.refills == 1
         assert len(c.take("w", 1).assignments) == 1 and c.refills == 2
         assert cursor(c)["cursor"]["sample_group_index"] == 16
+    finally:
+        c.close()
+        store.close()
+
+
+@pytest.mark.parametrize("max_attempts", [None, 1, 5])
+def test_prompt_tasks_spend_the_configured_attempts(tmp_path, max_attempts):
+    # each lease that expires spends an attempt: the task fails for good after
+    # max_attempts of them (RolloutConfig's, the queue's 3 unless set)
+    clock = ManualClock()
+    store = SharedFilesystemStore(str(tmp_path), "job", writer_id="controller")
+    extra = {} if max_attempts is None else {"max_attempts": max_attempts}
+    config = RolloutConfig(n_samples_per_prompt=1, lease_seconds=10, min_refill=1,
+                           max_refill=1, **extra)
+    c = RolloutController(store, PROMPTS[:1], config=config, clock=clock)
+    try:
+        want = 3 if max_attempts is None else max_attempts
+        for attempt in range(want):
+            (a,) = c.take(f"w{attempt}", 1).assignments
+            assert a.task.max_attempts == want and a.task.task_id == "prompt:0"
+            clock.advance(11)  # the lease expires
+        c.coordinator.acquire("nobody", 1, task_ids=["prompt:1"])  # expiries run
+        status = c.task_status("prompt:0")
+        assert status["state"] == "failed", status
+    finally:
+        c.close()
+        store.close()
+    with pytest.raises(ValueError, match="max_attempts"):
+        RolloutConfig(max_attempts=0)
+
+
+def test_complete_many_answers_each_item_in_order_whatever_the_threads(tmp_path):
+    # items are completed on COMPLETE_THREADS threads in runs: the outcomes still come
+    # back one per item, in order, a stale lease's error at its own place
+    from straw import StaleAttempt
+    from straw.protocol import CommitReceipt
+    from straw.rollout import group_records
+    from straw.rollout.controller import COMPLETE_THREADS, named_records
+
+    store, c = open_controller(tmp_path, n=1, prompts=[(i,) for i in range(64)])
+    try:
+        taken = c.take("w", 40).assignments
+        n = len(taken)
+        assert n > COMPLETE_THREADS
+        items = []
+        for i, assignment in enumerate(taken):
+            a = lease = assignment.lease
+            if i % 3 == 0:  # stale: another attempt's token
+                lease = dataclasses.replace(lease, token="0" * len(lease.token))
+            group = group_from_records(list(store.read(assignment.task.input_ref)))
+            done = dataclasses.replace(group, samples=tuple(dataclasses.replace(
+                s, tokens=(1, 2), response_length=1, status=Status.COMPLETED, reward=1.0)
+                for s in group.samples))
+            records, deps = group_records(done)
+            ref = store.publish(named_records(records, task_id=a.task_id,
+                                              attempt_id=a.attempt_id),
+                                submission_id=f"g{i}", dependencies=deps)
+            items.append({"lease": lease, "result_ref": ref, "staleness": [0]})
+        out = c.complete_many(items)
+        assert len(out) == n
+        for i, (item, o) in enumerate(zip(items, out, strict=True)):
+            if i % 3 == 0:
+                assert isinstance(o, StaleAttempt), (i, o)
+            else:
+                assert isinstance(o, CommitReceipt) and o.task_id == item["lease"].task_id
+                assert o.result_ref == item["result_ref"]
     finally:
         c.close()
         store.close()

@@ -131,7 +131,7 @@ def test_a_full_disk_during_online_gc_is_raised_and_never_resets_the_queue(tmp_p
     assert pool.coord.load_consumer_state("training") == saved
     with BatchBuilder(pool.coord, pool.store, EnvironmentMix.single(2), dp_size=2,
                       config=ON) as b:
-        assert b.state()["finished_batches"] == [batch_id]
+        assert b.state()["recent_finished"] == [batch_id]
         assert b.online_gc is not None
         b.online_gc.request()
         assert b.wait_for_gc()["reclaimed_files"] == 1
