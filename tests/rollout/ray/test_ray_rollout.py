@@ -40,6 +40,7 @@ from straw.rollout.ray import (  # noqa: E402
     default_nodes,
     share_concurrency,
 )
+from straw.rollout.ray.job import _await_death  # noqa: E402
 
 pytestmark = pytest.mark.juicefs
 
@@ -306,6 +307,7 @@ def test_only_small_references_cross_ray_and_a_dead_controller_fails_the_job(
             assert len(pickle.dumps(r)) < 1024
         client.close()
         ray.kill(job.controller, no_restart=True)
+        _await_death(job.controller)  # ray.kill returns before the actor is gone
         with pytest.raises(ControllerLost, match=re.escape(job.name)):
             job.pause()
     finally:
