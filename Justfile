@@ -28,7 +28,8 @@ lint:
 # and a publisher's pause during compaction (building that history takes ~30 min here);
 # then the rollout control overhead per group (1 and 8 generation processes, ~1 min) and
 # the batch builder's memory and rank reads on 1,024 samples with 12.6 MB R3 routes each
-# (writes 12.9 GB: ~5 min; it checks the free disk first)
+# (writes 12.9 GB: ~5 min; it checks the free disk first); then a checkpoint's save at
+# 100,000 accepted groups of history and 1,000 live, and an exact restore of 10,000 (~5 min)
 bench *ARGS:
     {{python}} -m bench.bench {{ARGS}}
     {{python}} -m bench.retention
@@ -37,6 +38,7 @@ bench *ARGS:
     {{python}} -m bench.rollout_bench
     {{python}} -m bench.builder_bench
     {{python}} -m bench.archive_bench
+    {{python}} -m bench.checkpoint_bench
 
 # the distributed toy pipeline on a local 2-node Ray cluster, payloads in Ray's object store vs
 # in straw, alternated in one run, then a kill of each job (~2-4 min): just bench-pipeline --batches 6

@@ -37,6 +37,18 @@ The parts on the queue (each module's docstring is its reference, with a runnabl
 * ``toy``          a toy task and a tiny NumPy policy implementing the generate-function
                    protocol (``generate``): the engine of ``python3 dev.py demo``.
 
+Checkpoints, restore and branches (issue 15; import them from their modules):
+
+* ``checkpoint``   ``Checkpointer``: the joint checkpoint of step k (model files, live
+                   queue and builder state, retained payloads, the commit marker last, RL9);
+* ``resolve``      ``resolve_checkpoint``: load/save/step -> which checkpoint, which mode
+                   (new, recover, exact, salvage, empty), which destination branch;
+* ``restore``      ``open_job``: the exact and salvage restores (RL6, RL8), the mode rule;
+* ``isolated``     ``seed_isolated_queue``: a new queue seeded from saved state (shared by
+                   restore and the archive's replay; RL7);
+* ``savelock``     one controller per save directory (a flock that dies with its holder);
+* ``checkpoint_files``, ``checkpoint_errors``: the directory layout and the errors.
+
 The layer's state machine is ``spec/rollout.py`` (RL1-RL5, section 9 of ``spec/SPEC.md``),
 explored with a mutant per rule by ``just model``; ``tests/conformance/
 test_rollout_conformance.py`` drives this package against it on SimFS with crashes, and

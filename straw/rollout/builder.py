@@ -143,7 +143,14 @@ def _hook_name(hook: Any) -> str | None:
 @dataclass(frozen=True)
 class Accepted:
     """One accepted group in the backlog: its commit, where its environment and
-    scheduling key put it, and its samples' token counts (for rank balancing)."""
+    scheduling key put it, and its samples' token counts (for rank balancing).
+
+    ``restored``: the group was accepted by ANOTHER queue and restored into this
+    builder's backlog (a checkpoint's exact or salvage restore, ``straw.rollout.isolated``):
+    its ``commit_id`` is the source queue's, its ``position`` is its rank in the restored
+    order, never a commit position of this queue.  Restored groups are selected first, in
+    that order (a salvage replays the dead run's batches identically), and their
+    positions are never acknowledged on this queue (they are not its commits)."""
 
     position: int
     commit_id: str
@@ -151,17 +158,57 @@ class Accepted:
     environment: str
     key: int
     tokens: tuple[int, ...]
+    restored: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return {"position": self.position, "commit_id": self.commit_id,
-                "ref": self.ref.to_dict(), "environment": self.environment, "key": self.key,
-                "tokens": list(self.tokens)}
+        out = {"position": self.position, "commit_id": self.commit_id,
+               "ref": self.ref.to_dict(), "environment": self.environment, "key": self.key,
+               "tokens": list(self.tokens)}
+        if self.restored:  # only when set: states and plans written before stay the same
+            out["restored"] = True
+        return out
 
     @classmethod
     def from_dict(cls, value: Mapping[str, Any]) -> Accepted:
         return cls(int(value["position"]), str(value["commit_id"]),
                    RecordSetRef.from_dict(value["ref"]), str(value["environment"]),
-                   int(value["key"]), tuple(int(t) for t in value["tokens"]))
+                   int(value["key"]), tuple(int(t) for t in value["tokens"]),
+                   bool(value.get("restored", False)))
+
+    def order(self) -> tuple[int, int, int]:
+        """Selection order: restored groups first in their restored order, then this
+        queue's by oldest weight version (scheduling key), then FIFO."""
+        return (0, 0, self.position) if self.restored else (1, self.key, self.position)
+
+
+def read_accepted(store: Any, mix: EnvironmentMix, receipt: CommitReceipt) -> Accepted:
+    """The backlog entry of an accepted group's commit ``receipt`` (its record 0 read,
+    no capture byte): what a builder scanning the log adds, and what a salvage reads
+    from a dead run's log."""
+    where = f"accepted group of task {receipt.task_id!r} (commit {receipt.position})"
+    try:
+        group = lazy_group(store, receipt.result_ref)
+    except CorruptData as e:
+        raise CorruptData(f"{where}: {e}") from None
+    if classify(group) is not Stage.READY:
+        bad = next(i for i, s in enumerate(group.samples) if not s.finished)
+        raise ValueError(f"{where} is not ready: sample {bad} is "
+                         f"{group.samples[bad].status.value} with reward "
+                         f"{group.samples[bad].reward!r}; complete only groups whose "
+                         "samples are all completed or truncated and scored")
+    env = mix.environment_of(group)
+    return Accepted(receipt.position, receipt.commit_id, receipt.result_ref, env,
+                    scheduling_key(group), tuple(len(s.tokens) for s in group.samples))
+
+
+def lazy_group(store: Any, ref: RecordSetRef) -> SampleGroup:
+    """A group with its captures lazy: the manifest and record 0 only."""
+    manifest = store.checked_manifest(ref)
+    if not manifest.record_refs:
+        raise CorruptData(f"accepted group {ref!r} has no records")
+    head = store.read_record(manifest.record_refs[0])
+    tensors = TensorRef.from_record_set_many(store, ref)
+    return group_from_records([head], tensors=tensors, lazy_tensors_over=0, store=store)
 
 
 def default_convert(sample: Sample, reward: float) -> dict[str, Any]:
@@ -317,30 +364,10 @@ class BatchBuilder:
             raise CorruptData(f"{what} {ref!r} is not valid JSON: {e}") from None
 
     def _group(self, ref: RecordSetRef) -> SampleGroup:
-        """A group with its captures lazy: the manifest and record 0 only."""
-        manifest = self.store.checked_manifest(ref)
-        if not manifest.record_refs:
-            raise CorruptData(f"accepted group {ref!r} has no records")
-        head = self.store.read_record(manifest.record_refs[0])
-        tensors = TensorRef.from_record_set_many(self.store, ref)
-        return group_from_records([head], tensors=tensors, lazy_tensors_over=0,
-                                  store=self.store)
+        return lazy_group(self.store, ref)
 
     def _accepted(self, receipt: CommitReceipt) -> Accepted:
-        where = f"accepted group of task {receipt.task_id!r} (commit {receipt.position})"
-        try:
-            group = self._group(receipt.result_ref)
-        except CorruptData as e:
-            raise CorruptData(f"{where}: {e}") from None
-        if classify(group) is not Stage.READY:
-            bad = next(i for i, s in enumerate(group.samples) if not s.finished)
-            raise ValueError(f"{where} is not ready: sample {bad} is "
-                             f"{group.samples[bad].status.value} with reward "
-                             f"{group.samples[bad].reward!r}; complete only groups whose "
-                             "samples are all completed or truncated and scored")
-        env = self.mix.environment_of(group)
-        return Accepted(receipt.position, receipt.commit_id, receipt.result_ref, env,
-                        scheduling_key(group), tuple(len(s.tokens) for s in group.samples))
+        return read_accepted(self.store, self.mix, receipt)
 
     def _scan(self, until: int | None = None) -> None:
         """Add the accepted groups committed since the scan cursor to the backlog (up to
@@ -354,8 +381,9 @@ class BatchBuilder:
                 elif receipt.task_id.startswith(COLLECTION_PREFIX):
                     # RL2: a collected group belongs to that collection's batch from now
                     # on, ready or not (a later rollout never selects it again)
-                    taken = {e.position for e in self._collected(receipt)}
-                    self._backlog = [e for e in self._backlog if e.position not in taken]
+                    # (by commit id: restored groups' positions are not this queue's)
+                    taken = {e.commit_id for e in self._collected(receipt)}
+                    self._backlog = [e for e in self._backlog if e.commit_id not in taken]
             if page.cursor == self._scan_cursor:
                 if until is not None:
                     raise RuntimeError(f"commit {until - 1} is not durable yet")
@@ -388,9 +416,9 @@ class BatchBuilder:
         chosen: list[Accepted] = []
         for env in self.mix.environments:
             mine = sorted((e for e in self._backlog if e.environment == env),
-                          key=lambda e: (e.key, e.position))
+                          key=Accepted.order)
             chosen += mine[:composition.from_backlog[env]]
-        chosen.sort(key=lambda e: (e.key, e.position))
+        chosen.sort(key=Accepted.order)
         return chosen, after
 
     # --- collection ---------------------------------------------------------------------
@@ -474,14 +502,16 @@ class BatchBuilder:
               groups: list[Accepted]) -> dict[str, Any]:
         flat = [(g, j) for g in range(len(groups)) for j in range(len(groups[g].tokens))]
         parts = partition_by_tokens([groups[g].tokens[j] for g, j in flat], self.dp_size)
-        positions = sorted({receipt.position, *(e.position for e in groups)})
+        # restored groups are not commits of this queue: nothing of theirs to acknowledge
+        positions = sorted({receipt.position, *(e.position for e in groups if not e.restored)})
         plan: dict[str, Any] = {
             "schema": PLAN_SCHEMA, "version": 1, "batch_id": batch_id, "rollout_id": rid,
             "collection": {"position": receipt.position, "commit_id": receipt.commit_id,
                            "digest": receipt.digest},
             "groups": [{"position": e.position, "commit_id": e.commit_id,
                         "digest": e.ref.digest, "environment": e.environment,
-                        "tokens": list(e.tokens)} for e in groups],
+                        "tokens": list(e.tokens), **({"restored": True} if e.restored else {})}
+                       for e in groups],
             "partition": [[list(flat[i]) for i in part] for part in parts],
             "configuration": self._configuration, "parallel": self._parallel,
             "input_positions": positions}
@@ -585,8 +615,8 @@ class BatchBuilder:
         # the state after the batch: its groups leave the backlog, the log is fetched
         # past its collection; nothing is acknowledged (RL4: only finish_batch does)
         self._scan(until=receipt.position + 1)
-        taken = {e.position for e in groups}
-        new_backlog = [e for e in self._backlog if e.position not in taken]
+        taken = {e.commit_id for e in groups}
+        new_backlog = [e for e in self._backlog if e.commit_id not in taken]
         state = {**self.state(), "backlog": [e.to_dict() for e in new_backlog],
                  "mix": mix_after.to_dict(),
                  "fetch_cursor": max(self._fetch, self._scan_cursor)}
@@ -692,5 +722,6 @@ def _content(records: Sequence[Record], deps: Sequence[RecordSetRef]) -> str:
     return h.hexdigest()
 
 
-__all__ = ["BatchBuilder", "Accepted", "default_convert", "COLLECTION_PREFIX",
+__all__ = ["BatchBuilder", "Accepted", "default_convert", "read_accepted", "lazy_group",
+           "COLLECTION_PREFIX",
            "BUILDER_WORKER", "PLAN_SCHEMA", "READY_SCHEMA", "COLLECTION_SCHEMA"]

@@ -1,0 +1,370 @@
+"""The joint checkpoint of a rollout job at step k (issue 15, item 1): the model's files,
+the queue's live state, the builder's, then LAST a commit marker; then the trackers.
+
+``Checkpointer(directory, controller=..., builder=...).save(k, save_model)``:
+
+1. ``rollout/committed_<k>.json`` exists: ``CheckpointExists`` before anything is written.
+2. **The model**: ``save_model(model_dir)`` is the user's framework-neutral save, called
+   with ``<directory>/iter_<k:07d>`` (created); it writes its files there with its own
+   I/O and returns ``{"files": [paths relative to model_dir], "optimizer": bool,
+   "rng": bool}`` (a job whose files are written already passes a callable returning
+   their names).  Each file is sized, fsynced (and its directories, deepest first)
+   through our ``Filesystem``, and hashed (sha256) when at most ``SMALL_FILE`` bytes.  A
+   save that raises leaves no marker.
+3. **The rollout state**, whose cost follows the live state, never the history:
+   ``queue_state_<k>.json`` (the prompt tasks pending or leased, leased ones to come back
+   pending, with their current inputs; the dataset producer's cursor) and
+   ``builder_state_<k>.json`` (the builder's backlog of accepted untrained groups, each
+   collected but unfinished batch with its groups and mix states, the mix state, and the
+   boundary ``scan_cursor`` S: the source commit log position the checkpoint covers).
+   Payloads are referenced, not copied: the groups and inputs named are retained under
+   the checkpoint's owner ``checkpoint:<queue>:<k>`` (``store.retain``) before the marker
+   names them (the two files are written meanwhile), until ``release(k)``; and the
+   checkpoint is registered on the source queue with cursor S
+   (``Coordinator.register_checkpoint``): every result from S on stays readable (a
+   salvage needs the groups accepted after the checkpoint even once a later batch
+   acknowledged them) until the next checkpoint supersedes this registration (RL7).
+4. **The marker** ``committed_<k>.json``, written last (RL9: every component is durable
+   before it): each component's size and sha256 (small files), the optimizer and RNG
+   flags, weight version k+1, the pool id, the run id, the source queue and the owner.
+5. **Then** the trackers: ``latest_checkpointed_iteration.txt`` in the branch directory
+   and in the logical root, then ``rollout/current.json`` (a crash between them still
+   selects the committed step: resolution reads markers, not trackers alone).
+
+Consistency with generation running meanwhile: the dataset cursor is read first, then the
+tasks (tasks admitted after that cursor are left out: the restored run admits them again
+from the cursor), then the builder scans the log to S and tasks whose groups were
+accepted before S are left out (they are in the backlog): each prompt is in exactly one
+of the tasks, the backlog, a planned batch, or after the cursor.
+
+Every write is write-temp, fsync, rename, fsync-dir through ``fs`` (default the store's),
+so a crash campaign on SimFS can crash any syscall of a save (``checkpoint_files``).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import hashlib
+import json
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from straw import TaskSpec
+from straw.fs import Filesystem
+from straw.refs import Record, RecordSetRef
+
+from .builder import COLLECTION_PREFIX, Accepted
+from .checkpoint_errors import BranchChanged, CheckpointExists, ComponentChanged
+from .checkpoint_files import (
+    CURRENT,
+    ROLLOUT,
+    SMALL_FILE,
+    VERSION,
+    canonical,
+    model_dir,
+    read_json,
+    rollout_file,
+    write_json,
+    write_tracker,
+)
+from .data_source import PRODUCER_ID, PROMPT_PREFIX, cursor_from_producer_state
+
+SaveModel = Callable[[str], Mapping[str, Any]]
+OWNER_PREFIX = "checkpoint:"
+_PAGE = 1024
+
+
+def checkpoint_owner(namespace: str, queue_id: str, step: int) -> str:
+    """The store owner retaining step ``step``'s payloads (never ``queue:``/``publication:``)."""
+    return f"{OWNER_PREFIX}{namespace}/{queue_id}:{step}"
+
+
+def registration_id(namespace: str, queue_id: str, step: int) -> str:
+    """The id under which a checkpoint is registered on its source queue."""
+    return f"rollout-checkpoint:{namespace}/{queue_id}:{step}"
+
+
+def check_step(step: object) -> int:
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"a checkpoint step is an int >= 0, got {step!r}")
+    return step
+
+
+class Checkpointer:
+    """Saves the joint checkpoints of one running job into ``directory`` (the physical
+    save directory: the job's ``--save`` or its branch) (module docstring).
+
+    ``logical_root``: the save root holding ``rollout/current.json`` (default
+    ``directory``); ``fs``: the ``Filesystem`` (default the builder's store's)."""
+
+    def __init__(self, directory: str, *, controller: Any, builder: Any,
+                 logical_root: str | None = None, fs: Filesystem | None = None) -> None:
+        self.directory = os.path.abspath(directory)
+        self.root = os.path.abspath(logical_root or directory)
+        self.controller = controller
+        self.builder = builder
+        self.store = builder.store
+        self.fs: Filesystem = fs if fs is not None else self.store.fs
+        coord = controller.coordinator
+        self.namespace, self.queue_id = coord.namespace, coord.queue_id
+        self._registered: list[str] = []  # registrations on the source queue, oldest first
+
+    # --- save -----------------------------------------------------------------------------
+    def save(self, step: int, save_model: SaveModel) -> dict[str, Any]:
+        """Save step ``step`` jointly (module docstring); returns the commit marker."""
+        step = check_step(step)
+        if not callable(save_model):
+            raise TypeError(f"save_model must be callable(model_dir) -> {{'files', "
+                            f"'optimizer', 'rng'}}, got {type(save_model).__name__}")
+        marker_path = rollout_file(self.directory, "committed", step)
+        if self.fs.exists(marker_path):  # before anything is written
+            raise CheckpointExists(f"{marker_path} exists: step {step} is committed already "
+                                   "and a committed checkpoint is never overwritten (save "
+                                   "another step, or restore into a new branch)")
+        self._check_current()
+        model, optimizer, rng = self._save_model(step, save_model)
+        owner = checkpoint_owner(self.namespace, self.queue_id, step)
+        reg = registration_id(self.namespace, self.queue_id, step)
+        try:
+            queue_state, builder_state, refs = self._rollout_state(step)
+            # the state files and the retention are independent until the marker: their
+            # syncs overlap (a save costs its fsync latencies; this halves the middle)
+            with concurrent.futures.ThreadPoolExecutor(
+                    1, thread_name_prefix="straw.rollout checkpoint") as pool:
+                written = pool.submit(self._write_states, step, queue_state, builder_state)
+                try:
+                    self.store.retain(owner, refs)  # RL7: before the marker names them
+                    self._register(reg, builder_state)
+                finally:
+                    states = written.result()
+            files = {**model, **states}
+            marker = {"version": VERSION, "step": step, "weight_version": step + 1,
+                      "files": files, "optimizer": optimizer, "rng": rng,
+                      "pool": self.store.pool_id, "run_id": self.store.run_id,
+                      "queue": {"namespace": self.namespace, "queue_id": self.queue_id},
+                      "owner": owner, "registration": reg}
+            # RL9: the marker last, after every component above is durable
+            write_json(self.fs, marker_path, marker)
+        except BaseException:
+            self._forget(owner, reg)
+            raise
+        # a later checkpoint supersedes the earlier registrations (their owners stay);
+        # meanwhile the trackers (both only after the marker: they may lag, never lead)
+        with concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="straw.rollout checkpoint") as pool:
+            trackers = pool.submit(self._write_trackers, step)
+            try:
+                for old in self._registered:
+                    self.controller.coordinator.release_checkpoint(old)
+                self._registered = [reg]
+            finally:
+                trackers.result()
+        return marker
+
+    def _write_states(self, step: int, queue_state: Mapping[str, Any],
+                      builder_state: Mapping[str, Any]) -> dict[str, Any]:
+        files = {}
+        for kind, value in (("queue_state", queue_state), ("builder_state", builder_state)):
+            path = rollout_file(self.directory, kind, step)
+            data = write_json(self.fs, path, value)
+            files[os.path.relpath(path, self.directory)] = {
+                "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        return files
+
+    def _write_trackers(self, step: int) -> None:
+        write_tracker(self.fs, self.directory, step)
+        if self.root != self.directory:
+            write_tracker(self.fs, self.root, step)
+        write_json(self.fs, os.path.join(self.root, ROLLOUT, CURRENT),
+                   {"version": VERSION, "directory": self.directory, "tracker": str(step)})
+
+    def _check_current(self) -> None:
+        path = os.path.join(self.root, ROLLOUT, CURRENT)
+        if not self.fs.exists(path):
+            return
+        current = read_json(self.fs, path, "current branch file")
+        if isinstance(current, dict) and current.get("directory") not in (None, self.directory):
+            raise BranchChanged(f"{path} names the active branch {current.get('directory')!r}, "
+                                f"not this job's {self.directory!r}: another job moved it; "
+                                "stop one of them")
+
+    def _forget(self, owner: str, reg: str) -> None:
+        """Undo the retention of a save that failed (no marker names it)."""
+        try:
+            self.controller.coordinator.release_checkpoint(reg)
+        finally:
+            self.store.release(owner)
+
+    def _save_model(self, step: int, save_model: SaveModel
+                    ) -> tuple[dict[str, Any], bool, bool]:
+        where = model_dir(self.directory, step)
+        self.fs.makedirs_durable(where)
+        result = save_model(where)
+        if not isinstance(result, Mapping) or not isinstance(result.get("files"), (list, tuple)) \
+                or not result["files"]:
+            raise ValueError(f"save_model must return {{'files': [paths relative to {where}], "
+                             f"'optimizer': bool, 'rng': bool}} naming at least one file, got "
+                             f"{result!r}")
+        for flag in ("optimizer", "rng"):
+            if not isinstance(result.get(flag), bool):
+                raise ValueError(f"save_model's result must say whether {flag} state is "
+                                 f"included ({flag!r}: True or False), got {result.get(flag)!r}")
+        files: dict[str, Any] = {}
+        dirs: set[str] = set()
+        for rel in result["files"]:
+            if not isinstance(rel, str) or not rel or os.path.isabs(rel) \
+                    or ".." in rel.split("/"):
+                raise ValueError(f"save_model named {rel!r}: a model file is a path relative "
+                                 f"to {where}, inside it")
+            path = os.path.join(where, rel)
+            if not self.fs.exists(path):
+                raise ComponentChanged(f"save_model named {path}, which does not exist: "
+                                       "return the files it wrote")
+            size = self.fs.stat(path).size
+            fd = self.fs.open(path)
+            try:  # RL9: the user's own writes become durable before the marker
+                self.fs.fsync(fd)
+            finally:
+                self.fs.close(fd)
+            entry: dict[str, Any] = {"size": size}
+            if size <= SMALL_FILE:
+                entry["sha256"] = hashlib.sha256(self.fs.read_file(path)).hexdigest()
+            files[os.path.relpath(path, self.directory)] = entry
+            d = os.path.dirname(path)
+            while len(d) >= len(where):
+                dirs.add(d)
+                d = os.path.dirname(d)
+        for d in sorted(dirs, key=len, reverse=True):  # deepest first
+            self.fs.fsync_dir(d)
+        self.fs.fsync_dir(self.directory)
+        return files, result["optimizer"], result["rng"]
+
+    # --- the rollout state (live, never history) -------------------------------------------
+    def _rollout_state(self, step: int) -> tuple[dict[str, Any], dict[str, Any],
+                                                 list[RecordSetRef]]:
+        coord = self.controller.coordinator
+        builder = self.builder
+        # the cursor first: tasks admitted after it are admitted again from it on restore
+        producer = coord.producer_state(PRODUCER_ID)
+        cursor = cursor_from_producer_state(producer)
+        limit = cursor.sample_group_index if cursor is not None else 0
+        builder.backlog()  # scan the log to its end
+        s1 = builder.state()["scan_cursor"]
+        tasks: dict[str, TaskSpec] = {}
+        for spec in coord.pending_tasks(task_prefix=PROMPT_PREFIX):
+            tasks[spec.task_id] = spec
+        for lease in coord.outstanding_reads():  # leased tasks come back pending
+            if lease.task_id.startswith(PROMPT_PREFIX) and lease.task_id not in tasks:
+                status = coord.task_status(lease.task_id)
+                if status is not None and status["state"] == "leased":
+                    tasks[lease.task_id] = TaskSpec.from_dict(status["spec"])
+        builder.backlog()
+        state = builder.state()
+        scan = state["scan_cursor"]
+        for receipt in commits_between(coord, s1, scan):  # accepted meanwhile: in the backlog
+            tasks.pop(receipt.task_id, None)
+        kept = [t for t in tasks.values()
+                if int(t.metadata.get("group_index", -1)) < limit]
+        planned = self._planned(state, scan)
+        backlog = [Accepted.from_dict(e) for e in state["backlog"]]
+        refs = [t.input_ref for t in kept if t.input_ref is not None]
+        refs += [e.ref for e in backlog]
+        refs += [Accepted.from_dict(g).ref for b in planned for g in b["groups"]]
+        queue_state = {"version": VERSION, "step": step, "run_id": self.store.run_id,
+                       "pool": self.store.pool_id,
+                       "queue": {"namespace": self.namespace, "queue_id": self.queue_id},
+                       "producer_state": producer,
+                       "tasks": [_task_dict(t) for t in kept]}
+        builder_state = {"version": VERSION, "step": step, "run_id": self.store.run_id,
+                         "consumer_id": builder.consumer_id, "scan_cursor": scan,
+                         "mix": state["mix"], "backlog": state["backlog"], "planned": planned}
+        return queue_state, builder_state, refs
+
+    def _planned(self, state: Mapping[str, Any], scan: int) -> list[dict[str, Any]]:
+        """The collections of the builder's consumer not finished yet, in commit order:
+        each with its groups and mix states (read from the collection records at
+        positions from the processed cursor to S: unfinished work only)."""
+        coord = self.controller.coordinator
+        done = set(state["processed_positions"])
+        out = []
+        for receipt in commits_between(coord, state["processed_cursor"], scan):
+            if not receipt.task_id.startswith(COLLECTION_PREFIX) or receipt.position in done:
+                continue
+            view = coord.get_batch("batch:" + receipt.commit_id)
+            if view is not None and view["finished"]:
+                continue
+            body = json_record(self.store, receipt.result_ref, receipt.task_id)
+            out.append({"rollout_id": body["rollout_id"], "commit_id": receipt.commit_id,
+                        "position": receipt.position, "groups": body["groups"],
+                        "mix_before": body["mix_before"], "mix_after": body["mix_after"]})
+        return out
+
+    def _register(self, reg: str, builder_state: Mapping[str, Any]) -> None:
+        """Register the checkpoint on the source queue with cursor S: results from S on
+        stay readable (for a salvage) until a later checkpoint supersedes it."""
+        body = canonical(builder_state)
+        state_ref = self.store.publish(
+            [Record("builder-checkpoint", body, "json.v1")],
+            submission_id=f"{reg}:state:{hashlib.sha256(body).hexdigest()[:32]}")
+        record = {"version": 1, "checkpoint_id": reg, "consumer_state": state_ref.to_dict(),
+                  "batch_ids": [], "training_dependencies": []}
+        data = canonical(record)
+        ref = self.store.publish([Record("checkpoint", data, "json.v1")],
+                                 submission_id=f"{reg}:{hashlib.sha256(data).hexdigest()[:32]}",
+                                 dependencies=[state_ref])
+        self.controller.coordinator.register_checkpoint(reg, ref,
+                                                        cursor=builder_state["scan_cursor"])
+        self.store.release_publications([ref, state_ref])  # the queue keeps them now
+
+    # --- release ----------------------------------------------------------------------------
+    def release(self, step: int) -> None:
+        """Stop keeping step ``step``'s payloads: its owner is released (and its queue
+        registration if still held); the marker stays, but the checkpoint can no longer be
+        restored once a collection reclaims what only it kept."""
+        step = check_step(step)
+        reg = registration_id(self.namespace, self.queue_id, step)
+        if reg in self._registered:
+            self.controller.coordinator.release_checkpoint(reg)
+            self._registered.remove(reg)
+        self.store.release(checkpoint_owner(self.namespace, self.queue_id, step))
+
+
+_TASK_FIELDS = tuple(f.name for f in dataclasses.fields(TaskSpec))
+
+
+def _task_dict(task: TaskSpec) -> dict[str, Any]:
+    # shallow (dataclasses.asdict deep-copies every reference: 0.4 ms a task)
+    d = {name: getattr(task, name) for name in _TASK_FIELDS}
+    d["input_ref"] = None if task.input_ref is None else task.input_ref.to_dict()
+    d["metadata"] = dict(task.metadata)
+    return d
+
+
+def task_from_dict(value: Mapping[str, Any]) -> TaskSpec:
+    return TaskSpec.from_dict(value)
+
+
+def commits_between(coord: Any, start: int, stop: int | None) -> list[Any]:
+    """The commit receipts at positions ``start..stop-1`` (None: to the durable end)."""
+    out: list[Any] = []
+    cursor = start
+    while stop is None or cursor < stop:
+        page = coord.read_commits(cursor, _PAGE if stop is None else min(_PAGE, stop - cursor))
+        out += [r for r in page.commits if stop is None or r.position < stop]
+        if page.cursor == cursor:
+            break
+        cursor = page.cursor
+    return out
+
+
+def json_record(store: Any, ref: RecordSetRef, what: str) -> Any:
+    records = list(store.read(ref))
+    if len(records) != 1 or records[0].codec != "json.v1":
+        raise ComponentChanged(f"the record of {what} {ref!r} is not one json.v1 record")
+    return json.loads(bytes(records[0].payload))
+
+
+__all__ = ["Checkpointer", "SaveModel", "checkpoint_owner", "registration_id", "check_step",
+           "task_from_dict", "commits_between", "json_record", "OWNER_PREFIX"]

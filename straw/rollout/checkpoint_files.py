@@ -1,0 +1,140 @@
+"""The checkpoint directory's names and the one way its files are written and read.
+
+Layout of a *physical* save directory ``D`` (the job's ``--save``, or a branch of it,
+``<save>/branches/<id>``)::
+
+    D/iter_<k:07d>/...                  the model's own files for step k (the user's save)
+    D/latest_checkpointed_iteration.txt the tracker: the newest committed step (an int)
+    D/rollout/queue_state_<k>.json      live tasks, the dataset cursor (checkpoint.py)
+    D/rollout/builder_state_<k>.json    the batch builder's backlog and planned batches
+    D/rollout/committed_<k>.json        the commit marker, written LAST (RL9)
+    D/rollout/branch.json               this branch: its parent {directory, step}, queue
+    D/rollout/dataset_cursor_<k>.json   optional: a cursor for a model without snapshot
+
+and of the *logical* save root ``L`` (the ``--save`` the user gives; ``D`` is ``L`` or
+one of its branches)::
+
+    L/rollout/current.json              {version, directory: the active D, tracker}
+    L/rollout/LOCK                      one controller per save directory (savelock.py)
+    L/latest_checkpointed_iteration.txt the logical tracker (edit it to select a step)
+
+Every write is a crash-safe step through ``straw.fs.Filesystem`` (write a temporary
+file, fsync it, rename it into place, fsync the directory: ``write_file_durable``), so a
+crash campaign on SimFS sees each file either absent or whole."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from typing import Any
+
+from straw.fs import Filesystem
+
+from .checkpoint_errors import UnsupportedCheckpoint
+
+VERSION = 1
+ROLLOUT = "rollout"
+TRACKER = "latest_checkpointed_iteration.txt"
+CURRENT = "current.json"
+BRANCH = "branch.json"
+BRANCHES = "branches"
+# files at most this large get a sha256 in the commit marker; larger ones (model weights)
+# their size (hashing gigabytes at every save would cost what the model save costs)
+SMALL_FILE = 1 << 20
+_COMMITTED = re.compile(r"committed_(\d+)\.json$")
+
+
+def model_dir(directory: str, step: int) -> str:
+    return os.path.join(directory, f"iter_{step:07d}")
+
+
+def rollout_file(directory: str, kind: str, step: int) -> str:
+    """``D/rollout/<kind>_<step>.json`` (kind: queue_state, builder_state, committed,
+    dataset_cursor)."""
+    return os.path.join(directory, ROLLOUT, f"{kind}_{step}.json")
+
+
+def committed_steps(fs: Filesystem, directory: str) -> list[int]:
+    """The steps with a commit marker in ``directory``, ascending."""
+    where = os.path.join(directory, ROLLOUT)
+    if not fs.exists(where):
+        return []
+    steps = []
+    for name in fs.listdir(where):
+        m = _COMMITTED.fullmatch(name)
+        if m:
+            steps.append(int(m.group(1)))
+    return sorted(steps)
+
+
+def step_of_marker(path: str) -> int | None:
+    """The step of a commit marker path ``.../rollout/committed_<k>.json``, else None."""
+    m = _COMMITTED.fullmatch(os.path.basename(path))
+    if m is None or os.path.basename(os.path.dirname(path)) != ROLLOUT:
+        return None
+    return int(m.group(1))
+
+
+def canonical(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+
+
+def write_json(fs: Filesystem, path: str, value: Any) -> bytes:
+    """Write ``value`` as canonical JSON, durably (temp, fsync, rename, fsync dir);
+    returns the bytes written (the caller hashes them: no second read)."""
+    data = canonical(value)
+    fs.makedirs_durable(os.path.dirname(path))
+    fs.write_file_durable(path, data)
+    return data
+
+
+def read_json(fs: Filesystem, path: str, what: str) -> Any:
+    """A JSON file's value; a file that is not JSON is ``UnsupportedCheckpoint`` naming
+    it (a half-written file never exists: writes rename whole files into place)."""
+    data = fs.read_file(path)
+    try:
+        return json.loads(data)
+    except ValueError as e:
+        raise UnsupportedCheckpoint(f"{what} {path} is not JSON ({e}): it was not written "
+                                    "by straw; restore it from a backup or select another "
+                                    "checkpoint") from None
+
+
+def check_version(value: Any, path: str, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict) or value.get("version") != VERSION:
+        got = value.get("version") if isinstance(value, dict) else type(value).__name__
+        raise UnsupportedCheckpoint(f"{what} {path} has version {got!r}; this straw reads "
+                                    f"version {VERSION}: upgrade straw or select a checkpoint "
+                                    "it wrote")
+    return value
+
+
+def sha256_file(fs: Filesystem, path: str) -> str:
+    return hashlib.sha256(fs.read_file(path)).hexdigest()
+
+
+def write_tracker(fs: Filesystem, directory: str, step: int) -> None:
+    fs.makedirs_durable(directory)
+    fs.write_file_durable(os.path.join(directory, TRACKER), str(step).encode())
+
+
+def read_tracker(fs: Filesystem, directory: str) -> int | None:
+    """The tracker's step, None if there is none; a tracker that is not an int is a
+    ``ValueError`` naming it."""
+    path = os.path.join(directory, TRACKER)
+    if not fs.exists(path):
+        return None
+    text = fs.read_file(path).decode(errors="replace").strip()
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{path} holds {text!r}, not a step number: write the step to "
+                         "load (an int) or remove the file") from None
+
+
+__all__ = ["VERSION", "ROLLOUT", "TRACKER", "CURRENT", "BRANCH", "BRANCHES", "SMALL_FILE",
+           "model_dir", "rollout_file", "committed_steps", "step_of_marker", "canonical",
+           "write_json", "read_json", "check_version", "sha256_file", "write_tracker",
+           "read_tracker"]

@@ -1,0 +1,282 @@
+"""Which checkpoint a starting job loads, into which directory, in which mode (issue 15,
+item 2).  Reading only: resolution writes nothing (``restore.open_job`` does, under the
+save directory's lock, after checking ``current.json`` did not change meanwhile).
+
+``resolve_checkpoint(save, load=None, step=None)``:
+
+* ``load`` is an exact commit file ``<D>/rollout/committed_<k>.json``: step k of ``D``
+  (``step``, if given, must be k).  The only way to reach an *abandoned future* (a step
+  of a branch beyond the point another branch left it).
+* ``load`` omitted and ``<save>/rollout/current.json`` exists: ``load = save``, the
+  **automatic resume** of the active branch.
+* ``load`` a directory: a logical root (with ``current.json``: its active branch) or a
+  physical branch directory.  The step: ``step`` if given; else the logical tracker if it
+  was **edited** (it differs from ``current.json``'s ``tracker``); else the newest commit
+  of the branch; a branch without commits of its own starts from its parent's step.
+* **Ancestry**: step s is looked up in the branch; if absent it is followed into the
+  parent only when ``s <= parent.step`` (the branch point): steps the parent took after
+  the branch left it are that branch's abandoned future, never reached by ancestry.
+* A step with a model (``iter_<k:07d>``) but no commit marker and no queue snapshot:
+  mode ``empty`` (an empty queue; the dataset cursor of ``rollout/dataset_cursor_<k>.json``
+  if that file exists, else offset 0 with a warning).  A queue snapshot without its marker
+  is ``UncommittedSnapshot``; no model is ``MissingModel``.
+
+**The mode rule** (``Resolution.mode``):
+
+* ``new``: nothing to load (no ``load``, no active branch);
+* ``recover``: the automatic resume of a branch that has no commit of its own yet (a
+  crash before its first checkpoint): its own queue is reopened (journal recovery);
+* ``salvage``: the automatic resume selected the NEWEST commit of the active branch (a
+  crash after it): everything ``exact`` restores plus every group accepted after it and
+  not trained at or before it, from the dead run's queue;
+* ``exact``: any other selection (an explicit step, an edited tracker, an exact commit
+  file, another branch, a rollback): the checkpoint's saved state, nothing after it.
+
+The destination: the save directory itself when it holds no run yet, else a new branch
+``<save>/branches/<id>`` (``id`` the new run's nonce, also its queue id).  Every
+commit marker is validated here (version, every component's size and sha256,
+optimizer/RNG state); its run and pool are checked against the store at ``open_job``."""
+
+from __future__ import annotations
+
+import os
+import uuid
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+from straw.fs import Filesystem, PosixFS
+
+from .checkpoint_errors import (
+    ComponentChanged,
+    MissingModel,
+    NoCheckpoint,
+    StateOmitted,
+    UncommittedSnapshot,
+)
+from .checkpoint_files import (
+    BRANCH,
+    BRANCHES,
+    CURRENT,
+    ROLLOUT,
+    check_version,
+    committed_steps,
+    model_dir,
+    read_json,
+    read_tracker,
+    rollout_file,
+    sha256_file,
+    step_of_marker,
+)
+
+NEW, RECOVER, SALVAGE, EXACT, EMPTY = "new", "recover", "salvage", "exact", "empty"
+_MAX_ANCESTRY = 1000  # a cycle of branch.json parents is refused, not followed forever
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """What ``open_job`` starts: ``mode`` (module docstring), ``root`` (the logical save
+    root), ``directory`` (where this run writes: ``root`` or a new branch), ``branch_id``
+    (the run's nonce: its queue id), ``source`` (the physical directory of the loaded
+    checkpoint), ``step`` (loaded step, None for new), ``marker`` (the validated commit
+    marker), ``parent`` (``{"directory", "step"}`` for branch.json), ``current`` (the text
+    of ``current.json`` seen, checked unchanged at start), ``dataset_cursor`` (empty mode),
+    ``queue`` (recover mode: the branch's own queue)."""
+
+    mode: str
+    root: str
+    directory: str
+    branch_id: str
+    source: str | None = None
+    step: int | None = None
+    marker: dict[str, Any] | None = None
+    parent: dict[str, Any] | None = None
+    current: bytes | None = None
+    dataset_cursor: dict[str, Any] | None = None
+    queue: dict[str, str] | None = None
+    warnings: tuple[str, ...] = field(default=())
+
+    @property
+    def next_rollout_id(self) -> int:
+        """The first rollout id this run trains: the loaded step + 1 (0 for a new run)."""
+        return 0 if self.step is None else self.step + 1
+
+
+def resolve_checkpoint(save: str, load: str | None = None, step: int | None = None, *,
+                       fs: Filesystem | None = None, allow_partial_state: bool = False
+                       ) -> Resolution:
+    """Resolve (module docstring).  ``allow_partial_state``: accept a checkpoint saved
+    without optimizer or RNG state (a fine-tune start, not an exact resume)."""
+    fs = fs or PosixFS()
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+        raise ValueError(f"step must be None or an int >= 0, got {step!r}")
+    if not isinstance(save, (str, os.PathLike)):
+        raise TypeError(f"save must be a directory path, got {type(save).__name__}")
+    root = os.path.abspath(save)
+    current_path = os.path.join(root, ROLLOUT, CURRENT)
+    current_text = fs.read_file(current_path) if fs.exists(current_path) else None
+    current = _current(fs, current_path) if current_text is not None else None
+    # resuming the active branch: no load, or load = save (the same thing said twice)
+    auto = current is not None and (load is None or os.path.abspath(load) == root)
+    if load is None and current is None:
+        return Resolution(NEW, root, *_place(fs, root))
+    load_path = root if load is None else os.path.abspath(load)
+
+    marker_step = step_of_marker(load_path)
+    if marker_step is not None:  # an exact commit file
+        if step is not None and step != marker_step:
+            raise ValueError(f"step {step} differs from the explicit commit marker {load_path} "
+                             f"(step {marker_step}): give one of them")
+        source = os.path.dirname(os.path.dirname(load_path))
+        if not fs.exists(load_path):
+            raise NoCheckpoint(f"{load_path} does not exist")
+        marker = load_marker(fs, source, marker_step, allow_partial_state)
+        return Resolution(EXACT, root, *_place(fs, root), source, marker_step,
+                          marker, {"directory": source, "step": marker_step}, current_text)
+
+    if not fs.exists(load_path):
+        raise NoCheckpoint(f"load directory {load_path} does not exist")
+    load_current = current if load_path == root else (
+        _current(fs, os.path.join(load_path, ROLLOUT, CURRENT))
+        if fs.exists(os.path.join(load_path, ROLLOUT, CURRENT)) else None)
+    branch = load_current["directory"] if load_current is not None else load_path
+    chosen = step
+    explicit = step is not None
+    if chosen is None and load_current is not None:
+        tracker = read_tracker(fs, load_path)
+        if tracker is not None and str(tracker) != str(load_current.get("tracker")):
+            chosen, explicit = tracker, True  # an edited tracker selects its step
+    if chosen is None:
+        own = committed_steps(fs, branch)
+        if own:
+            chosen = own[-1]
+        else:
+            queue = _branch(fs, branch).get("queue")
+            if auto and queue is not None:
+                # a crash before this branch's first checkpoint: reopen its own queue
+                return Resolution(RECOVER, root, branch, str(queue["queue_id"]), branch,
+                                  None, None, _branch(fs, branch).get("parent"),
+                                  current_text, queue=dict(queue))
+            parent = _branch(fs, branch).get("parent")
+            if parent is None:
+                tracker = read_tracker(fs, branch)
+                if tracker is None:
+                    raise NoCheckpoint(f"{branch} holds no committed checkpoint and no "
+                                       f"model tracker: nothing to load (start without "
+                                       "load, or name a step)")
+                chosen = tracker
+            else:
+                chosen = int(parent["step"])
+    found, kind = _find(fs, branch, chosen)
+    if kind == EMPTY:
+        cursor, notes = _empty(fs, found, chosen)
+        return Resolution(EMPTY, root, *_place(fs, root), found, chosen, None,
+                          {"directory": found, "step": chosen}, current_text,
+                          dataset_cursor=cursor, warnings=notes)
+    marker = load_marker(fs, found, chosen, allow_partial_state)
+    latest = committed_steps(fs, branch)
+    mode = SALVAGE if (auto and not explicit and found == branch and latest
+                       and latest[-1] == chosen) else EXACT
+    return Resolution(mode, root, *_place(fs, root), found, chosen, marker,
+                      {"directory": found, "step": chosen}, current_text)
+
+
+def load_marker(fs: Filesystem, directory: str, step: int,
+                allow_partial_state: bool = False) -> dict[str, Any]:
+    """The commit marker of ``step`` in ``directory``, with every component checked:
+    present, same size, same sha256 (``ComponentChanged``), optimizer and RNG state
+    included (``StateOmitted``), a version we read (``UnsupportedCheckpoint``)."""
+    path = rollout_file(directory, "committed", step)
+    marker = check_version(read_json(fs, path, "commit marker"), path, "commit marker")
+    if marker.get("step") != step:
+        raise ComponentChanged(f"{path} is the marker of step {marker.get('step')!r}, not "
+                               f"{step}: it was moved or edited")
+    if not allow_partial_state and not (marker.get("optimizer") and marker.get("rng")):
+        raise StateOmitted(f"{path}: the checkpoint omitted optimizer or RNG state "
+                           f"(optimizer {marker.get('optimizer')}, rng {marker.get('rng')}); "
+                           "it cannot resume training exactly (pass allow_partial_state=True "
+                           "to start from it anyway)")
+    for rel, info in sorted(marker.get("files", {}).items()):
+        full = os.path.normpath(os.path.join(directory, rel))
+        if not full.startswith(os.path.join(directory, "")):
+            raise ComponentChanged(f"{path} lists {rel!r}, outside {directory}: refused")
+        if not fs.exists(full):
+            raise ComponentChanged(f"checkpoint component {full} of step {step} is missing "
+                                   "(restore it, or select another checkpoint)")
+        size = fs.stat(full).size
+        if size != info.get("size"):
+            raise ComponentChanged(f"checkpoint component {full} of step {step} changed: "
+                                   f"{size} bytes, the marker says {info.get('size')}")
+        if "sha256" in info and sha256_file(fs, full) != info["sha256"]:
+            raise ComponentChanged(f"checkpoint component {full} of step {step} changed: "
+                                   "its sha256 differs from the marker's")
+    return marker
+
+
+def _current(fs: Filesystem, path: str) -> dict[str, Any]:
+    value = check_version(read_json(fs, path, "current branch file"), path,
+                          "current branch file")
+    if not isinstance(value.get("directory"), str):
+        raise ValueError(f"{path} names no directory: {value!r}")
+    return value
+
+
+def _branch(fs: Filesystem, directory: str) -> dict[str, Any]:
+    path = os.path.join(directory, ROLLOUT, BRANCH)
+    if not fs.exists(path):
+        return {}
+    return check_version(read_json(fs, path, "branch file"), path, "branch file")
+
+
+def _find(fs: Filesystem, branch: str, step: int) -> tuple[str, str]:
+    """Step ``step`` in ``branch``'s history: (directory, "exact" or "empty")."""
+    directory, seen = branch, list[str]()
+    while len(seen) < _MAX_ANCESTRY and directory not in seen:
+        seen.append(directory)
+        if fs.exists(rollout_file(directory, "committed", step)):
+            return directory, EXACT
+        for kind in ("queue_state", "builder_state"):
+            if fs.exists(rollout_file(directory, kind, step)):
+                raise UncommittedSnapshot(
+                    f"{rollout_file(directory, kind, step)} exists without its commit marker "
+                    f"(the save of step {step} was interrupted): it is never loaded and it "
+                    "refuses an empty-queue start; select another step")
+        model = model_dir(directory, step)
+        if fs.exists(model):
+            if not fs.listdir(model):
+                raise MissingModel(f"the model checkpoint {model} of step {step} is empty")
+            return directory, EMPTY
+        parent = _branch(fs, directory).get("parent")
+        if parent is None or step > int(parent["step"]):
+            break  # beyond the branch point: another branch's abandoned future
+        directory = str(parent["directory"])
+    raise NoCheckpoint(f"no committed model/rollout checkpoint for step {step} in {branch}'s "
+                       "branch history (ancestry is followed only up to each branch point: "
+                       "load an abandoned future by its exact rollout/committed_<k>.json)")
+
+
+def _empty(fs: Filesystem, directory: str, step: int) -> tuple[dict[str, Any] | None,
+                                                              tuple[str, ...]]:
+    path = rollout_file(directory, "dataset_cursor", step)
+    if fs.exists(path):
+        value = check_version(read_json(fs, path, "dataset cursor"), path, "dataset cursor")
+        return dict(value["cursor"]), ()
+    note = (f"step {step} of {directory} has a model but no queue snapshot and no "
+            f"{os.path.basename(path)}: the queue starts empty at dataset offset 0 (not an "
+            "exact data replay)")
+    warnings.warn(note, stacklevel=3)
+    return None, (note,)
+
+
+def _place(fs: Filesystem, root: str) -> tuple[str, str]:
+    """(destination, nonce): the save root itself when it holds no run, else a new
+    branch directory named by the new run's nonce."""
+    occupied = fs.exists(os.path.join(root, ROLLOUT, CURRENT)) or fs.exists(
+        os.path.join(root, ROLLOUT, BRANCH)) or (
+        fs.exists(root) and any(n.startswith("iter_") for n in fs.listdir(root)))
+    nonce = uuid.uuid4().hex[:12]
+    return (os.path.join(root, BRANCHES, nonce) if occupied else root), nonce
+
+
+__all__ = ["Resolution", "resolve_checkpoint", "load_marker", "NEW", "RECOVER", "SALVAGE",
+           "EXACT", "EMPTY"]

@@ -1,0 +1,230 @@
+"""straw.rollout.checkpoint: the joint checkpoint of step k (issue 15, item 1): the
+components, then the commit marker last (RL9), then the trackers; a commit that exists
+refuses before anything is written; a failed save leaves no marker and no owner;
+payloads referenced and retained, never copied; the state files follow the live state."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import pytest
+
+from straw.fs import DelegatingFilesystem, PosixFS
+from straw.rollout.checkpoint import Checkpointer, checkpoint_owner
+from straw.rollout.checkpoint_errors import CheckpointExists, ComponentChanged
+
+from .ckpt_job import Job, model_saver
+
+
+@pytest.fixture
+def dirs(tmp_path):
+    return str(tmp_path / "pool"), str(tmp_path / "save")
+
+
+class RecordingFS(DelegatingFilesystem):
+    """Logs (operation, path) of opens, fsyncs, renames and directory fsyncs."""
+
+    def __init__(self) -> None:
+        super().__init__(PosixFS())
+        self.log: list[tuple[str, str]] = []
+        self._paths: dict[int, str] = {}
+
+    def open(self, path, *, write=False, create=False, exclusive=False):  # noqa: ANN001
+        fd = super().open(path, write=write, create=create, exclusive=exclusive)
+        self._paths[fd] = path
+        return fd
+
+    def fsync(self, fd):  # noqa: ANN001
+        self.log.append(("fsync", self._paths.get(fd, "?")))
+        super().fsync(fd)
+
+    def rename(self, src, dst):  # noqa: ANN001
+        self.log.append(("rename", dst))
+        super().rename(src, dst)
+
+    def fsync_dir(self, path):  # noqa: ANN001
+        self.log.append(("fsync_dir", path))
+        super().fsync_dir(path)
+
+
+def test_a_save_writes_the_components_then_the_marker_then_the_trackers(dirs):
+    pool, save = dirs
+    job = Job(pool, save)
+    try:
+        for _ in range(3):
+            job.train()
+        fs = RecordingFS()
+        ck = Checkpointer(job.resolution.directory, controller=job.job.controller,
+                          builder=job.job.builder, logical_root=job.resolution.root, fs=fs)
+        marker = ck.save(2, model_saver())
+    finally:
+        job.close()
+    d = job.resolution.directory
+    assert marker["weight_version"] == 3 and marker["step"] == 2
+    assert marker["optimizer"] is True and marker["rng"] is True
+    assert marker["pool"] == job.store.pool_id and marker["run_id"] == "job"
+    assert set(marker["files"]) == {"iter_0000002/weights.bin", "iter_0000002/meta.json",
+                                    "rollout/queue_state_2.json",
+                                    "rollout/builder_state_2.json"}
+    for rel, info in marker["files"].items():
+        data = open(os.path.join(d, rel), "rb").read()
+        assert info["size"] == len(data)
+        assert info["sha256"] == hashlib.sha256(data).hexdigest()  # all small here
+    assert json.load(open(os.path.join(d, "rollout", "committed_2.json"))) == marker
+    # RL9: every component is durable before the marker's rename; trackers after it
+    ops = fs.log
+    at = ops.index(("rename", os.path.join(d, "rollout", "committed_2.json")))
+    for rel in marker["files"]:
+        path = os.path.join(d, rel)
+        synced = [i for i, op in enumerate(ops) if op[1] == path or (
+            op[0] == "rename" and op[1] == path)]
+        assert synced and max(synced) < at, rel
+    tracker = os.path.join(d, "latest_checkpointed_iteration.txt")
+    assert ops.index(("rename", tracker)) > at
+    assert open(tracker).read() == "2"
+    current = json.load(open(os.path.join(save, "rollout", "current.json")))
+    assert current == {"version": 1, "directory": d, "tracker": "2"}
+
+
+def test_an_existing_commit_refuses_before_anything_is_written(dirs):
+    pool, save = dirs
+    job = Job(pool, save)
+    try:
+        job.train()
+        job.save(0)
+        d = job.resolution.directory
+        before = {p: open(p, "rb").read() for p in _files(d)}
+        called = []
+        with pytest.raises(CheckpointExists, match="committed_0.json exists"):
+            job.job.save(0, lambda model_dir: called.append(model_dir))
+        assert called == []  # the model save never ran
+        assert {p: open(p, "rb").read() for p in _files(d)} == before
+    finally:
+        job.close()
+
+
+def test_a_failed_model_save_leaves_no_marker_and_no_owner(dirs):
+    pool, save = dirs
+    job = Job(pool, save)
+    try:
+        job.train()
+        with pytest.raises(OSError, match="injected"):
+            job.save(0, fail=True)
+        d = job.resolution.directory
+        assert not os.path.exists(os.path.join(d, "rollout", "committed_0.json"))
+        assert not os.path.exists(os.path.join(d, "rollout", "queue_state_0.json"))
+        with pytest.raises(ValueError, match="naming at least one file"):
+            job.job.save(0, lambda model_dir: {"files": [], "optimizer": True, "rng": True})
+        with pytest.raises(ComponentChanged, match="does not exist"):
+            job.job.save(0, lambda model_dir: {"files": ["nope.bin"], "optimizer": True,
+                                               "rng": True})
+        with pytest.raises(ValueError, match="inside it"):
+            job.job.save(0, lambda model_dir: {"files": ["../x"], "optimizer": True,
+                                               "rng": True})
+        with pytest.raises(ValueError, match="optimizer"):
+            job.job.save(0, lambda model_dir: {"files": ["x"], "rng": True})
+        job.save(0)  # the same step saves once the model save works
+        assert os.path.exists(os.path.join(d, "rollout", "committed_0.json"))
+    finally:
+        job.close()
+
+
+def test_a_failed_rollout_save_leaves_no_marker_and_releases_its_owner(dirs, monkeypatch):
+    pool, save = dirs
+    job = Job(pool, save)
+    try:
+        job.train()
+        job.generate()  # a backlog for the checkpoint to retain
+        ck = job.job.checkpointer
+        real = ck._register
+
+        def broken(reg, state):
+            real(reg, state)
+            raise OSError("queue registration failed (injected)")
+
+        monkeypatch.setattr(ck, "_register", broken)
+        with pytest.raises(OSError, match="injected"):
+            job.save(0)
+        d = job.resolution.directory
+        assert not os.path.exists(os.path.join(d, "rollout", "committed_0.json"))
+        owner = checkpoint_owner(ck.namespace, ck.queue_id, 0)
+        assert owner not in job.store.owners()
+        assert job.job.controller.coordinator.checkpoints == {}
+        monkeypatch.setattr(ck, "_register", real)
+        job.save(0)
+        assert owner in job.store.owners()
+    finally:
+        job.close()
+
+
+def test_payloads_are_referenced_and_retained_until_released(dirs):
+    pool, save = dirs
+    job = Job(pool, save)
+    try:
+        job.train()
+        job.generate()  # two accepted, untrained groups
+        usage = job.store.disk_usage()
+        job.save(0)
+        ck = job.job.checkpointer
+        owner = checkpoint_owner(ck.namespace, ck.queue_id, 0)
+        assert owner in job.store.owners() and not owner.startswith(("queue:", "publication:"))
+        state = json.load(open(os.path.join(job.resolution.directory, "rollout",
+                                            "builder_state_0.json")))
+        assert len(state["backlog"]) == 2  # by reference: RecordSetRef dicts
+        assert all("ref" in e and "digest" in e["ref"] for e in state["backlog"])
+        grown = job.store.disk_usage()
+        # only the small checkpoint records were written to the pool, no payload copy
+        assert sum(grown.values()) - sum(usage.values()) < 64 * 1024
+        ck.release(0)
+        assert owner not in job.store.owners()
+    finally:
+        job.close()
+
+
+def test_the_state_files_hold_the_live_state_not_the_history(dirs):
+    pool, save = dirs
+    job = Job(pool, save)
+    try:
+        job.train()
+        job.save(0)
+        for _ in range(12):
+            job.train()
+        job.save(12)
+        d = job.resolution.directory
+        sizes = [os.path.getsize(os.path.join(d, "rollout", f"{kind}_{k}.json"))
+                 for k in (0, 12) for kind in ("queue_state", "builder_state")]
+        # 12 more trained batches of history: the files did not grow with it
+        assert abs(sizes[2] - sizes[0]) < 200 and abs(sizes[3] - sizes[1]) < 200, sizes
+        q = json.load(open(os.path.join(d, "rollout", "queue_state_12.json")))
+        pending = job.job.controller.coordinator.pending_tasks(task_prefix="prompt:")
+        assert sorted(t["task_id"] for t in q["tasks"]) == sorted(t.task_id for t in pending)
+        b = json.load(open(os.path.join(d, "rollout", "builder_state_12.json")))
+        assert "finished_batches" not in b and b["planned"] == []
+    finally:
+        job.close()
+
+
+def test_a_leased_task_is_saved_and_an_unfinished_batch_is_saved_planned(dirs):
+    pool, save = dirs
+    job = Job(pool, save)
+    try:
+        job.train()
+        job.train(finish=False)  # planned, ready, not trained yet
+        leased = job.client.take(1)  # leased, not returned
+        job.save(1)
+        d = job.resolution.directory
+        q = json.load(open(os.path.join(d, "rollout", "queue_state_1.json")))
+        tid = f"prompt:{leased[0].group_index}"
+        assert tid in {t["task_id"] for t in q["tasks"]}
+        b = json.load(open(os.path.join(d, "rollout", "builder_state_1.json")))
+        assert [p["rollout_id"] for p in b["planned"]] == ["1"]
+        assert len(b["planned"][0]["groups"]) == 2
+    finally:
+        job.close()
+
+
+def _files(directory: str) -> list[str]:
+    return sorted(os.path.join(a, f) for a, _, fs in os.walk(directory) for f in fs
+                  if f != "LOCK")
