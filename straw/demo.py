@@ -64,7 +64,7 @@ from .rollout.builder import COLLECTION_PREFIX
 from .rollout.checkpoint_files import model_dir
 from .rollout.ray import NodeSpec, RayRollout, controller_state
 from .rollout.ray import local as ray_local
-from .rollout.resolve import NEW, SALVAGE, resolve_checkpoint
+from .rollout.resolve import NEW, SALVAGE, Resolution, resolve_checkpoint
 from .rollout.toy import ToyPolicy, ToyTask, grpo_advantages
 from .store import SharedFilesystemStore
 from .tensor import tensor_from_record, tensor_record
@@ -280,6 +280,17 @@ def job_main(root: str, logdir: str, phase: int, address: str, s: Settings) -> i
     if resolution.step is not None:
         assert resolution.source is not None
         _load_checkpoint(policy, resolution.source, resolution.step)
+    try:
+        return _drive(root, logdir, phase, s, log, store, policy, resolution)
+    finally:
+        store.close()
+        ray_local.shutdown()
+
+
+def _drive(root: str, logdir: str, phase: int, s: Settings, log: AckLog,
+           store: SharedFilesystemStore, policy: ToyPolicy, resolution: Resolution) -> int:
+    """The job's driver loop (``job_main``): start the Ray job from the resolution, train
+    until the last batch, checkpoint, kill a generation actor once."""
     node = ray_local.node_id()
     job = RayRollout(root, RUN, _prompts(s), ToyGenerate(root, logdir, phase, s),
                      concurrency=s.workers * s.slots * s.samples, config=_config(s),
@@ -291,7 +302,8 @@ def job_main(root: str, logdir: str, phase: int, address: str, s: Settings) -> i
                      store_options={"reserve_bytes": RESERVE_BYTES})
     try:
         if policy.version:  # the checkpoint's weights, where the actors load them
-            _record_weights(store, job, policy, resolution.step, None)
+            assert resolution.step is not None
+            _record_weights(store, job, policy, resolution.step + 1, None)
             job.resume(policy.version)
         started = job.resolution()
         log.append({"ev": "start", "phase": phase, "resolution": started,
@@ -318,9 +330,6 @@ def job_main(root: str, logdir: str, phase: int, address: str, s: Settings) -> i
     except BaseException:
         job.close(force=True)
         raise
-    finally:
-        store.close()
-        ray_local.shutdown()
     return 0
 
 

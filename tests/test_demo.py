@@ -171,5 +171,8 @@ def test_demo_learns_survives_kills_resumes_by_salvage_and_reports_what_the_pool
     assert "a generation actor SIGKILLed before this batch" in out
     (held,) = number(r"SIGKILLed after batch \d+ holding (\d+) leases: retired", out)
     assert held > 0
-    assert f"job SIGKILLed after {QUICK['kill_job_at']} trained batches" in out
+    # the supervisor SIGKILLs the driver once it logged kill_job_at batches (a batch more
+    # if the driver was quicker than the supervisor's poll)
+    (killed_after,) = number(r"job SIGKILLed after (\d+) trained batches", out)
+    assert killed_after >= QUICK["kill_job_at"]
     assert "where everything lives: pool" in out
