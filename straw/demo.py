@@ -62,8 +62,16 @@ from .refs import RecordSetRef
 from .rollout import PROMPT_PREFIX, RankBatchRef, RolloutConfig, SampleGroup, default_convert
 from .rollout.builder import COLLECTION_PREFIX
 from .rollout.checkpoint_files import model_dir
-from .rollout.ray import NodeSpec, RayRollout, controller_state
-from .rollout.ray import local as ray_local
+
+try:
+    from .rollout.ray import NodeSpec, RayRollout, controller_state
+    from .rollout.ray import local as ray_local
+except ModuleNotFoundError as e:  # pragma: no cover - the ray extra is missing
+    if e.name != "ray":
+        raise
+    raise ModuleNotFoundError("the demo runs on a local Ray cluster: install the ray extra "
+                              "(pip install 'straw-store[ray]'; python3 dev.py demo does)",
+                              name="ray") from e
 from .rollout.resolve import NEW, SALVAGE, Resolution, resolve_checkpoint
 from .rollout.toy import ToyPolicy, ToyTask, grpo_advantages
 from .store import SharedFilesystemStore
