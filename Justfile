@@ -1,7 +1,7 @@
 # straw's tasks.  Run through the bootstrap: `python3 dev.py <recipe>` (it sets up .venv).
 python := justfile_directory() + "/.venv/bin/python"
 
-# The library's main job on an embedded default pool (temp directory).
+# The library's main job: a small RL run on a local Ray cluster over an embedded pool (temp dir)
 demo *ARGS:
     {{python}} -m straw.demo {{ARGS}}
 

@@ -25,9 +25,10 @@ def main(argv: list[str]) -> int:
         print("straw needs Python 3.10 or newer", file=sys.stderr)
         return 2
     recipe = argv[:1] or ["demo"]
-    # The demo needs only the core library; everything else gets the dev extras
-    # (tests, torch CPU build pinned to 2.13.0, Hypothesis, CrossHair, linters).
-    extra = "" if recipe[0] == "demo" else "[dev]"
+    # The demo needs the core library and Ray (it runs on a local Ray cluster; its policy
+    # is NumPy, no torch); everything else gets the dev extras (tests, torch CPU build
+    # pinned to 2.13.0, Ray, Hypothesis, CrossHair, linters).
+    extra = "[ray]" if recipe[0] == "demo" else "[dev]"
     python = os.path.join(BIN, "python")
     if not os.path.exists(python):
         print(f"creating virtualenv {VENV}", flush=True)

@@ -1,43 +1,46 @@
-"""The demo: a small, real RL job whose rollouts live in straw, killed and resumed.
+"""The demo: a small, real RL job on a local Ray cluster whose rollouts live in straw,
+checkpointed, killed and resumed by salvage.
 
     python3 dev.py demo       # or: python -m straw.demo [--root DIR] [--keep] [--quick]
-                              #     [--kill-point between-batches|after-weights]
 
 A tiny NumPy policy (``straw.rollout.toy``) learns to reverse 4-token prompts, fully
 async, on an embedded pool in a temp directory:
 
-* the **job** process: a ``RolloutController`` served to the workers
-  (``straw.rollout.remote``) and a trainer: ``BatchBuilder.next_batch`` (GRPO advantages
-  as the reward hook), one REINFORCE update per batch, the new weights published to the
-  pool and recorded in the queue (the ``weights`` producer state: version, batches
-  trained, the weights' reference, one transaction), the serving version bumped, then
-  ``finish_batch``;
-* **generation workers** (processes): a ``GenerationClient`` over ``RemoteController``;
-  they take prompt groups, generate with ``ToyPolicy.generate`` (the generate-function
-  protocol) and return them; when the serving version moves they abort, return what they
-  have as partial groups (persisted for continuation) and load the new weights.
+* the **supervisor** (this process) starts a local Ray cluster once (``straw.rollout.ray.
+  local``) and runs each start of the job as a driver process that joins it;
+* the **driver** (the job): ``RayRollout`` with its controller actor (the queue, the
+  dataset, the batch builder and the ``Checkpointer``, started by ``restore.open_job``
+  from ``resolve_checkpoint``) and a generation actor per worker, each a ``Producer``
+  running ``ToyGenerate`` (the toy policy behind the generate-function protocol); the
+  trainer in the driver takes each batch (``next_batch``, GRPO advantages as the reward
+  hook), pauses admission (in-flight groups persisted as partial ones), makes one
+  REINFORCE update, publishes the new weights to the pool and records their reference in
+  the queue (``record_state``), resumes generation under the new version (each actor's
+  ``ToyGenerate`` loads those weights from the pool itself), then ``finish_batch``; every
+  few batches a joint checkpoint (the policy's files, the queue, the builder, a marker);
+* mid-run the driver SIGKILLs one generation actor's process: the controller retires it
+  (its leases revoked, its tasks pending again for the other actors; what it had
+  accepted stays accepted);
+* later the supervisor SIGKILLs the driver (Ray ends its actors) and starts a new one:
+  ``resolve_checkpoint`` selects the newest checkpoint and ``open_job`` SALVAGES it: the
+  groups accepted after it are restored, not generated again, and the batches trained
+  after it are replayed with the same groups (the same data, hence the same weights).
 
-Mid-run one worker is SIGKILLed (its leases expire, the other workers take its groups
-again; what it had accepted stays accepted); later the whole job (job process and every
-worker) is SIGKILLed and started again on the same pool: the controller recovers the
-queue, the builder its state, the trainer the weights the queue records (with
-``--kill-point after-weights`` the job dies inside a step, after recording its weights and
-before ``finish_batch``: the resumed job acknowledges that batch without training it
-again).  Every process keeps an fsynced log (``demo-logs/`` beside the pool's ``runs/``),
-and at the end the demo checks from the logs and the queue: nothing accepted lost,
-nothing trained twice, one weight update per finished batch, no accepted group generated
-again after the resume.  It prints the reward curve, groups accepted,
-regenerated-after-resume, a staleness histogram, bytes on disk and where everything
-lives.  (The storage checks of the earlier demo are covered by the test
-suite: ``tests/test_store.py``, ``tests/test_tensor.py``, ``tests/test_coordinator.py``.)
+Every process keeps an fsynced log (``demo-logs/`` beside the pool's ``runs/``); at the
+end the demo checks from the pool's queues and batches (and the logs for the generate
+calls): nothing accepted lost, nothing trained twice in the trained lineage, the
+replayed batches identical, no accepted group generated again after the resume.  It
+prints the reward curve, groups accepted, regenerated-after-resume, a staleness
+histogram, bytes on disk and where everything lives.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import dataclasses
+import hashlib
+import io
 import json
 import os
 import shutil
@@ -53,33 +56,31 @@ from typing import Any
 import numpy as np
 
 from .coordinator import Coordinator
-from .errors import LeaseExpired, StaleAttempt
 from .fs import PosixFS
 from .publication_log import AckLog
 from .refs import RecordSetRef
-from .rollout import (
-    PROMPT_PREFIX,
-    BatchBuilder,
-    EnvironmentMix,
-    GenerationClient,
-    RankBatchRef,
-    Returned,
-    RolloutConfig,
-    RolloutController,
-    default_convert,
-)
+from .rollout import PROMPT_PREFIX, RankBatchRef, RolloutConfig, SampleGroup, default_convert
 from .rollout.builder import COLLECTION_PREFIX
-from .rollout.remote import RemoteController, start
+from .rollout.checkpoint_files import model_dir
+
+try:
+    from .rollout.ray import NodeSpec, RayRollout, controller_state
+    from .rollout.ray import local as ray_local
+except ModuleNotFoundError as e:  # pragma: no cover - the ray extra is missing
+    if e.name != "ray":
+        raise
+    raise ModuleNotFoundError("the demo runs on a local Ray cluster: install the ray extra "
+                              "(pip install 'straw-store[ray]'; python3 dev.py demo does)",
+                              name="ray") from e
+from .rollout.resolve import NEW, SALVAGE, Resolution, resolve_checkpoint
 from .rollout.toy import ToyPolicy, ToyTask, grpo_advantages
 from .store import SharedFilesystemStore
 from .tensor import tensor_from_record, tensor_record
 
 RUN = "demo"
-QUEUE = "rollout"
-TOKEN = "straw-demo-token"
 WEIGHTS = "weights"  # the queue producer whose state records the trained weights
 LOGS = "demo-logs"
-KILL_POINTS = ("between-batches", "after-weights")
+CHECKPOINTS = "checkpoints"
 RESERVE_BYTES = 1 << 20  # a toy job's packs grow 1 MiB at a time (a killed writer's slack)
 
 
@@ -87,35 +88,42 @@ RESERVE_BYTES = 1 << 20  # a toy job's packs grow 1 MiB at a time (a killed writ
 class Settings:
     """The job's size; ``--quick`` is the test's."""
 
-    steps: int = 30  # training batches
+    steps: int = 24  # training batches
     batch_groups: int = 8  # prompt groups per batch
     samples: int = 4  # samples per prompt (GRPO group)
-    workers: int = 3
-    concurrency: int = 2  # groups a worker generates at once
+    workers: int = 3  # generation actors
+    slots: int = 2  # groups an actor generates at once
     prompts: int = 64
-    kill_worker_at: int = 8  # SIGKILL one worker after this many batches
-    kill_job_at: int = 16  # SIGKILL the whole job after this many batches
+    kill_worker_at: int = 6  # SIGKILL one generation actor after this many batches
+    checkpoint_every: int = 4  # a joint checkpoint after every this many batches
+    kill_job_at: int = 14  # SIGKILL the whole job after this many batches
     lease_seconds: float = 3.0
     token_seconds: float = 0.004
     lr: float = 8.0
     seed: int = 0
-    # where the job dies: "between-batches" (the demo SIGKILLs it once kill_job_at batches
-    # are trained) or "after-weights" (it SIGKILLs itself after recording the weights of
-    # batch kill_job_at - 1, before its finish_batch: the resumed job must acknowledge
-    # that batch without training it again)
-    kill_point: str = "between-batches"
 
     def __post_init__(self) -> None:
-        if self.kill_point not in KILL_POINTS:
-            raise ValueError(f"kill_point must be one of {KILL_POINTS}, got "
-                             f"{self.kill_point!r}")
         if not 0 < self.kill_worker_at < self.kill_job_at < self.steps:
             raise ValueError("the demo needs 0 < kill_worker_at < kill_job_at < steps")
+        if not 0 < self.checkpoint_every < self.kill_job_at:
+            raise ValueError("the demo needs a checkpoint before the job is killed: "
+                             "0 < checkpoint_every < kill_job_at")
+        if self.kill_job_at % self.checkpoint_every == 0:
+            # killed right after a batch, the job may be inside that batch's checkpoint
+            # (it selects the old or the new one, RL9); the demo wants batches to replay
+            raise ValueError("kill_job_at must not be a multiple of checkpoint_every")
+        if self.workers < 2:
+            raise ValueError("the demo kills a generation actor: it needs workers >= 2")
 
     @classmethod
     def quick(cls) -> Settings:
-        return cls(steps=14, batch_groups=6, workers=2, kill_worker_at=4, kill_job_at=8,
-                   lease_seconds=2.0)
+        return cls(steps=12, batch_groups=6, workers=2, kill_worker_at=3,
+                   checkpoint_every=3, kill_job_at=7, lease_seconds=2.0)
+
+    @property
+    def last_checkpoint(self) -> int:
+        """The step of the newest checkpoint before the job is killed."""
+        return (self.kill_job_at // self.checkpoint_every) * self.checkpoint_every - 1
 
     def to_args(self) -> list[str]:
         return [f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self)]
@@ -127,14 +135,14 @@ class Settings:
         return cls(**{k: kinds[k](v) for k, v in values.items()})
 
 
-def _store(root: str, writer_id: str, s: Settings) -> SharedFilesystemStore:
-    return SharedFilesystemStore(root, RUN, writer_id=writer_id, reserve_bytes=RESERVE_BYTES,
-                                 **_config(s).store_options())
-
-
 def _config(s: Settings) -> RolloutConfig:
     return RolloutConfig(n_samples_per_prompt=s.samples, lease_seconds=s.lease_seconds,
                          segment_mib=8)
+
+
+def _store(root: str, writer_id: str, s: Settings) -> SharedFilesystemStore:
+    return SharedFilesystemStore(root, RUN, writer_id=writer_id, reserve_bytes=RESERVE_BYTES,
+                                 **_config(s).store_options())
 
 
 def _policy(s: Settings) -> ToyPolicy:
@@ -150,408 +158,436 @@ def _log(logdir: str, name: str) -> AckLog:
 
 
 def _read(logdir: str, name: str) -> list[Any]:
-    return AckLog(PosixFS(), os.path.join(logdir, name + ".log")).read()
+    path = os.path.join(logdir, name + ".log")
+    return AckLog(PosixFS(), path).read() if os.path.exists(path) else []
 
 
-def _stop(_sig: int, _frame: object) -> None:
-    raise SystemExit(0)
+def controller_name(phase: int) -> str:
+    return f"straw-demo-controller-{phase}"
 
 
-def _load_weights(store: SharedFilesystemStore, state: Mapping[str, Any]) -> np.ndarray:
-    (rec,) = store.read(RecordSetRef.from_dict(state["weights"]))
-    return tensor_from_record(rec)
-
-
-# --- the job: controller and trainer --------------------------------------------------
 def convert_with_versions(sample: Any, reward: float) -> dict[str, Any]:
-    """The builder's default train data plus the sample's weight versions (the trainer
-    measures staleness against the version it trains)."""
-    return {**default_convert(sample, reward),
+    """The builder's default train data plus the sample's prompt (the trainer's update
+    needs it: the toy's samples hold their response tokens only) and weight versions (the
+    check measures staleness against the version that trained it)."""
+    return {**default_convert(sample, reward), "prompt": [int(t) for t in sample.prompt],
             "versions": [[v.start, v.stop, v.version] for v in sample.versions]}
 
 
-def job_main(root: str, logdir: str, phase: int, s: Settings) -> int:
-    signal.signal(signal.SIGTERM, _stop)
-    log = _log(logdir, "trainer")
-    config = _config(s)
-    store = _store(root, "trainer", s)
-    policy = _policy(s)
-    controller = RolloutController(store, _prompts(s), config=config, queue_id=QUEUE,
-                                   recover=phase > 1, shuffle=True, seed=s.seed,
-                                   exclusive_owner="the demo's job process")
-    coord = controller.coordinator
-    # the weights the queue records (None: a new job), served before anything is served
-    saved = coord.producer_state(WEIGHTS)
-    if saved is not None:
-        policy.load(_load_weights(store, saved), int(saved["version"]))
-        controller.set_serving_version(policy.version)
-    builder = BatchBuilder(coord, store, EnvironmentMix.single(s.batch_groups), dp_size=2,
-                           config=config, reward_hook=grpo_advantages,
-                           convert_hook=convert_with_versions)
-    server = start(controller, ("127.0.0.1", 0), token=TOKEN)
-    try:
-        trained = int(saved["trained"]) if saved is not None else 0
-        finished = len(builder.state()["finished_batches"])
-        log.append({"ev": "start", "phase": phase, "version": policy.version,
-                    "trained": trained, "finished": finished,
-                    "commits": _commits(coord),
-                    "url": server.url, "epoch": coord.epoch, "t": time.time()})
-        if trained == finished + 1:
-            # killed between recording the weights and finish_batch: the batch is trained
-            # (its update is in the weights); acknowledge it, do not train it again
-            refs = builder.next_batch(finished)  # ready: returned again, nothing written
-            if refs is None:
-                raise RuntimeError(f"the weights record batch {finished} as trained but the "
-                                   "builder has no such batch: not this demo's pool?")
-            builder.finish_batch(refs[0].batch_id)
-            log.append({"ev": "acknowledged", "step": finished, "batch": refs[0].batch_id})
-            finished += 1
-        elif trained != finished:
-            raise RuntimeError(f"the weights record {trained} trained batches but the "
-                               f"builder finished {finished}: not this demo's pool?")
-        while finished < s.steps:
-            refs = builder.next_batch(finished)
-            if refs is None:
-                time.sleep(0.02)  # the workers are still filling the batch
-                continue
-            crash = phase == 1 and s.kill_point == "after-weights" and \
-                finished + 1 == s.kill_job_at
-            train_step(store, coord, controller, builder, policy, refs, finished, log,
-                       crash=crash)
-            finished += 1
-        log.append({"ev": "done", "steps": finished, "version": policy.version,
-                    "t": time.time()})
-        while True:  # keep serving until the demo stops the workers, then us
-            time.sleep(0.2)
-    finally:
-        server.close()
-        builder.close()
-        controller.close()
-        store.close()
+def weights_digest(weights: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(weights).tobytes()).hexdigest()[:16]
 
 
-def _commits(coord: Coordinator) -> int:
-    """The length of the durable commit log."""
-    cursor = 0
-    while True:
-        page = coord.read_commits(cursor, 1000)
-        cursor = page.cursor
-        if not page.commits:
-            return cursor
-
-
-def train_step(store: SharedFilesystemStore, coord: Coordinator,
-               controller: RolloutController, builder: BatchBuilder, policy: ToyPolicy,
-               refs: Sequence[RankBatchRef], step: int, log: AckLog, *,
-               crash: bool = False) -> None:
-    """Train on one batch, publish and record the new weights, serve them, acknowledge.
-    (One process stands in for the data-parallel ranks: it loads every rank's shard and
-    sums their gradients, as an all-reduce would.)"""
-    samples = [x for r in refs for x in r.load(store, rank=r.rank).samples]
-    raw = [float(x["raw_reward"]) for x in samples]
-    version = policy.update((x["tokens"].tolist(), x["response_length"], x["reward"])
-                            for x in samples)
-    ref = store.publish([tensor_record(policy.weights, f"weights:{version}")],
-                        submission_id=f"weights:{version}")
-    # version, progress and the weights' reference in ONE queue transaction (the state's
-    # reference keeps the weights alive while it is the latest)
-    coord.submit_tasks(f"weights:{version}", [], producer_id=WEIGHTS, producer_state={
-        "version": version, "trained": step + 1, "batch_id": refs[0].batch_id,
-        "weights": ref})
-    controller.set_serving_version(version)
-    if crash:  # the demo's kill point "after-weights"
-        log.append({"ev": "killing-self", "step": step, "version": version})
-        os.kill(os.getpid(), signal.SIGKILL)
-    builder.finish_batch(refs[0].batch_id)  # RL4: after training, the only acknowledgement
-    log.append({"ev": "trained", "step": step, "batch": refs[0].batch_id,
-                "version": version, "reward": float(np.mean(raw)), "t": time.time()})
-
-
-# --- a generation worker --------------------------------------------------------------
-def worker_main(root: str, logdir: str, name: str, s: Settings) -> int:
-    log = _log(logdir, name)
-    url = _url(logdir, int(name[1:name.index("-")]))  # p<phase>-gen<i>
-    store = _store(root, name, s)
-    remote = RemoteController(url, token=TOKEN)
-    client = GenerationClient(remote, store, worker_id=name, config=_config(s))
-    policy = _policy(s)
-    try:
-        asyncio.run(_generate(client, remote, store, policy, log, s))
-    finally:
-        with contextlib.suppress(Exception):  # the job may be gone already
-            client.close()
-        store.close()
-    return 0
-
-
-async def _generate(client: GenerationClient, remote: RemoteController,
-                    store: SharedFilesystemStore, policy: ToyPolicy, log: AckLog,
-                    s: Settings) -> None:
-    """Take groups, generate them concurrently, return them; a new serving version
-    aborts the groups in flight (returned partial) and loads the recorded weights."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
-
-    def serving() -> int:
-        return int(remote.serving_version)
-
-    async def follow(abort: asyncio.Event, done: asyncio.Event) -> None:
-        # a new weight version aborts in-flight generation (returned as partial groups)
-        while not done.is_set():
-            if stop.is_set() or await asyncio.to_thread(serving) != policy.version:
-                abort.set()
-                return
-            await asyncio.sleep(0.02)
-
-    while not stop.is_set():
-        if await asyncio.to_thread(serving) != policy.version:
-            state = await asyncio.to_thread(remote.client.call, "producer_state",
-                                            producer_id=WEIGHTS)
-            policy.load(await asyncio.to_thread(_load_weights, store, state),
-                        int(state["version"]))
-        groups = await asyncio.to_thread(client.take, s.concurrency)
-        if not groups:
-            await asyncio.sleep(0.02)
-            continue
-        for g in groups:
-            log.append({"ev": "generate", "group": g.group_index, "version": policy.version,
-                        "progress": sum(x.response_length for x in g)})
-        abort, done = asyncio.Event(), asyncio.Event()
-        watcher = asyncio.create_task(follow(abort, done))
-        out = await asyncio.gather(*(policy.generate(g, weight_version=policy.version,
-                                                     abort=abort) for g in groups))
-        done.set()
-        await watcher
-        try:
-            returned = await asyncio.to_thread(client.return_groups, out)
-        except (StaleAttempt, LeaseExpired):
-            # a lease expired under us (a stalled machine): another worker has that group
-            # now.  The others were returned; a retry answers each with its first outcome
-            returned = []
-            for g in out:
-                try:
-                    returned += await asyncio.to_thread(client.return_groups, [g])
-                except (StaleAttempt, LeaseExpired):
-                    returned.append(Returned(f"prompt:{g.group_index}", "lease-lost"))
-        for g, r in zip(out, returned, strict=True):
-            log.append({"ev": r.action, "group": g.group_index,
-                        "progress": sum(x.response_length for x in g)})
-
-
-def _url(logdir: str, phase: int, timeout: float = 120) -> str:
-    """The URL the job process of ``phase`` serves its controller at (waits for it)."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        starts = [e for e in _read(logdir, "trainer")
-                  if e.get("ev") == "start" and e["phase"] == phase]
-        if starts:
-            return str(starts[-1]["url"])
-        time.sleep(0.05)
-    raise TimeoutError(f"the job process did not serve its controller within {timeout:.0f} s")
-
-
-# --- the demo: start, kill, resume, check ---------------------------------------------
-class Job:
-    """The processes of one start of the job."""
+# --- the generate function the generation actors run ----------------------------------
+class ToyGenerate:
+    """The toy policy behind the generate-function protocol, as a generation actor runs
+    it.  Pickled once when the actors start, so it finds each new weight version itself:
+    the trainer records the weights' reference in the queue (``record_state``); this asks
+    the controller actor for it and reads the weights from the pool through its own
+    client.  Every call is logged (group, version, progress) for the demo's checks."""
 
     def __init__(self, root: str, logdir: str, phase: int, s: Settings) -> None:
         self.root, self.logdir, self.phase, self.s = root, logdir, phase, s
-        self.job = self._spawn("--job", str(phase))
-        # the workers start meanwhile; each waits for this start's controller
-        self.workers = {f"p{phase}-gen{i}": self._spawn("--worker", f"p{phase}-gen{i}")
-                        for i in range(s.workers)}
+        self._reset()
 
-    def _spawn(self, role: str, arg: str) -> subprocess.Popen[bytes]:
-        return subprocess.Popen([sys.executable, "-m", "straw.demo", role, arg, self.root,
-                                 self.logdir, *self.s.to_args()])
+    def _reset(self) -> None:
+        self._policies: dict[int, ToyPolicy] = {}
+        self._store: SharedFilesystemStore | None = None
+        self._calls: AckLog | None = None
 
-    def alive(self) -> None:
-        if self.job.poll() is not None:
-            raise RuntimeError(f"the job process exited with {self.job.returncode}; see its "
-                               "output above")
+    def __getstate__(self) -> dict[str, Any]:  # what is shipped: the settings, no caches
+        return {"root": self.root, "logdir": self.logdir, "phase": self.phase, "s": self.s}
 
-    def kill(self, name: str) -> None:
-        proc = self.workers[name]
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._reset()
 
-    def kill_all(self) -> None:
-        for proc in [self.job, *self.workers.values()]:
-            if proc.poll() is None:
-                os.kill(proc.pid, signal.SIGKILL)
-            proc.wait()
+    async def _policy_of(self, version: int, abort: asyncio.Event) -> ToyPolicy | None:
+        """The policy of ``version``: loaded from the pool once the trainer recorded it
+        (None if ``abort`` is set first, or the trainer moved past it meanwhile)."""
+        if version in self._policies:
+            return self._policies[version]
+        while not abort.is_set():
+            state = await controller_state(controller_name(self.phase), WEIGHTS)
+            if state is None and version == 0:
+                policy = _policy(self.s)  # a new job: the initial (uniform) weights
+                break
+            if state is not None and int(state["version"]) == version:
+                policy = _policy(self.s)
+                policy.load(await asyncio.to_thread(self._weights, state), version)
+                break
+            if state is not None and int(state["version"]) > version:
+                return None  # a slot that lags a weight update: nothing to generate
+            await asyncio.sleep(0.02)  # the trainer is recording these weights
+        else:
+            return None
+        self._policies = {v: p for v, p in self._policies.items() if v >= version - 1}
+        self._policies[version] = policy
+        return policy
 
-    def stop(self) -> None:
-        """Workers first (they release their leases), then the job."""
-        for proc in self.workers.values():
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in self.workers.values():
-            proc.wait(timeout=60)
-        self.job.terminate()
-        if self.job.wait(timeout=60) != 0:
-            raise RuntimeError(f"the job process exited with {self.job.returncode}")
+    def _weights(self, state: Mapping[str, Any]) -> np.ndarray:
+        if self._store is None:  # this actor's own client of the pool, for reading
+            self._store = SharedFilesystemStore(
+                self.root, RUN, writer_id=f"p{self.phase}-weights-{os.getpid()}")
+        (rec,) = self._store.read(RecordSetRef.from_dict(state["weights"]))
+        return tensor_from_record(rec)
+
+    async def __call__(self, group: SampleGroup, *, weight_version: int,
+                       abort: asyncio.Event) -> SampleGroup:
+        policy = await self._policy_of(weight_version, abort)
+        if policy is None:
+            return group  # back unchanged (a partial group with nothing new)
+        if self._calls is None:
+            self._calls = _log(self.logdir, f"p{self.phase}-gen-{os.getpid()}")
+        self._calls.append({"ev": "generate", "group": group.group_index,
+                            "version": weight_version,
+                            "progress": sum(x.response_length for x in group)})
+        return await policy.generate(group, weight_version=weight_version, abort=abort)
 
 
-def _trained(logdir: str) -> list[dict[str, Any]]:
-    return [e for e in _read(logdir, "trainer") if e.get("ev") == "trained"]
+@dataclasses.dataclass(frozen=True)
+class SaveWeights:
+    """The checkpoint's model save (``save_model``), run by the controller actor: the
+    policy's weights and its training state (plain SGD keeps no moments: its optimizer
+    state is its step size; its sampling RNG is a function of the seed and version)."""
+
+    weights: bytes  # np.save of the table
+    state: Mapping[str, Any]
+
+    def __call__(self, where: str) -> dict[str, Any]:
+        fs = PosixFS()
+        fs.write_file_durable(os.path.join(where, "policy.npy"), self.weights)
+        fs.write_file_durable(os.path.join(where, "state.json"),
+                              json.dumps(dict(self.state), sort_keys=True).encode())
+        return {"files": ["policy.npy", "state.json"], "optimizer": True, "rng": True}
 
 
-def _wait_trained(job: Job, steps: int, timeout: float = 300) -> None:
+def _save_weights(policy: ToyPolicy) -> SaveWeights:
+    buf = io.BytesIO()
+    np.save(buf, policy.weights, allow_pickle=False)
+    return SaveWeights(buf.getvalue(), {"version": policy.version, "lr": policy.lr,
+                                        "seed": policy.seed})
+
+
+def _load_checkpoint(policy: ToyPolicy, directory: str, step: int) -> None:
+    fs = PosixFS()
+    where = model_dir(directory, step)
+    state = json.loads(fs.read_file(os.path.join(where, "state.json")))
+    weights = np.load(io.BytesIO(fs.read_file(os.path.join(where, "policy.npy"))),
+                      allow_pickle=False)
+    policy.load(weights, int(state["version"]))
+
+
+# --- the job: one driver process ------------------------------------------------------
+def job_main(root: str, logdir: str, phase: int, address: str, s: Settings) -> int:
+    ray_local.connect(address)
+    log = _log(logdir, "trainer")
+    store = _store(root, f"trainer-p{phase}", s)
+    policy = _policy(s)
+    resolution = resolve_checkpoint(os.path.join(root, CHECKPOINTS))
+    if resolution.step is not None:
+        assert resolution.source is not None
+        _load_checkpoint(policy, resolution.source, resolution.step)
+    try:
+        return _drive(root, logdir, phase, s, log, store, policy, resolution)
+    finally:
+        store.close()
+        ray_local.shutdown()
+
+
+def _drive(root: str, logdir: str, phase: int, s: Settings, log: AckLog,
+           store: SharedFilesystemStore, policy: ToyPolicy, resolution: Resolution) -> int:
+    """The job's driver loop (``job_main``): start the Ray job from the resolution, train
+    until the last batch, checkpoint, kill a generation actor once."""
+    node = ray_local.node_id()
+    job = RayRollout(root, RUN, _prompts(s), ToyGenerate(root, logdir, phase, s),
+                     concurrency=s.workers * s.slots * s.samples, config=_config(s),
+                     nodes=[NodeSpec(node, num_cpus=0) for _ in range(s.workers)],
+                     batch_groups=s.batch_groups, dp_size=2, name=controller_name(phase),
+                     weight_version=policy.version, checkpoint=resolution,
+                     builder_options={"reward_hook": grpo_advantages,
+                                      "convert_hook": convert_with_versions},
+                     store_options={"reserve_bytes": RESERVE_BYTES})
+    try:
+        if policy.version:  # the checkpoint's weights, where the actors load them
+            assert resolution.step is not None
+            _record_weights(store, job, policy, resolution.step + 1, None)
+            job.resume(policy.version)
+        started = job.resolution()
+        log.append({"ev": "start", "phase": phase, "resolution": started,
+                    "version": policy.version, "t": time.time(),
+                    "pids": [job.where()["pid"]] +
+                            [job.where(w.worker_id)["pid"] for w in job.workers]})
+        step = started["next_rollout_id"]
+        while step < s.steps:
+            refs = job.next_batch(step)
+            if refs is None:
+                time.sleep(0.02)  # the actors are still filling the batch
+                continue
+            train_step(store, job, policy, refs, step, phase, log)
+            if (step + 1) % s.checkpoint_every == 0:
+                job.save_checkpoint(step, _save_weights(policy))
+                log.append({"ev": "checkpoint", "phase": phase, "step": step,
+                            "version": policy.version, "t": time.time()})
+            if phase == 1 and step + 1 == s.kill_worker_at:
+                kill_a_worker(job, log, step)
+            step += 1
+        log.append({"ev": "done", "phase": phase, "steps": step, "version": policy.version,
+                    "t": time.time()})
+        job.close()
+    except BaseException:
+        job.close(force=True)
+        raise
+    return 0
+
+
+def _record_weights(store: SharedFilesystemStore, job: RayRollout, policy: ToyPolicy,
+                    trained: int | None, batch_id: str | None) -> None:
+    """Publish the policy's weights and record their reference in the queue, where the
+    generation actors read it."""
+    v = policy.version
+    ref = store.publish([tensor_record(policy.weights, f"weights:{v}")],
+                        submission_id=f"weights:{v}")
+    job.record_state(f"weights:{v}", WEIGHTS, {"version": v, "trained": trained,
+                                              "batch_id": batch_id, "weights": ref.to_dict()})
+
+
+def train_step(store: SharedFilesystemStore, job: RayRollout, policy: ToyPolicy,
+               refs: Sequence[RankBatchRef], step: int, phase: int, log: AckLog) -> None:
+    """Pause generation, train on one batch, publish and record the new weights, resume
+    generation under them, acknowledge the batch.  (One process stands in for the
+    data-parallel ranks: it loads every rank's shard and sums their gradients, as an
+    all-reduce would.)"""
+    job.pause()  # in-flight groups persisted as partial ones before the weights change
+    samples = [x for r in refs for x in r.load(store, rank=r.rank).samples]
+    raw = [float(x["raw_reward"]) for x in samples]
+    policy.update((x["prompt"], x["tokens"][-x["response_length"]:].tolist(), x["reward"])
+                  for x in samples)
+    _record_weights(store, job, policy, step + 1, refs[0].batch_id)
+    job.resume(policy.version)
+    job.finish_batch(refs[0].batch_id)  # RL4: after training, the only acknowledgement
+    log.append({"ev": "trained", "phase": phase, "step": step, "batch": refs[0].batch_id,
+                "version": policy.version, "reward": float(np.mean(raw)),
+                "weights": weights_digest(policy.weights), "t": time.time()})
+
+
+def kill_a_worker(job: RayRollout, log: AckLog, step: int) -> None:
+    """SIGKILL the last generation actor's process while it holds leases (mid-work), then
+    let the controller retire it (its leases revoked, its tasks pending again)."""
+    victim = job.workers[-1]
+    held: list[str] = []
+    end = time.monotonic() + 10
+    while not held and time.monotonic() < end:
+        held = job.held().get(victim.worker_id, [])
+        if not held:
+            time.sleep(0.01)
+    pid = job.where(victim.worker_id)["pid"]
+    os.kill(pid, signal.SIGKILL)
+    lost = job.check_workers()
+    log.append({"ev": "killed-worker", "step": step, "worker": victim.worker_id, "pid": pid,
+                "held": held, "retired": [w.worker_id for w in lost], "t": time.time()})
+
+
+# --- the demo: start, kill, resume, check ---------------------------------------------
+def _trained(logdir: str, phase: int) -> list[dict[str, Any]]:
+    return [e for e in _read(logdir, "trainer")
+            if e.get("ev") == "trained" and e["phase"] == phase]
+
+
+def _spawn(root: str, logdir: str, phase: int, address: str, s: Settings
+           ) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "straw.demo", "--job", str(phase), root,
+                             logdir, address, *s.to_args()])
+
+
+def _wait(proc: subprocess.Popen[bytes], until: Any, what: str, timeout: float = 300) -> None:
     end = time.monotonic() + timeout
-    while len(_trained(job.logdir)) < steps:
-        job.alive()
+    while not until():
+        if proc.poll() is not None:
+            raise RuntimeError(f"the job process exited with {proc.returncode} before "
+                               f"{what}; see its output above")
         if time.monotonic() > end:
-            raise TimeoutError(f"the trainer did not reach {steps} batches in {timeout:.0f} s")
-        time.sleep(0.05)
+            raise TimeoutError(f"{what} did not happen within {timeout:.0f} s")
+        time.sleep(0.02)
+
+
+def _await_exit(pids: Sequence[int], timeout: float = 60) -> None:
+    """Until the processes ``pids`` are gone (Ray ends a dead driver's actors; the next
+    job reuses the controller's writer and the save directory's lock)."""
+    end = time.monotonic() + timeout
+    for pid in pids:
+        while True:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            if time.monotonic() > end:
+                raise TimeoutError(f"actor process {pid} still runs {timeout:.0f} s after "
+                                   "its driver was killed")
+            time.sleep(0.02)
 
 
 def run(root: str, s: Settings) -> dict[str, Any]:
     logdir = os.path.join(root, LOGS)
     PosixFS().makedirs(logdir)
     t0 = time.monotonic()
-    job = Job(root, logdir, 1, s)
-    victim = f"p1-gen{s.workers - 1}"
+    address = ray_local.start_local(num_cpus=1)
     try:
-        _wait_trained(job, s.kill_worker_at)
-        # kill it mid-generation: its last logged event is a group it started generating
-        end = time.monotonic() + 30
-        while (_read(logdir, victim) or [{}])[-1].get("ev") != "generate" \
-                and time.monotonic() < end:
-            time.sleep(0.005)
-        job.kill(victim)
-        if s.kill_point == "after-weights":
-            job.job.wait(timeout=300)  # it kills itself inside batch kill_job_at - 1
-            if not any(e["ev"] == "killing-self" for e in _read(logdir, "trainer")):
-                raise RuntimeError(f"the job process exited with {job.job.returncode} "
-                                   "before its kill point; see its output above")
-        else:
-            _wait_trained(job, s.kill_job_at)
-        job.kill_all()
-    except BaseException:
-        job.kill_all()
-        raise
-    killed_job_after = len(_trained(logdir))
-    job = Job(root, logdir, 2, s)
-    try:
-        end = time.monotonic() + 300
-        while not any(e.get("ev") == "done" for e in _read(logdir, "trainer")):
-            job.alive()
-            if time.monotonic() > end:
-                raise TimeoutError("the resumed job did not finish within 300 s")
-            time.sleep(0.05)
-        job.stop()
-    except BaseException:
-        job.kill_all()
-        raise
-    wall = time.monotonic() - t0
-    report = check(root, logdir, victim)
-    report.update(wall=wall, killed_job_after=killed_job_after, victim=victim)
-    return report
-
-
-def check(root: str, logdir: str, victim: str) -> dict[str, Any]:
-    """What the logs and the queue prove (raises if anything was lost or done twice)."""
-    with SharedFilesystemStore(root, RUN, writer_id="demo-check") as store:
-        coord = Coordinator(store, queue_id=QUEUE, namespace=True, recover=True,
-                            exclusive_owner="the demo's final check")
+        ray_started = time.monotonic() - t0
+        proc = _spawn(root, logdir, 1, address, s)
         try:
-            commits: list[Any] = []
-            cursor = 0
-            while True:
-                page = coord.read_commits(cursor, 1000)
-                commits += page.commits
-                cursor = page.cursor
-                if not page.commits:
-                    break
-            starts = [e for e in _read(logdir, "trainer") if e.get("ev") == "start"]
-            accepted = {c.position: int(c.task_id[len(PROMPT_PREFIX):]) for c in commits
-                        if c.task_id.startswith(PROMPT_PREFIX)}
-            accepted_before_resume = {g for p, g in accepted.items()
-                                      if p < starts[-1]["commits"]}
-            # every finished batch's plan: which accepted groups it trained
-            in_batches: Counter[int] = Counter()
-            consumer = coord.load_consumer_state(coord.consumer_id)
-            assert consumer is not None, "the builder saved its state"
-            (rec,) = store.read(RecordSetRef.from_dict(consumer["state_ref"]))
-            builder_state = json.loads(bytes(rec.payload))
-            rewards: list[float] = []
-            stale: Counter[int] = Counter()
-            for step, b in enumerate(builder_state["finished_batches"]):
-                view = coord.get_batch(b)
-                assert view is not None and view["finished"], b
-                plan = _json(store, view["plan_ref"])
-                in_batches.update(accepted[g["position"]] for g in plan["groups"])
-                # what batch `step` trained on, read back from its rank shards; the policy
-                # served version `step` while it trained (one update per batch)
-                ready = _json(store, view["ready_ref"])
-                samples = [x for r, ref in enumerate(ready["ranks"]) for x in RankBatchRef(
-                    b, ready["plan_digest"], r, ready["world"],
-                    RecordSetRef.from_dict(ref)).load(store, rank=r).samples]
-                rewards.append(float(np.mean([x["raw_reward"] for x in samples])))
-                stale.update(step - min(int(v[2]) for v in x["versions"]) for x in samples)
-            twice = sorted(g for g, n in in_batches.items() if n > 1)
-            # accepted, not trained yet: the builder's backlog, and what it has not
-            # scanned yet (accepted after its last batch)
-            backlog = {accepted[e["position"]] for e in builder_state["backlog"]} | {
-                g for p, g in accepted.items() if p >= builder_state["scan_cursor"]}
-            lost = sorted(set(accepted.values()) - set(in_batches) - backlog)
-            weights = coord.producer_state(WEIGHTS)
-            collections = sum(1 for c in commits if c.task_id.startswith(COLLECTION_PREFIX))
-            disk = store.disk_usage()
-            queue_dir = coord.dir
+            _wait(proc, lambda: len(_trained(logdir, 1)) >= s.kill_job_at,
+                  f"{s.kill_job_at} trained batches")
         finally:
-            coord.close()
-    # the workers' logs: generation after the resume, the killed worker's groups
-    names = sorted(n[:-4] for n in os.listdir(logdir) if n.startswith("p") and
-                   n.endswith(".log"))
-    logs = {n: _read(logdir, n) for n in names}
-    regenerated = sum(1 for n in names if n.startswith("p2-") for e in logs[n]
-                      if e["ev"] == "generate" and e["group"] in accepted_before_resume)
-    victim_done = {e["group"] for e in logs[victim] if e["ev"] == "completed"}
-    last = {e["group"]: e["ev"] for e in logs[victim]}  # each group's last event
-    victim_open = {g for g, ev in last.items() if ev == "generate"}
-    # taken again by the other workers of the first start (after its leases expired), or
-    # by the workers of the resumed job
-    retaken = {e["group"] for n in names if n != victim and n.startswith("p1-")
-               for e in logs[n] if e["ev"] == "generate" and e["group"] in victim_open}
-    resumed = {e["group"] for n in names if n.startswith("p2-")
-               for e in logs[n] if e["ev"] == "generate" and e["group"] in victim_open}
-    resumed_partial = sum(1 for n in names for e in logs[n]
-                          if e["ev"] == "generate" and e["progress"] > 0)
-    calls = sum(1 for n in names for e in logs[n] if e["ev"] == "generate")
-    victim_lost = sorted(victim_done - set(in_batches) - backlog)
-    # one update per finished batch: a batch trained twice (say, again after the resume)
-    # shows as more updates than batches
-    updates = weights["version"]
-    if updates != len(rewards) or weights["trained"] != len(rewards):
-        raise RuntimeError(f"the demo's check failed: {updates} weight updates recorded for "
-                           f"{len(rewards)} finished batches")
-    if lost or twice or regenerated or victim_lost:
-        raise RuntimeError(f"the demo's check failed: accepted groups lost {lost} (of the "
-                           f"killed worker: {victim_lost}), trained twice {twice}, "
-                           f"accepted groups generated again after the resume {regenerated}")
-    trainer = _read(logdir, "trainer")
-    return {"rewards": rewards, "steps": len(rewards),
-            "accepted": len(accepted), "trained_groups": len(in_batches),
-            "backlog": len(backlog), "lost": len(lost), "twice": len(twice),
-            "accepted_before_resume": len(accepted_before_resume),
-            "regenerated": regenerated, "victim_done": len(victim_done),
-            "victim_open": len(victim_open), "retaken": len(retaken),
-            "retaken_after_resume": len(resumed - retaken),
-            "resumed_partial": resumed_partial, "generate_calls": calls,
-            "staleness": dict(sorted(stale.items())), "version": weights["version"],
-            "weights": weights, "collections": collections, "disk": disk,
-            "queue_dir": queue_dir, "logdir": logdir, "commits": len(commits),
-            "resumed_at": starts[-1],
-            "acknowledged": [e["step"] for e in trainer if e["ev"] == "acknowledged"],
-            "self_killed": [e["step"] for e in trainer if e["ev"] == "killing-self"]}
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGKILL)  # the whole job: its driver
+            proc.wait()
+        starts = [e for e in _read(logdir, "trainer") if e.get("ev") == "start"]
+        _await_exit(starts[-1]["pids"])
+        killed_after = len(_trained(logdir, 1))
+        proc = _spawn(root, logdir, 2, address, s)
+        try:
+            if proc.wait(timeout=300) != 0:
+                raise RuntimeError(f"the resumed job exited with {proc.returncode}; see its "
+                                   "output above")
+        finally:
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait()
+    finally:
+        ray_local.shutdown()
+    wall = time.monotonic() - t0
+    report = check(root, logdir, s)
+    report.update(wall=wall, ray_started=ray_started, killed_after=killed_after)
+    return report
 
 
 def _json(store: SharedFilesystemStore, ref: Mapping[str, Any]) -> Any:
     (rec,) = store.read(RecordSetRef.from_dict(ref))
     return json.loads(bytes(rec.payload))
+
+
+@dataclasses.dataclass
+class QueueView:
+    """What one start's queue holds: its accepted groups and its batches."""
+
+    coord: Coordinator
+    store: SharedFilesystemStore
+
+    def __post_init__(self) -> None:
+        self.commits: list[Any] = []
+        cursor = 0
+        while page := self.coord.read_commits(cursor, 1000).commits:
+            self.commits += page
+            cursor += len(page)
+        self.accepted = {c.commit_id: c for c in self.commits
+                         if c.task_id.startswith(PROMPT_PREFIX)}
+        view = self.coord.load_consumer_state(self.coord.consumer_id)
+        self.builder = {} if view is None else _json(self.store, view["state_ref"])
+
+    def batch(self, step: int) -> dict[str, Any] | None:
+        """Batch ``step``'s plan and samples (None: never planned here)."""
+        receipt = self.coord.lookup_submission(COLLECTION_PREFIX + str(step))
+        if receipt is None:
+            return None
+        batch_id = "batch:" + receipt.commit_id
+        view = self.coord.get_batch(batch_id)
+        if view is None or not view["finished"]:
+            return None
+        ready = _json(self.store, view["ready_ref"])
+        samples = [x for r, ref in enumerate(ready["ranks"]) for x in RankBatchRef(
+            batch_id, ready["plan_digest"], r, ready["world"],
+            RecordSetRef.from_dict(ref)).load(self.store, rank=r).samples]
+        return {"batch_id": batch_id, "plan": _json(self.store, view["plan_ref"]),
+                "samples": samples}
+
+
+def check(root: str, logdir: str, s: Settings) -> dict[str, Any]:
+    """What the pool's queues and batches prove, and the logs' generate calls (raises if
+    anything accepted was lost, trained twice, replayed differently or generated again)."""
+    trainer = _read(logdir, "trainer")
+    starts = {e["phase"]: e for e in trainer if e["ev"] == "start"}
+    r1, r2 = starts[1]["resolution"], starts[2]["resolution"]
+    if r1["mode"] != NEW or r2["mode"] != SALVAGE:
+        raise RuntimeError(f"the demo's check failed: the job started as {r1['mode']!r} "
+                           f"and resumed as {r2['mode']!r} (expected new, then salvage)")
+    k = int(r2["step"])  # the checkpoint the resumed job salvaged
+    with SharedFilesystemStore(root, RUN, writer_id="demo-check") as store:
+        views = [QueueView(Coordinator(store, queue_id=r["queue"]["queue_id"],
+                                       namespace=r["queue"]["namespace"], recover=True),
+                           store) for r in (r1, r2)]
+        try:
+            q1, q2 = views
+            task_of = {cid: c.task_id for q in views for cid, c in q.accepted.items()}
+            lineage = [(q1 if step <= k else q2).batch(step) for step in range(s.steps)]
+            missing = [step for step, b in enumerate(lineage) if b is None]
+            if missing:
+                raise RuntimeError(f"the demo's check failed: batches {missing} not trained")
+            batches = [b for b in lineage if b is not None]
+            # the batches the dead job trained after the checkpoint, replayed by the new one
+            replayed = []
+            for step in range(k + 1, s.steps):
+                old = q1.batch(step)
+                if old is None:
+                    break
+                new = batches[step]
+                same = [(g["commit_id"], g["digest"]) for g in old["plan"]["groups"]] == \
+                    [(g["commit_id"], g["digest"]) for g in new["plan"]["groups"]]
+                replayed.append((step, same))
+            in_batches = Counter(task_of[g["commit_id"]] for b in batches
+                                 for g in b["plan"]["groups"])
+            twice = sorted(t for t, n in in_batches.items() if n > 1)
+            backlog = {task_of[e["commit_id"]] for e in q2.builder["backlog"]} | {
+                c.task_id for c in q2.accepted.values()
+                if c.position >= q2.builder["scan_cursor"]}
+            accepted1 = {c.task_id for c in q1.accepted.values()}
+            accepted2 = {c.task_id for c in q2.accepted.values()}
+            lost = sorted((accepted1 | accepted2) - set(in_batches) - backlog)
+            rewards = [float(np.mean([x["raw_reward"] for x in b["samples"]]))
+                       for b in batches]
+            stale = Counter(step - min(int(v[2]) for v in x["versions"])
+                            for step, b in enumerate(batches) for x in b["samples"])
+            weights = q2.coord.producer_state(WEIGHTS)
+            disk = store.disk_usage()
+            queue_dirs = [q.coord.dir for q in views]
+        finally:
+            for q in views:
+                q.coord.close()
+    logs = {n[:-4]: _read(logdir, n[:-4]) for n in sorted(os.listdir(logdir))
+            if n.startswith("p") and n.endswith(".log")}
+    calls = {phase: [e for n, evs in logs.items() if n.startswith(f"p{phase}-gen-")
+                     for e in evs if e["ev"] == "generate"] for phase in (1, 2)}
+    accepted_before = {int(t[len(PROMPT_PREFIX):]) for t in accepted1}
+    regenerated = sum(1 for e in calls[2] if e["group"] in accepted_before)
+    killed = next(e for e in trainer if e["ev"] == "killed-worker")
+    held_done = sum(1 for t in killed["held"] if t in accepted1 | accepted2)
+    trained1 = {e["step"]: e for e in trainer if e["ev"] == "trained" and e["phase"] == 1}
+    trained2 = {e["step"]: e for e in trainer if e["ev"] == "trained" and e["phase"] == 2}
+    same_weights = [trained1[st]["weights"] == trained2[st]["weights"] for st, _ in replayed]
+    problems = []
+    if lost or twice:
+        problems.append(f"accepted groups lost {lost}, trained twice {twice}")
+    if regenerated or accepted1 & accepted2:
+        problems.append(f"{regenerated} generate calls after the resume for groups accepted "
+                        f"before it; accepted in both starts: {sorted(accepted1 & accepted2)}")
+    if not replayed or not all(same for _, same in replayed) or not all(same_weights):
+        problems.append(f"replayed batches not identical: {replayed}, weights {same_weights}")
+    if weights is None or weights["version"] != s.steps or weights["trained"] != s.steps:
+        problems.append(f"the weights recorded {weights and weights['version']} updates for "
+                        f"{s.steps} batches")
+    if problems:
+        raise RuntimeError("the demo's check failed: " + "; ".join(problems))
+    return {"rewards": rewards, "steps": len(batches), "checkpoint": k,
+            "replayed": [st for st, _ in replayed], "restored": r2["restored"],
+            "accepted": len(accepted1 | accepted2), "accepted_before": len(accepted1),
+            "trained_groups": len(in_batches), "backlog": len(backlog), "lost": len(lost),
+            "twice": len(twice), "regenerated": regenerated,
+            "calls_before": len(calls[1]), "calls_after": len(calls[2]),
+            "continued": sum(1 for p in (1, 2) for e in calls[p] if e["progress"] > 0),
+            "killed": killed, "held_done": held_done,
+            "staleness": dict(sorted(stale.items())), "version": weights["version"],
+            "disk": disk, "queue_dirs": queue_dirs, "logdir": logdir,
+            "checkpoints": os.path.join(root, CHECKPOINTS), "branch": r2["directory"]}
 
 
 def _bar(value: float, width: int = 40) -> str:
@@ -560,71 +596,68 @@ def _bar(value: float, width: int = 40) -> str:
 
 def show(root: str, report: dict[str, Any], s: Settings, removed: bool) -> None:
     rewards = report["rewards"]
-    print(f"straw demo: a toy policy learns to reverse {4}-token prompts; {s.workers} "
-          f"generation workers, batches of {s.batch_groups} groups x {s.samples} samples")
+    k = report["checkpoint"]
+    print(f"straw demo: a toy policy learns to reverse 4-token prompts on a local Ray "
+          f"cluster; {s.workers} generation actors, batches of {s.batch_groups} groups x "
+          f"{s.samples} samples, a checkpoint every {s.checkpoint_every} batches")
     print(f"reward curve (mean reward of each trained batch; uniform policy: "
           f"{1 / 8:.3f}):")
     for step, r in enumerate(rewards):
         mark = ""
         if step == s.kill_worker_at:
-            mark = f"   <- {report['victim']} SIGKILLed before this batch"
-        if step in report["self_killed"]:
-            mark = ("   <- the whole job SIGKILLed after recording these weights, before "
-                    "finish_batch")
-        elif step == report["killed_job_after"]:
-            mark = "   <- the whole job SIGKILLed and resumed before this batch"
+            mark = "   <- a generation actor SIGKILLed before this batch"
+        if step == k:
+            mark = "   <- checkpoint the resumed job salvaged"
+        elif step in report["replayed"]:
+            mark = "   <- replayed after the resume: same groups, same weights"
+        elif step == report["killed_after"]:
+            mark = "   <- the whole job SIGKILLed before this batch, resumed by salvage"
         print(f"  batch {step:3d}  {r:.3f}  {_bar(r)}{mark}")
-    k = max(1, len(rewards) // 5)
-    print(f"  reward: first {k} batches {np.mean(rewards[:k]):.3f} -> last {k} batches "
-          f"{np.mean(rewards[-k:]):.3f}")
+    n = max(1, len(rewards) // 5)
+    print(f"  reward: first {n} batches {np.mean(rewards[:n]):.3f} -> last {n} batches "
+          f"{np.mean(rewards[-n:]):.3f}")
     print(f"groups accepted: {report['accepted']} ({report['trained_groups']} trained in "
           f"{report['steps']} batches, {report['backlog']} in the backlog for the next "
           f"one); lost: {report['lost']}; trained twice: {report['twice']}")
-    print(f"worker {report['victim']} SIGKILLed: {report['victim_done']} groups it "
-          f"completed stayed accepted; of its {report['victim_open']} groups in flight, "
-          f"{report['retaken']} were taken again by the other workers once its leases "
-          f"expired ({s.lease_seconds:g} s), {report['retaken_after_resume']} by the "
-          "resumed job's workers")
-    print(f"job SIGKILLed after {report['killed_job_after']} acknowledged batches and "
-          f"resumed from the pool: {report['accepted_before_resume']} groups accepted before; "
+    killed = report["killed"]
+    print(f"generation actor {killed['worker']} (pid {killed['pid']}) SIGKILLed after batch "
+          f"{killed['step']} holding {len(killed['held'])} leases: retired, its groups "
+          f"returned to the queue, {report['held_done']} of them accepted since")
+    print(f"job SIGKILLed after {report['killed_after']} trained batches; resumed by salvage "
+          f"of checkpoint {k}: {report['restored']} groups restored, not generated; "
+          f"batches {report['replayed']} replayed identical; "
           f"regenerated-after-resume: {report['regenerated']}")
-    for step in report["acknowledged"]:
-        print(f"  the resumed job found batch {step} trained (its weights recorded) but not "
-              "acknowledged: it acknowledged it without training it again")
-    print(f"generate calls: {report['generate_calls']}, {report['resumed_partial']} of them "
-          f"continued a partial group (aborted by a weight update, persisted, resumed)")
-    print("staleness of trained samples (serving version - oldest generating version): "
-          + ", ".join(f"{k}: {v}" for k, v in report["staleness"].items()))
+    print(f"generate calls: {report['calls_before']} before the kill, "
+          f"{report['calls_after']} after; {report['continued']} continued a partial group "
+          "(paused for a weight update, persisted, resumed)")
+    print("staleness of trained samples (batch - oldest generating version): "
+          + ", ".join(f"{a}: {b}" for a, b in report["staleness"].items()))
     disk = report["disk"]
     print(f"on disk: {disk['pack_files']} pack files, {disk['bytes']:,} bytes; weights "
           f"version {report['version']} recorded in the queue")
     print(f"where everything lives: pool {root}{' (removed)' if removed else ''}")
-    print(f"  queue (journal, commit log, batches): {report['queue_dir']}")
+    print(f"  queues (journal, commit log, batches): {', '.join(report['queue_dirs'])}")
     print(f"  packs (prompts, groups, shards, weights): {os.path.join(root, 'runs', RUN)}")
+    print(f"  checkpoints: {report['checkpoints']} (the resumed run's branch: "
+          f"{report['branch']})")
     print(f"  process logs: {report['logdir']}")
-    print(f"({report['wall']:.1f} s)")
+    print(f"({report['wall']:.1f} s, of which {report['ray_started']:.1f} s starting Ray)")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["--job"]:
-        return job_main(args[2], args[3], int(args[1]), Settings.from_args(args[4:]))
-    if args[:1] == ["--worker"]:
-        return worker_main(args[2], args[3], args[1], Settings.from_args(args[4:]))
+        return job_main(args[2], args[3], int(args[1]), args[4], Settings.from_args(args[5:]))
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--root", help="pool directory (default: a fresh temp directory)")
     p.add_argument("--keep", action="store_true", help="keep the temp pool afterwards")
     p.add_argument("--quick", action="store_true", help="a smaller job (the tests')")
-    p.add_argument("--kill-point", choices=KILL_POINTS, default=KILL_POINTS[0],
-                   help="where the whole job is SIGKILLed: between two batches, or inside "
-                        "one after its weights were recorded and before finish_batch")
     opts = p.parse_args(args)
-    s = dataclasses.replace(Settings.quick() if opts.quick else Settings(),
-                            kill_point=opts.kill_point)
+    s = Settings.quick() if opts.quick else Settings()
     root = opts.root or tempfile.mkdtemp(prefix="straw-demo-")
     removed = not opts.root and not opts.keep
     try:
-        report = run(root, s)
+        report = run(os.path.abspath(root), s)
     finally:
         if removed:
             shutil.rmtree(root, ignore_errors=True)

@@ -22,9 +22,12 @@ reward rises visibly from ``1 / vocab`` within a few dozen updates.
   t)``: the same weights give the same tokens, interrupted or not.  ``generate`` refuses
   a ``weight_version`` other than the policy's own (it would tag tokens with a version
   that did not make them).
-* ``update(samples)`` is one REINFORCE step on ``(tokens, response_length, advantage)``
-  triples (the advantages from ``grpo_advantages``: each group's rewards minus the group
-  mean, over the group's standard deviation); the version advances by one.
+* A sample's ``tokens`` are what it was given (its prompt's tokens if the data source put
+  them there; none for the toy's prompts) followed by its response: ``generate`` appends
+  response tokens only, as the protocol's ``check_generated`` requires.
+* ``update(samples)`` is one REINFORCE step on ``(prompt, response, advantage)`` triples
+  (the advantages from ``grpo_advantages``: each group's rewards minus the group mean,
+  over the group's standard deviation); the version advances by one.
 * ``weights``/``load(weights, version)``: the table as a float64 array, what the trainer
   publishes and generation processes load.
 """
@@ -175,7 +178,7 @@ class ToyPolicy:
 
     async def _sample(self, s: Sample, prompt: tuple[int, ...], version: int,
                       abort: asyncio.Event) -> Sample:
-        tokens = list(s.tokens) if s.tokens else list(prompt)
+        tokens = list(s.tokens)  # the response is appended: earlier tokens never change
         done = s.response_length
         start = done
         while done < self.task.length and not abort.is_set():
@@ -198,21 +201,20 @@ class ToyPolicy:
             reward=self.task.reward(prompt, tokens[-done:]) if finished else None)
 
     # --- training -------------------------------------------------------------------------
-    def update(self, samples: Iterable[tuple[Sequence[int], int, float]]) -> int:
-        """One REINFORCE step on ``(tokens, response_length, advantage)`` triples (tokens:
-        prompt then response); returns the new version."""
+    def update(self, samples: Iterable[tuple[Sequence[int], Sequence[int], float]]) -> int:
+        """One REINFORCE step on ``(prompt, response, advantage)`` triples (token ids);
+        returns the new version."""
         n = self.task.length
         grad = np.zeros_like(self._w)
         count = 0
-        for tokens, response_length, advantage in samples:
-            tokens = [int(t) for t in tokens]
-            if response_length != n or len(tokens) != 2 * n:
+        for prompt, response, advantage in samples:
+            prompt, response = [int(t) for t in prompt], [int(t) for t in response]
+            if len(prompt) != n or len(response) != n:
                 raise ValueError(f"a toy sample holds a {n}-token prompt and a {n}-token "
-                                 f"response, got {len(tokens)} tokens with a response of "
-                                 f"{response_length}")
+                                 f"response, got a prompt of {len(prompt)} tokens and a "
+                                 f"response of {len(response)}")
             if not math.isfinite(advantage):
                 raise ValueError(f"advantage {advantage!r} is not finite")
-            prompt, response = tokens[:n], tokens[n:]
             count += 1
             if advantage == 0:
                 continue

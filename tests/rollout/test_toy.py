@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from straw.rollout import Sample, SampleGroup, Stage, Status, VersionSpan, classify
+from straw.rollout.generate import check_generated
 from straw.rollout.toy import ToyPolicy, ToyTask, grpo_advantages
 
 TASK = ToyTask(length=4, vocab=8)
@@ -40,7 +41,7 @@ def train(seed, steps=30, groups=8, lr=8.0):
         raw = [[s.reward for s in g] for g in batch]
         rewards.append(float(np.mean(raw)))
         adv = grpo_advantages(raw)
-        version = policy.update((s.tokens, s.response_length, a)
+        version = policy.update((s.prompt, s.tokens[-s.response_length:], a)
                                 for g, row in zip(batch, adv, strict=True)
                                 for s, a in zip(g, row, strict=True))
         assert version == policy.version
@@ -69,10 +70,12 @@ def test_generate_completes_every_sample_with_its_reward_and_version():
     assert classify(g) is Stage.READY
     for s in g:
         assert s.status is Status.COMPLETED
-        assert s.tokens[:4] == (1, 2, 3, 4) and s.response_length == 4
+        # the response only is appended (the protocol's rule: check_generated passes)
+        assert len(s.tokens) == 4 and s.response_length == 4
         assert s.versions == (VersionSpan(0, 4, 5),)
-        assert s.reward == TASK.reward((1, 2, 3, 4), s.tokens[4:])
+        assert s.reward == TASK.reward((1, 2, 3, 4), s.tokens)
         assert 0.0 <= s.reward <= 1.0
+    assert check_generated(group((1, 2, 3, 4), gi=7), g, 5) == g
     # deterministic given seed, version and the group's indices; another version differs
     assert generate(policy, group((1, 2, 3, 4), gi=7)) == g
     policy.load(w, 6)
@@ -112,7 +115,7 @@ def test_abort_returns_a_partial_group_that_a_later_version_continues():
     done = generate(policy, g)
     assert classify(done) is Stage.READY
     assert done.samples[0] == first  # finished samples are left alone
-    assert done.samples[1].tokens[:6] == second.tokens
+    assert done.samples[1].tokens[:2] == second.tokens
     assert done.samples[1].versions == (VersionSpan(0, 2, 0), VersionSpan(2, 4, 1))
     assert done.samples[2].versions == (VersionSpan(0, 4, 1),)
     # an abort set before the call returns the group as it is
@@ -145,9 +148,9 @@ def test_bad_input_is_refused_with_what_to_do():
     with pytest.raises(ValueError, match="NaN"):
         policy.load(np.full(policy.weights.shape, np.nan), 1)
     with pytest.raises(ValueError, match="4-token prompt"):
-        policy.update([((1, 2, 3), 0, 1.0)])
+        policy.update([((1, 2, 3), (4, 3, 2, 1), 1.0)])
     with pytest.raises(ValueError, match="not finite"):
-        policy.update([((1, 2, 3, 4, 4, 3, 2, 1), 4, float("nan"))])
+        policy.update([((1, 2, 3, 4), (4, 3, 2, 1), float("nan"))])
     with pytest.raises(ValueError, match="at least one sample"):
         policy.update([])
     assert policy.version == 0  # nothing refused changed the policy

@@ -6,7 +6,8 @@ only part of straw that imports Ray (``pip install straw[ray]``).
               admission pause (``pause``/``resume``) and the batches;
 * ``actors``  the actors as plain classes: ``ControllerWorker`` (the ``RolloutController``
               and the ``BatchBuilder``), ``GenerationWorker`` (a node's ``GenerationClient``
-              and ``Producer``), ``RayController`` (the controller as a client calls it).
+              and ``Producer``), ``RayController`` (the controller as a client calls it);
+* ``local``   a local cluster started once by a supervisor and joined by drivers (the demo).
 
 Ray carries only control messages (leases, references, receipts: each well under 1 KiB);
 payloads travel through the shared pool.  The generate function is the framework-neutral
@@ -21,9 +22,10 @@ from .actors import (
            GenerationWorker,
            RayController,
            StorageProbeFailed,
+           controller_state,
 )
 from .job import NodeSpec, RayRollout, Worker, default_nodes, share_concurrency
 
 __all__ = ["RayRollout", "NodeSpec", "Worker", "share_concurrency", "default_nodes",
            "ControllerWorker", "GenerationWorker", "RayController", "ControllerLost",
-           "StorageProbeFailed"]
+           "StorageProbeFailed", "controller_state"]

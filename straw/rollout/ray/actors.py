@@ -38,6 +38,7 @@ from ..environments import EnvironmentMix
 from ..generate import GenerateFn
 from ..generation import GenerationClient
 from ..producer import Producer
+from ..restore import RolloutJob, open_job
 from ..shards import RankBatchRef
 
 CONTROLLER_WRITER = "ray-controller"
@@ -113,6 +114,22 @@ def node_id() -> str:
     return str(ray.get_runtime_context().get_node_id())
 
 
+_controllers: dict[str, Any] = {}
+
+
+async def controller_state(name: str, producer_id: str) -> Any:
+    """The queue's state of ``producer_id``, asked from inside an actor of the job (a
+    generate function loading the weights a trainer recorded with ``record_state``) of
+    the job's controller actor ``name`` (``RayRollout(name=...)``)."""
+    handle = _controllers.get(name)
+    if handle is None:
+        handle = _controllers[name] = ray.get_actor(name)
+    try:
+        return await handle.producer_state.remote(producer_id)
+    except ray.exceptions.RayActorError as e:
+        raise controller_lost(name, e) from e
+
+
 def _marker_record(token: str, who: str) -> Record:
     return Record(f"{PROBE_PREFIX}:{who}", token.encode(), metadata={"who": who})
 
@@ -135,24 +152,53 @@ def read_marker(store: SharedFilesystemStore, ref: RecordSetRef) -> str:
 class ControllerWorker:
     """The job's controller (module docstring).  ``dataset`` is the prompts, a
     ``DataSource``, or a callable returning either (called here, so a large dataset is
-    loaded on the controller's node, not shipped through Ray)."""
+    loaded on the controller's node, not shipped through Ray).
+
+    ``checkpoint``: a ``Resolution`` (``straw.rollout.resolve.resolve_checkpoint``, resolved
+    by the driver): the job is started by ``restore.open_job`` (new, salvage, exact, ...)
+    under the save directory's lock, which this process holds (released when it dies),
+    and ``save_checkpoint`` saves into its directory; it needs ``batch_groups``, and
+    ``controller_options`` do not apply (the queue is the resolution's).
+    ``builder_options`` go to the ``BatchBuilder`` (reward and conversion hooks),
+    ``store_options`` to this actor's ``SharedFilesystemStore`` (e.g. ``reserve_bytes``)."""
 
     def __init__(self, root: str, run_id: str, dataset: Any, *, config: RolloutConfig,
                  batch_groups: int | None = None, dp_size: int = 1,
-                 controller_options: Mapping[str, Any] | None = None) -> None:
+                 controller_options: Mapping[str, Any] | None = None,
+                 checkpoint: Any = None,
+                 builder_options: Mapping[str, Any] | None = None,
+                 store_options: Mapping[str, Any] | None = None) -> None:
         self.config = config
         self.store = SharedFilesystemStore(root, run_id, writer_id=CONTROLLER_WRITER,
-                                           **config.store_options())
+                                           **{**config.store_options(),
+                                              **dict(store_options or {})})
         if callable(dataset):
             dataset = dataset()
+        self.job: RolloutJob | None = None
+        self.builder: BatchBuilder | None = None
+        if checkpoint is not None:
+            if batch_groups is None or controller_options:
+                self.store.close()
+                raise ValueError("a job started from a checkpoint resolution builds batches "
+                                 "(give batch_groups) in the resolution's queue (give no "
+                                 "controller_options)")
+            try:
+                self.job = open_job(checkpoint, self.store, dataset,
+                                    EnvironmentMix.single(batch_groups), dp_size=dp_size,
+                                    config=config, **dict(builder_options or {}))
+            except BaseException:
+                self.store.close()
+                raise
+            self.controller, self.builder = self.job.controller, self.job.builder
+            return
         self.controller = RolloutController(self.store, dataset, config=config,
                                             **dict(controller_options or {}))
-        self.builder: BatchBuilder | None = None
         try:
             if batch_groups is not None:
                 self.builder = BatchBuilder(self.controller.coordinator, self.store,
                                             EnvironmentMix.single(batch_groups),
-                                            dp_size=dp_size, config=config)
+                                            dp_size=dp_size, config=config,
+                                            **dict(builder_options or {}))
         except BaseException:
             self.controller.close()
             raise
@@ -229,6 +275,39 @@ class ControllerWorker:
     def backlog(self) -> dict[str, int]:
         return self._builder().backlog()
 
+    def producer_state(self, producer_id: str) -> Any:
+        """The queue's state of ``producer_id`` (``Coordinator.producer_state``)."""
+        return self.controller.coordinator.producer_state(producer_id)
+
+    def record_state(self, request_id: str, producer_id: str, state: Mapping[str, Any]
+                     ) -> None:
+        """Save ``state`` as ``producer_id``'s in one queue transaction (no tasks): how a
+        trainer records, say, its weights' reference where generation reads it."""
+        self.controller.coordinator.submit_tasks(request_id, [], producer_id=producer_id,
+                                                 producer_state=dict(state))
+
+    def _job(self) -> RolloutJob:
+        if self.job is None:
+            raise RuntimeError("this job was not started from a checkpoint resolution: give "
+                               "checkpoint=resolve_checkpoint(save_dir) to RayRollout")
+        return self.job
+
+    def resolution(self) -> dict[str, Any]:
+        """How the job started: its mode, loaded step, first rollout id, directories,
+        queue and the groups restored into the builder's backlog."""
+        job = self._job()
+        r = job.resolution
+        coord = self.controller.coordinator
+        return {"mode": r.mode, "step": r.step, "next_rollout_id": job.next_rollout_id,
+                "directory": r.directory, "source": r.source, "branch_id": r.branch_id,
+                "restored": job.restored,
+                "queue": {"namespace": coord.namespace, "queue_id": coord.queue_id}}
+
+    def save_checkpoint(self, step: int, save_model: Any) -> dict[str, Any]:
+        """The joint checkpoint of ``step`` (``Checkpointer.save``, here where the queue
+        and the builder live); ``save_model(model_dir)`` runs here too."""
+        return self._job().save(step, save_model)
+
     def write_marker(self) -> tuple[RecordSetRef, str]:
         return write_marker(self.store, "controller")
 
@@ -237,10 +316,13 @@ class ControllerWorker:
 
     def close(self) -> None:
         try:
-            if self.builder is not None:
+            if self.job is not None:
+                self.job.close()  # builder, controller, the save directory's lock
+            elif self.builder is not None:
                 self.builder.close()
         finally:
-            self.controller.close()
+            if self.job is None:
+                self.controller.close()
             self.store.close()
 
 
@@ -249,10 +331,12 @@ class GenerationWorker:
 
     def __init__(self, controller: Any, controller_name: str, root: str, run_id: str, *,
                  worker_id: str, config: RolloutConfig, generate: GenerateFn, slots: int,
-                 weight_version: int = 0) -> None:
+                 weight_version: int = 0,
+                 store_options: Mapping[str, Any] | None = None) -> None:
         self.worker_id = worker_id
         self.store = SharedFilesystemStore(root, run_id, writer_id=worker_id,
-                                           **config.store_options())
+                                           **{**config.store_options(),
+                                              **dict(store_options or {})})
         self.client = GenerationClient(RayController(controller, controller_name), self.store,
                                        worker_id=worker_id, config=config)
         self.producer = Producer(self.client, generate, slots=slots,
@@ -309,5 +393,5 @@ def remote_class(cls: type, **options: Any) -> Callable[..., Any]:
 
 
 __all__ = ["ControllerWorker", "GenerationWorker", "RayController", "ControllerLost",
-           "StorageProbeFailed", "controller_lost", "write_marker", "read_marker",
-           "CONTROLLER_WRITER"]
+           "StorageProbeFailed", "controller_lost", "controller_state", "write_marker",
+           "read_marker", "CONTROLLER_WRITER"]

@@ -121,14 +121,21 @@ class RayRollout:
     ``DataSource``, or a callable returning either (run on the controller's node).
     ``batch_groups``/``dp_size``: the ``BatchBuilder``'s batch size and ranks (no builder
     when None).  ``controller_options`` go to ``RolloutController`` (``queue_id``,
-    ``recover``, ``seed``, ``shuffle``, ...)."""
+    ``recover``, ``seed``, ``shuffle``, ...), ``builder_options`` to the ``BatchBuilder``
+    (hooks).  ``checkpoint``: a ``Resolution`` (``resolve_checkpoint``): the controller
+    starts the job with ``restore.open_job`` (a new run, a salvage, an exact restore) and
+    ``save_checkpoint`` saves jointly there (``ControllerWorker``).  ``store_options`` go
+    to every actor's pool client (``SharedFilesystemStore``: e.g. ``reserve_bytes``)."""
 
     def __init__(self, root: str, run_id: str, dataset: Any, generate: GenerateFn, *,
                  concurrency: int, config: RolloutConfig | None = None,
                  nodes: Sequence[NodeSpec] | None = None, batch_groups: int | None = None,
                  dp_size: int = 1, controller_options: Mapping[str, Any] | None = None,
                  weight_version: int = 0, name: str | None = None,
-                 probe_timeout: float = PROBE_TIMEOUT, retire_lost: bool = True) -> None:
+                 probe_timeout: float = PROBE_TIMEOUT, retire_lost: bool = True,
+                 checkpoint: Any = None,
+                 builder_options: Mapping[str, Any] | None = None,
+                 store_options: Mapping[str, Any] | None = None) -> None:
         if not ray.is_initialized():
             raise RuntimeError("RayRollout needs a Ray cluster: call ray.init() (or "
                                "ray.init(address=...)) first")
@@ -143,6 +150,7 @@ class RayRollout:
                 raise TypeError(f"nodes[{i}] must be a NodeSpec, got {type(n).__name__}")
         self.slots = share_concurrency(concurrency, self.config.n_samples_per_prompt,
                                        len(self.nodes))
+        self.store_options = dict(store_options or {})
         self.probe_timeout = probe_timeout
         self.retire_lost = retire_lost
         self.name = name or f"straw-rollout-controller:{run_id}:{uuid.uuid4().hex[:8]}"
@@ -155,7 +163,9 @@ class RayRollout:
             max_concurrency=CONTROLLER_CONCURRENCY,
             scheduling_strategy=NodeAffinitySchedulingStrategy(self.driver_node, soft=False),
         ).remote(root, run_id, dataset, config=self.config, batch_groups=batch_groups,
-                 dp_size=dp_size, controller_options=controller_options)
+                 dp_size=dp_size, controller_options=controller_options,
+                 checkpoint=checkpoint, builder_options=builder_options,
+                 store_options=self.store_options)
         try:
             self._call("where")  # the controller opened its queue (or raised why not)
             for node, slots in zip(self.nodes, self.slots, strict=True):
@@ -196,6 +206,28 @@ class RayRollout:
     def staleness_metrics(self) -> dict[str, float]:
         return self._call("staleness_metrics")  # type: ignore[no-any-return]
 
+    def producer_state(self, producer_id: str) -> Any:
+        """The queue's state of ``producer_id``."""
+        return self._call("producer_state", producer_id)
+
+    def record_state(self, request_id: str, producer_id: str, state: Mapping[str, Any]
+                     ) -> None:
+        """Save ``state`` (small JSON) as ``producer_id``'s in one queue transaction
+        (e.g. the trainer's weights: generate functions read it with
+        ``controller_state``)."""
+        self._call("record_state", request_id, producer_id, dict(state))
+
+    def resolution(self) -> dict[str, Any]:
+        """How a job started from a checkpoint resolution started (its mode, step, first
+        rollout id, directories, queue, groups restored)."""
+        return self._call("resolution")  # type: ignore[no-any-return]
+
+    def save_checkpoint(self, step: int, save_model: Any) -> dict[str, Any]:
+        """The joint checkpoint of ``step``, saved by the controller actor (where the
+        queue and the builder live); ``save_model(model_dir)`` is shipped there and runs
+        there (the driver's node).  Returns the commit marker."""
+        return self._call("save_checkpoint", step, save_model)  # type: ignore[no-any-return]
+
     # --- generation actors ------------------------------------------------------------
     def _spawn(self, node: NodeSpec, slots: int) -> Worker:
         self._incarnation += 1
@@ -209,7 +241,7 @@ class RayRollout:
         handle = ray.remote(GenerationWorker).options(**options).remote(  # type: ignore[attr-defined]
             self.controller, self.name, node.root or self.root, self.run_id,
             worker_id=worker_id, config=self.config, generate=self.generate, slots=slots,
-            weight_version=self.weight_version)
+            weight_version=self.weight_version, store_options=self.store_options)
         return Worker(worker_id, node, slots, handle)
 
     def _probe(self) -> None:
@@ -261,6 +293,13 @@ class RayRollout:
         w.lost = why
         if self.retire_lost:
             self._call("retire_worker", w.worker_id)
+
+    def where(self, worker_id: str | None = None) -> dict[str, Any]:
+        """Where a live generation actor (None: the controller actor) runs: node, pid,
+        host, pool root."""
+        if worker_id is None:
+            return self._call("where")  # type: ignore[no-any-return]
+        return ray.get(self._worker(worker_id).handle.where.remote())  # type: ignore[no-any-return]
 
     def check_workers(self) -> list[Worker]:
         """The workers found dead now or before."""
