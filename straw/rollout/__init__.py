@@ -1,7 +1,8 @@
 """straw.rollout: the RL layer above the queue (issue 14), framework-neutral.
 
 Prompts in, groups scheduled by stage and staleness, groups out, batches to every training
-rank.  No vime, Megatron, vLLM, Ray or torch imports (NumPy only); it uses the core's public
+rank.  No vime, Megatron, vLLM, Ray or torch imports (NumPy only; torch lazily in
+``archive_pt``, Ray in ``ray``); it uses the core's public
 API only (``tests/rollout/test_layering.py``).  Each module has one concern.
 
 The pure parts, which make every decision:
@@ -37,8 +38,14 @@ The parts on the queue (each module's docstring is its reference, with a runnabl
                    train-only job replays (selection and checks, pure) and
                    ``replay_archives``, their isolated replay queue; ``replay_group``
                    an archived group by reference (no sample byte copied).
+* ``generate``     the generate-function protocol (async, abortable, version-tagged): the
+                   one seam between an inference engine and the layer;
+* ``producer``     generation slots over a ``GenerationClient`` with an admission pause
+                   (in-flight groups durable as continuations) and resume;
 * ``toy``          a toy task and a tiny NumPy policy implementing the generate-function
-                   protocol (``generate``): the engine of ``python3 dev.py demo``.
+                   protocol: the engine of ``python3 dev.py demo``;
+* ``ray``          (a package, the ``ray`` extra, the only importer of Ray) the distributed
+                   mode: a controller actor, a generation actor per node, the storage probe.
 
 Checkpoints, restore and branches (issue 15; import them from their modules):
 
@@ -52,7 +59,7 @@ Checkpoints, restore and branches (issue 15; import them from their modules):
 * ``savelock``     one controller per save directory (a flock that dies with its holder);
 * ``checkpoint_files``, ``checkpoint_errors``: the directory layout and the errors.
 
-The layer's state machine is ``spec/rollout.py`` (RL1-RL5, section 9 of ``spec/SPEC.md``),
+The layer's state machine is ``spec/rollout.py`` (RL1-RL9, section 9 of ``spec/SPEC.md``),
 explored with a mutant per rule by ``just model``; ``tests/conformance/
 test_rollout_conformance.py`` drives this package against it on SimFS with crashes, and
 ``fault_injection/rollout_fuzz.py`` kills its processes at random in ``just fuzz``.

@@ -74,6 +74,7 @@ from straw import (
     StrawError,
     TaskSpec,
 )
+from straw.errors import Closed
 from straw.protocol import AcquireResult, CommitReceipt, Lease
 from straw.refs import Record, RecordSetRef
 
@@ -300,6 +301,8 @@ class RolloutController:
                 return self.coordinator.complete_task(
                     lease, submission_id="result:" + lease.attempt_id, result_ref=ref,
                     result_digest=ref.digest)
+            except Closed:
+                raise  # this controller's coordinator is closed: no item can complete
             except StrawError as e:  # reported per item; others still complete
                 return e
 

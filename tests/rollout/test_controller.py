@@ -125,6 +125,36 @@ def test_complete_many_answers_each_item_in_order_whatever_the_threads(tmp_path)
         store.close()
 
 
+def test_complete_many_on_a_closed_coordinator_raises_instead_of_answering_per_item(tmp_path):
+    # Closed is a StrawError (as straw-queue reports it): the per-item reporting of
+    # complete_many must not turn "this coordinator is closed" into one error per item
+    from straw.errors import Closed
+    from straw.rollout import group_records
+    from straw.rollout.controller import named_records
+
+    store, c = open_controller(tmp_path, n=1, prompts=[(i,) for i in range(8)])
+    try:
+        items = []
+        for i, assignment in enumerate(c.take("w", 2).assignments):
+            a = assignment.lease
+            group = group_from_records(list(store.read(assignment.task.input_ref)))
+            done = dataclasses.replace(group, samples=tuple(dataclasses.replace(
+                s, tokens=(1, 2), response_length=1, status=Status.COMPLETED, reward=1.0)
+                for s in group.samples))
+            records, deps = group_records(done)
+            ref = store.publish(named_records(records, task_id=a.task_id,
+                                              attempt_id=a.attempt_id),
+                                submission_id=f"g{i}", dependencies=deps)
+            items.append({"lease": a, "result_ref": ref, "staleness": [0]})
+        c.coordinator.close()
+        for batch in (items[:1], items):
+            with pytest.raises(Closed):
+                c.complete_many(batch)
+    finally:
+        c.close()
+        store.close()
+
+
 def test_a_refill_follows_the_configured_bounds(tmp_path):
     """RolloutConfig.min_refill/max_refill bound a refill (they were ignored: every
     refill was clamped to the module defaults 8..64)."""
