@@ -55,6 +55,7 @@ closed them.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import platform
@@ -338,6 +339,12 @@ class ReadSession(ProcessBound):
         self._fds: OrderedDict[str, int] = OrderedDict()
         self._extents: OrderedDict[SegmentRef, ExtentInfo] = OrderedDict()
         self._lock = threading.Lock()
+        # Descriptors are shared by the session's threads: one dropped (evicted, reopened
+        # after lag, reclaimed) while another thread reads through it is retired, not
+        # closed, until no read is in flight (``_reading``): closing it under a reader
+        # fails its read with EBADF, or worse, its number is reused by another file.
+        self._inflight = 0
+        self._retired: list[int] = []
         self.closed = False
         self._next_sweep = clock.now() + _SWEEP_SECONDS
         with _SESSIONS_LOCK:
@@ -370,10 +377,7 @@ class ReadSession(ProcessBound):
             return
         with self._lock:
             for fd in self._fds.values():
-                try:
-                    self.fs.close(fd)
-                except OSError:
-                    pass
+                self._retire(fd)
             self._fds.clear()
             self._extents.clear()
             self.closed = True
@@ -724,34 +728,35 @@ class ReadSession(ProcessBound):
         payloads = []
         pos = seg.offset + framing.HEADER_SIZE + need  # file offset of the next payload
         head_end = seg.offset + first
-        fd = self._fd(seg.path)
-        for n in lengths:
-            if pos + n <= head_end:  # wholly in the first read: a small copy
-                piece = head[pos - seg.offset:pos + n - seg.offset]
-                hasher.update(piece)
-                payloads.append(bytes(piece))
+        with self._reading():  # fd stays open for this loop
+            fd = self._fd(seg.path)
+            for n in lengths:
+                if pos + n <= head_end:  # wholly in the first read: a small copy
+                    piece = head[pos - seg.offset:pos + n - seg.offset]
+                    hasher.update(piece)
+                    payloads.append(bytes(piece))
+                    pos += n
+                    continue
+                data, view = fresh_bytes(n)
+                k = max(0, head_end - pos)  # bytes of it already in the first read
+                if k:
+                    view[:k] = head[pos - seg.offset:]
+                    hasher.update(view[:k])
+                done = k
+                while done < n:
+                    m = min(_CHUNK, n - done)
+                    chunk = view[done:done + m]
+                    try:
+                        complete = self.fs.readinto(fd, chunk, pos + done) == m
+                    except OSError:
+                        complete = False
+                    if not complete:  # the slow path reopens and retries (visibility lag)
+                        self._read_exact(seg.path, pos + done, m, into=chunk)
+                    hasher.update(chunk)
+                    done += m
+                parts.append((pos + k, view[k:]))
+                payloads.append(data)
                 pos += n
-                continue
-            data, view = fresh_bytes(n)
-            k = max(0, head_end - pos)  # bytes of it already in the first read
-            if k:
-                view[:k] = head[pos - seg.offset:]
-                hasher.update(view[:k])
-            done = k
-            while done < n:
-                m = min(_CHUNK, n - done)
-                chunk = view[done:done + m]
-                try:
-                    complete = self.fs.readinto(fd, chunk, pos + done) == m
-                except OSError:
-                    complete = False
-                if not complete:  # the slow path reopens and retries (visibility lag)
-                    self._read_exact(seg.path, pos + done, m, into=chunk)
-                hasher.update(chunk)
-                done += m
-            parts.append((pos + k, view[k:]))
-            payloads.append(data)
-            pos += n
         if hasher.digest() != header.body_hash:
             return False, None, [], parts
         if raw is None:
@@ -861,23 +866,48 @@ class ReadSession(ProcessBound):
             self._fds[path] = fd
             if len(self._fds) > _FD_CACHE:
                 _, old = self._fds.popitem(last=False)
-                self.fs.close(old)
+                self._retire(old)
         return fd
+
+    def _retire(self, fd: int) -> None:
+        """Close ``fd`` now if no read is in flight, else once the last one ends (caller
+        holds ``self._lock``)."""
+        if self._inflight:
+            self._retired.append(fd)
+        else:
+            close_quietly(self.fs, fd)
+
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[None]:
+        """The scope of a read through cached descriptors: none is closed under it."""
+        with self._lock:
+            self._inflight += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._inflight -= 1
+                retired: list[int] = []
+                if not self._inflight:
+                    retired, self._retired = self._retired, []
+            for fd in retired:
+                close_quietly(self.fs, fd)
 
     def _sweep_unlinked(self) -> None:
         """Drop cached descriptors of packs that have no link any more (reclaimed by
         another client): they would keep the reclaimed bytes allocated."""
         self._next_sweep = self.clock.now() + _SWEEP_SECONDS
-        with self._lock:
-            cached = list(self._fds.items())
         gone = set()
-        for path, fd in cached:
-            try:
-                if self.fs.fstat(fd).nlink > 0:
-                    continue
-            except OSError:
-                pass  # cannot tell (ESTALE, ...): reopening is cheap and safe
-            gone.add(path)
+        with self._reading():  # none of the listed descriptors is closed meanwhile
+            with self._lock:
+                cached = list(self._fds.items())
+            for path, fd in cached:
+                try:
+                    if self.fs.fstat(fd).nlink > 0:
+                        continue
+                except OSError:
+                    pass  # cannot tell (ESTALE, ...): reopening is cheap and safe
+                gone.add(path)
         if gone:
             self._forget(gone)
 
@@ -892,11 +922,8 @@ class ReadSession(ProcessBound):
     def _drop_fd(self, path: str) -> None:
         with self._lock:
             fd = self._fds.pop(path, None)
-        if fd is not None:
-            try:
-                self.fs.close(fd)
-            except OSError:
-                pass
+            if fd is not None:
+                self._retire(fd)
 
     def _read_exact(self, path: str, offset: int, size: int, into: Any = None,
                     frame: bool = False) -> memoryview:
@@ -950,35 +977,36 @@ class ReadSession(ProcessBound):
         failed read of a block goes through ``_read_exact``, which retries visibility lag
         and applies the final-pack rules (D6)."""
         check_pack_path(path, self.run_id)
-        try:
-            fd: int | None = self._fd(path)
-        except OSError:
-            fd = None  # not visible yet, say: _read_exact decides
-        for lo in range(0, buf.nbytes, block):
-            hi = min(lo + block, buf.nbytes)
-            view = buf[lo:hi]
-            complete = False
-            if fd is not None:
-                try:
-                    complete = self.fs.readinto(fd, view, offset + lo) == hi - lo
-                except OSError:
-                    pass
-            if not complete:
-                self._read_exact(path, offset + lo, hi - lo, into=view)
-                fd = None  # _read_exact may have dropped the descriptor: look it up again
-                try:
-                    fd = self._fd(path)
-                except OSError:
-                    pass
-            yield lo, hi
+        with self._reading():  # the descriptors stay open across the yields
+            try:
+                fd: int | None = self._fd(path)
+            except OSError:
+                fd = None  # not visible yet, say: _read_exact decides
+            for lo in range(0, buf.nbytes, block):
+                hi = min(lo + block, buf.nbytes)
+                view = buf[lo:hi]
+                complete = False
+                if fd is not None:
+                    try:
+                        complete = self.fs.readinto(fd, view, offset + lo) == hi - lo
+                    except OSError:
+                        pass
+                if not complete:
+                    self._read_exact(path, offset + lo, hi - lo, into=view)
+                    fd = None  # _read_exact may have dropped the descriptor: look it up again
+                    try:
+                        fd = self._fd(path)
+                    except OSError:
+                        pass
+                yield lo, hi
 
     def _try_read(self, path: str, offset: int, buf: memoryview, frame: bool, *,
                   give_up: bool) -> _Lag | None:
         """One attempt: None when ``buf`` holds the bytes, else what is missing."""
         size = buf.nbytes
         try:
-            fd = self._fd(path)
-            n = self.fs.readinto(fd, buf, offset)
+            with self._reading():
+                n = self.fs.readinto(self._fd(path), buf, offset)
         except FileNotFoundError:
             return _Lag("missing", "the file does not exist")
         except OSError as e:
@@ -998,17 +1026,18 @@ class ReadSession(ProcessBound):
     def _finality(self, path: str) -> _Final | None:
         """Whether the pack is final (asked only after a read failed): its file ends in a
         valid SEAL trailer, or the catalog knows it sealed, reclaimed, or not at all."""
-        try:
-            fd: int | None = self._fd(path)
-        except OSError:  # missing, or not readable now: the catalog may tell
-            fd = None
-        if fd is not None:
+        with self._reading():
             try:
-                entries = read_sealed_index(self.fs, fd, self.fs.fstat(fd).size)
-            except (OSError, StrawError, ValueError, TypeError):
-                entries = None  # unreadable or damaged seal: not final *this* way
-            if entries is not None:
-                return _Final("complete", frozenset(e.offset for e in entries))
+                fd: int | None = self._fd(path)
+            except OSError:  # missing, or not readable now: the catalog may tell
+                fd = None
+            if fd is not None:
+                try:
+                    entries = read_sealed_index(self.fs, fd, self.fs.fstat(fd).size)
+                except (OSError, StrawError, ValueError, TypeError):
+                    entries = None  # unreadable or damaged seal: not final *this* way
+                if entries is not None:
+                    return _Final("complete", frozenset(e.offset for e in entries))
         status = self.pack_status(path) if self.pack_status is not None else None
         if status is None:
             return None

@@ -1,0 +1,63 @@
+"""A read session's descriptors are shared by its threads (a generation worker's slots, the
+batch builder's shard threads).  A descriptor that one thread drops (evicted from the cache,
+reopened after visibility lag, its pack reclaimed) while another thread reads through it
+must stay open until that read ends: closed under the reader, the read fails with EBADF
+(found as a StorageUnavailable in a Ray generation actor), or its number is reused by
+another file and the read returns that file's bytes."""
+
+from __future__ import annotations
+
+import threading
+
+from straw import Record, SharedFilesystemStore
+from straw.fs import DelegatingFilesystem, PosixFS
+
+
+class _PausingFS(DelegatingFilesystem):
+    """The first read of a pack pauses after its descriptor was looked up, until the test
+    let another thread drop that descriptor."""
+
+    def __init__(self) -> None:
+        super().__init__(PosixFS())
+        self.armed = False
+        self.in_read = threading.Event()
+        self.dropped = threading.Event()
+
+    def readinto(self, fd, buf, offset):  # type: ignore[override]
+        if self.armed:
+            self.armed = False
+            self.in_read.set()
+            assert self.dropped.wait(10)
+        return self.inner.readinto(fd, buf, offset)
+
+
+def test_a_descriptor_dropped_while_another_thread_reads_through_it_stays_open(tmp_path):
+    fs = _PausingFS()
+    store = SharedFilesystemStore(str(tmp_path), "run", fs=fs)
+    try:
+        ref = store.publish([Record("r", b"x" * 5000)], submission_id="s")
+        with store.read_session() as session:
+            assert [r.payload for r in session.read(ref)] == [b"x" * 5000]  # fd cached
+            fs.armed = True
+            out: list[object] = []
+
+            def reader() -> None:
+                try:
+                    out.append([r.payload for r in session.read(ref)])
+                except BaseException as e:  # noqa: BLE001 (reported below)
+                    out.append(e)
+
+            t = threading.Thread(target=reader)
+            t.start()
+            assert fs.in_read.wait(10)
+            session._drop_fd(ref.path)  # another thread's drop, under the read
+            retired_meanwhile = list(getattr(session, "_retired", []))
+            fs.dropped.set()
+            t.join(10)
+            assert out == [[b"x" * 5000]], out
+            assert len(retired_meanwhile) == 1  # retired, not closed, while in flight
+            with session._lock:  # closed once the read ended
+                assert session._inflight == 0 and session._retired == []
+            assert [r.payload for r in session.read(ref)] == [b"x" * 5000]  # reopened
+    finally:
+        store.close()
