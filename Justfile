@@ -58,11 +58,13 @@ model:
 crosshair:
     {{python}} -m crosshair check spec/helpers.py --per_condition_timeout=5
 
-# Crash campaigns (store, catalog, journal, coordinator), frame campaign, negative controls
+# Crash campaigns (store, catalog, journal, coordinator), frame campaign, negative controls,
+# then the checkpoint campaign (save and restore of a rollout job, ~? min)
 # (~10-12 min on 2 busy cores; exit 1 on any violation)
 crash *ARGS:
     {{python}} -m fault_injection.campaigns {{ARGS}}
     {{python}} -m fault_injection.catalog_campaign
+    {{python}} -m fault_injection.checkpoint_campaign
 
 # Real processes under SIGKILL/SIGSTOP (store; queue with takeovers; two runs in one root; a rollout job) on a temp dir and JuiceFS: just fuzz --seconds 60
 fuzz *ARGS:
