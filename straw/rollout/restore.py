@@ -151,9 +151,6 @@ def open_job(resolution: Resolution, store: Any, dataset: Any, mix: EnvironmentM
                                          producer_state=producer, accepted=accepted,
                                          mix=mix_state, clock=clock)
             seeded.coordinator.close()  # the controller owns the queue from here on
-            # from here on a restart recovers this branch's queue (resolve: recover)
-            write_json(fs, os.path.join(resolution.directory, ROLLOUT, SEEDED),
-                       {"version": VERSION, "queue": {"namespace": ns, "queue_id": qid}})
             controller = RolloutController(store, dataset, config=config, queue_id=qid,
                                            namespace=ns, recover=True, clock=clock)
             state = seeded.builder_state
@@ -164,6 +161,21 @@ def open_job(resolution: Resolution, store: Any, dataset: Any, mix: EnvironmentM
         except BaseException:
             controller.close()
             raise
+        if resolution.mode != RECOVER:
+            # from here on a restart recovers this branch's queue (resolve: recover), so
+            # only now: the builder made its restored state durable (its consumer state).
+            # Written before it, a crash in between recovered a builder without the
+            # restored groups: lost (the crash campaign's seeded_before_builder control).
+            # A crash before this line starts the restore again, into a new branch.
+            try:
+                write_json(fs, os.path.join(resolution.directory, ROLLOUT, SEEDED),
+                           {"version": VERSION, "queue": {"namespace": ns, "queue_id": qid}})
+            except BaseException:
+                try:
+                    builder.close()
+                finally:
+                    controller.close()
+                raise
         checkpointer = Checkpointer(resolution.directory, controller=controller,
                                     builder=builder, logical_root=resolution.root, fs=fs)
     except BaseException:
