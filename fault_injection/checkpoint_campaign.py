@@ -45,10 +45,11 @@ The checks after each crash (``Violation``):
 
 Each state runs on a fresh ``SimFS`` seeded from its key, so ``--replay KEY`` reruns it.
 The negative controls (``CONTROLS``) break one ordering each through a patch and must be
-caught: the save's state files written without fsync (a marker before its components
-are durable), the retention after the marker, and a restore that records its branch
-as seeded before the builder's restored state is durable.  Exit status 1 on any
-violation or missed control.
+caught, each by the check it breaks: the save's state files, or the model's files,
+named by a marker without being fsynced first (a marker before its components are
+durable), the retention after the marker, and a restore that records its branch as
+seeded before the builder's restored state is durable (the bug this campaign found).
+Exit status 1 on any violation or missed control.
 """
 
 from __future__ import annotations
@@ -56,9 +57,11 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import hashlib
 import json
 import os
 import sys
+import traceback
 import types
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -232,6 +235,16 @@ def schedule(name: str) -> Iterator[None]:
 
 # --- what a started job holds -----------------------------------------------------------------
 
+def payload(store: SharedFilesystemStore, ref: RecordSetRef) -> str:
+    """The digest of what ``ref``'s records hold, read back (not where they are: a
+    control that reorders writes moves them)."""
+    h = hashlib.sha256()
+    for r in store.read(ref):
+        h.update(json.dumps([r.record_id, r.codec, dict(r.metadata)], sort_keys=True).encode())
+        h.update(bytes(r.payload))
+    return h.hexdigest()
+
+
 def content(store: SharedFilesystemStore, job: RolloutJob) -> dict[str, Any]:
     """The started job's queue content, independent of ids the start chose (its nonce):
     the backlog in selection order with each group's payload read back, the mix state,
@@ -245,7 +258,7 @@ def content(store: SharedFilesystemStore, job: RolloutJob) -> dict[str, Any]:
                         [[list(s.tokens), s.reward, s.group_index, s.index]
                          for s in g.samples]])
     coord = job.controller.coordinator
-    tasks = sorted([t.task_id, None if t.input_ref is None else t.input_ref.to_dict()]
+    tasks = sorted([t.task_id, None if t.input_ref is None else payload(store, t.input_ref)]
                    for t in coord.pending_tasks(task_prefix=PROMPT_PREFIX))
     return {"backlog": backlog, "mix": st["mix"], "tasks": tasks,
             "producer": coord.producer_state(PRODUCER_ID)}
@@ -332,7 +345,6 @@ def check_markers(sim: SimFS) -> None:
             owners = st.run_owners(RUN)
     finally:
         cat.close()
-    registered: set[str] | None = None
     for k in steps:
         try:
             marker = load_marker(sim, SAVE, k)
@@ -347,14 +359,12 @@ def check_markers(sim: SimFS) -> None:
         if missing:
             raise Violation(f"RL9: committed_{k}.json names payloads its owner "
                             f"{marker['owner']!r} does not retain: {missing[:2]}")
-        if k == steps[-1]:
-            if registered is None:
-                registered = set(source_view(sim, dict(marker["queue"]))["checkpoints"])
-            if marker["registration"] not in registered and not any(
-                    r.endswith(f":{j}") for r in registered for j in steps if j > k):
+        if k == steps[-1]:  # a later checkpoint releases the earlier registrations
+            registered = source_view(sim, dict(marker["queue"]))["checkpoints"]
+            if marker["registration"] not in registered:
                 raise Violation(f"RL9: committed_{k}.json's registration "
                                 f"{marker['registration']!r} is not on the source queue "
-                                f"(registered: {sorted(registered)})")
+                                f"(registered: {registered})")
 
 
 # --- the states -------------------------------------------------------------------------------
@@ -574,18 +584,16 @@ def _check_source(sim: SimFS, b: Base, workload: str, when: str, *, files: bool)
 def run_state(workload: str, nth: int | None, when: str, mode: str, key: str
               ) -> str | None:
     """One crash state; a violation report or None."""
-    stage = "run"
     try:
         if workload.startswith("save-"):
             run_save_state(workload, nth, when, mode, key)
         else:
             run_restore_state(workload, nth, when, mode, key)
     except (Violation, Exception, SimulatedCrash) as e:
-        import traceback
         kind = "violation" if isinstance(e, Violation) else f"raised {type(e).__name__}"
         tb = "" if isinstance(e, Violation) else "\n" + "".join(
             traceback.format_exception(type(e), e, e.__traceback__, limit=-4))
-        return (f"[{key}] {stage}: {kind}: {e}{tb}\n  replay: python -m "
+        return (f"[{key}] {kind}: {e}{tb}\n  replay: python -m "
                 f"fault_injection.checkpoint_campaign --replay {key}")
     return None
 
@@ -643,6 +651,42 @@ def states_unsynced() -> Iterator[None]:
         checkpoint_mod.write_json = _REAL_WRITE_JSON  # type: ignore[assignment]
 
 
+class _NoSync:
+    """A ``Filesystem`` whose fsyncs do nothing (every other call goes through)."""
+
+    def __init__(self, fs: Any) -> None:
+        self._fs = fs
+
+    def fsync(self, fd: int) -> None:
+        pass
+
+    def fsync_dir(self, path: str) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._fs, name)
+
+
+@contextlib.contextmanager
+def model_unsynced() -> Iterator[None]:
+    """The model's files (and their directory) named in the marker without being made
+    durable first: the user's unsynced save can vanish under a marker (RL9 broken)."""
+    real = checkpoint_mod.Checkpointer._save_model
+
+    def save_model(self: Any, step: int, fn: Any) -> Any:
+        fs, self.fs = self.fs, _NoSync(self.fs)
+        try:
+            return real(self, step, fn)
+        finally:
+            self.fs = fs
+
+    checkpoint_mod.Checkpointer._save_model = save_model  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        checkpoint_mod.Checkpointer._save_model = real  # type: ignore[method-assign]
+
+
 @contextlib.contextmanager
 def retain_after_marker() -> Iterator[None]:
     """The payloads retained only after the marker is written (RL7/RL9 broken: a crash
@@ -696,12 +740,15 @@ def seeded_before_builder() -> Iterator[None]:
 
 
 CONTROLS: dict[str, tuple[Callable[[], contextlib.AbstractContextManager[None]],
-                          tuple[str, ...]]] = {
-    "states_unsynced": (states_unsynced, ("save-eager",)),
-    "retain_after_marker": (retain_after_marker, ("save-lazy",)),
-    "seeded_before_builder": (seeded_before_builder, ("restore-salvage", "restore-exact")),
+                          tuple[str, ...], str]] = {
+    "states_unsynced": (states_unsynced, ("save-eager",), "RL9: committed_"),
+    "model_unsynced": (model_unsynced, ("save-eager",), "RL9: committed_"),
+    "retain_after_marker": (retain_after_marker, ("save-lazy",), "does not retain"),
+    "seeded_before_builder": (seeded_before_builder, ("restore-salvage", "restore-exact"),
+                              "neither never started nor restored"),
 }
-"""name -> (the patch, the workloads that must catch it)."""
+"""name -> (the patch, the workloads that must catch it, what the check that must catch
+it says: a violation of another kind does not count)."""
 
 
 def run_control(name: str, modes: Sequence[str] = QUICK_MODES,
@@ -709,7 +756,7 @@ def run_control(name: str, modes: Sequence[str] = QUICK_MODES,
                 points: Sequence[tuple[int | None, str]] | None = None) -> str | None:
     """The first state in which control ``name`` shows a violation the unpatched engine
     does not show (None: MISSED); ``points``: these crash points only."""
-    control, workloads = CONTROLS[name]
+    control, workloads, says = CONTROLS[name]
     for w in workloads:
         for nth, when in points if points is not None else crash_points(operation_ops(w),
                                                                         max_points):
@@ -717,7 +764,8 @@ def run_control(name: str, modes: Sequence[str] = QUICK_MODES,
                 key = f"{w}:{nth if nth is not None else 'end'}:{when}:{mode}"
                 with control():
                     msg = run_state(w, nth, when, mode, key)
-                if msg is not None and run_state(w, nth, when, mode, key) is None:
+                if msg is not None and says in msg.splitlines()[0] and \
+                        run_state(w, nth, when, mode, key) is None:
                     return msg
     return None
 
