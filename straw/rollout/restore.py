@@ -36,6 +36,11 @@ since resolution, writes the new branch's ``rollout/branch.json``, the tracker a
   cursor continues past every group the dead run admitted; batch numbering continues
   from the resumed step (``next_rollout_id = step + 1``).
 
+Last, once the builder's restored state is durable (its consumer state on the new
+queue), ``rollout/seeded.json``: from then on a restart recovers the branch's own queue
+(``recover``); a crash before it makes the restart start the restore again, whole, into
+a new branch (``fault_injection.checkpoint_campaign`` crashes every syscall of both).
+
 Driving it on SimFS (a crash campaign): pass the SimFS-backed store and ``fs=`` (the same
 Filesystem) to ``resolve_checkpoint``, ``open_job`` and hence the ``Checkpointer``; every
 file write is one write-temp/fsync/rename/fsync-dir step, so a crash at any syscall
