@@ -59,10 +59,13 @@ crosshair:
     {{python}} -m crosshair check spec/helpers.py --per_condition_timeout=5
 
 # Crash campaigns (store, catalog, journal, coordinator), frame campaign, negative controls
-# (~10-12 min on 2 busy cores; exit 1 on any violation)
+# (~10-12 min on 2 busy cores), then the checkpoint campaign (a rollout job's save and its
+# exact and salvage restores: 1,548 crash points x 4 modes and 4 controls, ~10 min on 2 busy
+# cores); exit 1 on any violation
 crash *ARGS:
     {{python}} -m fault_injection.campaigns {{ARGS}}
     {{python}} -m fault_injection.catalog_campaign
+    {{python}} -m fault_injection.checkpoint_campaign
 
 # Real processes under SIGKILL/SIGSTOP (store; queue with takeovers; two runs in one root; a rollout job) on a temp dir and JuiceFS: just fuzz --seconds 60
 fuzz *ARGS:

@@ -20,6 +20,7 @@ A crash campaign over one workload ``run(fs)``::
 
 The campaigns themselves: ``fault_injection.campaigns`` (store and catalog workloads,
 frame campaign, negative controls; ``just crash``), ``fault_injection.journal_campaign``,
+``fault_injection.checkpoint_campaign`` (a rollout job's checkpoint save and restore),
 and ``fault_injection.fuzz`` (real processes under SIGKILL/SIGSTOP; ``just fuzz``; its rollout
 scenario is ``fault_injection.rollout_fuzz``).
 """

@@ -9,7 +9,8 @@ Layout of a *physical* save directory ``D`` (the job's ``--save``, or a branch o
     D/rollout/builder_state_<k>.json    the batch builder's backlog and planned batches
     D/rollout/committed_<k>.json        the commit marker, written LAST (RL9)
     D/rollout/branch.json               this branch: its parent {directory, step}, queue
-    D/rollout/seeded.json               this branch's queue is seeded (a restart recovers it)
+    D/rollout/seeded.json               this branch's queue is seeded and its builder's
+                                        restored state durable (a restart recovers it)
     D/rollout/dataset_cursor_<k>.json   optional: a cursor for a model without snapshot
 
 and of the *logical* save root ``L`` (the ``--save`` the user gives; ``D`` is ``L`` or

@@ -36,6 +36,11 @@ since resolution, writes the new branch's ``rollout/branch.json``, the tracker a
   cursor continues past every group the dead run admitted; batch numbering continues
   from the resumed step (``next_rollout_id = step + 1``).
 
+Last, once the builder's restored state is durable (its consumer state on the new
+queue), ``rollout/seeded.json``: from then on a restart recovers the branch's own queue
+(``recover``); a crash before it makes the restart start the restore again, whole, into
+a new branch (``fault_injection.checkpoint_campaign`` crashes every syscall of both).
+
 Driving it on SimFS (a crash campaign): pass the SimFS-backed store and ``fs=`` (the same
 Filesystem) to ``resolve_checkpoint``, ``open_job`` and hence the ``Checkpointer``; every
 file write is one write-temp/fsync/rename/fsync-dir step, so a crash at any syscall
@@ -151,9 +156,6 @@ def open_job(resolution: Resolution, store: Any, dataset: Any, mix: EnvironmentM
                                          producer_state=producer, accepted=accepted,
                                          mix=mix_state, clock=clock)
             seeded.coordinator.close()  # the controller owns the queue from here on
-            # from here on a restart recovers this branch's queue (resolve: recover)
-            write_json(fs, os.path.join(resolution.directory, ROLLOUT, SEEDED),
-                       {"version": VERSION, "queue": {"namespace": ns, "queue_id": qid}})
             controller = RolloutController(store, dataset, config=config, queue_id=qid,
                                            namespace=ns, recover=True, clock=clock)
             state = seeded.builder_state
@@ -164,6 +166,21 @@ def open_job(resolution: Resolution, store: Any, dataset: Any, mix: EnvironmentM
         except BaseException:
             controller.close()
             raise
+        if resolution.mode != RECOVER:
+            # from here on a restart recovers this branch's queue (resolve: recover), so
+            # only now: the builder made its restored state durable (its consumer state).
+            # Written before it, a crash in between recovered a builder without the
+            # restored groups: lost (the crash campaign's seeded_before_builder control).
+            # A crash before this line starts the restore again, into a new branch.
+            try:
+                write_json(fs, os.path.join(resolution.directory, ROLLOUT, SEEDED),
+                           {"version": VERSION, "queue": {"namespace": ns, "queue_id": qid}})
+            except BaseException:
+                try:
+                    builder.close()
+                finally:
+                    controller.close()
+                raise
         checkpointer = Checkpointer(resolution.directory, controller=controller,
                                     builder=builder, logical_root=resolution.root, fs=fs)
     except BaseException:

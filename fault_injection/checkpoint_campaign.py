@@ -1,0 +1,792 @@
+"""The checkpoint crash campaign (``python -m fault_injection.checkpoint_campaign``).
+
+Role: verification layer 6 for ``straw.rollout``'s checkpoints (issue 15, item 6).  A
+small rollout job (a controller, a builder, a generation worker completing groups) runs
+on SimFS; a probe run counts the mutating filesystem ops of the operation under test,
+then every one of them is a crash point, *before* and *after* it (plus the completed
+run), each under every mode: ``power/<variant>/<k>`` (power loss: SimFS keeps what was
+synced, ``clear-cache``/``torn-seq``/``torn-op``) and ``kill`` (SIGKILL of the process:
+the page cache survives).  Workloads:
+
+* ``save-eager`` / ``save-lazy``: a job that trained batch 0, saved step 0 and accepted
+  two more groups saves step 1 (the model's files, ``queue_state_1``/``builder_state_1``,
+  the retention under the checkpoint's owner, the registration on the source queue,
+  the commit marker, the trackers, ``current.json``, the release of step 0's
+  registration).  The save writes its state files on a thread while the main thread
+  retains and registers; the campaign makes that schedule deterministic (so that every
+  op is a crash point and a key replays exactly): ``eager`` writes the files first,
+  ``lazy`` after retention and registration -- the two orders the thread allows.
+* ``restore-salvage``: the job above, killed after step 1 and two more accepted groups
+  (power loss: only what was synced survives), restarted without arguments: a salvage
+  of step 1 (resolution, the save lock, ``branch.json``, tracker and ``current.json``,
+  the dead queue reopened, the isolated queue retained and seeded, ``seeded.json``, the
+  builder's restored state).
+* ``restore-exact``: the same dead job rolled back to step 0 (``load=save, step=0``).
+
+The checks after each crash (``Violation``):
+
+* **RL9** (a marker implies every component durable): every ``committed_<k>.json`` that
+  survived validates (``load_marker``: each component present, same size and sha256,
+  optimizer/RNG state), its owner retains every payload its state files name, and its
+  registration is on the source queue;
+* **old or new, never a mix**: automatic resolution selects step 0 or 1 and the job it
+  starts holds exactly what a start from that checkpoint without a crash holds (its
+  *content*: the builder's backlog in selection order with each group's payload read
+  back, the mix state, the pending prompt tasks, the dataset cursor);
+* a restore after the crash **either never started or is complete**: an automatic
+  restart starts a job with the content of the source run's resume (never started) or of
+  the restore (complete) -- nothing in between; and it is **restartable**: running the
+  same restore again succeeds and yields the restore's content, and a clean restart then
+  recovers that same content (after a garbage collection, every payload reads back);
+* **RL6** (a fork never changes its source): the source queue's logical state (commit
+  log, pending tasks, dataset cursor, checkpoint registrations) is what it was before
+  the restore, before and after the restarts; an exact restore leaves the source
+  queue's files and the checkpoint's files byte for byte as they were.
+
+Each state runs on a fresh ``SimFS`` seeded from its key, so ``--replay KEY`` reruns it.
+The negative controls (``CONTROLS``) break one ordering each through a patch and must be
+caught, each by the check it breaks: the save's state files, or the model's files,
+named by a marker without being fsynced first (a marker before its components are
+durable), the retention after the marker, and a restore that records its branch as
+seeded before the builder's restored state is durable (the bug this campaign found).
+Exit status 1 on any violation or missed control.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import hashlib
+import json
+import os
+import sys
+import traceback
+import types
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from fault_injection.queue_campaign import crash_in
+from fault_injection.rules import MUTATING_OPS, SimulatedCrash, TraceEntry
+from fault_injection.simfs import SimFS
+from fault_injection.simstate import SimState
+from fault_injection.sweep import (
+    WorkloadReport,
+    campaign_main,
+    crash_points,
+    run_all,
+    state_seed,
+    sweep,
+)
+from straw import Coordinator, SharedFilesystemStore
+from straw.catalog import Catalog
+from straw.clock import ManualClock
+from straw.refs import RecordSetRef
+from straw.rollout import EnvironmentMix, RolloutConfig, Status
+from straw.rollout import checkpoint as checkpoint_mod
+from straw.rollout import restore as restore_mod
+from straw.rollout.builder import Accepted, lazy_group
+from straw.rollout.checkpoint_files import committed_steps, read_json, rollout_file
+from straw.rollout.data_source import PRODUCER_ID, PROMPT_PREFIX
+from straw.rollout.generation import GenerationClient
+from straw.rollout.resolve import Resolution, load_marker, resolve_checkpoint
+from straw.rollout.restore import RolloutJob, open_job
+
+ROOT = "/pool"
+RUN = "job"
+SAVE = "/save"
+PROMPTS = [(i, i + 1, i + 2) for i in range(64)]
+BATCH = 2  # groups per batch
+CONFIG = RolloutConfig(n_samples_per_prompt=2, lease_seconds=60, min_refill=4, max_refill=4)
+
+FULL_MODES: tuple[str, ...] = (
+    "power/clear-cache/0", "power/torn-seq/0", "power/torn-op/0", "kill",
+)  # fmt: skip
+"""Modes per crash point for ``just crash``."""
+
+QUICK_MODES: tuple[str, ...] = ("power/clear-cache/0", "power/torn-op/0", "kill")
+"""Modes per crash point for the bounded test-suite campaign."""
+
+WORKLOADS = ("save-eager", "save-lazy", "restore-salvage", "restore-exact")
+
+
+class Violation(Exception):
+    """A checkpoint broke RL6, RL9 or old-or-new selection."""
+
+
+# --- the job --------------------------------------------------------------------------------
+
+def sim_store(sim: SimFS, clock: ManualClock, writer: str) -> SharedFilesystemStore:
+    return SharedFilesystemStore(ROOT, RUN, writer_id=writer, fs=sim, clock=clock,
+                                 reserve_bytes=16 * 1024, segment_target_bytes=1 << 20,
+                                 visibility_retries=2, visibility_backoff=0.0)
+
+
+def save_model(sim: SimFS) -> Callable[[str], dict[str, Any]]:
+    """The user's model save: it writes through SimFS WITHOUT syncing, so the
+    checkpoint's own fsyncs must make the model durable before the marker (RL9)."""
+    def save(model_dir: str) -> dict[str, Any]:
+        fd = sim.open(model_dir + "/weights.bin", write=True, create=True)
+        try:
+            sim.writev(fd, [b"w" * 3000], 0)
+        finally:
+            sim.close(fd)
+        return {"files": ["weights.bin"], "optimizer": True, "rng": True}
+    return save
+
+
+def start(sim: SimFS, clock: ManualClock, resolution: Resolution | None = None
+          ) -> tuple[SharedFilesystemStore, RolloutJob]:
+    """A job started from ``resolution`` (default: the automatic one)."""
+    r = resolution if resolution is not None else resolve_checkpoint(SAVE, fs=sim)
+    store = sim_store(sim, clock, "manager")
+    try:
+        job = open_job(r, store, PROMPTS, EnvironmentMix.single(BATCH), dp_size=1,
+                       config=CONFIG, fs=sim, clock=clock)
+    except BaseException:
+        with contextlib.suppress(Exception, SimulatedCrash):
+            store.close()
+        raise
+    return store, job
+
+
+def accept_two(sim: SimFS, clock: ManualClock, job: RolloutJob, tag: str) -> None:
+    """Two groups taken and completed by a generation worker (another writer), one at a
+    time and without a heartbeat thread: their commit order, and so every op of the run,
+    is the same in every run (a crash point names the same op in each)."""
+    gen = sim_store(sim, clock, f"gen-{tag}")
+    client = GenerationClient(job.controller, gen, worker_id=f"gen-{tag}", config=CONFIG,
+                              clock=clock, heartbeat=False)
+    for g in client.take(2):
+        client.return_groups([dataclasses.replace(g, samples=tuple(dataclasses.replace(
+            s, tokens=s.tokens + (7, 8 + (s.index or 0)), response_length=2,
+            status=Status.COMPLETED, reward=float((s.index or 0) % 3)) for s in g.samples))])
+    client.close()
+    gen.close()
+
+
+def run_prefix(sim: SimFS, clock: ManualClock) -> tuple[SharedFilesystemStore, RolloutJob]:
+    """A new run: two groups accepted, batch 0 trained, step 0 saved, two more accepted."""
+    store, job = start(sim, clock)
+    accept_two(sim, clock, job, "a")
+    refs = job.builder.next_batch(0)
+    assert refs is not None
+    job.builder.finish_batch(refs[0].batch_id)
+    job.save(0, save_model(sim))
+    accept_two(sim, clock, job, "b")
+    return store, job
+
+
+def close_job(store: SharedFilesystemStore, job: RolloutJob) -> None:
+    try:
+        job.close()
+    finally:
+        store.close()
+
+
+# --- deterministic schedules (the save's thread) ----------------------------------------------
+
+class _Future:
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        self.fn, self.args, self.done, self.value = fn, args, False, None
+
+    def result(self) -> Any:
+        if not self.done:
+            self.done = True
+            self.value = self.fn(*self.args)
+        return self.value
+
+
+def _serial_executor(eager: bool) -> type:
+    class Serial:
+        """A one-thread executor run in the caller's thread: ``eager`` at ``submit``,
+        else at ``result`` (the two extreme interleavings of the save's thread)."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def submit(self, fn: Callable[..., Any], *args: Any) -> _Future:
+            f = _Future(fn, args)
+            if eager:
+                f.result()
+            return f
+
+        def __enter__(self) -> Any:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+    return Serial
+
+
+@contextlib.contextmanager
+def schedule(name: str) -> Iterator[None]:
+    """Run the checkpoint module's thread pool serially (``eager`` or ``lazy``)."""
+    fake = types.SimpleNamespace(futures=types.SimpleNamespace(
+        ThreadPoolExecutor=_serial_executor(name == "eager")))
+    saved = checkpoint_mod.concurrent  # type: ignore[attr-defined]
+    checkpoint_mod.concurrent = fake  # type: ignore[attr-defined,assignment]
+    try:
+        yield
+    finally:
+        checkpoint_mod.concurrent = saved  # type: ignore[attr-defined]
+
+
+# --- what a started job holds -----------------------------------------------------------------
+
+def payload(store: SharedFilesystemStore, ref: RecordSetRef) -> str:
+    """The digest of what ``ref``'s records hold, read back (not where they are: a
+    control that reorders writes moves them)."""
+    h = hashlib.sha256()
+    for r in store.read(ref):
+        h.update(json.dumps([r.record_id, r.codec, dict(r.metadata)], sort_keys=True).encode())
+        h.update(bytes(r.payload))
+    return h.hexdigest()
+
+
+def content(store: SharedFilesystemStore, job: RolloutJob) -> dict[str, Any]:
+    """The started job's queue content, independent of ids the start chose (its nonce):
+    the backlog in selection order with each group's payload read back, the mix state,
+    the pending prompt tasks and the dataset cursor."""
+    st = job.builder.state()
+    backlog = []
+    for e in st["backlog"]:
+        a = Accepted.from_dict(e)
+        g = lazy_group(store, a.ref)
+        backlog.append([a.commit_id, a.environment, a.key, list(a.tokens),
+                        [[list(s.tokens), s.reward, s.group_index, s.index]
+                         for s in g.samples]])
+    coord = job.controller.coordinator
+    tasks = sorted([t.task_id, None if t.input_ref is None else payload(store, t.input_ref)]
+                   for t in coord.pending_tasks(task_prefix=PROMPT_PREFIX))
+    return {"backlog": backlog, "mix": st["mix"], "tasks": tasks,
+            "producer": coord.producer_state(PRODUCER_ID)}
+
+
+def without_ids(c: dict[str, Any]) -> dict[str, Any]:
+    """``c`` without the commit ids of its groups (a rerun of a whole job draws new ones;
+    the group's payload still says which prompt and samples it holds)."""
+    return {**c, "backlog": [e[1:] for e in c["backlog"]]}
+
+
+def started_content(sim: SimFS, resolution: Resolution | None = None) -> dict[str, Any]:
+    """Start a job (automatic resolution unless given), take its content, close it."""
+    clock = ManualClock()
+    store, job = start(sim, clock, resolution)
+    try:
+        return content(store, job)
+    finally:
+        close_job(store, job)
+
+
+def _diff(got: Any, want: Any) -> str:
+    for k in sorted(set(got) | set(want)):
+        if got.get(k) != want.get(k):
+            return (f"{k}: got {json.dumps(got.get(k))[:300]}, expected "
+                    f"{json.dumps(want.get(k))[:300]}")
+    return "equal"
+
+
+def source_queue(sim: SimFS) -> dict[str, str]:
+    """The source run's queue (the one ``SAVE``'s step 0 names)."""
+    marker = read_json(sim, rollout_file(SAVE, "committed", 0), "marker")
+    return dict(marker["queue"])
+
+
+def source_view(sim: SimFS, queue: dict[str, str]) -> dict[str, Any]:
+    """The source queue's logical state, read by recovering it (a dead run's queue: what
+    its own restart would do; nothing of what the view holds changes)."""
+    store = sim_store(sim, ManualClock(), "checker")
+    try:
+        coord = Coordinator(store, queue_id=queue["queue_id"], namespace=queue["namespace"],
+                            recover=True, clock=ManualClock())
+        try:
+            commits = [[r.task_id, r.commit_id, r.position, r.result_ref.to_dict()]
+                       for r in checkpoint_mod.commits_between(coord, 0, None)]
+            tasks = sorted(t.task_id for t in coord.pending_tasks())
+            return {"commits": commits, "tasks": tasks,
+                    "producer": coord.producer_state(PRODUCER_ID),
+                    "checkpoints": sorted(coord.checkpoints)}
+        finally:
+            coord.close()
+    finally:
+        store.close()
+
+
+def source_files(sim: SimFS, queue: dict[str, str]) -> dict[str, bytes]:
+    """The files an exact restore must leave byte for byte: the source queue's and the
+    checkpoints' (markers, state files, models)."""
+    qdir = f"{ROOT}/runs/{RUN}/queues/{queue['namespace']}/{queue['queue_id']}/"
+    keep = (qdir, f"{SAVE}/iter_", f"{SAVE}/rollout/committed_",
+            f"{SAVE}/rollout/queue_state_", f"{SAVE}/rollout/builder_state_")
+    return {p: d for p, d in sim.files().items() if p.startswith(keep)}
+
+
+# --- RL9 -------------------------------------------------------------------------------------
+
+def _refs_of(states: Sequence[Any]) -> list[RecordSetRef]:
+    q, b = states
+    refs = [RecordSetRef.from_dict(t["input_ref"]) for t in q["tasks"] if t["input_ref"]]
+    refs += [Accepted.from_dict(e).ref for e in b["backlog"]]
+    refs += [Accepted.from_dict(g).ref for p in b["planned"] for g in p["groups"]]
+    return refs
+
+
+def check_markers(sim: SimFS) -> None:
+    """RL9: every surviving marker validates, its owner retains every payload its state
+    files name, and its registration is on its queue (or superseded by a later one)."""
+    steps = committed_steps(sim, SAVE)
+    if not steps:
+        raise Violation(f"no commit marker in {SAVE}: step 0 was committed before the crash")
+    cat = Catalog(sim.client("checker"), ROOT)
+    try:
+        with cat.locked() as st:
+            owners = st.run_owners(RUN)
+    finally:
+        cat.close()
+    for k in steps:
+        try:
+            marker = load_marker(sim, SAVE, k)
+        except Exception as e:  # noqa: BLE001 - any refusal of a committed marker
+            raise Violation(f"RL9: committed_{k}.json survived but does not validate: "
+                            f"{type(e).__name__}: {e}") from None
+        states = [read_json(sim, rollout_file(SAVE, kind, k), kind)
+                  for kind in ("queue_state", "builder_state")]
+        roots = owners.get(marker["owner"])
+        missing = [r for r in _refs_of(states)
+                   if roots is None or (r.path, r.offset) not in roots]
+        if missing:
+            raise Violation(f"RL9: committed_{k}.json names payloads its owner "
+                            f"{marker['owner']!r} does not retain: {missing[:2]}")
+        if k == steps[-1]:  # a later checkpoint releases the earlier registrations
+            registered = source_view(sim, dict(marker["queue"]))["checkpoints"]
+            if marker["registration"] not in registered:
+                raise Violation(f"RL9: committed_{k}.json's registration "
+                                f"{marker['registration']!r} is not on the source queue "
+                                f"(registered: {registered})")
+
+
+# --- the states -------------------------------------------------------------------------------
+
+def _apply_mode(sim: SimFS, mode: str) -> None:
+    parts = mode.split("/")
+    if parts[0] == "power":
+        sim.crash(parts[1])
+    elif parts[0] == "kill":
+        sim.kill_client("main")
+    else:
+        raise ValueError(f"unknown mode {mode!r}")
+
+
+def clone(sim: SimFS, seed: int) -> SimFS:
+    """A new SimFS holding ``sim``'s current state (its page cache too; no handles)."""
+    out = SimFS(seed)
+    for f in sim.state.dirty.values():  # every file with unsynced data ops
+        # memoryviews do not copy; the same bytes do
+        f.pending = [(s, k, a, bytes(d)) for s, k, a, d in f.pending]
+    out.state = copy.deepcopy(sim.state)
+    return out
+
+
+def _expect(got: dict[str, Any], allowed: dict[str, dict[str, Any]], what: str) -> str:
+    for name, want in allowed.items():
+        if got == want:
+            return name
+    diffs = "; ".join(f"vs {name}: {_diff(got, want)}" for name, want in allowed.items())
+    raise Violation(f"{what} holds neither {' nor '.join(allowed)}: {diffs}")
+
+
+@dataclass
+class Base:
+    """What a workload's checks compare with, computed once (no crash)."""
+
+    state: SimState | None = None  # the dead job's durable state (restore workloads)
+    queue: dict[str, str] = field(default_factory=dict)
+    view: dict[str, Any] = field(default_factory=dict)
+    files: dict[str, bytes] = field(default_factory=dict)
+    refs: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+_BASES: dict[str, Base] = {}
+
+
+def _restore_resolution(workload: str, sim: SimFS) -> Resolution:
+    if workload == "restore-exact":
+        return resolve_checkpoint(SAVE, SAVE, 0, fs=sim)
+    return resolve_checkpoint(SAVE, fs=sim)
+
+
+def _dead_job() -> SimFS:
+    """The job of the save workloads, saved at step 1, two more groups accepted, then a
+    power loss (only what was synced survives)."""
+    sim = SimFS(0, record_trace=False)
+    clock = ManualClock()
+    with schedule("eager"):
+        store, job = run_prefix(sim, clock)
+        job.save(1, save_model(sim))
+    accept_two(sim, clock, job, "c")
+    sim.crash("clear-cache")
+    return sim
+
+
+def _from(state: SimState, seed: int, record_trace: bool = True) -> SimFS:
+    sim = SimFS(seed, record_trace=record_trace)
+    sim.state = copy.deepcopy(state)
+    return sim
+
+
+def base(workload: str) -> Base:
+    """The workload's references (cached per process; pure functions of the workload)."""
+    if workload in _BASES:
+        return _BASES[workload]
+    b = Base()
+    if workload.startswith("save-"):
+        with schedule(workload.removeprefix("save-")):
+            for step, complete in ((0, False), (1, True)):
+                sim = SimFS(0, record_trace=False)
+                store, job = run_prefix(sim, ManualClock())
+                if complete:
+                    job.save(1, save_model(sim))
+                close_job(store, job)
+                sim.crash("clear-cache")
+                b.refs[str(step)] = without_ids(started_content(sim))
+    else:
+        dead = _dead_job()
+        b.state = dead.state
+        b.queue = source_queue(dead)
+        probe = _from(dead.state, 0, record_trace=False)
+        b.files = source_files(probe, b.queue)
+        b.view = source_view(probe, b.queue)
+        b.refs["never started"] = started_content(_from(dead.state, 0, record_trace=False))
+        sim = _from(dead.state, 0, record_trace=False)
+        b.refs["restored"] = started_content(sim, _restore_resolution(workload, sim))
+    _BASES[workload] = b
+    return b
+
+
+def probe(workload: str) -> list[TraceEntry]:
+    """The mutating ops of the operation under test, in a run without a crash (under
+    whatever control is active)."""
+    b = base(workload)
+    if workload.startswith("save-"):
+        with schedule(workload.removeprefix("save-")):
+            sim = SimFS(0)
+            store, job = run_prefix(sim, ManualClock())
+            n0 = len(sim.trace)
+            job.save(1, save_model(sim))
+            ops = [e for e in sim.trace[n0:] if e.op in MUTATING_OPS]
+            close_job(store, job)
+            return ops
+    assert b.state is not None
+    sim = _from(b.state, 0)
+    store, job = start(sim, ManualClock(), _restore_resolution(workload, sim))
+    close_job(store, job)
+    return [e for e in sim.trace if e.op in MUTATING_OPS]
+
+
+def operation_ops(workload: str) -> int:
+    return len(probe(workload))
+
+
+def _crashing(fn: Callable[[], None]) -> None:
+    """Run ``fn``; a simulated crash (or an error it caused) ends it."""
+    try:
+        fn()
+    except BaseException as e:  # noqa: BLE001 - only a simulated crash is expected
+        if crash_in(e) is None:
+            raise
+
+
+def run_save_state(workload: str, nth: int | None, when: str, mode: str, key: str) -> None:
+    b = base(workload)
+    sim = SimFS(state_seed(key), record_trace=False)
+    clock = ManualClock()
+    with schedule(workload.removeprefix("save-")):
+        store, job = run_prefix(sim, clock)
+        if nth is not None:  # counts the matching calls from here on: the save's
+            sim.crash_at(nth, ops=MUTATING_OPS, when=when)
+
+        def save() -> None:
+            job.save(1, save_model(sim))
+            close_job(store, job)
+        _crashing(save)
+        _apply_mode(sim, mode)
+        check_markers(sim)
+        r = resolve_checkpoint(SAVE, fs=sim)
+        if r.step not in (0, 1):
+            raise Violation(f"resolution after the crash selects step {r.step}, neither the "
+                            "old (0) nor the new (1) checkpoint")
+        got = started_content(sim, r)
+        if without_ids(got) != b.refs[str(r.step)]:
+            raise Violation(f"the job resumed from step {r.step} ({r.mode}) differs from a "
+                            f"resume of that checkpoint without a crash: "
+                            f"{_diff(without_ids(got), b.refs[str(r.step)])}")
+        check_markers(sim)
+        again = started_content(sim)  # a clean restart recovers the same content
+        if again != got:
+            raise Violation(f"a clean restart after the resume changed its content: "
+                            f"{_diff(again, got)}")
+
+
+def run_restore_state(workload: str, nth: int | None, when: str, mode: str, key: str
+                      ) -> None:
+    b = base(workload)
+    assert b.state is not None
+    sim = _from(b.state, state_seed(key), record_trace=False)
+    if nth is not None:
+        sim.crash_at(nth, ops=MUTATING_OPS, when=when)
+
+    def restore() -> None:
+        store, job = start(sim, ManualClock(), _restore_resolution(workload, sim))
+        close_job(store, job)
+    _crashing(restore)
+    _apply_mode(sim, mode)
+    rerun = clone(sim, state_seed(key) + 1)
+    _check_source(sim, b, workload, "after the crash", files=True)
+    # an automatic restart: the restore never started, or it is complete
+    got = started_content(sim)
+    _expect(got, b.refs, "an automatic restart after the crash")
+    _check_source(sim, b, workload, "after an automatic restart", files=False)
+    # running the same restore again succeeds, with the restore's content
+    again = started_content(rerun, _restore_resolution(workload, rerun))
+    if again != b.refs["restored"]:
+        raise Violation(f"running the restore again after the crash yields other content: "
+                        f"{_diff(again, b.refs['restored'])}")
+    # and it is durable: a clean restart recovers it, with its payloads kept
+    clock = ManualClock()
+    store, job = start(rerun, clock)
+    try:
+        store.collect_garbage()
+        later = content(store, job)
+    finally:
+        close_job(store, job)
+    if later != b.refs["restored"]:
+        raise Violation(f"a clean restart after the restore (and a collection) holds other "
+                        f"content: {_diff(later, b.refs['restored'])}")
+    _check_source(rerun, b, workload, "after the restore was run again", files=True)
+
+
+def _check_source(sim: SimFS, b: Base, workload: str, when: str, *, files: bool) -> None:
+    """RL6: the source queue's logical state is unchanged; an exact restore leaves its
+    files (and the checkpoints') byte for byte (``files``: compared before anything
+    recovered the source queue, which writes its epoch)."""
+    if files and workload == "restore-exact":
+        now = source_files(sim, b.queue)
+        changed = sorted(p for p in set(now) | set(b.files) if now.get(p) != b.files.get(p))
+        if changed:
+            raise Violation(f"RL6: an exact restore changed its source {when}: {changed[:4]}")
+    view = source_view(sim, b.queue)
+    if view != b.view:
+        raise Violation(f"RL6: the source queue's state changed {when}: {_diff(view, b.view)}")
+
+
+def run_state(workload: str, nth: int | None, when: str, mode: str, key: str
+              ) -> str | None:
+    """One crash state; a violation report or None."""
+    try:
+        if workload.startswith("save-"):
+            run_save_state(workload, nth, when, mode, key)
+        else:
+            run_restore_state(workload, nth, when, mode, key)
+    except (Violation, Exception, SimulatedCrash) as e:
+        kind = "violation" if isinstance(e, Violation) else f"raised {type(e).__name__}"
+        tb = "" if isinstance(e, Violation) else "\n" + "".join(
+            traceback.format_exception(type(e), e, e.__traceback__, limit=-4))
+        return (f"[{key}] {kind}: {e}{tb}\n  replay: python -m "
+                f"fault_injection.checkpoint_campaign --replay {key}")
+    return None
+
+
+def run_workload(workload: str, modes: Sequence[str], *, max_points: int | None = None,
+                 stop_at_first: bool = False) -> WorkloadReport:
+    points = crash_points(operation_ops(workload), max_points)
+    return sweep(workload, workload, points, modes,
+                 lambda nth, when, mode, key: run_state(workload, nth, when, mode, key),
+                 stop_at_first=stop_at_first)
+
+
+def run_checkpoint_campaign(modes: Sequence[str], *, only: Sequence[str] | None = None,
+                            max_points: int | None = None, stop_at_first: bool = False,
+                            log: Callable[[str], None] = print) -> list[WorkloadReport]:
+    return run_all(WORKLOADS, lambda w: run_workload(w, modes, max_points=max_points,
+                                                     stop_at_first=stop_at_first),
+                   only=only, stop_at_first=stop_at_first, log=log)
+
+
+def replay(key: str) -> str | None:
+    workload, nth, when, mode = key.split(":", 3)
+    return run_state(workload, None if nth == "end" else int(nth), when, mode, key)
+
+
+# --- negative controls -------------------------------------------------------------------------
+
+def _unsynced_write_json(fs: Any, path: str, value: Any) -> bytes:
+    """A state file written without fsync (the marker keeps its durable write)."""
+    data = checkpoint_mod.canonical(value)
+    if not os.path.basename(path).startswith(("queue_state_", "builder_state_")):
+        return _REAL_WRITE_JSON(fs, path, value)
+    fs.makedirs_durable(os.path.dirname(path))
+    tmp = path + ".tmp"
+    fd = fs.open(tmp, write=True, create=True)
+    try:
+        fs.writev(fd, [data], 0)
+    finally:
+        fs.close(fd)
+    fs.rename(tmp, path)
+    return data
+
+
+_REAL_WRITE_JSON = checkpoint_mod.write_json
+
+
+@contextlib.contextmanager
+def states_unsynced() -> Iterator[None]:
+    """The queue and builder state files renamed into place unsynced: the marker can be
+    durable before its components (RL9 broken)."""
+    checkpoint_mod.write_json = _unsynced_write_json  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        checkpoint_mod.write_json = _REAL_WRITE_JSON  # type: ignore[assignment]
+
+
+class _NoSync:
+    """A ``Filesystem`` whose fsyncs do nothing (every other call goes through)."""
+
+    def __init__(self, fs: Any) -> None:
+        self._fs = fs
+
+    def fsync(self, fd: int) -> None:
+        pass
+
+    def fsync_dir(self, path: str) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._fs, name)
+
+
+@contextlib.contextmanager
+def model_unsynced() -> Iterator[None]:
+    """The model's files (and their directory) named in the marker without being made
+    durable first: the user's unsynced save can vanish under a marker (RL9 broken)."""
+    real = checkpoint_mod.Checkpointer._save_model
+
+    def save_model(self: Any, step: int, fn: Any) -> Any:
+        fs, self.fs = self.fs, _NoSync(self.fs)
+        try:
+            return real(self, step, fn)
+        finally:
+            self.fs = fs
+
+    checkpoint_mod.Checkpointer._save_model = save_model  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        checkpoint_mod.Checkpointer._save_model = real  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def retain_after_marker() -> Iterator[None]:
+    """The payloads retained only after the marker is written (RL7/RL9 broken: a crash
+    between them leaves a marker naming payloads nobody retains)."""
+    real_save = checkpoint_mod.Checkpointer.save
+    pending: list[tuple[Any, str, list[RecordSetRef]]] = []
+
+    def late_retain(self: Any, owner: str, refs: Sequence[RecordSetRef]) -> None:
+        pending.append((self, owner, list(refs)))
+
+    def save(self: Any, step: int, save_model: Any) -> Any:
+        real_retain = self.store.retain
+        self.store.retain = types.MethodType(late_retain, self.store)
+        try:
+            marker = real_save(self, step, save_model)
+        finally:
+            self.store.retain = real_retain
+        for _store, owner, refs in pending:
+            real_retain(owner, refs)
+        pending.clear()
+        return marker
+
+    checkpoint_mod.Checkpointer.save = save  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        checkpoint_mod.Checkpointer.save = real_save  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def seeded_before_builder() -> Iterator[None]:
+    """``seeded.json`` written as soon as the isolated queue is seeded, before the
+    builder's restored state is durable: a crash between them makes a restart recover a
+    branch whose builder never held the restored groups (they are lost)."""
+    real = restore_mod.seed_isolated_queue
+
+    def seed(store: Any, *, namespace: str, queue_id: str, **kwargs: Any) -> Any:
+        out = real(store, namespace=namespace, queue_id=queue_id, **kwargs)
+        branch = f"{SAVE}/branches/{queue_id}" if store.fs.exists(
+            f"{SAVE}/branches/{queue_id}") else SAVE
+        restore_mod.write_json(store.fs, f"{branch}/rollout/{restore_mod.SEEDED}", {
+            "version": restore_mod.VERSION,
+            "queue": {"namespace": namespace, "queue_id": queue_id}})
+        return out
+
+    restore_mod.seed_isolated_queue = seed  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        restore_mod.seed_isolated_queue = real  # type: ignore[assignment]
+
+
+CONTROLS: dict[str, tuple[Callable[[], contextlib.AbstractContextManager[None]],
+                          tuple[str, ...], str]] = {
+    "states_unsynced": (states_unsynced, ("save-eager",), "RL9: committed_"),
+    "model_unsynced": (model_unsynced, ("save-eager",), "RL9: committed_"),
+    "retain_after_marker": (retain_after_marker, ("save-lazy",), "does not retain"),
+    "seeded_before_builder": (seeded_before_builder, ("restore-salvage", "restore-exact"),
+                              "neither never started nor restored"),
+}
+"""name -> (the patch, the workloads that must catch it, what the check that must catch
+it says: a violation of another kind does not count)."""
+
+
+def run_control(name: str, modes: Sequence[str] = QUICK_MODES,
+                max_points: int | None = None,
+                points: Sequence[tuple[int | None, str]] | None = None) -> str | None:
+    """The first state in which control ``name`` shows a violation the unpatched engine
+    does not show (None: MISSED); ``points``: these crash points only."""
+    control, workloads, says = CONTROLS[name]
+    for w in workloads:
+        for nth, when in points if points is not None else crash_points(operation_ops(w),
+                                                                        max_points):
+            for mode in modes:
+                key = f"{w}:{nth if nth is not None else 'end'}:{when}:{mode}"
+                with control():
+                    msg = run_state(w, nth, when, mode, key)
+                if msg is not None and says in msg.splitlines()[0] and \
+                        run_state(w, nth, when, mode, key) is None:
+                    return msg
+    return None
+
+
+def run_controls(modes: Sequence[str] = QUICK_MODES, *, max_points: int | None = None,
+                 log: Callable[[str], None] = print) -> dict[str, str | None]:
+    out = {}
+    for name in CONTROLS:
+        found = run_control(name, modes, max_points)
+        out[name] = found
+        log(f"  {'caught' if found else 'MISSED':<7} {name:<24} "
+            f"{found.splitlines()[0][:110] if found else ''}")
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return campaign_main(argv, prog="fault_injection.checkpoint_campaign", doc=__doc__,
+                         title="checkpoint", full_modes=FULL_MODES, quick_modes=QUICK_MODES,
+                         run_campaign=run_checkpoint_campaign, run_controls=run_controls,
+                         replay=replay)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
