@@ -85,33 +85,42 @@ def test_prompt_tasks_spend_the_configured_attempts(tmp_path, max_attempts):
         RolloutConfig(max_attempts=0)
 
 
+def completed_items(store, assignments):
+    """complete_many's items for ``assignments``: each group completed and published."""
+    from straw.rollout import group_records
+    from straw.rollout.controller import named_records
+
+    items = []
+    for i, assignment in enumerate(assignments):
+        a = assignment.lease
+        group = group_from_records(list(store.read(assignment.task.input_ref)))
+        done = dataclasses.replace(group, samples=tuple(dataclasses.replace(
+            s, tokens=(1, 2), response_length=1, status=Status.COMPLETED, reward=1.0)
+            for s in group.samples))
+        records, deps = group_records(done)
+        ref = store.publish(named_records(records, task_id=a.task_id, attempt_id=a.attempt_id),
+                            submission_id=f"g{i}", dependencies=deps)
+        items.append({"lease": a, "result_ref": ref, "staleness": [0]})
+    return items
+
+
 def test_complete_many_answers_each_item_in_order_whatever_the_threads(tmp_path):
     # items are completed on COMPLETE_THREADS threads in runs: the outcomes still come
     # back one per item, in order, a stale lease's error at its own place
     from straw import StaleAttempt
     from straw.protocol import CommitReceipt
-    from straw.rollout import group_records
-    from straw.rollout.controller import COMPLETE_THREADS, named_records
+    from straw.rollout.controller import COMPLETE_THREADS
 
     store, c = open_controller(tmp_path, n=1, prompts=[(i,) for i in range(64)])
     try:
         taken = c.take("w", 40).assignments
         n = len(taken)
         assert n > COMPLETE_THREADS
-        items = []
-        for i, assignment in enumerate(taken):
-            a = lease = assignment.lease
+        items = completed_items(store, taken)
+        for i, item in enumerate(items):
             if i % 3 == 0:  # stale: another attempt's token
-                lease = dataclasses.replace(lease, token="0" * len(lease.token))
-            group = group_from_records(list(store.read(assignment.task.input_ref)))
-            done = dataclasses.replace(group, samples=tuple(dataclasses.replace(
-                s, tokens=(1, 2), response_length=1, status=Status.COMPLETED, reward=1.0)
-                for s in group.samples))
-            records, deps = group_records(done)
-            ref = store.publish(named_records(records, task_id=a.task_id,
-                                              attempt_id=a.attempt_id),
-                                submission_id=f"g{i}", dependencies=deps)
-            items.append({"lease": lease, "result_ref": ref, "staleness": [0]})
+                lease = item["lease"]
+                item["lease"] = dataclasses.replace(lease, token="0" * len(lease.token))
         out = c.complete_many(items)
         assert len(out) == n
         for i, (item, o) in enumerate(zip(items, out, strict=True)):
@@ -129,23 +138,10 @@ def test_complete_many_on_a_closed_coordinator_raises_instead_of_answering_per_i
     # Closed is a StrawError (as straw-queue reports it): the per-item reporting of
     # complete_many must not turn "this coordinator is closed" into one error per item
     from straw.errors import Closed
-    from straw.rollout import group_records
-    from straw.rollout.controller import named_records
 
     store, c = open_controller(tmp_path, n=1, prompts=[(i,) for i in range(8)])
     try:
-        items = []
-        for i, assignment in enumerate(c.take("w", 2).assignments):
-            a = assignment.lease
-            group = group_from_records(list(store.read(assignment.task.input_ref)))
-            done = dataclasses.replace(group, samples=tuple(dataclasses.replace(
-                s, tokens=(1, 2), response_length=1, status=Status.COMPLETED, reward=1.0)
-                for s in group.samples))
-            records, deps = group_records(done)
-            ref = store.publish(named_records(records, task_id=a.task_id,
-                                              attempt_id=a.attempt_id),
-                                submission_id=f"g{i}", dependencies=deps)
-            items.append({"lease": a, "result_ref": ref, "staleness": [0]})
+        items = completed_items(store, c.take("w", 2).assignments)
         c.coordinator.close()
         for batch in (items[:1], items):
             with pytest.raises(Closed):
