@@ -39,9 +39,13 @@ the background (``online_gc``) and their packs are reclaimed once nothing else h
 them.  No other call acknowledges anything: ``batch_ready`` only advances the fetch
 cursor.
 
-Memory: the builder reads each selected group's record 0 (token ids, rewards, metadata)
-twice, one group at a time, and never a capture tensor; the converted batch it holds
-while publishing is the samples' token arrays and references.
+Memory: the builder reads each accepted group's record 0 (token ids, rewards, metadata)
+and never a capture tensor.  It decodes a group once: the scan's decoded group (checked
+there, so a corrupt group is quarantined before any plan names it) is kept for the build
+while the kept groups hold at most ``DECODED_TOKENS_KEPT`` tokens; past that budget (a
+large backlog, or batches of long samples) a group is read again at build, one group at
+a time, so the builder's memory stays bounded whatever the backlog.  The converted batch
+it holds while publishing is the samples' token arrays and references.
 
 The builder state (``state()``, JSON: scan cursor, backlog, consumer cursors, processed
 positions, the count and newest ids of the finished batches, quarantined groups, the
@@ -127,6 +131,11 @@ PLAN_SCHEMA = "straw.rollout.plan"
 READY_SCHEMA = "straw.rollout.ready"
 COLLECTION_SCHEMA = "straw.rollout.collection"
 _PAGE = 256
+# token ids the builder keeps decoded between a group's scan and its build (module
+# docstring, "Memory"): a Sample holds its ids as a tuple of Python ints (~40 bytes each
+# at worst), so this is ~20 MiB at most; the pipeline's batches (64 groups x 4 x ~260
+# tokens) fit several times over
+DECODED_TOKENS_KEPT = 1 << 19
 
 RewardHook = Callable[[list[list[Any]]], Sequence[Sequence[float]]]
 ConvertHook = Callable[[Sample, float], Mapping[str, Any]]
@@ -212,11 +221,27 @@ def read_accepted(store: Any, mix: EnvironmentMix, receipt: CommitReceipt) -> Ac
     """The backlog entry of an accepted group's commit ``receipt`` (its record 0 read,
     no capture byte): what a builder scanning the log adds, and what a salvage reads
     from a dead run's log."""
-    where = f"accepted group of task {receipt.task_id!r} (commit {receipt.position})"
+    return _accepted_of(mix, receipt, _scanned_group(store, receipt))
+
+
+def _where(receipt: CommitReceipt) -> str:
+    return f"accepted group of task {receipt.task_id!r} (commit {receipt.position})"
+
+
+def _scanned_group(store: Any, receipt: CommitReceipt) -> SampleGroup:
+    """The group of an accepted commit, decoded and checked (``_Untrainable`` if its
+    stored bytes are corrupt or of another schema)."""
     try:
-        group = lazy_group(store, receipt.result_ref)
+        return lazy_group(store, receipt.result_ref)
     except (CorruptData, UnsupportedSchema) as e:
-        raise _Untrainable(f"{where}: {type(e).__name__}: {e}") from None
+        raise _Untrainable(f"{_where(receipt)}: {type(e).__name__}: {e}") from None
+
+
+def _accepted_of(mix: EnvironmentMix, receipt: CommitReceipt, group: SampleGroup
+                 ) -> Accepted:
+    """The backlog entry of ``group``, accepted by ``receipt`` (``_Untrainable`` if it is
+    not ready)."""
+    where = _where(receipt)
     if classify(group) is not Stage.READY:
         bad = next(i for i, s in enumerate(group.samples) if not s.finished)
         raise _Untrainable(f"{where} is not ready: sample {bad} is "
@@ -387,6 +412,9 @@ class BatchBuilder:
             self._recent else list(self._recent)
         self._quarantined = [dict(q) for q in value["quarantined"]]
         self._backlog = [Accepted.from_dict(e) for e in value["backlog"]]
+        # the scanned groups kept decoded for their build (commit id -> group; "Memory")
+        self._kept: dict[str, SampleGroup] = {}
+        self._kept_tokens = 0
         self._mix_state = MixState.from_dict(value["mix"])
         self.mix.quota(self._mix_state)  # checks its environments against the mix
 
@@ -453,7 +481,28 @@ class BatchBuilder:
         return lazy_group(self.store, ref)
 
     def _accepted(self, receipt: CommitReceipt) -> Accepted:
-        return read_accepted(self.store, self.mix, receipt)
+        group = _scanned_group(self.store, receipt)
+        entry = _accepted_of(self.mix, receipt, group)
+        self._keep(entry.commit_id, group)
+        return entry
+
+    def _keep(self, commit_id: str, group: SampleGroup) -> None:
+        """Keep ``group`` decoded for its build, within the token budget."""
+        tokens = sum(len(s.tokens) for s in group.samples)
+        if self._kept_tokens + tokens <= DECODED_TOKENS_KEPT and commit_id not in self._kept:
+            self._kept[commit_id] = group
+            self._kept_tokens += tokens
+
+    def _forget(self, commit_ids: set[str]) -> None:
+        """Drop the kept groups of ``commit_ids`` (they left the backlog)."""
+        for c in commit_ids & self._kept.keys():
+            group = self._kept.pop(c)
+            self._kept_tokens -= sum(len(s.tokens) for s in group.samples)
+
+    def _batch_group(self, e: Accepted) -> SampleGroup:
+        """A selected group for the build: the scan's decoded one if kept, else read."""
+        kept = self._kept.get(e.commit_id)
+        return kept if kept is not None else self._group(e.ref)
 
     def _scan(self, until: int | None = None) -> None:
         """Add the accepted groups committed since the scan cursor to the backlog (up to
@@ -483,6 +532,8 @@ class BatchBuilder:
                     # (by commit id: restored groups' positions are not this queue's)
                     taken = {e.commit_id for e in self._collected(receipt)}
                     self._backlog = [e for e in self._backlog if e.commit_id not in taken]
+                    if self._kept:  # kept for a build: another builder's collection
+                        self._forget(taken)
             if page.cursor == self._scan_cursor:
                 if until is not None:
                     raise RuntimeError(f"commit {until - 1} is not durable yet")
@@ -648,7 +699,8 @@ class BatchBuilder:
     def _rewards(self, batch_id: str, groups: list[Accepted]) -> list[list[float]]:
         raw: list[list[Any]] = []
         for g, e in enumerate(groups):
-            group = self._group(e.ref)
+            group = self._batch_group(e)
+            self._keep(e.commit_id, group)  # for the conversion, within the budget
             raw.append([self._raw_reward(group, g, j, batch_id)
                         for j in range(len(group.samples))])
         out = self.reward_hook(raw) if self.reward_hook is not None else raw
@@ -684,7 +736,7 @@ class BatchBuilder:
                 owner[(g, j)] = rank
         converted: dict[tuple[int, int], Mapping[str, Any]] = {}
         for g, e in enumerate(groups):  # one group at a time: captures stay lazy
-            group = self._group(e.ref)
+            group = self._batch_group(e)
             for j, sample in enumerate(group.samples):
                 item = (self.convert_hook(sample, rewards[g][j])
                         if self.convert_hook is not None else default_convert(
@@ -721,6 +773,7 @@ class BatchBuilder:
         # past its collection; nothing is acknowledged (RL4: only finish_batch does)
         self._scan(until=receipt.position + 1)
         taken = {e.commit_id for e in groups}
+        self._forget(taken)
         new_backlog = [e for e in self._backlog if e.commit_id not in taken]
         state = {**self.state(), "backlog": [e.to_dict() for e in new_backlog],
                  "mix": mix_after.to_dict(),

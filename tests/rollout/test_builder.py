@@ -700,3 +700,51 @@ def test_rank_shards_are_published_concurrently_bounded_by_io_concurrency(pool):
             assert [r.rank for r in refs] == list(range(6))
             assert len(shard_samples(refs, pool.store)) == 6
         assert peak[0] == bound, (bound, peak[0])
+
+
+def _counting_reads(monkeypatch):
+    """Count the builder's decodes of a group's stored record 0 (``lazy_group``)."""
+    reads: list[str] = []
+    real = builder_module.lazy_group
+
+    def counted(store, ref):
+        reads.append(ref.digest)
+        return real(store, ref)
+
+    monkeypatch.setattr(builder_module, "lazy_group", counted)
+    return reads
+
+
+def test_each_accepted_group_is_decoded_once_from_scan_to_shard(pool, monkeypatch):
+    """The scan's decoded (and checked) group is kept for the build: rewards and
+    conversion use it, nothing of the group is read again (the pipeline's hot path)."""
+    reads = _counting_reads(monkeypatch)
+    pool.accept([make_group(i, n=3) for i in range(4)])
+    with BatchBuilder(pool.coord, pool.store, EnvironmentMix.single(4), dp_size=2) as b:
+        refs = b.next_batch(0)
+        assert refs is not None
+        assert len(reads) == 4 and len(set(reads)) == 4
+        assert b._kept == {} and b._kept_tokens == 0  # built: nothing held any longer
+        assert len(shard_samples(refs, pool.store)) == 12
+
+
+def test_past_the_decoded_budget_groups_are_read_again_with_the_same_batch(
+        tmp_path, monkeypatch):
+    """With no token budget the builder keeps nothing decoded: each group is read at
+    scan, for its rewards and for its conversion, and the shards are the same."""
+    def build(root):
+        p = Pool(str(root))
+        try:
+            p.accept([make_group(i, n=3) for i in range(4)])
+            with BatchBuilder(p.coord, p.store, EnvironmentMix.single(4), dp_size=2) as b:
+                refs = b.next_batch(0)
+                return [[(s["index"], s["tokens"].tolist(), s["reward"])
+                         for s in r.load(p.store, rank=r.rank).samples] for r in refs]
+        finally:
+            p.close()
+
+    kept = build(tmp_path / "kept")
+    reads = _counting_reads(monkeypatch)
+    monkeypatch.setattr(builder_module, "DECODED_TOKENS_KEPT", 0)
+    assert build(tmp_path / "unkept") == kept
+    assert len(reads) == 12 and len(set(reads)) == 4
