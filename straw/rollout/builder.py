@@ -108,7 +108,7 @@ import numpy as np
 from straw.codec import sample_records
 from straw.errors import CorruptData, IdempotencyConflict, UnsupportedSchema
 from straw.protocol import CommitReceipt, Lease, TaskSpec
-from straw.refs import Record, RecordSetRef
+from straw.refs import Publication, Record, RecordSetRef
 from straw.tensor import TensorRef
 
 from .codec import group_from_records
@@ -446,18 +446,22 @@ class BatchBuilder:
         return {"backlog": len(self._backlog), "finished_batches": self._finished_count,
                 "quarantined": len(self._quarantined)}
 
-    def _publish_state(self, state: Mapping[str, Any]) -> tuple[RecordSetRef, RecordSetRef]:
-        """The consumer state and progress records (the progress depends on the state)."""
+    def _publish_state(self, state: Mapping[str, Any], ready: Publication | None = None,
+                       ready_id: str = "") -> list[RecordSetRef]:
+        """The consumer state and progress records (the progress depends on the state),
+        after ``ready`` (a batch's ready record, ``ready_id`` naming its content) when
+        given: ``[ready_ref,] state_ref, progress_ref``, in ONE durable write (one sync
+        for all of them instead of one each: this runs for every ready and finished
+        batch)."""
         body = dict(state)
-        state_ref = self.store.publish([_json_record("builder-state", body)],
-                                       submission_id=f"builder-state:{_digest(body)}")
         progress = {"version": 1, "processed_positions": body["processed_positions"],
                     "finished_batches": list(self._finished)}
-        progress_ref = self.store.publish(
-            [_json_record("progress", progress)],
-            submission_id=f"builder-progress:{_digest([progress, state_ref.digest])}",
-            dependencies=[state_ref])
-        return state_ref, progress_ref
+        before = [] if ready is None else [ready]
+        pubs = [*before, Publication([_json_record("builder-state", body)]),
+                Publication([_json_record("progress", progress)], dependencies=[len(before)])]
+        prefix = "builder-state" if ready is None else f"ready:{ready_id}"
+        return self.store.publish_many(
+            pubs, submission_id=f"{prefix}:{_digest([body, progress])}")
 
     def _save(self, request_id: str) -> dict[str, Any]:
         state = self.state()
@@ -766,9 +770,6 @@ class BatchBuilder:
         ready = {"schema": READY_SCHEMA, "version": 1, "batch_id": batch_id,
                  "plan_digest": digest, "world": self.dp_size,
                  "ranks": [s.to_dict() for s in shards]}
-        ready_ref = self.store.publish([_json_record("ready", ready)],
-                                       submission_id=f"ready:{batch_id}:{_digest(ready)}",
-                                       dependencies=[*shards, plan_ref])
         # the state after the batch: its groups leave the backlog, the log is fetched
         # past its collection; nothing is acknowledged (RL4: only finish_batch does)
         self._scan(until=receipt.position + 1)
@@ -778,7 +779,11 @@ class BatchBuilder:
         state = {**self.state(), "backlog": [e.to_dict() for e in new_backlog],
                  "mix": mix_after.to_dict(),
                  "fetch_cursor": max(self._fetch, self._scan_cursor)}
-        state_ref, progress_ref = self._publish_state(state)
+        # the ready record published with the state, in one durable write, before
+        # batch_ready names them (its shards and plan already durable)
+        ready_ref, state_ref, progress_ref = self._publish_state(
+            state, Publication([_json_record("ready", ready)], [*shards, plan_ref]),
+            f"{batch_id}:{_digest(ready)}")
         self.coord.batch_ready(self.consumer_id, token=self._token, batch_id=batch_id,
                                ready_ref=ready_ref, state_ref=state_ref,
                                fetch_cursor=state["fetch_cursor"],
