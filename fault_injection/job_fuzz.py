@@ -87,30 +87,59 @@ def _stop(_sig: int, _frame: object) -> None:
     raise SystemExit(0)
 
 
-def _digest(refs: Sequence[Any], store: Any) -> tuple[str, list[str]]:
-    """(sha256 of the batch's plan and every rank's shard content, its tasks in order)."""
+def _token(group: int) -> int:
+    """The toy generator's one response token for the group ``group``."""
+    return 1000 + 7 * group
+
+
+def _wrong(tokens: Sequence[int], group: Any, reward: Any, index: Any) -> bool:
+    """Whether a sample is not what the generator made (its response token, reward)."""
+    return list(tokens) != [_token(int(group))] or reward != float(index or 0)
+
+
+def _digest(refs: Sequence[Any], store: Any) -> tuple[str, list[str], list[str]]:
+    """(sha256 of the batch's plan and every rank's shard content, its tasks in order,
+    the samples whose content is not what the generator made)."""
     h = hashlib.sha256()
     tasks: list[str] = []
+    bad: list[str] = []
     for ref in sorted(refs, key=lambda r: r.rank):
         shard = ref.load(store, rank=ref.rank)
         for s in shard.samples:
+            tokens = [int(t) for t in np.asarray(s["tokens"]).tolist()]
             tasks.append(f"prompt:{s['group_index']}")
-            h.update(json.dumps([ref.rank, np.asarray(s["tokens"]).tolist(),
-                                 s["response_length"], s["reward"], s["group_index"],
-                                 s["index"]]).encode())
-    return h.hexdigest(), list(dict.fromkeys(tasks))
+            if _wrong(tokens, s["group_index"], s["reward"], s["index"]):
+                bad.append(f"{s['group_index']}/{s['index']}: {tokens}, reward {s['reward']}")
+            h.update(json.dumps([ref.rank, tokens, s["response_length"], s["reward"],
+                                 s["group_index"], s["index"]]).encode())
+    return h.hexdigest(), list(dict.fromkeys(tasks)), bad
 
 
-def _generate(client: Any, log: _AckLog) -> None:
-    """One generator call: lease up to two groups, complete each (deterministic tokens)."""
+def _backlog(job: Any, store: Any) -> tuple[list[str], list[str]]:
+    """The tasks of the groups left in the builder's backlog, read from the pool, and
+    the samples among them whose content is wrong."""
+    from straw.rollout import group_from_records
+    from straw.rollout.builder import Accepted
+    tasks, bad = [], []
+    for entry in job.builder.state()["backlog"]:
+        group = group_from_records(list(store.read(Accepted.from_dict(entry).ref)))
+        tasks.append(f"prompt:{group.group_index}")
+        bad += [f"{s.group_index}/{s.index}: {list(s.tokens)}" for s in group
+                if _wrong([int(t) for t in s.tokens], s.group_index, s.reward, s.index)]
+    return tasks, bad
+
+
+def _generate(client: Any, log: _AckLog, r: random.Random) -> None:
+    """One generator call: lease one to three groups, complete each (deterministic
+    tokens).  An odd count now and then: a batch of two leaves a group in the backlog."""
     from straw.rollout import Status
-    groups = client.take(2)
+    groups = client.take(r.randint(1, 3))
     if not groups:
         time.sleep(0.05)
         return
     log.write(ev="take", tasks=[f"prompt:{g.group_index}" for g in groups])
     done = [dataclasses.replace(g, samples=tuple(
-        dataclasses.replace(s, tokens=tuple(s.tokens) + (1000 + 7 * int(s.prompt[0]),),
+        dataclasses.replace(s, tokens=tuple(s.tokens) + (_token(int(g.group_index)),),
                             response_length=1, status=Status.COMPLETED,
                             reward=float(s.index or 0))
         for s in g.samples)) for g in groups]
@@ -153,11 +182,11 @@ def job_main(root: str, save: str, logdir: str, gen: int, seed: int, control: st
             if refs is None:
                 if drain:
                     break
-                _generate(client, log)
+                _generate(client, log, r)
                 continue
-            digest, tasks = _digest(refs, store)
+            digest, tasks, bad = _digest(refs, store)
             log.write(ev="training", rollout=rollout, batch=refs[0].batch_id, tasks=tasks,
-                      digest=digest)
+                      digest=digest, bad=bad)
             time.sleep(r.uniform(0.01, 0.08))  # "training"
             job.builder.finish_batch(refs[0].batch_id)
             log.write(ev="finished", rollout=rollout)
@@ -165,8 +194,8 @@ def job_main(root: str, save: str, logdir: str, gen: int, seed: int, control: st
                 job.save(rollout, _save_model)
                 log.write(ev="saved", step=rollout)
             rollout += 1
-        left = [str(e["task_id"]) for e in job.builder.state()["backlog"]]
-        log.write(ev="drained", backlog=left)
+        left, bad = _backlog(job, store)
+        log.write(ev="drained", backlog=left, bad=bad)
     finally:
         client.close()
         job.close()
@@ -295,11 +324,15 @@ def check(logpath: str, s: JobSummary) -> list[str]:
                     out.append(f"rollout {rid} replayed with other training data (log line "
                                f"{i + 1}): tasks {e['tasks']}, before {tasks_of[rid]}")
             digests.setdefault(rid, e["digest"])
+            out += [f"rollout {rid} trained a sample the generator did not make: {b}"
+                    for b in e.get("bad", ())]
             tasks_of[rid] = list(e["tasks"])
         elif ev == "saved":
             s.saves += 1
         elif ev == "drained":
             backlog = list(e["backlog"])
+            out += [f"the final backlog holds a sample the generator did not make: {b}"
+                    for b in e.get("bad", ())]
     s.accepted = len(completed)
     s.batches = len(tasks_of)
     if backlog is None:

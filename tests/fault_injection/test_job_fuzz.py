@@ -39,8 +39,9 @@ def _write(path, *entries) -> str:
 
 def test_job_checker_reports_a_batch_replayed_with_other_data_and_a_lost_group(
         tmp_path) -> None:
-    """The checker on a hand-written log: rollout 0 trained twice with different digests,
-    prompt:2 accepted but neither trained nor left in the backlog."""
+    """The checker on a hand-written log: rollout 0 trained twice with different digests
+    (the replay with a sample the generator did not make), prompt:2 accepted but neither
+    trained nor left in the backlog."""
     log = _write(tmp_path / "job.acks",
                  {"ev": "start", "mode": "new", "gen": 0, "step": None, "rollout": 0},
                  {"ev": "take", "tasks": ["prompt:0", "prompt:1", "prompt:2"]},
@@ -51,9 +52,10 @@ def test_job_checker_reports_a_batch_replayed_with_other_data_and_a_lost_group(
                   "digest": "aa"},
                  {"ev": "start", "mode": "salvage", "gen": 1, "step": None, "rollout": 0},
                  {"ev": "training", "rollout": 0, "batch": "b", "tasks": ["prompt:1"],
-                  "digest": "bb"},
+                  "digest": "bb", "bad": ["1/0: [1, 2, 3, 5]"]},
                  {"ev": "drained", "backlog": []})
     v = check(log, JobSummary("local", 0, 0))
     assert any(x.startswith("rollout 0 replayed with other training data") for x in v), v
     assert "lost: accepted group prompt:2 neither trained nor in the final backlog" in v, v
+    assert "rollout 0 trained a sample the generator did not make: 1/0: [1, 2, 3, 5]" in v, v
     assert not any("prompt:1" in x and "lost" in x for x in v), v  # trained by the replay
