@@ -67,6 +67,6 @@ crash *ARGS:
     {{python}} -m fault_injection.catalog_campaign
     {{python}} -m fault_injection.checkpoint_campaign
 
-# Real processes under SIGKILL/SIGSTOP (store; queue with takeovers; two runs in one root; a rollout job) on a temp dir and JuiceFS: just fuzz --seconds 60
+# Real processes under SIGKILL/SIGSTOP (store; queue with takeovers; two runs in one root; a rollout job; a checkpointed job resumed) on a temp dir and JuiceFS: just fuzz --seconds 60
 fuzz *ARGS:
     {{python}} -m fault_injection.fuzz {{ARGS}}

@@ -22,7 +22,8 @@ The campaigns themselves: ``fault_injection.campaigns`` (store and catalog workl
 frame campaign, negative controls; ``just crash``), ``fault_injection.journal_campaign``,
 ``fault_injection.checkpoint_campaign`` (a rollout job's checkpoint save and restore),
 and ``fault_injection.fuzz`` (real processes under SIGKILL/SIGSTOP; ``just fuzz``; its rollout
-scenario is ``fault_injection.rollout_fuzz``).
+scenario is ``fault_injection.rollout_fuzz``, its whole-job checkpoint scenario
+``fault_injection.job_fuzz``).
 """
 
 from fault_injection.faultyfs import FaultyFS

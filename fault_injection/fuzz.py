@@ -51,8 +51,10 @@ the local directory), the shared-root scenario ``runs`` (``fault_injection.runs_
 two runs in one root, each with retaining writers and a queue of the same id;
 ``--runs-seconds`` split between the filesystems), the rollout scenario ``rollout``
 (``fault_injection.rollout_fuzz``: a rollout controller, generation processes and a
-trainer, SIGKILLed and restarted; ``--rollout-seconds`` split between the filesystems) or
-``all`` (the default).  ``--juicefs no`` skips JuiceFS for all.
+trainer, SIGKILLed and restarted; ``--rollout-seconds`` split between the filesystems),
+the whole-job scenario ``job`` (``fault_injection.job_fuzz``: one checkpointed rollout job
+SIGKILLed and resumed through ``resolve_checkpoint`` + ``open_job``; ``--job-seconds``
+split between the filesystems) or ``all`` (the default).  ``--juicefs no`` skips JuiceFS for all.
 """
 
 from __future__ import annotations
@@ -88,6 +90,7 @@ from straw.fs import PosixFS
 from straw.publication_log import AckLog
 
 if TYPE_CHECKING:
+    from fault_injection.job_fuzz import JobSummary
     from fault_injection.queue_fuzz import QueueSummary
     from fault_injection.rollout_fuzz import RolloutSummary
     from fault_injection.runs_fuzz import RunsSummary
@@ -846,8 +849,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "e.g. queue-no-fencing), or the writers of the shared-root scenario "
                          "(controls.RUNS_CONTROLS, e.g. runs-share-owners), or the generation "
                          "processes of the rollout scenario (rollout_fuzz.CONTROLS, e.g. "
-                         "rollout-restart-partial); the run must then report violations")
-    ap.add_argument("--scenario", choices=("store", "queue", "runs", "rollout", "all"),
+                         "rollout-restart-partial), or the job of the job scenario "
+                         "(job_fuzz.CONTROLS, e.g. job-exact-resume); the run must then "
+                         "report violations")
+    ap.add_argument("--scenario", choices=("store", "queue", "runs", "rollout", "job", "all"),
                     default="all",
                     help="store: writer/reader processes (per filesystem); queue: a "
                          "coordinator process and worker processes, killed, paused and taken "
@@ -855,7 +860,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "with retaining writers and a queue of the same id "
                          "(fault_injection.runs_fuzz); rollout: a rollout job's controller, "
                          "generation and trainer processes (fault_injection.rollout_fuzz); "
-                         "all: all four")
+                         "job: a whole checkpointed rollout job SIGKILLed and resumed from its "
+                         "joint checkpoints (fault_injection.job_fuzz); all: all five")
     ap.add_argument("--queue-seconds", type=float, default=None,
                     help="total duration of the queue scenarios, split between the local "
                          "directory and JuiceFS when it runs (default: --seconds)")
@@ -872,6 +878,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "scenario")
     ap.add_argument("--rollout-seconds", type=float, default=None,
                     help="total duration of the rollout scenario, split between the local "
+                         "directory and JuiceFS when it runs (default: --seconds)")
+    ap.add_argument("--job-seconds", type=float, default=None,
+                    help="total duration of the job scenario, split between the local "
                          "directory and JuiceFS when it runs (default: --seconds)")
     ap.add_argument("--role", choices=("writer", "reader"), help=argparse.SUPPRESS)
     for hidden in ("--root", "--acks", "--logdir", "--writer-id", "--writer-ids"):
@@ -895,7 +904,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     notes: list[str] = []
     store_part = args.scenario in ("store", "all")
     store_control = args.control if args.control and not args.control.startswith(
-        ("queue-", "runs-", "rollout-")) else None
+        ("queue-", "runs-", "rollout-", "job-")) else None
     queue_part = args.scenario in ("queue", "all")
     queue_total = args.queue_seconds if args.queue_seconds is not None else args.seconds
     runs_part = args.scenario in ("runs", "all")
@@ -904,6 +913,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     rollout_part = args.scenario in ("rollout", "all")
     rollout_total = args.rollout_seconds if args.rollout_seconds is not None else args.seconds
     rollout_summaries: list[RolloutSummary] = []
+    job_part = args.scenario in ("job", "all")
+    job_total = args.job_seconds if args.job_seconds is not None else args.seconds
+    job_summaries: list[JobSummary] = []
 
     def run_queue_on(target: str, shared: tuple[str, str] | None, seconds: float) -> None:
         from fault_injection.queue_campaign import QUEUE_CONTROLS
@@ -932,12 +944,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         rollout_summaries.append(rs)
         print(rs.line(), flush=True)
 
+    def run_job_on(target: str, mount: str | None, seconds: float) -> None:
+        from fault_injection.job_fuzz import CONTROLS, run_job
+        js = run_job(os.path.join(base, f"job-{target}"), seconds=seconds, seed=seed,
+                     mount=mount, target=target,
+                     control=args.control if args.control in CONTROLS else None)
+        job_summaries.append(js)
+        print(js.line(), flush=True)
+
     try:
         store_jfs = store_part and args.juicefs != "no"
         queue_jfs = queue_part and args.queue_juicefs and args.juicefs != "no"
         runs_jfs = runs_part and args.juicefs != "no"
         rollout_jfs = rollout_part and args.juicefs != "no"
-        want_jfs = store_jfs or queue_jfs or runs_jfs or rollout_jfs
+        job_jfs = job_part and args.juicefs != "no"
+        want_jfs = store_jfs or queue_jfs or runs_jfs or rollout_jfs or job_jfs
         mounting = _juicefs(base) if want_jfs else contextlib.nullcontext("")
         with mounting as mounts:
             # the queue and shared-root scenarios' time is split between the filesystems
@@ -947,6 +968,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             runs_seconds = runs_total / 2 if runs_jfs else runs_total
             rollout_jfs = rollout_jfs and not isinstance(mounts, str)
             rollout_seconds = rollout_total / 2 if rollout_jfs else rollout_total
+            job_jfs = job_jfs and not isinstance(mounts, str)
+            job_seconds = job_total / 2 if job_jfs else job_total
             if store_part:
                 local = os.path.join(base, "local")
                 summaries.append(run_target("local", local, local,
@@ -960,6 +983,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 run_runs_on("local", None, runs_seconds)
             if rollout_part:
                 run_rollout_on("local", None, rollout_seconds)
+            if job_part:
+                run_job_on("local", None, job_seconds)
             if isinstance(mounts, str):
                 if want_jfs:
                     notes.append(f"JuiceFS skipped: {(mounts.splitlines() or [''])[0]}")
@@ -980,6 +1005,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     run_runs_on("juicefs", (a, b), runs_seconds)
                 if rollout_jfs:
                     run_rollout_on("juicefs", (a, b), rollout_seconds)
+                if job_jfs:
+                    # one client: the save directory records absolute paths of its mount
+                    run_job_on("juicefs", a, job_seconds)
     finally:
         if not args.keep and args.dir is None:
             shutil.rmtree(base, ignore_errors=True)
@@ -989,6 +1017,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     bad += [v for q in queue_summaries for v in q.violations]
     bad += [v for r in runs_summaries for v in r.all_violations()]
     bad += [v for r in rollout_summaries for v in r.violations]
+    bad += [v for j in job_summaries for v in j.violations]
     for v in bad[:20]:
         print("VIOLATION " + v)
     queue_text = "".join(
@@ -1002,6 +1031,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     queue_text += "".join(
         f", rollout/{r.target}: {sum(r.kills.values())} kills, {r.batches} batches trained, "
         f"{r.completed} accepted groups checked" for r in rollout_summaries)
+    queue_text += "".join(
+        f", job/{j.target}: {j.kills} kills, {sum(j.starts.values())} starts, "
+        f"{j.replayed} batches replayed, {j.accepted} accepted groups checked"
+        for j in job_summaries)
     print(f"fuzz summary: seed={seed}, {len(summaries)} filesystem(s), "
           f"{sum(s.kills for s in summaries)} kills, {sum(s.stops for s in summaries)} stops, "
           f"{sum(s.restarts for s in summaries)} restarts, "
