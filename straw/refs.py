@@ -281,11 +281,17 @@ class SegmentRef:
 
     @classmethod
     def from_dict(cls, value: Mapping[str, Any]) -> SegmentRef:
-        d = _fields(cls, value, ("run_id", "path", "segment_id", "size", "checksum"),
-                    ("version", "checksum_algorithm", "offset"))
-        ref = cls(**d)
+        ref = cls._parsed(value)
         ref.check()
         return ref
+
+    @classmethod
+    def _parsed(cls, value: Mapping[str, Any]) -> SegmentRef:
+        """The fields of ``value``, not yet ``check``ed: the caller checks the reference
+        holding it once (a check per nesting level made a restore's 10,000 references
+        check each segment three times)."""
+        return cls(**_fields(cls, value, ("run_id", "path", "segment_id", "size", "checksum"),
+                             ("version", "checksum_algorithm", "offset")))
 
     def check(self) -> None:
         """Structural validity (no I/O): a readable version and algorithm, types, ranges,
@@ -327,10 +333,15 @@ class RecordRef:
     def from_dict(cls, value: Mapping[str, Any]) -> RecordRef:
         if isinstance(value, Mapping) and "record_set" in value:
             return _legacy_record_ref(value)
-        d = _fields(cls, value, ("segment", "ordinal"))
-        ref = cls(SegmentRef.from_dict(d["segment"]), d["ordinal"])
-        ref.check()
+        ref = cls._parsed(value)
+        ref.check()  # checks its segment too
         return ref
+
+    @classmethod
+    def _parsed(cls, value: Mapping[str, Any]) -> RecordRef:
+        """Not yet ``check``ed (``SegmentRef._parsed``)."""
+        d = _fields(cls, value, ("segment", "ordinal"))
+        return cls(SegmentRef._parsed(d["segment"]), d["ordinal"])
 
     def check(self) -> None:
         if not isinstance(self.segment, SegmentRef):
@@ -406,7 +417,10 @@ class RecordSetRef:
             return _legacy_record_set_ref(value)
         d = _fields(cls, value, ("manifest", "digest", "records", "payload_bytes", "tokens"))
         m = d["manifest"]
-        manifest = RecordRef.from_dict(m) if isinstance(m, Mapping) else m
+        if isinstance(m, Mapping):  # checked once, below, with the rest of the reference
+            manifest = RecordRef.from_dict(m) if "record_set" in m else RecordRef._parsed(m)
+        else:
+            manifest = m
         if not isinstance(manifest, RecordRef):
             raise InvalidReference(f"not a RecordSetRef dict: {short_repr(value)}")
         ref = cls(manifest, d["digest"], d["records"], d["payload_bytes"], d["tokens"])
