@@ -326,8 +326,10 @@ class BatchBuilder:
         try:
             saved, progress = self._load_saved()
             self._set_state(saved if state is None else dict(state), progress)
-            if state is not None and self.state() != saved:
-                self._save(f"restore:{_digest(self.state())}")
+            if state is not None:
+                adopted = self.state()  # once: a restored backlog of 10,000 is 10,000 dicts
+                if adopted != saved:
+                    self._save(f"restore:{_digest(adopted)}", adopted)
         except BaseException:
             coordinator.close_consumer(self.consumer_id, self._token)
             raise
@@ -431,8 +433,10 @@ class BatchBuilder:
             dependencies=[state_ref])
         return state_ref, progress_ref
 
-    def _save(self, request_id: str) -> dict[str, Any]:
-        state = self.state()
+    def _save(self, request_id: str, state: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Publish and save the consumer state (``state``: ``self.state()`` if computed
+        already)."""
+        state = self.state() if state is None else state
         state_ref, progress_ref = self._publish_state(state)
         return self.coord.save_consumer_state(
             self.consumer_id, token=self._token, request_id=request_id, state_ref=state_ref,
