@@ -228,11 +228,19 @@ CHECKSUM_ALGORITHM = "xxh3-128"
 
 def segment_id_of(path: str, offset: int) -> str:
     """The segment id of the extent at ``offset`` of pack ``path`` (a checked pack path)."""
-    writer_part = path.split("/", 3)[3]  # <writer>/i<n>/pack-<n>.strw
-    return f"{writer_part[:-len('.strw')]}@{offset}"
+    return f"{_writer_part(path)}@{offset}"
+
+
+@functools.lru_cache(maxsize=4096)
+def _writer_part(path: str) -> str:
+    """``<writer>/i<n>/pack-<n>`` of a pack path (cached as ``pack_path_run``: a restore
+    checks thousands of references into the same few packs)."""
+    return path.split("/", 3)[3][:-len(".strw")]
 
 
 def _check_int(where: str, name: str, v: object) -> None:
+    if type(v) is int and 0 <= v <= INT64_MAX:  # the common case, decided at once
+        return
     if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= INT64_MAX:
         raise InvalidReference(f"{where}: {name} must be an int in 0..2**63-1, got "
                                f"{short_repr(v)}")
@@ -244,6 +252,10 @@ def _fields(cls: type, value: object, required: tuple[str, ...],
     else (``InvalidReference`` naming the class otherwise)."""
     if not isinstance(value, Mapping):
         raise InvalidReference(f"not a {cls.__name__} dict: {short_repr(value)}")
+    need, allowed = _key_sets(required, optional)
+    keys = value.keys()
+    if need <= keys and keys <= allowed:  # the common case: one set comparison each way
+        return dict(value)
     missing = [k for k in required if k not in value]
     extra = [k for k in value if k not in required and k not in optional]
     if missing or extra:
@@ -253,6 +265,12 @@ def _fields(cls: type, value: object, required: tuple[str, ...],
             f"{'; ' if missing and extra else ''}"
             f"{'unknown ' + ', '.join(map(str, extra)) if extra else ''})")
     return dict(value)
+
+
+@functools.lru_cache(maxsize=64)
+def _key_sets(required: tuple[str, ...], optional: tuple[str, ...]
+              ) -> tuple[frozenset[str], frozenset[str]]:
+    return frozenset(required), frozenset(required + optional)
 
 
 @dataclass(frozen=True)
