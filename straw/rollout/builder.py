@@ -329,7 +329,7 @@ class BatchBuilder:
             if state is not None:
                 adopted = self.state()  # once: a restored backlog of 10,000 is 10,000 dicts
                 if adopted != saved:
-                    self._save(f"restore:{_digest(adopted)}", adopted)
+                    self._save(None, adopted)  # request id: restore:<its digest>
         except BaseException:
             coordinator.close_consumer(self.consumer_id, self._token)
             raise
@@ -420,28 +420,36 @@ class BatchBuilder:
         return {"backlog": len(self._backlog), "finished_batches": self._finished_count,
                 "quarantined": len(self._quarantined)}
 
-    def _publish_state(self, state: Mapping[str, Any]) -> tuple[RecordSetRef, RecordSetRef]:
-        """The consumer state and progress records (the progress depends on the state)."""
+    def _publish_state(self, state: Mapping[str, Any]
+                       ) -> tuple[RecordSetRef, RecordSetRef, str]:
+        """The consumer state and progress records (the progress depends on the state),
+        and the state's digest.  The state is encoded once: its record's payload and its
+        digest are the same canonical bytes (a restored backlog of 10,000 groups was
+        encoded twice here, and once more for the restore's request id)."""
         body = dict(state)
-        state_ref = self.store.publish([_json_record("builder-state", body)],
-                                       submission_id=f"builder-state:{_digest(body)}")
+        encoded = _canonical(body)
+        digest = hashlib.sha256(encoded).hexdigest()[:32]  # = _digest(body)
+        state_ref = self.store.publish([Record("builder-state", encoded, "json.v1", {})],
+                                       submission_id=f"builder-state:{digest}")
         progress = {"version": 1, "processed_positions": body["processed_positions"],
                     "finished_batches": list(self._finished)}
         progress_ref = self.store.publish(
             [_json_record("progress", progress)],
             submission_id=f"builder-progress:{_digest([progress, state_ref.digest])}",
             dependencies=[state_ref])
-        return state_ref, progress_ref
+        return state_ref, progress_ref, digest
 
-    def _save(self, request_id: str, state: dict[str, Any] | None = None) -> dict[str, Any]:
+    def _save(self, request_id: str | None, state: dict[str, Any] | None = None
+              ) -> dict[str, Any]:
         """Publish and save the consumer state (``state``: ``self.state()`` if computed
-        already)."""
+        already).  ``request_id`` None: ``restore:<the state's digest>``."""
         state = self.state() if state is None else state
-        state_ref, progress_ref = self._publish_state(state)
+        state_ref, progress_ref, digest = self._publish_state(state)
         return self.coord.save_consumer_state(
-            self.consumer_id, token=self._token, request_id=request_id, state_ref=state_ref,
-            fetch_cursor=state["fetch_cursor"], processed_cursor=state["processed_cursor"],
-            progress_ref=progress_ref)
+            self.consumer_id, token=self._token,
+            request_id=f"restore:{digest}" if request_id is None else request_id,
+            state_ref=state_ref, fetch_cursor=state["fetch_cursor"],
+            processed_cursor=state["processed_cursor"], progress_ref=progress_ref)
 
     # --- reading ------------------------------------------------------------------------
     def _read_json(self, ref: RecordSetRef, what: str) -> Any:
@@ -729,7 +737,7 @@ class BatchBuilder:
         state = {**self.state(), "backlog": [e.to_dict() for e in new_backlog],
                  "mix": mix_after.to_dict(),
                  "fetch_cursor": max(self._fetch, self._scan_cursor)}
-        state_ref, progress_ref = self._publish_state(state)
+        state_ref, progress_ref, _ = self._publish_state(state)
         self.coord.batch_ready(self.consumer_id, token=self._token, batch_id=batch_id,
                                ready_ref=ready_ref, state_ref=state_ref,
                                fetch_cursor=state["fetch_cursor"],
