@@ -104,6 +104,10 @@ _CHUNK = 1 << 19  # read-and-hash granularity of whole-extent reads
 _PAGE = 4096  # granularity at which another client's view of fresh data can be partial
 _FD_CACHE = 64
 _ZERO_HEADER = bytes(framing.HEADER_SIZE)
+# confirm_published: one read covers headers at most this far apart, and this long in all
+# (the bytes between them are read too: bounded, and cheaper than a read per header)
+_BULK_GAP = 64 * 1024
+_BULK_SPAN = 4 * 1024 * 1024
 _SWEEP_SECONDS = 5.0  # how often a session looks for cached packs another client reclaimed
 
 # every open session of this process, so that a collection can make them let go of what it
@@ -470,6 +474,59 @@ class ReadSession(ProcessBound):
         _check_extent_size(seg)
         head = self._read_exact(seg.path, seg.offset, framing.HEADER_SIZE, frame=True)
         self._check_header(seg, head)
+
+    def confirm_published(self, segs: Sequence[SegmentRef]) -> list[bool]:
+        """Which of ``segs`` (canonical, structurally checked by the caller) are confirmed
+        to name a publication (D4) by reading their frame headers in bulk: per pack, ONE
+        read spans neighbouring extents' headers (a gap of at most ``_BULK_GAP`` bytes
+        between them), so retaining a restored backlog of 10,000 groups costs a few reads,
+        not 10,000.  A header is confirmed only on the condition ``check_published``
+        returns on (a valid extent frame of the reference's size and checksum); anything
+        else (short file, zeros, another frame, an I/O error) is False, never an error:
+        the caller asks ``check_published`` for it, which retries visibility lag and names
+        the fault, exactly as before."""
+        self._check_process()
+        out = [False] * len(segs)
+        by_pack: dict[str, list[int]] = {}
+        for i, seg in enumerate(segs):
+            if seg in self._extents:  # its manifest was checked already
+                out[i] = True
+            elif seg.run_id == self.run_id and seg.size >= framing.HEADER_SIZE \
+                    + EXTENT_PREFIX.size:
+                by_pack.setdefault(seg.path, []).append(i)
+        for path, idx in by_pack.items():
+            check_pack_path(path, self.run_id)
+            idx.sort(key=lambda i: segs[i].offset)
+            start = 0
+            for k in range(1, len(idx) + 1):
+                if k < len(idx):
+                    prev, cur = segs[idx[k - 1]].offset, segs[idx[k]].offset
+                    if cur - (prev + framing.HEADER_SIZE) <= _BULK_GAP \
+                            and cur - segs[idx[start]].offset <= _BULK_SPAN:
+                        continue
+                self._confirm_span(path, [segs[i] for i in idx[start:k]], idx[start:k], out)
+                start = k
+        return out
+
+    def _confirm_span(self, path: str, segs: list[SegmentRef], idx: list[int],
+                      out: list[bool]) -> None:
+        lo = segs[0].offset
+        buf = _alloc(segs[-1].offset + framing.HEADER_SIZE - lo)
+        try:
+            with self._reading():
+                n = self.fs.readinto(self._fd(path), buf, lo)
+        except OSError:
+            return  # check_published decides (missing, not visible yet, ...)
+        for i, seg in zip(idx, segs, strict=True):
+            at = seg.offset - lo
+            if at + framing.HEADER_SIZE > n:
+                break
+            try:
+                header = framing.decode_header(buf[at:at + framing.HEADER_SIZE])
+            except (StrawError, framing.TornFrame):  # check_published names it
+                continue
+            out[i] = header.kind == framing.KIND_EXTENT and header.frame_length == seg.size \
+                and header.body_hash.hex() == seg.checksum
 
     def read_record(self, record_ref: RecordRef) -> Record:
         """One record, reading and checking only its extent's manifest and that record.

@@ -228,11 +228,19 @@ CHECKSUM_ALGORITHM = "xxh3-128"
 
 def segment_id_of(path: str, offset: int) -> str:
     """The segment id of the extent at ``offset`` of pack ``path`` (a checked pack path)."""
-    writer_part = path.split("/", 3)[3]  # <writer>/i<n>/pack-<n>.strw
-    return f"{writer_part[:-len('.strw')]}@{offset}"
+    return f"{_writer_part(path)}@{offset}"
+
+
+@functools.lru_cache(maxsize=4096)
+def _writer_part(path: str) -> str:
+    """``<writer>/i<n>/pack-<n>`` of a pack path (cached as ``pack_path_run``: a restore
+    checks thousands of references into the same few packs)."""
+    return path.split("/", 3)[3][:-len(".strw")]
 
 
 def _check_int(where: str, name: str, v: object) -> None:
+    if type(v) is int and 0 <= v <= INT64_MAX:  # the common case, decided at once
+        return
     if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= INT64_MAX:
         raise InvalidReference(f"{where}: {name} must be an int in 0..2**63-1, got "
                                f"{short_repr(v)}")
@@ -244,6 +252,10 @@ def _fields(cls: type, value: object, required: tuple[str, ...],
     else (``InvalidReference`` naming the class otherwise)."""
     if not isinstance(value, Mapping):
         raise InvalidReference(f"not a {cls.__name__} dict: {short_repr(value)}")
+    need, allowed = _key_sets(required, optional)
+    keys = value.keys()
+    if need <= keys and keys <= allowed:  # the common case: one set comparison each way
+        return dict(value)
     missing = [k for k in required if k not in value]
     extra = [k for k in value if k not in required and k not in optional]
     if missing or extra:
@@ -253,6 +265,12 @@ def _fields(cls: type, value: object, required: tuple[str, ...],
             f"{'; ' if missing and extra else ''}"
             f"{'unknown ' + ', '.join(map(str, extra)) if extra else ''})")
     return dict(value)
+
+
+@functools.lru_cache(maxsize=64)
+def _key_sets(required: tuple[str, ...], optional: tuple[str, ...]
+              ) -> tuple[frozenset[str], frozenset[str]]:
+    return frozenset(required), frozenset(required + optional)
 
 
 @dataclass(frozen=True)
@@ -281,11 +299,17 @@ class SegmentRef:
 
     @classmethod
     def from_dict(cls, value: Mapping[str, Any]) -> SegmentRef:
-        d = _fields(cls, value, ("run_id", "path", "segment_id", "size", "checksum"),
-                    ("version", "checksum_algorithm", "offset"))
-        ref = cls(**d)
+        ref = cls._parsed(value)
         ref.check()
         return ref
+
+    @classmethod
+    def _parsed(cls, value: Mapping[str, Any]) -> SegmentRef:
+        """The fields of ``value``, not yet ``check``ed: the caller checks the reference
+        holding it once (a check per nesting level made a restore's 10,000 references
+        check each segment three times)."""
+        return cls(**_fields(cls, value, ("run_id", "path", "segment_id", "size", "checksum"),
+                             ("version", "checksum_algorithm", "offset")))
 
     def check(self) -> None:
         """Structural validity (no I/O): a readable version and algorithm, types, ranges,
@@ -327,10 +351,15 @@ class RecordRef:
     def from_dict(cls, value: Mapping[str, Any]) -> RecordRef:
         if isinstance(value, Mapping) and "record_set" in value:
             return _legacy_record_ref(value)
-        d = _fields(cls, value, ("segment", "ordinal"))
-        ref = cls(SegmentRef.from_dict(d["segment"]), d["ordinal"])
-        ref.check()
+        ref = cls._parsed(value)
+        ref.check()  # checks its segment too
         return ref
+
+    @classmethod
+    def _parsed(cls, value: Mapping[str, Any]) -> RecordRef:
+        """Not yet ``check``ed (``SegmentRef._parsed``)."""
+        d = _fields(cls, value, ("segment", "ordinal"))
+        return cls(SegmentRef._parsed(d["segment"]), d["ordinal"])
 
     def check(self) -> None:
         if not isinstance(self.segment, SegmentRef):
@@ -406,7 +435,10 @@ class RecordSetRef:
             return _legacy_record_set_ref(value)
         d = _fields(cls, value, ("manifest", "digest", "records", "payload_bytes", "tokens"))
         m = d["manifest"]
-        manifest = RecordRef.from_dict(m) if isinstance(m, Mapping) else m
+        if isinstance(m, Mapping):  # checked once, below, with the rest of the reference
+            manifest = RecordRef.from_dict(m) if "record_set" in m else RecordRef._parsed(m)
+        else:
+            manifest = m
         if not isinstance(manifest, RecordRef):
             raise InvalidReference(f"not a RecordSetRef dict: {short_repr(value)}")
         ref = cls(manifest, d["digest"], d["records"], d["payload_bytes"], d["tokens"])

@@ -791,9 +791,14 @@ class SharedFilesystemStore(ProcessBound):
     def _check_all_published(self, refs: Sequence[RecordSetRef | RecordRef], where: str
                              ) -> None:
         """Each of ``refs`` (checked by ``_extents`` already) must name a publication: what
-        an owner retains must exist (D4)."""
-        for i, r in enumerate(refs):
-            self.check_published(r, f"{where}[{i}]")
+        an owner retains must exist (D4).  Confirmed in bulk (``confirm_published``: a
+        read per run of neighbouring extents); what that does not confirm is checked one by
+        one, which raises the error naming it."""
+        self._check_process()
+        segs = [self._session._canonical(r).segment for r in refs]
+        for i, ok in enumerate(self._session.confirm_published(segs)):
+            if not ok:
+                self.check_published(refs[i], f"{where}[{i}]")
 
     # --- reading ------------------------------------------------------------------------
     def read(self, ref: RecordSetRef) -> Iterator[Record]:

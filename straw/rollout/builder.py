@@ -351,8 +351,10 @@ class BatchBuilder:
         try:
             saved, progress = self._load_saved()
             self._set_state(saved if state is None else dict(state), progress)
-            if state is not None and self.state() != saved:
-                self._save(f"restore:{_digest(self.state())}")
+            if state is not None:
+                adopted = self.state()  # once: a restored backlog of 10,000 is 10,000 dicts
+                if adopted != saved:
+                    self._save(None, adopted)  # request id: restore:<its digest>
         except BaseException:
             coordinator.close_consumer(self.consumer_id, self._token)
             raise
@@ -411,7 +413,10 @@ class BatchBuilder:
         self._finished = prefix if len(prefix) >= n and prefix[len(prefix) - n:] == \
             self._recent else list(self._recent)
         self._quarantined = [dict(q) for q in value["quarantined"]]
-        self._backlog = [Accepted.from_dict(e) for e in value["backlog"]]
+        # an entry may be an Accepted already (a restore hands over the groups it parsed
+        # and retained: parsing 10,000 references again cost a third of the restore)
+        self._backlog = [e if isinstance(e, Accepted) else Accepted.from_dict(e)
+                         for e in value["backlog"]]
         # the scanned groups kept decoded for their build (commit id -> group; "Memory")
         self._kept: dict[str, SampleGroup] = {}
         self._kept_tokens = 0
@@ -447,29 +452,38 @@ class BatchBuilder:
                 "quarantined": len(self._quarantined)}
 
     def _publish_state(self, state: Mapping[str, Any], ready: Publication | None = None,
-                       ready_id: str = "") -> list[RecordSetRef]:
+                       ready_id: str = "") -> tuple[list[RecordSetRef], str]:
         """The consumer state and progress records (the progress depends on the state),
         after ``ready`` (a batch's ready record, ``ready_id`` naming its content) when
         given: ``[ready_ref,] state_ref, progress_ref``, in ONE durable write (one sync
         for all of them instead of one each: this runs for every ready and finished
-        batch)."""
+        batch), and the state's digest.  The state is encoded once: its record's payload
+        and its digest are the same canonical bytes (a restored backlog of 10,000 groups
+        was encoded three times)."""
         body = dict(state)
+        encoded = _canonical(body)
+        digest = hashlib.sha256(encoded).hexdigest()[:32]  # = _digest(body)
         progress = {"version": 1, "processed_positions": body["processed_positions"],
                     "finished_batches": list(self._finished)}
         before = [] if ready is None else [ready]
-        pubs = [*before, Publication([_json_record("builder-state", body)]),
+        pubs = [*before, Publication([Record("builder-state", encoded, "json.v1", {})]),
                 Publication([_json_record("progress", progress)], dependencies=[len(before)])]
         prefix = "builder-state" if ready is None else f"ready:{ready_id}"
-        return self.store.publish_many(
-            pubs, submission_id=f"{prefix}:{_digest([body, progress])}")
+        refs = self.store.publish_many(
+            pubs, submission_id=f"{prefix}:{_digest([digest, progress])}")
+        return refs, digest
 
-    def _save(self, request_id: str) -> dict[str, Any]:
-        state = self.state()
-        state_ref, progress_ref = self._publish_state(state)
+    def _save(self, request_id: str | None, state: dict[str, Any] | None = None
+              ) -> dict[str, Any]:
+        """Publish and save the consumer state (``state``: ``self.state()`` if computed
+        already).  ``request_id`` None: ``restore:<the state's digest>``."""
+        state = self.state() if state is None else state
+        (state_ref, progress_ref), digest = self._publish_state(state)
         return self.coord.save_consumer_state(
-            self.consumer_id, token=self._token, request_id=request_id, state_ref=state_ref,
-            fetch_cursor=state["fetch_cursor"], processed_cursor=state["processed_cursor"],
-            progress_ref=progress_ref)
+            self.consumer_id, token=self._token,
+            request_id=f"restore:{digest}" if request_id is None else request_id,
+            state_ref=state_ref, fetch_cursor=state["fetch_cursor"],
+            processed_cursor=state["processed_cursor"], progress_ref=progress_ref)
 
     # --- reading ------------------------------------------------------------------------
     def _read_json(self, ref: RecordSetRef, what: str) -> Any:
@@ -781,7 +795,7 @@ class BatchBuilder:
                  "fetch_cursor": max(self._fetch, self._scan_cursor)}
         # the ready record published with the state, in one durable write, before
         # batch_ready names them (its shards and plan already durable)
-        ready_ref, state_ref, progress_ref = self._publish_state(
+        (ready_ref, state_ref, progress_ref), _ = self._publish_state(
             state, Publication([_json_record("ready", ready)], [*shards, plan_ref]),
             f"{batch_id}:{_digest(ready)}")
         self.coord.batch_ready(self.consumer_id, token=self._token, batch_id=batch_id,
