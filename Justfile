@@ -3,7 +3,7 @@ python := justfile_directory() + "/.venv/bin/python"
 
 # The library's main job: a small RL run on a local Ray cluster over an embedded pool (temp dir)
 demo *ARGS:
-    {{python}} -m straw.demo {{ARGS}}
+    {{python}} -m straw.cli.demo {{ARGS}}
 
 # Qualify a filesystem before trusting it: just qualify /mnt/a --peer /mnt/b [--full-check DIR]
 qualify *ARGS:

@@ -32,7 +32,7 @@ QUICK = {"steps": 12, "prompts": 64, "samples": 4, "kill_job_at": 7}  # Settings
 
 def run_demo(root):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "straw.demo", "--quick", "--root", str(root)],
+    done = subprocess.run([sys.executable, "-m", "straw.cli.demo", "--quick", "--root", str(root)],
                           capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout

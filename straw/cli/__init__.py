@@ -42,7 +42,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     d = sub.add_parser("demo", help="run the demo on a temp pool (or --root DIR)")
-    d.add_argument("rest", nargs=argparse.REMAINDER, help="arguments of python -m straw.demo")
+    d.add_argument("rest", nargs=argparse.REMAINDER, help="arguments of python -m straw.cli.demo")
 
     q = sub.add_parser("qualify", help="measure the filesystem contract on a mount")
     q.add_argument("path", help="a directory on the filesystem to qualify (client A)")
@@ -197,7 +197,7 @@ COMMANDS = {"qualify": cmd_qualify, "inspect": cmd_inspect, "top": cmd_top, "gc"
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["demo"]:  # its own options (--root, --keep) pass through unparsed
-        from .. import demo
+        from . import demo
         return demo.main(argv[1:])
     args = _parser().parse_args(argv)  # usage errors exit 2 (argparse)
     from ..pool_view import NotAPool

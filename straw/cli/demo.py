@@ -1,7 +1,7 @@
 """The demo: a small, real RL job on a local Ray cluster whose rollouts live in straw,
 checkpointed, killed and resumed by salvage.
 
-    python3 dev.py demo       # or: python -m straw.demo [--root DIR] [--keep] [--quick]
+    python3 dev.py demo       # or: python -m straw.cli.demo [--root DIR] [--keep] [--quick]
 
 A tiny NumPy policy (``straw.rollout.toy``) learns to reverse 4-token prompts, fully
 async, on an embedded pool in a temp directory:
@@ -55,27 +55,27 @@ from typing import Any
 
 import numpy as np
 
-from .coordinator import Coordinator
-from .fs import PosixFS
-from .publication_log import AckLog
-from .refs import RecordSetRef
-from .rollout import PROMPT_PREFIX, RankBatchRef, RolloutConfig, SampleGroup, default_convert
-from .rollout.builder import COLLECTION_PREFIX
-from .rollout.checkpoint_files import model_dir
+from ..coordinator import Coordinator
+from ..fs import PosixFS
+from ..publication_log import AckLog
+from ..refs import RecordSetRef
+from ..rollout import PROMPT_PREFIX, RankBatchRef, RolloutConfig, SampleGroup, default_convert
+from ..rollout.builder import COLLECTION_PREFIX
+from ..rollout.checkpoint_files import model_dir
 
 try:
-    from .rollout.ray import NodeSpec, RayRollout, controller_state
-    from .rollout.ray import local as ray_local
+    from ..rollout.ray import NodeSpec, RayRollout, controller_state
+    from ..rollout.ray import local as ray_local
 except ModuleNotFoundError as e:  # pragma: no cover - the ray extra is missing
     if e.name != "ray":
         raise
     raise ModuleNotFoundError("the demo runs on a local Ray cluster: install the ray extra "
                               "(pip install 'straw-store[ray]'; python3 dev.py demo does)",
                               name="ray") from e
-from .rollout.resolve import NEW, SALVAGE, Resolution, resolve_checkpoint
-from .rollout.toy import ToyPolicy, ToyTask, grpo_advantages
-from .store import SharedFilesystemStore
-from .tensor import tensor_from_record, tensor_record
+from ..rollout.resolve import NEW, SALVAGE, Resolution, resolve_checkpoint
+from ..rollout.toy import ToyPolicy, ToyTask, grpo_advantages
+from ..store import SharedFilesystemStore
+from ..tensor import tensor_from_record, tensor_record
 
 RUN = "demo"
 WEIGHTS = "weights"  # the queue producer whose state records the trained weights
@@ -396,7 +396,7 @@ def _trained(logdir: str, phase: int) -> list[dict[str, Any]]:
 
 def _spawn(root: str, logdir: str, phase: int, address: str, s: Settings
            ) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "straw.demo", "--job", str(phase), root,
+    return subprocess.Popen([sys.executable, "-m", "straw.cli.demo", "--job", str(phase), root,
                              logdir, address, *s.to_args()])
 
 
