@@ -15,10 +15,11 @@ import pytest
 from straw import SharedFilesystemStore
 from straw.errors import CorruptData, InvalidReference, UnsupportedSchema
 from straw.refs import RecordSetRef
-from straw.rollout import RolloutArchive, Sample, SampleGroup, Status, group_records
+from straw.rollout import RolloutArchive, Sample, Status
 from straw.rollout.archive import ADJACENT_POOL, ADJACENT_RUN, CHUNK_SAMPLES, FORMAT, VERSION
-from straw.rollout.codec import group_from_records
 from straw.tensor import TensorRef
+
+from .pool import published_samples
 
 
 def _sample(i: int, *, index: int | None = -1, task: bool = True,
@@ -31,19 +32,6 @@ def _sample(i: int, *, index: int | None = -1, task: bool = True,
 
 def _routes(i: int) -> np.ndarray:
     return np.full((7, 4, 2), i, dtype=np.int32)
-
-
-def _published(store: SharedFilesystemStore, samples: list[Sample]) -> list[Sample]:
-    """The samples as a queue holds them: published as groups, captures lazy refs."""
-    out = []
-    for k, s in enumerate(samples):
-        records, deps = group_records(SampleGroup((s,)))
-        ref = store.publish(records, submission_id=f"group:{k}", dependencies=deps)
-        head = store.read_record(store.checked_manifest(ref).record_refs[0])
-        group = group_from_records([head], tensors=TensorRef.from_record_set_many(store, ref),
-                                   lazy_tensors_over=0, store=store)
-        out.append(group.samples[0])
-    return out
 
 
 @pytest.fixture
@@ -135,7 +123,7 @@ def test_large_copied_rollouts_are_written_in_batches(tmp_path, pool, monkeypatc
 
 def test_tensors_already_in_the_pool_are_shared_not_copied(tmp_path, pool):
     big = [np.full((255, 16, 8), i, dtype=np.int32) for i in range(4)]  # 130 KB each
-    samples = _published(pool, [Sample(("p", i), tokens=tuple(range(256)),
+    samples = published_samples(pool, [Sample(("p", i), tokens=tuple(range(256)),
                                        response_length=8, status=Status.COMPLETED,
                                        reward=1.0, index=i, routes=big[i])
                                 for i in range(4)])
@@ -160,7 +148,7 @@ def test_in_memory_captures_round_trip(tmp_path, pool):
 
 def test_tensors_of_another_pool_are_copied_in(tmp_path, pool):
     other = SharedFilesystemStore(tmp_path / "other", "job")
-    samples = _published(other, [_sample(i, routes=_routes(i)) for i in range(2)])
+    samples = published_samples(other, [_sample(i, routes=_routes(i)) for i in range(2)])
     path = _archive(tmp_path, pool, samples)
     other.close()
     shutil.rmtree(tmp_path / "other")
@@ -288,7 +276,7 @@ def test_a_missing_key_is_a_key_error_and_a_malformed_one_a_clear_error(tmp_path
 
 
 def test_the_archive_keeps_its_data_through_gc_until_released(tmp_path, pool):
-    samples = _published(pool, [_sample(i, routes=_routes(i)) for i in range(3)])
+    samples = published_samples(pool, [_sample(i, routes=_routes(i)) for i in range(3)])
     path = _archive(tmp_path, pool, samples)
     pool.seal()
     pool.release_publications([s.routes.blob_set for s in samples])  # the queue let go
@@ -304,7 +292,7 @@ def test_the_archive_keeps_its_data_through_gc_until_released(tmp_path, pool):
 
 
 def test_release_leaves_other_owners_theirs(tmp_path, pool):
-    samples = _published(pool, [_sample(i, routes=_routes(i)) for i in range(2)])
+    samples = published_samples(pool, [_sample(i, routes=_routes(i)) for i in range(2)])
     pool.retain("mine", [s.routes.blob_set for s in samples])
     pool.release_publications([s.routes.blob_set for s in samples])
     path = _archive(tmp_path, pool, samples)

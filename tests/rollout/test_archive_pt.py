@@ -15,11 +15,12 @@ import pytest
 from straw import SharedFilesystemStore
 from straw.errors import CorruptData, InvalidReference, UnsupportedSchema
 from straw.fs import PosixFS
-from straw.rollout import RolloutArchive, Sample, SampleGroup, Status, VersionSpan, group_records
+from straw.rollout import RolloutArchive, Sample, Status, VersionSpan
 from straw.rollout.archive import ADJACENT_POOL
 from straw.rollout.archive_pt import PT_FORMAT, PT_VERSION, load_pt, sample_dict
-from straw.rollout.codec import group_from_records
 from straw.tensor import TensorRef
+
+from .pool import published_samples
 
 torch = pytest.importorskip("torch")
 
@@ -36,19 +37,6 @@ def _sample(i: int, *, routes: bool = True, **kw: object) -> Sample:
         topk_logprobs=torch.full((4, 3), -float(i), dtype=torch.bfloat16) if routes else None)
     base.update(kw)
     return Sample(("prompt", i // 2), **base)  # type: ignore[arg-type]
-
-
-def _published(store: SharedFilesystemStore, samples: list[Sample]) -> list[Sample]:
-    """The samples as a queue holds them: published as groups, captures lazy refs."""
-    out = []
-    for k, s in enumerate(samples):
-        records, deps = group_records(SampleGroup((s,)))
-        ref = store.publish(records, submission_id=f"group:{k}", dependencies=deps)
-        head = store.read_record(store.checked_manifest(ref).record_refs[0])
-        group = group_from_records([head], tensors=TensorRef.from_record_set_many(store, ref),
-                                   lazy_tensors_over=0, store=store)
-        out.append(group.samples[0])
-    return out
 
 
 def _np(x: object) -> np.ndarray:
@@ -94,7 +82,7 @@ def pool(tmp_path):
 
 
 def test_save_export_release_collect_then_read_the_pt(tmp_path, pool):
-    samples = _published(pool, [_sample(i) for i in range(5)])
+    samples = published_samples(pool, [_sample(i) for i in range(5)])
     path = RolloutArchive.save(tmp_path / "rollout_7.straw.json", samples, rollout_id=7,
                                store=pool)
     pool.seal()
@@ -191,7 +179,7 @@ def test_an_empty_archive_exports_and_imports(tmp_path, pool):
 
 
 def test_an_exported_pt_imports_as_an_archive_with_an_adjacent_pool(tmp_path, pool):
-    samples = _published(pool, [_sample(i) for i in range(3)])
+    samples = published_samples(pool, [_sample(i) for i in range(3)])
     samples.append(_sample(9, index=None, metadata={}))  # position:3, no task key
     path = RolloutArchive.save(tmp_path / "rollout_7.straw.json", samples, rollout_id=7,
                                store=pool)
@@ -332,7 +320,7 @@ def test_without_torch_a_clear_import_error_names_the_extra(tmp_path, pool, monk
 
 
 def test_export_of_collected_data_fails_before_writing(tmp_path, pool):
-    samples = _published(pool, [_sample(i) for i in range(2)])
+    samples = published_samples(pool, [_sample(i) for i in range(2)])
     path = RolloutArchive.save(tmp_path / "r.straw.json", samples, rollout_id=0, store=pool)
     pool.seal()
     pool.release_publications([s.routes.blob_set for s in samples])
