@@ -290,14 +290,24 @@ class PackWriter:
             self.abandon()
             raise storage_error(e, f"cannot initialise pack {path}") from e
 
+    def _step(self) -> int:
+        """The reservation step: as large as the pack already is (at least
+        ``RESERVE_RAMP_FLOOR``), at most ``reserve_bytes``.  It doubles with the pack, so a
+        writer that dies before sealing leaves at most about as many reserved zeros as it
+        wrote (plus the floor) until its pack is collected, instead of a whole
+        ``reserve_bytes`` per writer: nothing may trim a dead writer's tail (a writer whose
+        lock expired may still append within its lock-check window, D4).  A long-lived
+        writer reaches the full step once its pack holds ``reserve_bytes``."""
+        return min(self.reserve_bytes, max(RESERVE_RAMP_FLOOR, self.reserved))
+
     def _reserve(self, needed_end: int) -> None:
-        """Reserve up to the next multiple of ``reserve_bytes`` past ``needed_end``.  On a
-        nearly full disk (ENOSPC/EDQUOT) retry with half the step each time, down to
+        """Reserve up to the next multiple of the step (``_step``) past ``needed_end``.  On
+        a nearly full disk (ENOSPC/EDQUOT) retry with half the step each time, down to
         exactly ``needed_end`` (what the write needs): only that failing raises, so a small
         publication fits wherever its own bytes fit.  A failed reservation wrote nothing."""
         if needed_end <= self.reserved or self.reserve_bytes <= 0:
             return
-        ends = _reserve_candidates(self.reserved, needed_end, self.reserve_bytes)
+        ends = _reserve_candidates(self.reserved, needed_end, self._step())
         for i, new_end in enumerate(ends):
             try:
                 supported = self.fs.reserve(self.fd, self.reserved, new_end - self.reserved)
@@ -369,6 +379,7 @@ class PackWriter:
 
 
 _MIN_RESERVE_STEP = 4096
+RESERVE_RAMP_FLOOR = 1 << 20  # the first reservation step of a new pack (``_step``)
 
 
 def _reserve_candidates(reserved: int, needed_end: int, step: int) -> list[int]:

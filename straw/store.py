@@ -168,8 +168,10 @@ class SharedFilesystemStore(ProcessBound):
     ``tensor.v1``, ``sample.v1``), ``segment_target_bytes`` (pack rotation target, not a
     hard limit), ``writer_id`` (stable name of this writer: submission ids are scoped to
     it and survive its restarts; concurrent writers need distinct ids), ``fs`` (the
-    ``Filesystem``, default ``PosixFS``), ``clock``, ``reserve_bytes`` (space reserved
-    ahead in packs, less on a nearly full disk; 0 disables),
+    ``Filesystem``, default ``PosixFS``), ``clock``, ``reserve_bytes`` (the largest step of
+    space reserved ahead in packs: a new pack's step starts at 1 MiB and doubles with the
+    pack, so a writer killed early leaves little behind; less on a nearly full disk; 0
+    disables),
     ``visibility_retries``/``visibility_backoff`` (bounded retries when another client's
     data is not visible yet), ``backend`` (a ``straw.backend.FilesystemBackend``: the
     storage profile and deployment declaration, verified against the live mount before

@@ -81,7 +81,6 @@ RUN = "demo"
 WEIGHTS = "weights"  # the queue producer whose state records the trained weights
 LOGS = "demo-logs"
 CHECKPOINTS = "checkpoints"
-RESERVE_BYTES = 1 << 20  # a toy job's packs grow 1 MiB at a time (a killed writer's slack)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,8 +140,7 @@ def _config(s: Settings) -> RolloutConfig:
 
 
 def _store(root: str, writer_id: str, s: Settings) -> SharedFilesystemStore:
-    return SharedFilesystemStore(root, RUN, writer_id=writer_id, reserve_bytes=RESERVE_BYTES,
-                                 **_config(s).store_options())
+    return SharedFilesystemStore(root, RUN, writer_id=writer_id, **_config(s).store_options())
 
 
 def _policy(s: Settings) -> ToyPolicy:
@@ -306,8 +304,7 @@ def _drive(root: str, logdir: str, phase: int, s: Settings, log: AckLog,
                      batch_groups=s.batch_groups, dp_size=2, name=controller_name(phase),
                      weight_version=policy.version, checkpoint=resolution,
                      builder_options={"reward_hook": grpo_advantages,
-                                      "convert_hook": convert_with_versions},
-                     store_options={"reserve_bytes": RESERVE_BYTES})
+                                      "convert_hook": convert_with_versions})
     try:
         if policy.version:  # the checkpoint's weights, where the actors load them
             assert resolution.step is not None
