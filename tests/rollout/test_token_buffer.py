@@ -49,3 +49,15 @@ def test_a_decoded_group_equals_the_group_it_stores():
     back = group_from_records(group_records(g)[0])
     assert back == g
     assert all(type(s.tokens) is tuple for s in back.samples)
+
+
+@pytest.mark.parametrize("ids,dtype", [((), "int32"), ((1, 2, 3), "int32"),
+                                       ((-(2**31), 2**31 - 1), "int32"),
+                                       ((0, 2**31), "int64"), ((-(2**31) - 1, 5), "int64"),
+                                       ((2**63 - 1,), "int64")])
+def test_default_conversion_gives_int32_ids_when_they_fit_else_int64(ids, dtype):
+    from straw.rollout.builder import default_convert
+
+    s = Sample("p", tokens=ids, status=Status.COMPLETED, reward=1.0)
+    got = default_convert(s, 1.0)["tokens"]
+    assert got.dtype.name == dtype and got.tolist() == list(ids) and got.flags.writeable
