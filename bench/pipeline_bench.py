@@ -16,7 +16,10 @@ prompt, ``--concurrency`` samples generated at once, batches of ``--batch-groups
 
 Throughput is groups trained per second after the first batch (start-up excluded),
 the two sides alternated ``--rounds`` times in one run; the ratio is straw's median over
-the object store's (target >= 0.8).
+the object store's (target >= 0.8).  On a loaded machine throughput follows the load; the
+CPU seconds per batch of the whole cluster (every process of the local cluster: driver,
+raylets, actors; from ``/proc``, Linux) do much less, so they are reported too, per side,
+with their ratio (how much more CPU straw spends on a batch).
 
 The kill: each side is stopped abruptly (every actor and the driver's state gone, as when
 the job's driver process is SIGKILLed) once the next batch is half full, then started
@@ -81,6 +84,40 @@ class ObjectStoreGenerator:
         return asyncio.run(self.generate(g, weight_version=0, abort=asyncio.Event()))
 
 
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def tree_cpu() -> float | None:
+    """CPU seconds (user + system) of this process and every live descendant (the
+    local cluster's processes), or None without ``/proc``."""
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return None
+    children: dict[int, list[int]] = {}
+    cpu: dict[int, float] = {}
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # exited meanwhile
+            continue
+        children.setdefault(int(fields[1]), []).append(int(name))
+        cpu[int(name)] = (int(fields[11]) + int(fields[12])) / _TICK
+    total, todo = 0.0, [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        total += cpu.get(pid, 0.0)
+        todo += children.get(pid, [])
+    return total
+
+
+def _per_batch(c0: float | None, c1: float | None, batches: int) -> float | None:
+    return None if c0 is None or c1 is None else (c1 - c0) / batches
+
+
 def train(samples: list[Any]) -> int:
     """The 'training': touch every token of the batch."""
     return sum(len(s) for s in samples)
@@ -101,7 +138,7 @@ def object_store_run(nodes: list[str], args: argparse.Namespace, batches: int, *
     next_gid, trained, lost, generated = 0, 0, 0, 0
     inflight: dict[Any, int] = {}
     buffer: list[SampleGroup] = []
-    t0 = None
+    t0, c0 = None, None
     killed = False
     while trained < batches:
         while len(inflight) < slots:
@@ -125,11 +162,12 @@ def object_store_run(nodes: list[str], args: argparse.Namespace, batches: int, *
             train([s.tokens for g in batch for s in g])
             trained += 1
             if trained == 1:
-                t0 = time.perf_counter()
-    elapsed = time.perf_counter() - (t0 or 0)
+                t0, c0 = time.perf_counter(), tree_cpu()
+    elapsed, c1 = time.perf_counter() - (t0 or 0), tree_cpu()
     for a in actors:
         ray.kill(a, no_restart=True)
     return {"groups_per_s": (batches - 1) * args.batch_groups / elapsed,
+            "cpu_s_per_batch": _per_batch(c0, c1, batches - 1),
             "generated": generated, "lost_groups": lost,
             "regenerated_groups": lost}
 
@@ -150,7 +188,7 @@ def straw_run(root: str, run: str, nodes: list[str], args: argparse.Namespace, b
 
     store = SharedFilesystemStore(root, run)
     job = start(False)
-    trained, t0, lost, regenerated, waiting = 0, None, 0, 0, 0
+    trained, t0, c0, lost, regenerated, waiting = 0, None, None, 0, 0, 0
     killed = False
     try:
         while trained < batches:
@@ -176,15 +214,20 @@ def straw_run(root: str, run: str, nodes: list[str], args: argparse.Namespace, b
             job.finish_batch(refs[0].batch_id)
             trained += 1
             if trained == 1:
-                t0 = time.perf_counter()
-        elapsed = time.perf_counter() - (t0 or 0)
+                t0, c0 = time.perf_counter(), tree_cpu()
+        elapsed, c1 = time.perf_counter() - (t0 or 0), tree_cpu()
         accepted = len(job.accepted())
     finally:
         job.close(force=True)
         store.close()
     return {"groups_per_s": (batches - 1) * args.batch_groups / elapsed,
+            "cpu_s_per_batch": _per_batch(c0, c1, batches - 1),
             "accepted": accepted, "lost_groups": lost, "regenerated_groups": regenerated,
             "survived_kill": waiting}
+
+
+def _fmt(value: float | None, spec: str = ".3f") -> str:
+    return "n/a" if value is None else format(value, spec)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -213,26 +256,39 @@ def main(argv: list[str] | None = None) -> int:
         nodes = sorted(n["NodeID"] for n in ray.nodes()
                        if n["Alive"] and any(k.startswith("gen") for k in n["Resources"]))
         rates: dict[str, list[float]] = {"object_store": [], "straw": []}
+        cpus: dict[str, list[float]] = {"object_store": [], "straw": []}
         for r in range(args.rounds):
             os_side = object_store_run(nodes, args, args.batches)
-            rates["object_store"].append(os_side["groups_per_s"])
             st = straw_run(os.path.join(base, "pool"), f"run{r}", nodes, args, args.batches)
-            rates["straw"].append(st["groups_per_s"])
+            for side, got in (("object_store", os_side), ("straw", st)):
+                rates[side].append(got["groups_per_s"])
+                if got["cpu_s_per_batch"] is not None:
+                    cpus[side].append(got["cpu_s_per_batch"])
             print(f"round {r}: object store {os_side['groups_per_s']:.1f} groups/s, "
-                  f"straw {st['groups_per_s']:.1f} groups/s", flush=True)
+                  f"straw {st['groups_per_s']:.1f} groups/s; cluster CPU s per batch: "
+                  f"object store {_fmt(os_side['cpu_s_per_batch'])}, straw "
+                  f"{_fmt(st['cpu_s_per_batch'])}", flush=True)
         half = args.batch_groups // 2
         os_kill = object_store_run(nodes, args, 3, kill_at=half)
         st_kill = straw_run(os.path.join(base, "pool"), "kill", nodes, args, 3, kill_at=half)
         med = {k: statistics.median(v) for k, v in rates.items()}
+        cpu_med = {k: statistics.median(v) if v else None for k, v in cpus.items()}
+        cpu_ratio = (cpu_med["straw"] / cpu_med["object_store"]
+                     if cpu_med["straw"] and cpu_med["object_store"] else None)
         doc = {"cpus": os.cpu_count(), "nodes": 2, "batch_groups": args.batch_groups,
                "samples": args.samples, "tokens": args.tokens,
                "concurrency": args.concurrency, "rounds": args.rounds,
                "groups_per_s": rates, "median": med,
                "ratio_straw_over_object_store": med["straw"] / med["object_store"],
+               "cpu_s_per_batch": cpus, "cpu_median": cpu_med,
+               "cpu_ratio_straw_over_object_store": cpu_ratio,
                "kill": {"object_store": os_kill, "straw": st_kill}}
         print(f"median groups/s: object store {med['object_store']:.1f}, straw "
               f"{med['straw']:.1f}, ratio {doc['ratio_straw_over_object_store']:.2f} "
               f"(target >= 0.8; {os.cpu_count()} cpus shared by the 3 nodes)")
+        print(f"median cluster CPU s per batch: object store {_fmt(cpu_med['object_store'])}, "
+              f"straw {_fmt(cpu_med['straw'])}, straw/object store "
+              f"{_fmt(cpu_ratio, '.2f')} (load-robust: what each side spends on a batch)")
         print(f"kill of the whole job with half a batch accepted: object store lost "
               f"{os_kill['lost_groups']} groups (generated again); straw lost "
               f"{st_kill['lost_groups']}, regenerated {st_kill['regenerated_groups']}, "

@@ -95,6 +95,7 @@ Example (runnable; a generation client completes prompt tasks in a real job)::
 
 from __future__ import annotations
 
+import array
 import concurrent.futures
 import hashlib
 import json
@@ -105,7 +106,6 @@ from typing import Any
 
 import numpy as np
 
-from straw.codec import sample_records
 from straw.errors import CorruptData, IdempotencyConflict, UnsupportedSchema
 from straw.protocol import CommitReceipt, Lease, TaskSpec
 from straw.refs import Publication, Record, RecordSetRef
@@ -119,7 +119,7 @@ from .online_gc import OnlineGC
 from .replay_group import is_replay_group, read_replay_group
 from .samples import Sample, SampleGroup, Stage, classify
 from .scheduling import scheduling_key
-from .shards import SHARD_SCHEMA, SHARD_VERSION, RankBatchRef, partition_by_tokens
+from .shards import RankBatchRef, partition_by_tokens, shard_records
 
 COLLECTION_PREFIX = "collection:"
 BUILDER_WORKER = "batch-builder"
@@ -262,18 +262,37 @@ def lazy_group(store: Any, ref: RecordSetRef) -> SampleGroup:
     if is_replay_group(manifest):
         return read_replay_group(store, ref, manifest)
     head = store.read_record(manifest.record_refs[0])
-    tensors = TensorRef.from_record_set_many(store, ref)
+    # record 0 alone: no capture tensor to bind (the pipeline's groups; skips a second
+    # manifest look-up per group)
+    tensors = TensorRef.from_record_set_many(store, ref) if len(manifest.record_refs) > 1 \
+        else {}
     return group_from_records([head], tensors=tensors, lazy_tensors_over=0, store=store)
+
+
+# a C int is 4 bytes on every platform we run on (checked: NumPy is the fallback)
+_INT32_CODE = "i" if array.array("i").itemsize == 4 else None
+
+
+def _token_array(tokens: tuple[int, ...]) -> np.ndarray[Any, Any]:
+    """The ids as an int32 array when they all fit (every vocabulary in use), else int64:
+    one C pass that fails on the first id past int32 (half the cost of an int64 array
+    plus its min and max; this runs for every sample of every batch)."""
+    if _INT32_CODE is not None:
+        try:
+            return np.frombuffer(array.array(_INT32_CODE, tokens), dtype=np.int32)
+        except OverflowError:
+            return np.asarray(tokens, dtype=np.int64)
+    ids = np.asarray(tokens, dtype=np.int64)
+    if ids.size == 0 or (int(ids.min()) >= -(2**31) and int(ids.max()) < 2**31):
+        ids = ids.astype(np.int32)
+    return ids
 
 
 def default_convert(sample: Sample, reward: float) -> dict[str, Any]:
     """The default train data of a sample: token ids (int32/int64 array), lengths,
     reward (post-processed) and raw reward, status, indices, metadata, and the capture
     tensors as they are (lazy ``TensorRef``s: stored as references, never copied)."""
-    ids = np.asarray(sample.tokens, dtype=np.int64)
-    if ids.size == 0 or (int(ids.min()) >= -(2**31) and int(ids.max()) < 2**31):
-        ids = ids.astype(np.int32)
-    return {"tokens": ids, "response_length": sample.response_length,
+    return {"tokens": _token_array(sample.tokens), "response_length": sample.response_length,
             "reward": reward, "raw_reward": sample.reward, "status": sample.status.value,
             "group_index": sample.group_index, "index": sample.index,
             "metadata": dict(sample.metadata), "routes": sample.routes,
@@ -420,6 +439,10 @@ class BatchBuilder:
         # the scanned groups kept decoded for their build (commit id -> group; "Memory")
         self._kept: dict[str, SampleGroup] = {}
         self._kept_tokens = 0
+        # the collections this builder committed, by commit id, until its scan passes
+        # them: (publication, groups, mix state after) as written (``_collected``)
+        self._own_collections: dict[str, tuple[RecordSetRef, tuple[Accepted, ...],
+                                               MixState]] = {}
         self._mix_state = MixState.from_dict(value["mix"])
         self.mix.quota(self._mix_state)  # checks its environments against the mix
 
@@ -548,7 +571,8 @@ class BatchBuilder:
                     # RL2: a collected group belongs to that collection's batch from now
                     # on, ready or not (a later rollout never selects it again)
                     # (by commit id: restored groups' positions are not this queue's)
-                    taken = {e.commit_id for e in self._collected(receipt)}
+                    taken = {e.commit_id for e in self._collected(receipt)[0]}
+                    self._own_collections.pop(receipt.commit_id, None)
                     self._backlog = [e for e in self._backlog if e.commit_id not in taken]
                     if self._kept:  # kept for a build: another builder's collection
                         self._forget(taken)
@@ -620,8 +644,12 @@ class BatchBuilder:
                                                "attempt_id": lease.attempt_id})],
             submission_id=f"collection:{lease.attempt_id}",
             dependencies=[e.ref for e in chosen])
-        return self.coord.complete_task(lease, submission_id=task_id, result_ref=ref,
-                                        result_digest=ref.digest)
+        receipt = self.coord.complete_task(lease, submission_id=task_id, result_ref=ref,
+                                           result_digest=ref.digest)
+        if receipt.result_ref == ref:  # the commit names what was just written: keep it
+            # (until the scan passes the commit: at most the batches being built)
+            self._own_collections[receipt.commit_id] = (ref, tuple(chosen), after)
+        return receipt
 
     # --- batches ------------------------------------------------------------------------
     def next_batch(self, rollout_id: int | str) -> list[RankBatchRef] | None:
@@ -648,13 +676,11 @@ class BatchBuilder:
         if view is not None and view["ready"]:
             # returned again without writing anything
             return self._ready_refs(RecordSetRef.from_dict(view["ready_ref"]), batch_id)
-        collection = self._collection(receipt)
-        groups = [Accepted.from_dict(e) for e in collection["groups"]]
+        groups, mix_after = self._collected(receipt)
         plan = self._plan(batch_id, rid, receipt, groups)
         plan_ref = self._ensure_planned(batch_id, plan, view)
         # RL3: the plan is durable from here on; hooks only run after this line
-        return self._build(batch_id, plan, plan_ref, receipt, groups,
-                           MixState.from_dict(collection["mix_after"]))
+        return self._build(batch_id, plan, plan_ref, receipt, groups, mix_after)
 
     def _collection(self, receipt: CommitReceipt) -> dict[str, Any]:
         value = self._read_json(receipt.result_ref, f"collection {receipt.task_id!r}")
@@ -663,8 +689,17 @@ class BatchBuilder:
                               f"{COLLECTION_SCHEMA}")
         return value
 
-    def _collected(self, receipt: CommitReceipt) -> list[Accepted]:
-        return [Accepted.from_dict(e) for e in self._collection(receipt)["groups"]]
+    def _collected(self, receipt: CommitReceipt) -> tuple[list[Accepted], MixState]:
+        """The groups of a collection commit and the mix state after it: as this builder
+        wrote them when the receipt names its own collection publication (``_collect``;
+        parsing 64 references back was a tenth of a batch's build), else read and
+        parsed from the pool."""
+        own = self._own_collections.get(receipt.commit_id)
+        if own is not None and own[0] == receipt.result_ref:
+            return list(own[1]), own[2]
+        value = self._collection(receipt)
+        return ([Accepted.from_dict(e) for e in value["groups"]],
+                MixState.from_dict(value["mix_after"]))
 
     def _plan(self, batch_id: str, rid: str, receipt: CommitReceipt,
               groups: list[Accepted]) -> dict[str, Any]:
@@ -768,10 +803,8 @@ class BatchBuilder:
 
         def publish(rank: int) -> RecordSetRef:
             part = plan["partition"][rank]
-            value = {"schema": SHARD_SCHEMA, "version": SHARD_VERSION, "batch_id": batch_id,
-                     "plan_digest": digest, "rank": rank, "world": self.dp_size,
-                     "samples": [converted[(g, j)] for g, j in part]}
-            records, deps = sample_records(value)
+            records, deps = shard_records(batch_id, digest, rank, self.dp_size,
+                                          [converted[(g, j)] for g, j in part])
             return self.store.publish(
                 records, submission_id=f"shard:{batch_id}:{rank}:{_content(records, deps)}",
                 dependencies=deps)

@@ -39,7 +39,7 @@ from straw.errors import CorruptData, UnsupportedSchema
 from straw.refs import Record, RecordSetRef
 from straw.tensor import TensorRef
 
-from .samples import Sample, SampleGroup, VersionSpan
+from .samples import Sample, SampleGroup, VersionSpan, token_ids_from_buffer
 
 GROUP_SCHEMA = "straw.rollout.group"
 GROUP_VERSION = 1
@@ -81,7 +81,7 @@ def _tokens(value: Any, where: str) -> tuple[int, ...]:
     if not (isinstance(value, list) and len(value) == 2 and value[0] in _TOKEN_DTYPES
             and isinstance(value[1], bytes) and len(value[1]) % value[0] == 0):
         raise CorruptData(f"{where}.tokens is not [4 or 8, little-endian token bytes]")
-    return tuple(np.frombuffer(value[1], dtype=_TOKEN_DTYPES[value[0]]).tolist())
+    return token_ids_from_buffer(value[1], value[0])  # (checked ints by construction)
 
 
 def _sample_value(s: Sample) -> dict[str, Any]:

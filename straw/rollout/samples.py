@@ -39,6 +39,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from straw.checks import INT64_MAX, INT64_MIN, check_count, short_repr
 
 
@@ -122,6 +124,26 @@ def _rows(x: Any, where: str) -> int:
     return int(shape[0])
 
 
+class BufferIds(tuple):  # type: ignore[type-arg]
+    """Token ids decoded from a little-endian int32/int64 buffer (only
+    ``token_ids_from_buffer`` makes them): Python ints in the signed 64-bit range by
+    construction, which ``Sample`` then need not check id by id again."""
+
+    __slots__ = ()
+
+
+_BUFFER_DTYPES: dict[int, np.dtype[Any]] = {4: np.dtype("<i4"), 8: np.dtype("<i8")}
+
+
+def token_ids_from_buffer(data: bytes, width: int) -> tuple[int, ...]:
+    """The token ids of ``data``, little-endian signed ints of ``width`` bytes (4 or 8;
+    ``len(data)`` a multiple of it), as ``Sample.tokens`` takes them."""
+    if width not in _BUFFER_DTYPES or len(data) % width:
+        raise ValueError(f"token ids are {width}-byte ints in {len(data)} bytes: expected "
+                         "4 or 8 bytes per id and a whole number of ids")
+    return BufferIds(np.frombuffer(data, dtype=_BUFFER_DTYPES[width]).tolist())
+
+
 @dataclass(frozen=True)
 class Sample:
     """One response to one prompt (see the module docstring)."""
@@ -141,14 +163,20 @@ class Sample:
     topk_logprobs: Any = field(default=None, compare=False)  # score centering, [response, k]
 
     def __post_init__(self) -> None:
-        tokens = tuple(self.tokens)
-        if not set(map(type, tokens)) <= {int}:  # (C speed: no Python loop per token)
-            i, t = next((i, t) for i, t in enumerate(tokens) if type(t) is not int)
-            raise TypeError(f"Sample.tokens[{i}] must be an int token id, got "
-                            f"{type(t).__name__} {short_repr(t)} (convert NumPy ids with "
-                            ".tolist())")
-        if tokens and (min(tokens) < INT64_MIN or max(tokens) > INT64_MAX):
-            raise ValueError("Sample.tokens holds an id outside the signed 64-bit range")
+        if type(self.tokens) is BufferIds:
+            # ints in the signed 64-bit range by construction (token_ids_from_buffer):
+            # the checks below are what that construction already guarantees (they were
+            # half of decoding a stored group, the batch builder's scan)
+            tokens = tuple(self.tokens)
+        else:
+            tokens = tuple(self.tokens)
+            if not set(map(type, tokens)) <= {int}:  # (C speed: no Python loop per token)
+                i, t = next((i, t) for i, t in enumerate(tokens) if type(t) is not int)
+                raise TypeError(f"Sample.tokens[{i}] must be an int token id, got "
+                                f"{type(t).__name__} {short_repr(t)} (convert NumPy ids "
+                                "with .tolist())")
+            if tokens and (min(tokens) < INT64_MIN or max(tokens) > INT64_MAX):
+                raise ValueError("Sample.tokens holds an id outside the signed 64-bit range")
         object.__setattr__(self, "tokens", tokens)
         check_count("Sample.response_length", self.response_length)
         if self.response_length > len(tokens):
