@@ -78,7 +78,7 @@ from .controller import RolloutController
 from .data_source import PRODUCER_ID, PROMPT_PREFIX, producer_state
 from .data_source import Cursor as DatasetCursor
 from .environments import EnvironmentMix, MixState
-from .isolated import restored_backlog, seed_isolated_queue
+from .isolated import seed_isolated_queue
 from .resolve import EMPTY, EXACT, NEW, RECOVER, SALVAGE, Resolution
 from .savelock import SaveLock
 
@@ -158,8 +158,7 @@ def open_job(resolution: Resolution, store: Any, dataset: Any, mix: EnvironmentM
             seeded.coordinator.close()  # the controller owns the queue from here on
             controller = RolloutController(store, dataset, config=config, queue_id=qid,
                                            namespace=ns, recover=True, clock=clock)
-            # the same state, its backlog as the entries already parsed (not parsed again)
-            state = {**seeded.builder_state, "backlog": restored_backlog(accepted)}
+            state = seeded.builder_state  # its backlog: the entries parsed above, as they are
             restored = len(accepted)
         try:
             builder = BatchBuilder(controller.coordinator, store, mix, dp_size=dp_size,
