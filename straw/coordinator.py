@@ -475,7 +475,10 @@ class Coordinator(ProcessBound):
         otherwise: the queue never roots a fabricated one).  Returns the extents this call
         registered as in flight (release them with ``_done_adopting``)."""
         refs = list(refs)
-        for ref in refs:
+        # each distinct reference once (D2 unchanged: an equal reference names the same
+        # extent, size and checksum, so its answer is the same): tasks seeded by a
+        # restore often share one prompt input, a read each was a tenth of the seed
+        for ref in dict.fromkeys(refs):
             self.store.check_published(ref, f"queue {self.owner}")
         todo = list(dict.fromkeys((r.path, r.offset) for r in refs))
         with self._mutex:

@@ -246,6 +246,14 @@ def _check_int(where: str, name: str, v: object) -> None:
                                f"{short_repr(v)}")
 
 
+def _in_range(a: object, b: object = 0, c: object = 0) -> bool:
+    """``a``, ``b`` and ``c`` plain ints in 0..2**63-1: the common case, decided before
+    any error message is formatted (``_check_int`` then names the culprit, and accepts
+    int subclasses other than bool, which this refuses)."""
+    return type(a) is int and type(b) is int and type(c) is int \
+        and 0 <= a <= INT64_MAX and 0 <= b <= INT64_MAX and 0 <= c <= INT64_MAX
+
+
 def _fields(cls: type, value: object, required: tuple[str, ...],
             optional: tuple[str, ...] = ()) -> dict[str, Any]:
     """The fields of a reference dict: all of ``required``, any of ``optional``, nothing
@@ -325,8 +333,9 @@ class SegmentRef:
         if not isinstance(self.run_id, str):
             raise InvalidReference(f"{self!r}: run_id must be a str")
         check_pack_path(self.path, self.run_id)
-        _check_int(f"reference to {self.path}", "offset", self.offset)
-        _check_int(f"reference to {self.path}", "size", self.size)
+        if not _in_range(self.offset, self.size):  # the message only when it is raised
+            _check_int(f"reference to {self.path}", "offset", self.offset)
+            _check_int(f"reference to {self.path}", "size", self.size)
         if not isinstance(self.checksum, str) or not _HEX32.match(self.checksum):
             raise InvalidReference(f"{self!r}: checksum must be 32 lowercase hex digits")
         if self.segment_id != segment_id_of(self.path, self.offset):
@@ -365,7 +374,8 @@ class RecordRef:
         if not isinstance(self.segment, SegmentRef):
             raise InvalidReference(f"{self!r}: segment must be a SegmentRef")
         self.segment.check()
-        _check_int(f"record reference into {self.segment.path}", "ordinal", self.ordinal)
+        if not _in_range(self.ordinal):
+            _check_int(f"record reference into {self.segment.path}", "ordinal", self.ordinal)
 
 
 @dataclass(frozen=True)
@@ -384,6 +394,7 @@ class RecordSetRef:
     records: int
     payload_bytes: int
     tokens: int
+    _checked = False  # not a field (no annotation): ``check`` sets it on the instance
 
     def __init__(self, manifest: RecordRef, digest: str, records: int, payload_bytes: int,
                  tokens: int, *, segment: SegmentRef | None = None) -> None:
@@ -396,9 +407,14 @@ class RecordSetRef:
                 raise InvalidReference(f"RecordSetRef(segment=...): manifest must be a "
                                        f"RecordRef, got {type(manifest).__name__}")
             manifest = RecordRef(segment, manifest.ordinal)
-        for name, value in (("manifest", manifest), ("digest", digest), ("records", records),
-                            ("payload_bytes", payload_bytes), ("tokens", tokens)):
-            object.__setattr__(self, name, value)
+        # set as a frozen dataclass's own __init__ sets them (no loop over a tuple built
+        # per call: a restore constructs 10,000)
+        setattr_ = object.__setattr__
+        setattr_(self, "manifest", manifest)
+        setattr_(self, "digest", digest)
+        setattr_(self, "records", records)
+        setattr_(self, "payload_bytes", payload_bytes)
+        setattr_(self, "tokens", tokens)
 
     @property
     def segment(self) -> SegmentRef:
@@ -431,6 +447,10 @@ class RecordSetRef:
 
     @classmethod
     def from_dict(cls, value: Mapping[str, Any]) -> RecordSetRef:
+        exact = _exact_record_set(value)
+        if exact is not None:  # the shape to_dict writes: checked as the general path does
+            exact.check()
+            return exact
         if isinstance(value, Mapping) and "manifest" not in value and "path" in value:
             return _legacy_record_set_ref(value)
         d = _fields(cls, value, ("manifest", "digest", "records", "payload_bytes", "tokens"))
@@ -446,21 +466,54 @@ class RecordSetRef:
         return ref
 
     def check(self) -> None:
-        """Structural validity (no I/O): types, ranges, and a pool-relative pack path."""
+        """Structural validity (no I/O): types, ranges, and a pool-relative pack path.
+        Decided once per object: a reference is frozen (its fields, and its manifest's and
+        segment's, are immutable str and int once they pass), so a reference that passed
+        stays valid; a restore's 10,000 references parsed, then retained, then named by
+        the builder were checked three times each."""
+        if self._checked:
+            return
         if not isinstance(self.manifest, RecordRef):
             raise InvalidReference(f"{self!r}: manifest must be a RecordRef")
         self.manifest.check()
-        where = f"reference to {self.manifest.segment.path}"
-        _check_int(where, "records", self.records)
-        # "Invalid result usage": straw-queue's phrase for a bad payload_bytes/tokens
-        # (the usage a result is accounted with), which its callers match.
-        for name in ("payload_bytes", "tokens"):
-            _check_int(f"Invalid result usage in {where}", name, getattr(self, name))
+        if not _in_range(self.records, self.payload_bytes, self.tokens):
+            where = f"reference to {self.manifest.segment.path}"
+            _check_int(where, "records", self.records)
+            # "Invalid result usage": straw-queue's phrase for a bad payload_bytes/tokens
+            # (the usage a result is accounted with), which its callers match.
+            for name in ("payload_bytes", "tokens"):
+                _check_int(f"Invalid result usage in {where}", name, getattr(self, name))
         if not isinstance(self.digest, str) or not _HEX32.match(self.digest):
             raise InvalidReference(f"{self!r}: digest must be 32 lowercase hex digits")
+        # not a field: equality, hashing, repr and asdict never see it
+        object.__setattr__(self, "_checked", True)
 
 
 _RECORD_SET_KEYS = frozenset(("manifest", "digest", "records", "payload_bytes", "tokens"))
+_RECORD_REF_KEYS = frozenset(("segment", "ordinal"))
+_SEGMENT_KEYS = frozenset(("run_id", "path", "segment_id", "size", "checksum", "version",
+                           "checksum_algorithm", "offset"))
+
+
+def _exact_record_set(value: object) -> RecordSetRef | None:
+    """``value`` parsed, NOT yet checked, when it is a dict of exactly the shape
+    ``RecordSetRef.to_dict`` writes (every key of every level, nothing else); None for
+    any other shape, which the general path of ``from_dict`` parses or refuses.  The same
+    reference the general path builds from such a dict, without its per-level dict copies
+    and keyword calls (a checkpoint restore parses 10,000 of them: that was most of its
+    cost)."""
+    if type(value) is not dict or value.keys() != _RECORD_SET_KEYS:
+        return None
+    m = value["manifest"]
+    if type(m) is not dict or m.keys() != _RECORD_REF_KEYS:
+        return None
+    s = m["segment"]
+    if type(s) is not dict or s.keys() != _SEGMENT_KEYS:
+        return None
+    seg = SegmentRef(s["run_id"], s["path"], s["segment_id"], s["size"], s["checksum"],
+                     s["version"], s["checksum_algorithm"], s["offset"])
+    return RecordSetRef(RecordRef(seg, m["ordinal"]), value["digest"], value["records"],
+                        value["payload_bytes"], value["tokens"])
 
 
 # --- aliases: another spelling of a pack's path -------------------------------------------

@@ -8,7 +8,14 @@ from __future__ import annotations
 import pytest
 
 from bench.counting import CountingFS
-from straw import InvalidReference, Publication, Record, SharedFilesystemStore
+from straw import (
+    Coordinator,
+    InvalidReference,
+    Publication,
+    Record,
+    SharedFilesystemStore,
+    TaskSpec,
+)
 from straw.clock import ManualClock
 from straw.errors import ExtentMismatch
 from straw.fs import PosixFS
@@ -66,3 +73,25 @@ def test_a_ref_to_the_middle_of_an_extent_is_not_confirmed(tmp_path):
         with pytest.raises((InvalidReference, ExtentMismatch)):
             store.retain("branch", [refs[6], bad])
         assert "branch" not in store.owners()
+
+
+def test_tasks_sharing_one_input_confirm_it_once(tmp_path, monkeypatch):
+    """D2 asks each reference a queue roots to name a publication; tasks seeded with one
+    shared prompt input (a restore's) ask it once, not once per task."""
+    with _store(tmp_path, writer_id="w") as store:
+        ref = store.publish([Record("prompt", b"p")], submission_id="prompt")
+        asked: list[object] = []
+        real = store.check_published
+
+        def counting(r, where="ref"):  # type: ignore[no-untyped-def]
+            asked.append(r)
+            real(r, where)
+
+        monkeypatch.setattr(store, "check_published", counting)
+        coord = Coordinator(store, queue_id="q", namespace="t")
+        try:
+            coord.submit_tasks("seed", [TaskSpec(f"t{i}", input_ref=ref) for i in range(50)])
+            assert asked == [ref]
+            assert len(coord.pending_tasks()) == 50
+        finally:
+            coord.close()

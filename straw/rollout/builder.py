@@ -194,7 +194,7 @@ class Accepted:
     def from_dict(cls, value: Mapping[str, Any]) -> Accepted:
         return cls(int(value["position"]), str(value["commit_id"]),
                    RecordSetRef.from_dict(value["ref"]), str(value["environment"]),
-                   int(value["key"]), tuple(int(t) for t in value["tokens"]),
+                   int(value["key"]), tuple(map(int, value["tokens"])),
                    bool(value.get("restored", False)))
 
     def order(self) -> tuple[int, int, int]:

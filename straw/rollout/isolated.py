@@ -19,7 +19,9 @@ changes its source: everything here writes into the NEW queue and the new owner 
    transaction on);
 4. return the builder state for ``BatchBuilder(coordinator, ..., state=...)``: the
    accepted groups marked ``restored`` (selected first, in the order given, never
-   acknowledged on this queue: their positions are their ranks in that order).
+   acknowledged on this queue: their positions are their ranks in that order), as
+   ``Accepted`` entries, which the builder adopts as they are (turning 10,000 of them
+   into dicts here, for the builder to parse back, was a tenth of a restore).
 """
 
 from __future__ import annotations
@@ -43,8 +45,10 @@ BRANCH_OWNER_PREFIX = "branch:"
 @dataclass
 class IsolatedQueue:
     """The seeded queue: its coordinator (the caller closes it, or hands it to a
-    ``RolloutController``), the builder state to restore, and the owner retaining the
-    restored payloads (``store.release(owner)`` when the branch is dropped)."""
+    ``RolloutController``), the builder state to restore (its backlog ``Accepted``
+    entries: ``BatchBuilder(state=...)`` takes them, ``BatchBuilder.state()`` is its JSON
+    form), and the owner retaining the restored payloads (``store.release(owner)`` when
+    the branch is dropped)."""
 
     coordinator: Coordinator
     builder_state: dict[str, Any]
@@ -102,7 +106,7 @@ def seed_isolated_queue(store: Any, *, namespace: str, queue_id: str,
     except BaseException:
         coord.close()
         raise
-    state = empty_state(restored_backlog(accepted), mix)
+    state = {**empty_state(mix=mix), "backlog": restored_backlog(accepted)}
     return IsolatedQueue(coord, state, owner)
 
 
