@@ -57,16 +57,22 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 def completion_peak(events: Sequence[dict[str, Any]], window: float, *,
-                    checked: bool = False) -> float | None:
+                    checked: bool = False, payload: bool = False) -> float | None:
     """The highest MiB/s credited to one ``window``-second wall-clock bucket (bytes count
     when their operation completed); None if ``checked`` and a range read lacks
-    ``checked_bytes``."""
+    ``checked_bytes``.  ``payload`` counts a write's record payloads only (its
+    ``records[].bytes``), not the whole extent (framing and manifest included)."""
     if checked and any(e["op"] == "read_range" and "checked_bytes" not in e for e in events):
         return None
     buckets: defaultdict[int, int] = defaultdict(int)
     for e in events:
-        buckets[int(e["time"] // window)] += e.get("checked_bytes", e["bytes"]) if checked \
-            else e["bytes"]
+        if checked:
+            n = e.get("checked_bytes", e["bytes"])
+        elif payload:
+            n = sum(r["bytes"] for r in e.get("records", []))
+        else:
+            n = e["bytes"]
+        buckets[int(e["time"] // window)] += n
     return max(buckets.values(), default=0) / window / MIB
 
 
@@ -129,10 +135,16 @@ def profile(args: argparse.Namespace) -> dict[str, Any]:
         "observed_seconds": max(e["time"] for e in events) - min(e["time"] for e in events),
         "hosts": sorted({e["host"] for e in events}),
         "read_to_extent_write_ratio": read_bytes / max(1, write_bytes),
+        # bytes verified per byte returned (a range read checks whole chunks): None when
+        # a range read did not report what it checked
+        "checked_read_amplification": None if checked is None or not read_bytes
+        else checked / read_bytes,
         "write_p50_seconds": percentile([e["seconds"] for e in writes], 0.5),
         "write_p99_seconds": percentile([e["seconds"] for e in writes], 0.99),
         "payload_completion_rates": [
-            {"window_seconds": w, "write_peak_mib_s": completion_peak(writes, w),
+            {"window_seconds": w,
+             "write_peak_mib_s": completion_peak(writes, w, payload=True),
+             "extent_write_peak_mib_s": completion_peak(writes, w),
              "read_peak_mib_s": completion_peak(reads, w),
              "checked_read_peak_mib_s": completion_peak(reads, w, checked=True)}
             for w in (1, 10)],

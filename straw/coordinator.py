@@ -382,8 +382,9 @@ class Coordinator(ProcessBound):
             segment_target_bytes=self.segment_target_bytes,
         )
         self._mark_started()
-        # D9: revoke older leases, durably, before serving anyone
-        self._commit_now({"t": "epoch", "epoch": self.epoch})
+        # D9: revoke older leases, durably, before serving anyone; each revoked attempt
+        # spends its task's retry budget (Q6)
+        self._commit_now({"t": "epoch", "epoch": self.epoch, "spend": True})
         self._durable_commits = len(self.state.commits)
         # Claim the queue owner for our epoch (older coordinators' catalog updates are
         # ignored from now on).  Its roots already cover the recovered state: everything a
@@ -1017,11 +1018,14 @@ class Coordinator(ProcessBound):
         if result_digest is not None and not isinstance(result_digest, str):
             raise TypeError(f"result_digest must be None or a str, got "
                             f"{type(result_digest).__name__}")
-        if result_digest is not None and result_digest != ref.digest:
-            raise InvalidReference(f"result_digest {result_digest!r} differs from the "
-                                   f"reference's digest {ref.digest!r}")
         lease = _check_lease_fields(lease, "lease")
-        key = [lease.task_id, lease.generation, list(ref_identity(_ref_tuple(ref)))]
+        # The result's logical digest (the one claimed), not its location: a retry of a lost
+        # reply that republished the same records elsewhere (another pack, a restarted
+        # writer) is the same completion (D7), as in straw-queue; another digest is a
+        # conflict.  A claimed digest that differs from the reference's is refused by
+        # _complete unless the submission is known (then it is a conflict, as there).
+        key = [lease.task_id, lease.generation,
+               ref.digest if result_digest is None else result_digest]
         return lease, ref, key
 
     def _complete(self, lease: Lease, submission_id: str, ref: RecordSetRef,
@@ -1038,6 +1042,9 @@ class Coordinator(ProcessBound):
                 allow_empty = self._check_lease(lease, allow_expired=True).allow_empty
         if done is not None:
             return self._last_seq, done, [], None
+        if key[2] != ref.digest:
+            raise InvalidReference(f"result_digest {key[2]!r} differs from the "
+                                   f"reference's digest {ref.digest!r}")
         self._check_result(ref, lease, allow_empty)
         adopted = self._adopt([ref], announced)
         got = None
@@ -1087,7 +1094,7 @@ class Coordinator(ProcessBound):
         if pos is None:
             return None
         rec = self.state.commits[pos]
-        if [rec.task_id, rec.attempt, list(ref_identity(rec.result))] != key:
+        if [rec.task_id, rec.attempt, rec.digest] != key:
             raise IdempotencyConflict(
                 f"submission_id {submission_id!r} already accepted task {rec.task_id!r} "
                 f"attempt {self._attempt_id(rec.task_id, rec.attempt)} with another result; "
@@ -2225,8 +2232,11 @@ class Coordinator(ProcessBound):
         c = st.consumers.get(self.consumer_id)
         start, acked = (c.processed, set(c.sparse)) if c else (0, set())
         accepted = st.commits.usage(start, acked)  # history: per-block sums
+        # a ready batch that a registered checkpoint names is the checkpoint's to keep, no
+        # longer ready data waiting for training (straw-queue counts it so too)
+        saved = {b for ck in st.checkpoints.values() for b in ck.batches}
         ready = _usage_of(self._to_ref(b.ref) for k, b in st.batches.items()
-                          if b.ref is not None and not st.batch_finished(k))
+                          if b.ref is not None and not st.batch_finished(k) and k not in saved)
         control = sum(1 for t in st.tasks.loaded() if t.status == LEASED and t.control)
         return {"accepted_unprocessed": accepted, "train_ready": ready,
                 "bytes": accepted["bytes"] + ready["bytes"],

@@ -128,6 +128,21 @@ class Closed(StrawError, ValueError):
     as straw did).  Open a new one."""
 
 
+class UnknownCodec(UnsupportedSchema, ValueError):
+    """A record written with a codec name the store was not opened with.  An
+    ``UnsupportedSchema``, as straw-queue reports it, and a ``ValueError``, as straw did
+    (a bad argument).  Nothing was written.  Open the store with
+    ``codecs=(..., name)``."""
+
+
+class LocalDependencyOrder(InvalidReference, ValueError):
+    """A ``publish_many`` publication whose integer dependency does not index an earlier
+    publication of the same call (itself, a later one, a negative index).  An
+    ``InvalidReference``, as straw-queue reports it, and a ``ValueError``, as straw did
+    (a bad argument).  Nothing was written.  List each publication after the ones it
+    depends on, or pass the dependency's ``RecordSetRef``."""
+
+
 class NotAnInteger(TypeError, ValueError):
     """An argument that must be an integer (a task's priority or scheduling key) is of
     another type, a bool or a float included.  A ``TypeError``, as straw reports a bad
@@ -157,5 +172,7 @@ __all__ = [
     "TensorMismatch",
     "ExtentMismatch",
     "NotAnInteger",
+    "LocalDependencyOrder",
+    "UnknownCodec",
     "Closed",
 ]

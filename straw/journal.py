@@ -839,6 +839,13 @@ class Journal(ProcessBound):
         with self._mu:
             return self._durable
 
+    @property
+    def sequence(self) -> int:
+        """straw-queue's name for ``seq``: callers compare it around a request to see that
+        it journaled one transaction (or, when retried, none)."""
+        self._check_process()
+        return self.seq
+
     def metrics(self) -> dict[str, Any]:
         self._check_process()
         with self._mu:

@@ -66,9 +66,11 @@ from .errors import (
     Closed,
     IdempotencyConflict,
     InvalidReference,
+    LocalDependencyOrder,
     ResourceLimitExceeded,
     StorageUnavailable,
     StrawError,
+    UnknownCodec,
     UnsupportedSchema,
     WriterBusy,
 )
@@ -483,6 +485,7 @@ class SharedFilesystemStore(ProcessBound):
                         f"{self.writer_id!r} for different content through "
                         f"{_API_CALLS[api]}; use a new submission_id for new content"
                     )
+                self._check_not_reclaimed(known.refs, submission_id, api)
                 return list(known.refs)
             self._check_dependencies(normalized)
             refs = self._write(writer, submission_id, normalized, api)
@@ -494,6 +497,22 @@ class SharedFilesystemStore(ProcessBound):
             m["publish_seconds"] = (m["publish_seconds"] + [self.clock.now() - started]
                                     )[-_PUBLISH_SECONDS_KEPT:]
             return refs
+
+    def _check_not_reclaimed(self, refs: Sequence[RecordSetRef | RecordRef],
+                             submission_id: str, api: str) -> None:
+        """A retry whose original result (or a dependency of it) garbage collection has
+        reclaimed since gets no reference to bytes that are gone (straw-queue's rule):
+        ``InvalidReference``, and the writer takes new requests as before.  Only retries
+        pay for this look-up."""
+        with self.catalog.locked() as st:
+            gone = st.tombstoned_dependency(
+                (r.segment.path, r.segment.offset) for r in refs)
+        if gone is not None:
+            raise InvalidReference(
+                f"Reference has been reclaimed: submission_id {submission_id!r} of writer "
+                f"{self.writer_id!r} ({_API_CALLS[api]}) published data in {gone[0]}, which "
+                "garbage collection has reclaimed since; retain a result before releasing "
+                "it if it must live on, or publish again under a new submission_id")
 
     def lookup_submission(self, submission_id: str) -> list[RecordSetRef] | None:
         """The references published under ``submission_id`` by this writer id (across its
@@ -613,7 +632,7 @@ class SharedFilesystemStore(ProcessBound):
                 raise TypeError(f"{rw}.codec must be a str, got {type(r.codec).__name__}")
             if r.codec not in self.codecs:
                 hint = "" if NAME_RE.match(r.codec) else " (not a valid codec name)"
-                raise ValueError(
+                raise UnknownCodec(
                     f"{rw}.codec {r.codec!r} is not registered{hint}; open the store with "
                     f"codecs=({r.codec!r},) (built-ins: {', '.join(BUILTIN_CODECS)})"
                 )
@@ -654,8 +673,12 @@ class SharedFilesystemStore(ProcessBound):
             dw = f"{where}.dependencies[{k}]"
             if isinstance(d, int) and not isinstance(d, bool):
                 if not 0 <= d < i:
-                    raise ValueError(f"{dw} = {d} must index an earlier publication of this "
-                                     f"call (0..{i - 1})")
+                    # straw-queue's phrase first (its callers match it), then ours.
+                    raise LocalDependencyOrder(
+                        f"Local dependencies must precede publication: {dw} = {d} must "
+                        "index an earlier publication of this call ("
+                        + (f"0..{i - 1}" if i else "there is none before the first")
+                        + "); list each publication after the ones it depends on")
                 deps.append(d)
                 dep_ident.append(earlier[d].hex())
             elif isinstance(d, RecordSetRef):
