@@ -81,7 +81,6 @@ MUTANT_HOME: dict[str, str] = {
     "order_ignores_priority": "order",
     "expired_task_never_requeued": "queue",
     "retire_spends_no_budget": "queue",
-    "recovery_spends_no_budget": "queue",
     "request_retry_refused": "queue",
     "catalog_truncated_before_snapshot_durable": "catalog",
     "compaction_drops_suffix": "catalog",

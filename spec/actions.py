@@ -922,12 +922,10 @@ def coord_resume(cfg: Config, mut: Mutants, s: State, q: int) -> Outcome | None:
 def coord_recover(cfg: Config, mut: Mutants, s: State, q: int) -> Outcome | None:
     """A new coordinator takes the queue lock and recovers (D9): new epoch = durable + 1, made
     durable before service; state = snapshot + journal; the new epoch's journal record revokes
-    every lease of an older epoch: each leased task keeps its attempt counter (the next lease
-    gets a higher attempt number) and spends one unit of its retry budget (Q6: an attempt cut
-    short by a crash counts, as in straw-queue, so a task whose attempts keep bringing the
-    coordinator down ends FAILED), returning to PENDING or, with its budget exhausted, FAILED
-    (its input released); read pins stay (D5); the queue owner's roots are reset to exactly
-    what the journal names (retained-but-unjournaled data is dropped).
+    every lease of an older epoch: each leased task returns to PENDING keeping its attempt
+    counter (the next lease gets a higher attempt number) and without spending its retry
+    budget; read pins stay (D5); the queue owner's roots are reset to exactly what the journal
+    names (retained-but-unjournaled data is dropped).
     Pre: no coordinator serving; durable < max_epoch."""
     c = s.coords[q]
     if c.serving is not None or c.durable >= cfg.max_epoch:
@@ -951,8 +949,7 @@ def coord_recover(cfg: Config, mut: Mutants, s: State, q: int) -> Outcome | None
                 st = replace(s.storage, pins=s.storage.pins - lost)
                 s = replace(s, storage=st)
                 task = replace(task, attempt=task.attempt - 1)
-            s = _with_task(s, t, task)
-            s = _end_lease(cfg, mut, s, t, spend=not mut.recovery_spends_no_budget)
+            s = _with_task(s, t, replace(task, status=TaskStatus.PENDING, expired=False))
     o = cfg.queue_owner(q)
     s = replace(s, storage=_with_roots(s.storage, o, journal_named(cfg, s, q)))
     return Outcome(f"serving e{new}", s)

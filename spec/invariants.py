@@ -288,17 +288,14 @@ def q4_scheduling_order(cfg: Config, s: State, a: Action, s2: State) -> str | No
     return None
 
 
-# lease ends that spend the retry budget: a failure, an expiry, a retired worker's lease, a
-# lease revoked by recovery (its attempt was cut short by the coordinator's crash)
-BUDGET_SPENDING_ACTIONS = frozenset({"fail", "requeue_expired", "retire_worker",
-                                     "coord_recover"})
+# lease ends that spend the retry budget: a failure, an expiry, a retired worker's lease
+BUDGET_SPENDING_ACTIONS = frozenset({"fail", "requeue_expired", "retire_worker"})
 
 
 def q6_revocations_spend_budget(cfg: Config, s: State, a: Action, s2: State) -> str | None:
-    """Q6: a lease that ends by failure, expiry, its worker's retirement or a recovery's
-    revocation spends one unit of its task's retry budget (so a task whose workers keep
-    failing or dying, or whose attempts keep crashing the coordinator, ends FAILED instead
-    of being retried forever); no other action spends it."""
+    """Q6: a lease that ends by failure, expiry or its worker's retirement spends one unit of
+    its task's retry budget (so a task whose workers keep failing or dying ends FAILED
+    instead of being retried forever); no other action spends it."""
     spends = a.name in BUDGET_SPENDING_ACTIONS
     for t, (tk, tk2) in enumerate(zip(s.tasks, s2.tasks, strict=True)):
         ended = tk.status == TaskStatus.LEASED and tk2.status in (

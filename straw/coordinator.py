@@ -382,9 +382,8 @@ class Coordinator(ProcessBound):
             segment_target_bytes=self.segment_target_bytes,
         )
         self._mark_started()
-        # D9: revoke older leases, durably, before serving anyone; each revoked attempt
-        # spends its task's retry budget (Q6)
-        self._commit_now({"t": "epoch", "epoch": self.epoch, "spend": True})
+        # D9: revoke older leases, durably, before serving anyone
+        self._commit_now({"t": "epoch", "epoch": self.epoch})
         self._durable_commits = len(self.state.commits)
         # Claim the queue owner for our epoch (older coordinators' catalog updates are
         # ignored from now on).  Its roots already cover the recovered state: everything a

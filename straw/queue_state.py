@@ -832,23 +832,14 @@ class QueueState:
                     self._make_pending(task)
 
     def _t_epoch(self, txn: dict[str, Any]) -> None:
-        """A new coordinator epoch: every lease of an older epoch is revoked; read roots
-        stay (D5, D9).  The revoked attempt spends one unit of its task's retry budget
-        (Q6: FAILED when exhausted), as in straw-queue; an epoch record of an older straw
-        (no ``spend``) revoked without spending, and replays as it was served."""
+        """A new coordinator epoch: every lease of an older epoch is revoked (the task
+        returns to pending without spending its budget); read roots stay (D5, D9)."""
         self.epoch = txn["epoch"]
         if self.leased_count == 0:
             return
-        spend = bool(txn.get("spend"))
         for task in list(self.tasks.loaded()):  # leased tasks are loaded
             if task.status == LEASED:
                 self._leave(task)
-                if spend:
-                    task.failures += 1
-                    task.last_error = {"category": "CoordinatorLost"}
-                    if task.failures >= task.max_attempts:
-                        task.status = FAILED
-                        continue
                 self._make_pending(task)
 
     def _t_cons_open(self, txn: dict[str, Any]) -> None:

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from straw import Coordinator, Publication, Record, SharedFilesystemStore, TaskSpec
-from straw.errors import IdempotencyConflict, InvalidReference, StaleAttempt, UnsupportedSchema
+from straw.errors import IdempotencyConflict, InvalidReference, UnsupportedSchema
 
 
 @pytest.fixture
@@ -193,61 +193,3 @@ def test_retry_of_a_reclaimed_result_is_invalid_reference(tmp_path, api):
         store.release("app:kept")
         store.collect_garbage()
         assert store.collect_garbage()["owners"] == 0
-
-
-def test_recovery_spends_the_revoked_attempts_budget(tmp_path):
-    """Q6: a lease revoked by recovery spends one unit of its task's retry budget, as in
-    straw-queue: a task with max_attempts=1 leased at the crash is FAILED after recovery,
-    one with budget left is pending again (a higher attempt next); the old leases are
-    stale; the task that failed holds its input no longer, and a later recovery does not
-    spend again."""
-    store = SharedFilesystemStore(tmp_path, "calls")
-    q = Coordinator(store, exclusive_owner="test")
-    inp = store.publish([Record("in", b"in")], submission_id="in")
-    q.submit_tasks("r", [TaskSpec("once", input_ref=inp, max_attempts=1),
-                         TaskSpec("twice", input_ref=inp, max_attempts=2),
-                         TaskSpec("idle", input_ref=inp, max_attempts=1)])
-    leases = {a.task.task_id: a.lease for a in q.acquire("w", 2).assignments}
-    assert sorted(leases) == ["once", "twice"]
-    q.close()  # the coordinator stops with both leased (a crash, for the journal)
-    q = Coordinator(store, exclusive_owner="test", recover=True)
-    assert (q.task_status("once")["state"], q.task_status("once")["failures"]) == ("failed", 1)
-    assert (q.task_status("twice")["state"], q.task_status("twice")["failures"]) == ("pending", 1)
-    assert (q.task_status("idle")["state"], q.task_status("idle")["failures"]) == ("pending", 0)
-    for lease in leases.values():
-        with pytest.raises(StaleAttempt):
-            q.complete_task(lease, submission_id=lease.task_id,
-                            result_ref=_result(store, lease, "late-" + lease.task_id))
-    again = {a.task.task_id: a.lease for a in q.acquire("w", 2, task_prefix="twice").assignments}
-    assert again["twice"].generation == 2
-    q.close()
-    q = Coordinator(store, exclusive_owner="test", recover=True)  # 'twice' leased again
-    assert (q.task_status("twice")["state"], q.task_status("twice")["failures"]) == ("failed", 2)
-    assert q.task_status("idle")["failures"] == 0
-    q.close()
-    q = Coordinator(store, exclusive_owner="test", recover=True)  # nothing leased: no spend
-    assert [q.task_status(t)["failures"] for t in ("once", "twice", "idle")] == [1, 2, 0]
-    q.close()
-    store.close()
-
-
-@pytest.mark.parametrize("spend", [None, True])
-def test_epoch_record_of_an_older_straw_replays_as_it_was_served(spend):
-    """An epoch record written before recovery spent the budget (no ``spend``) revokes
-    without spending on replay, so a journal replays into the state that was served; this
-    straw's records spend."""
-    from straw.queue_state import FAILED, PENDING, QueueState
-    st = QueueState()
-    st.apply({"t": "submit", "req": "r", "digest": "x", "producer": None,
-              "tasks": [["a", None, None, 0, 0, 1, None], ["b", None, None, 0, 0, 2, None]]})
-    st.apply({"t": "lease", "epoch": 1, "worker": "w", "grants": [["a", 1], ["b", 1]]})
-    txn: dict[str, object] = {"t": "epoch", "epoch": 2}
-    if spend:
-        txn["spend"] = True
-    st.apply(txn)
-    got = {t: (st.tasks[t].status, st.tasks[t].failures) for t in ("a", "b")}
-    if spend:
-        assert got == {"a": (FAILED, 1), "b": (PENDING, 1)}
-    else:
-        assert got == {"a": (PENDING, 0), "b": (PENDING, 0)}
-    assert st.leased_count == 0 and st.pending_count == (1 if spend else 2)
