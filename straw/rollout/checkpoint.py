@@ -55,7 +55,7 @@ from straw import TaskSpec
 from straw.fs import Filesystem
 from straw.refs import Record, RecordSetRef
 
-from .builder import COLLECTION_PREFIX, Accepted
+from .builder import COLLECTION_PREFIX
 from .checkpoint_errors import BranchChanged, CheckpointExists, ComponentChanged
 from .checkpoint_files import (
     CURRENT,
@@ -67,6 +67,7 @@ from .checkpoint_files import (
     read_json,
     rollout_file,
     write_json,
+    write_json_files,
     write_tracker,
 )
 from .data_source import PRODUCER_ID, PROMPT_PREFIX, cursor_from_producer_state
@@ -124,21 +125,28 @@ class Checkpointer:
                                    "and a committed checkpoint is never overwritten (save "
                                    "another step, or restore into a new branch)")
         self._check_current()
-        model, optimizer, rng = self._save_model(step, save_model)
+        paths, dirs, optimizer, rng = self._save_model(step, save_model)
         owner = checkpoint_owner(self.namespace, self.queue_id, step)
         reg = registration_id(self.namespace, self.queue_id, step)
+        # Until the marker, four parts are independent, each durable on its own: the
+        # model's files, the two state files, the retention under the owner and the
+        # registration on the queue.  Their syncs overlap on threads (a save costs its
+        # sync latencies) while this thread reads the rollout state and retains.
+        futures: list[Any] = []
         try:
-            queue_state, builder_state, refs = self._rollout_state(step)
-            # the state files and the retention are independent until the marker: their
-            # syncs overlap (a save costs its fsync latencies; this halves the middle)
             with concurrent.futures.ThreadPoolExecutor(
-                    1, thread_name_prefix="straw.rollout checkpoint") as pool:
-                written = pool.submit(self._write_states, step, queue_state, builder_state)
+                    3, thread_name_prefix="straw.rollout checkpoint") as pool:
                 try:
+                    futures.append(pool.submit(self._model_durable, paths, dirs))
+                    queue_state, builder_state, refs = self._rollout_state(step)
+                    futures.append(pool.submit(self._write_states, step, queue_state,
+                                               builder_state))
+                    futures.append(pool.submit(self._register, reg, builder_state))
                     self.store.retain(owner, refs)  # RL7: before the marker names them
-                    self._register(reg, builder_state)
-                finally:
-                    states = written.result()
+                except BaseException:
+                    _join(futures, quiet=True)
+                    raise
+                model, states, staged = _join(futures)
             files = {**model, **states}
             marker = {"version": VERSION, "step": step, "weight_version": step + 1,
                       "files": files, "optimizer": optimizer, "rng": rng,
@@ -150,8 +158,9 @@ class Checkpointer:
         except BaseException:
             self._forget(owner, reg)
             raise
-        # a later checkpoint supersedes the earlier registrations (their owners stay);
-        # meanwhile the trackers (both only after the marker: they may lag, never lead)
+        # then the trackers (only after the marker: they may lag, never lead), while the
+        # earlier registrations are released (this one supersedes them; their owners
+        # stay) and the registration's publications unstaged (the queue keeps them)
         with concurrent.futures.ThreadPoolExecutor(
                 1, thread_name_prefix="straw.rollout checkpoint") as pool:
             trackers = pool.submit(self._write_trackers, step)
@@ -159,19 +168,23 @@ class Checkpointer:
                 for old in self._registered:
                     self.controller.coordinator.release_checkpoint(old)
                 self._registered = [reg]
+                self.store.release_publications(staged)
             finally:
                 trackers.result()
         return marker
 
     def _write_states(self, step: int, queue_state: Mapping[str, Any],
                       builder_state: Mapping[str, Any]) -> dict[str, Any]:
-        files = {}
-        for kind, value in (("queue_state", queue_state), ("builder_state", builder_state)):
-            path = rollout_file(self.directory, kind, step)
-            data = write_json(self.fs, path, value)
-            files[os.path.relpath(path, self.directory)] = {
-                "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-        return files
+        # both files, then one fsync of their directory (RL9 needs them durable before
+        # the marker, not each before the other)
+        where = os.path.join(self.directory, ROLLOUT)
+        names = {kind: os.path.basename(rollout_file(self.directory, kind, step))
+                 for kind in ("queue_state", "builder_state")}
+        written = write_json_files(self.fs, where, {names["queue_state"]: queue_state,
+                                                    names["builder_state"]: builder_state})
+        return {os.path.join(ROLLOUT, name): {"size": len(data),
+                                              "sha256": hashlib.sha256(data).hexdigest()}
+                for name, data in written.items()}
 
     def _write_trackers(self, step: int) -> None:
         write_tracker(self.fs, self.directory, step)
@@ -198,9 +211,14 @@ class Checkpointer:
             self.store.release(owner)
 
     def _save_model(self, step: int, save_model: SaveModel
-                    ) -> tuple[dict[str, Any], bool, bool]:
+                    ) -> tuple[list[str], set[str], bool, bool]:
+        """The user's save, called here (its thread is the trainer's) and its result
+        checked: (the model's file paths, the directories holding their new names,
+        optimizer, rng).  ``_model_durable`` then makes them durable."""
         where = model_dir(self.directory, step)
-        self.fs.makedirs_durable(where)
+        # the new directories' names become durable with the files' (one fsync per
+        # directory, each before the marker), not one by one now
+        created = self.fs.makedirs(where)
         result = save_model(where)
         if not isinstance(result, Mapping) or not isinstance(result.get("files"), (list, tuple)) \
                 or not result["files"]:
@@ -211,8 +229,11 @@ class Checkpointer:
             if not isinstance(result.get(flag), bool):
                 raise ValueError(f"save_model's result must say whether {flag} state is "
                                  f"included ({flag!r}: True or False), got {result.get(flag)!r}")
-        files: dict[str, Any] = {}
-        dirs: set[str] = set()
+        # every directory holding a new name: the parents of the directories created,
+        # the model directory's parent (it may have been created by the user), and each
+        # directory of a model file up to the model directory
+        dirs: set[str] = {os.path.dirname(d) for d in created} | {self.directory}
+        paths = []
         for rel in result["files"]:
             if not isinstance(rel, str) or not rel or os.path.isabs(rel) \
                     or ".." in rel.split("/"):
@@ -222,9 +243,22 @@ class Checkpointer:
             if not self.fs.exists(path):
                 raise ComponentChanged(f"save_model named {path}, which does not exist: "
                                        "return the files it wrote")
+            paths.append(path)
+            d = os.path.dirname(path)
+            while len(d) >= len(where):
+                dirs.add(d)
+                d = os.path.dirname(d)
+        return paths, dirs, result["optimizer"], result["rng"]
+
+    def _model_durable(self, paths: list[str], dirs: set[str]) -> dict[str, Any]:
+        """RL9: the user's own writes durable before the marker (each file fsynced, then
+        each directory holding a new name, deepest first); each file sized, and hashed
+        when small.  Returns the marker's entries."""
+        files: dict[str, Any] = {}
+        for path in paths:
             size = self.fs.stat(path).size
             fd = self.fs.open(path)
-            try:  # RL9: the user's own writes become durable before the marker
+            try:
                 self.fs.fsync(fd)
             finally:
                 self.fs.close(fd)
@@ -232,14 +266,9 @@ class Checkpointer:
             if size <= SMALL_FILE:
                 entry["sha256"] = hashlib.sha256(self.fs.read_file(path)).hexdigest()
             files[os.path.relpath(path, self.directory)] = entry
-            d = os.path.dirname(path)
-            while len(d) >= len(where):
-                dirs.add(d)
-                d = os.path.dirname(d)
         for d in sorted(dirs, key=len, reverse=True):  # deepest first
             self.fs.fsync_dir(d)
-        self.fs.fsync_dir(self.directory)
-        return files, result["optimizer"], result["rng"]
+        return files
 
     # --- the rollout state (live, never history) -------------------------------------------
     def _rollout_state(self, step: int) -> tuple[dict[str, Any], dict[str, Any],
@@ -268,10 +297,12 @@ class Checkpointer:
         kept = [t for t in tasks.values()
                 if int(t.metadata.get("group_index", -1)) < limit]
         planned = self._planned(state, scan)
-        backlog = [Accepted.from_dict(e) for e in state["backlog"]]
-        refs = [t.input_ref for t in kept if t.input_ref is not None]
-        refs += [e.ref for e in backlog]
-        refs += [Accepted.from_dict(g).ref for b in planned for g in b["groups"]]
+        # each payload once (tasks of one prompt share its input); only live ones: the
+        # kept tasks' inputs, the backlog's groups, the planned batches' groups
+        refs = dict.fromkeys(t.input_ref for t in kept if t.input_ref is not None)
+        refs.update(dict.fromkeys(
+            RecordSetRef.from_dict(entry["ref"])
+            for entry in [*state["backlog"], *(g for b in planned for g in b["groups"])]))
         queue_state = {"version": VERSION, "step": step, "run_id": self.store.run_id,
                        "pool": self.store.pool_id,
                        "queue": {"namespace": self.namespace, "queue_id": self.queue_id},
@@ -280,7 +311,7 @@ class Checkpointer:
         builder_state = {"version": VERSION, "step": step, "run_id": self.store.run_id,
                          "consumer_id": builder.consumer_id, "scan_cursor": scan,
                          "mix": state["mix"], "backlog": state["backlog"], "planned": planned}
-        return queue_state, builder_state, refs
+        return queue_state, builder_state, list(refs)
 
     def _planned(self, state: Mapping[str, Any], scan: int) -> list[dict[str, Any]]:
         """The collections of the builder's consumer not finished yet, in commit order:
@@ -301,9 +332,11 @@ class Checkpointer:
                         "mix_before": body["mix_before"], "mix_after": body["mix_after"]})
         return out
 
-    def _register(self, reg: str, builder_state: Mapping[str, Any]) -> None:
+    def _register(self, reg: str, builder_state: Mapping[str, Any]) -> list[RecordSetRef]:
         """Register the checkpoint on the source queue with cursor S: results from S on
-        stay readable (for a salvage) until a later checkpoint supersedes it."""
+        stay readable (for a salvage) until a later checkpoint supersedes it.  Returns
+        the registration's publications, still staged (the caller unstages them: the
+        queue keeps them from the registration on)."""
         body = canonical(builder_state)
         state_ref = self.store.publish(
             [Record("builder-checkpoint", body, "json.v1")],
@@ -316,7 +349,7 @@ class Checkpointer:
                                  dependencies=[state_ref])
         self.controller.coordinator.register_checkpoint(reg, ref,
                                                         cursor=builder_state["scan_cursor"])
-        self.store.release_publications([ref, state_ref])  # the queue keeps them now
+        return [ref, state_ref]
 
     # --- release ----------------------------------------------------------------------------
     def release(self, step: int) -> None:
@@ -329,6 +362,21 @@ class Checkpointer:
             self.controller.coordinator.release_checkpoint(reg)
             self._registered.remove(reg)
         self.store.release(checkpoint_owner(self.namespace, self.queue_id, step))
+
+
+def _join(futures: list[Any], quiet: bool = False) -> list[Any]:
+    """Every future's result, once all are done; the first error is raised (none with
+    ``quiet``: the caller is raising its own)."""
+    values, error = [], None
+    for f in futures:
+        try:
+            values.append(f.result())
+        except BaseException as e:  # noqa: BLE001 - re-raised below, after the others
+            values.append(None)
+            error = error or e
+    if error is not None and not quiet:
+        raise error
+    return values
 
 
 _TASK_FIELDS = tuple(f.name for f in dataclasses.fields(TaskSpec))
