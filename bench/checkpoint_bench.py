@@ -172,8 +172,9 @@ def run(history: int, live: int, ready: int, batch: int, rounds: int) -> dict[st
                 _progress(f"history: {done:,} groups accepted and trained "
                           f"({time.perf_counter() - t:.0f} s)")
         build = time.perf_counter() - t
-        b.accept(live // 2)  # the same live state again
-        b.admit(live - live // 2)
+        # the same live state again: the history's training took the backlog, the
+        # pending tasks are still pending
+        b.accept(live // 2)
         large, large_syncs = b.saves(rounds, 100)
         _progress(f"full-history saves: {[round(x * 1000, 1) for x in large]} ms, "
                   f"{large_syncs} syncs")

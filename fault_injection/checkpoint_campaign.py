@@ -621,13 +621,11 @@ def replay(key: str) -> str | None:
 
 # --- negative controls -------------------------------------------------------------------------
 
-def _unsynced_write_json_files(fs: Any, directory: str, values: Any) -> dict[str, bytes]:
+def _unsynced_write_files(fs: Any, directory: str, files: Any) -> None:
     """The state files renamed into place without any fsync (of theirs or of their
     directory)."""
     fs.makedirs_durable(directory)
-    out = {}
-    for name, value in values.items():
-        data = checkpoint_mod.canonical(value)
+    for name, data in files.items():
         tmp = os.path.join(directory, name + ".tmp")
         fd = fs.open(tmp, write=True, create=True)
         try:
@@ -635,22 +633,20 @@ def _unsynced_write_json_files(fs: Any, directory: str, values: Any) -> dict[str
         finally:
             fs.close(fd)
         fs.rename(tmp, os.path.join(directory, name))
-        out[name] = data
-    return out
 
 
-_REAL_WRITE_JSON_FILES = checkpoint_mod.write_json_files
+_REAL_WRITE_FILES = checkpoint_mod.write_files
 
 
 @contextlib.contextmanager
 def states_unsynced() -> Iterator[None]:
     """The queue and builder state files renamed into place unsynced: the marker can be
     durable before its components (RL9 broken)."""
-    checkpoint_mod.write_json_files = _unsynced_write_json_files  # type: ignore[assignment]
+    checkpoint_mod.write_files = _unsynced_write_files  # type: ignore[assignment]
     try:
         yield
     finally:
-        checkpoint_mod.write_json_files = _REAL_WRITE_JSON_FILES  # type: ignore[assignment]
+        checkpoint_mod.write_files = _REAL_WRITE_FILES  # type: ignore[assignment]
 
 
 class _NoSync:

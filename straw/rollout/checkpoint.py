@@ -8,9 +8,9 @@ the queue's live state, the builder's, then LAST a commit marker; then the track
    with ``<directory>/iter_<k:07d>`` (created); it writes its files there with its own
    I/O and returns ``{"files": [paths relative to model_dir], "optimizer": bool,
    "rng": bool}`` (a job whose files are written already passes a callable returning
-   their names).  Each file is sized, fsynced (and its directories, deepest first)
-   through our ``Filesystem``, and hashed (sha256) when at most ``SMALL_FILE`` bytes.  A
-   save that raises leaves no marker.
+   their names).  Each file is sized, fsynced (and each directory holding a new name
+   once, deepest first) through our ``Filesystem``, and hashed (sha256) when at most
+   ``SMALL_FILE`` bytes.  A save that raises leaves no marker.
 3. **The rollout state**, whose cost follows the live state, never the history:
    ``queue_state_<k>.json`` (the prompt tasks pending or leased, leased ones to come back
    pending, with their current inputs; the dataset producer's cursor) and
@@ -19,7 +19,7 @@ the queue's live state, the builder's, then LAST a commit marker; then the track
    boundary ``scan_cursor`` S: the source commit log position the checkpoint covers).
    Payloads are referenced, not copied: the groups and inputs named are retained under
    the checkpoint's owner ``checkpoint:<queue>:<k>`` (``store.retain``) before the marker
-   names them (the two files are written meanwhile), until ``release(k)``; and the
+   names them, until ``release(k)``; and the
    checkpoint is registered on the source queue with cursor S
    (``Coordinator.register_checkpoint``): every result from S on stays readable (a
    salvage needs the groups accepted after the checkpoint even once a later batch
@@ -36,6 +36,17 @@ tasks (tasks admitted after that cursor are left out: the restored run admits th
 from the cursor), then the builder scans the log to S and tasks whose groups were
 accepted before S are left out (they are in the backlog): each prompt is in exactly one
 of the tasks, the backlog, a planned batch, or after the cursor.
+
+**Cost.**  Steps 2 (after the user's save returns) and 3 are independent until the marker:
+none reads what another writes, and RL9 only needs all of them durable before it.  So the
+model's fsyncs, the two state files (written together: one fsync each, ONE fsync of
+``rollout/``) and the registration run on threads while this thread reads the rollout
+state and retains its payloads; the marker waits for all of them.  A save's syncs: the
+model's files and directories, 3 for the state files, 2 for the marker, 2 per tracker
+and 2 for ``current.json``, and the queue's (retention, registration, release).  Nothing
+it reads or writes grows with the history: the tasks are the live ones, the builder's
+state is live by construction, the commits read are those from the builder's processed
+cursor on (its unfinished batches), and each payload is retained once.
 
 Every write is write-temp, fsync, rename, fsync-dir through ``fs`` (default the store's),
 so a crash campaign on SimFS can crash any syscall of a save (``checkpoint_files``).
@@ -66,8 +77,8 @@ from .checkpoint_files import (
     model_dir,
     read_json,
     rollout_file,
+    write_files,
     write_json,
-    write_json_files,
     write_tracker,
 )
 from .data_source import PRODUCER_ID, PROMPT_PREFIX, cursor_from_producer_state
@@ -139,9 +150,11 @@ class Checkpointer:
                 try:
                     futures.append(pool.submit(self._model_durable, paths, dirs))
                     queue_state, builder_state, refs = self._rollout_state(step)
-                    futures.append(pool.submit(self._write_states, step, queue_state,
-                                               builder_state))
-                    futures.append(pool.submit(self._register, reg, builder_state))
+                    body = canonical(builder_state)  # encoded once: file and registration
+                    futures.append(pool.submit(self._write_states, step, {
+                        "queue_state": canonical(queue_state), "builder_state": body}))
+                    futures.append(pool.submit(self._register, reg, body,
+                                               builder_state["scan_cursor"]))
                     self.store.retain(owner, refs)  # RL7: before the marker names them
                 except BaseException:
                     _join(futures, quiet=True)
@@ -173,18 +186,15 @@ class Checkpointer:
                 trackers.result()
         return marker
 
-    def _write_states(self, step: int, queue_state: Mapping[str, Any],
-                      builder_state: Mapping[str, Any]) -> dict[str, Any]:
-        # both files, then one fsync of their directory (RL9 needs them durable before
-        # the marker, not each before the other)
-        where = os.path.join(self.directory, ROLLOUT)
-        names = {kind: os.path.basename(rollout_file(self.directory, kind, step))
-                 for kind in ("queue_state", "builder_state")}
-        written = write_json_files(self.fs, where, {names["queue_state"]: queue_state,
-                                                    names["builder_state"]: builder_state})
+    def _write_states(self, step: int, states: Mapping[str, bytes]) -> dict[str, Any]:
+        """The state files (``kind -> canonical JSON``), then one fsync of their directory
+        (RL9 needs them durable before the marker, not each before the other)."""
+        names = {os.path.basename(rollout_file(self.directory, kind, step)): data
+                 for kind, data in states.items()}
+        write_files(self.fs, os.path.join(self.directory, ROLLOUT), names)
         return {os.path.join(ROLLOUT, name): {"size": len(data),
                                               "sha256": hashlib.sha256(data).hexdigest()}
-                for name, data in written.items()}
+                for name, data in names.items()}
 
     def _write_trackers(self, step: int) -> None:
         write_tracker(self.fs, self.directory, step)
@@ -319,8 +329,17 @@ class Checkpointer:
         positions from the processed cursor to S: unfinished work only)."""
         coord = self.controller.coordinator
         done = set(state["processed_positions"])
+        # positions known not to be collections are not read: the processed ones, the
+        # backlog's own groups (a restored group's position is a rank, not a commit of
+        # this queue: it excludes nothing) and the quarantined groups; what is left is
+        # the collections and the groups of their batches (unfinished work), so the
+        # commits read do not grow with the backlog
+        known = done | {e["position"] for e in state["backlog"] if not e.get("restored")}
+        known |= {q["position"] for q in state["quarantined"]}
         out = []
-        for receipt in commits_between(coord, state["processed_cursor"], scan):
+        receipts = [r for lo, hi in gaps(state["processed_cursor"], scan, known)
+                    for r in commits_between(coord, lo, hi)]
+        for receipt in receipts:
             if not receipt.task_id.startswith(COLLECTION_PREFIX) or receipt.position in done:
                 continue
             view = coord.get_batch("batch:" + receipt.commit_id)
@@ -332,12 +351,12 @@ class Checkpointer:
                         "mix_before": body["mix_before"], "mix_after": body["mix_after"]})
         return out
 
-    def _register(self, reg: str, builder_state: Mapping[str, Any]) -> list[RecordSetRef]:
+    def _register(self, reg: str, body: bytes, scan: int) -> list[RecordSetRef]:
         """Register the checkpoint on the source queue with cursor S: results from S on
         stay readable (for a salvage) until a later checkpoint supersedes it.  Returns
         the registration's publications, still staged (the caller unstages them: the
-        queue keeps them from the registration on)."""
-        body = canonical(builder_state)
+        queue keeps them from the registration on).  ``body``: the builder state's
+        canonical JSON, ``scan``: its cursor S."""
         state_ref = self.store.publish(
             [Record("builder-checkpoint", body, "json.v1")],
             submission_id=f"{reg}:state:{hashlib.sha256(body).hexdigest()[:32]}")
@@ -347,8 +366,7 @@ class Checkpointer:
         ref = self.store.publish([Record("checkpoint", data, "json.v1")],
                                  submission_id=f"{reg}:{hashlib.sha256(data).hexdigest()[:32]}",
                                  dependencies=[state_ref])
-        self.controller.coordinator.register_checkpoint(reg, ref,
-                                                        cursor=builder_state["scan_cursor"])
+        self.controller.coordinator.register_checkpoint(reg, ref, cursor=scan)
         return [ref, state_ref]
 
     # --- release ----------------------------------------------------------------------------
@@ -407,6 +425,19 @@ def commits_between(coord: Any, start: int, stop: int | None) -> list[Any]:
     return out
 
 
+def gaps(start: int, stop: int, known: set[int]) -> list[tuple[int, int]]:
+    """The maximal ranges ``[lo, hi)`` of ``start..stop-1`` holding no position of
+    ``known``, in order."""
+    out, lo = [], start
+    for p in sorted(p for p in known if start <= p < stop):
+        if p > lo:
+            out.append((lo, p))
+        lo = p + 1
+    if lo < stop:
+        out.append((lo, stop))
+    return out
+
+
 def json_record(store: Any, ref: RecordSetRef, what: str) -> Any:
     records = list(store.read(ref))
     if len(records) != 1 or records[0].codec != "json.v1":
@@ -415,4 +446,4 @@ def json_record(store: Any, ref: RecordSetRef, what: str) -> Any:
 
 
 __all__ = ["Checkpointer", "SaveModel", "checkpoint_owner", "registration_id", "check_step",
-           "task_from_dict", "commits_between", "json_record", "OWNER_PREFIX"]
+           "task_from_dict", "commits_between", "gaps", "json_record", "OWNER_PREFIX"]

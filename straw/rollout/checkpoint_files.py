@@ -23,7 +23,7 @@ one of its branches)::
 Every write is a crash-safe step through ``straw.fs.Filesystem`` (write a temporary
 file, fsync it, rename it into place, fsync the directory: ``write_file_durable``), so a
 crash campaign on SimFS sees each file either absent or whole.  Files written together
-into one directory (``write_json_files``) share that directory's fsync: each is whole
+into one directory (``write_files``) share that directory's fsync: each is whole
 once renamed, and all of them are durable after the one fsync of their directory, which
 comes before anything that names them (the commit marker, RL9)."""
 
@@ -97,20 +97,16 @@ def write_json(fs: Filesystem, path: str, value: Any) -> bytes:
     return data
 
 
-def write_json_files(fs: Filesystem, directory: str, values: Mapping[str, Any]
-                     ) -> dict[str, bytes]:
-    """Write each ``name -> value`` of ``values`` as canonical JSON into ``directory``:
-    each a temporary file, fsynced, renamed into place; then ONE fsync of the directory
-    makes every new name durable (D1) -- a crash before it leaves each file absent,
-    the old one, or whole, never torn.  Returns the bytes written per name (the
-    caller hashes them: no second read)."""
+def write_files(fs: Filesystem, directory: str, files: Mapping[str, bytes]) -> None:
+    """Write each ``name -> data`` of ``files`` (canonical JSON, ``canonical``) into
+    ``directory``: each a temporary file, fsynced, renamed into place; then ONE fsync of
+    the directory makes every new name durable (D1) -- a crash before it leaves each
+    file absent or whole, never torn."""
     fs.makedirs_durable(directory)
-    out: dict[str, bytes] = {}
-    for name, value in values.items():
+    for name, data in files.items():
         if os.path.basename(name) != name or name in ("", ".", ".."):
-            raise ValueError(f"write_json_files writes files directly in {directory}, "
-                             f"got the name {name!r}")
-        data = canonical(value)
+            raise ValueError(f"write_files writes files directly in {directory}, got the "
+                             f"name {name!r}")
         path = os.path.join(directory, name)
         tmp = f"{path}.tmp.{os.getpid()}.{os.urandom(4).hex()}"
         fd = fs.open(tmp, write=True, create=True)
@@ -121,9 +117,7 @@ def write_json_files(fs: Filesystem, directory: str, values: Mapping[str, Any]
         finally:
             fs.close(fd)
         fs.rename(tmp, path)
-        out[name] = data
     fs.fsync_dir(directory)  # the names, all at once
-    return out
 
 
 def read_json(fs: Filesystem, path: str, what: str) -> Any:
@@ -173,5 +167,5 @@ def read_tracker(fs: Filesystem, directory: str) -> int | None:
 __all__ = ["VERSION", "ROLLOUT", "TRACKER", "CURRENT", "BRANCH", "BRANCHES", "SEEDED",
            "SMALL_FILE",
            "model_dir", "rollout_file", "committed_steps", "step_of_marker", "canonical",
-           "write_json", "write_json_files", "read_json", "check_version", "sha256_file",
+           "write_json", "write_files", "read_json", "check_version", "sha256_file",
            "write_tracker", "read_tracker"]
