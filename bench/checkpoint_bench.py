@@ -101,11 +101,13 @@ class Bench:
     def accept(self, n: int) -> None:
         """Admit, lease and complete ``n`` groups: one acquire and one publication per
         ``_CHUNK`` groups, their completions concurrent (they share journal and catalog
-        syncs: group commit)."""
-        ids = self.admit(n)
+        syncs: group commit).  Leased in scheduling order, as generation leases: the
+        oldest pending tasks first (so ``n`` pending tasks are left, whatever was pending
+        before), and no lease leaves a stale entry deep in the pending heap (leases by
+        ``task_ids`` would, and ``pending_tasks`` would then scan the whole history)."""
+        self.admit(n)
         for lo in range(0, n, _CHUNK):
-            chunk = ids[lo:lo + _CHUNK]
-            got = self.coord.acquire("gen", len(chunk), task_ids=chunk)
+            got = self.coord.acquire("gen", min(_CHUNK, n - lo))
             pubs = []
             for a in got.assignments:
                 index = int(a.lease.task_id.split(":")[1])
