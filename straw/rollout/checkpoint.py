@@ -144,6 +144,7 @@ class Checkpointer:
         # registration on the queue.  Their syncs overlap on threads (a save costs its
         # sync latencies) while this thread reads the rollout state and retains.
         futures: list[Any] = []
+        staged: list[RecordSetRef] = []  # the registration's publications, once known
         try:
             with concurrent.futures.ThreadPoolExecutor(
                     3, thread_name_prefix="straw.rollout checkpoint") as pool:
@@ -157,9 +158,13 @@ class Checkpointer:
                                                builder_state["scan_cursor"]))
                     self.store.retain(owner, refs)  # RL7: before the marker names them
                 except BaseException:
-                    _join(futures, quiet=True)
+                    staged = _staged(_results(futures)[0])
                     raise
-                model, states, staged = _join(futures)
+                values, error = _results(futures)
+                staged = _staged(values)
+                if error is not None:
+                    raise error
+                model, states, _ = values
             files = {**model, **states}
             marker = {"version": VERSION, "step": step, "weight_version": step + 1,
                       "files": files, "optimizer": optimizer, "rng": rng,
@@ -169,7 +174,11 @@ class Checkpointer:
             # RL9: the marker last, after every component above is durable
             write_json(self.fs, marker_path, marker)
         except BaseException:
-            self._forget(owner, reg)
+            try:
+                self._forget(owner, reg)
+            finally:
+                if staged:  # not kept by a registration any more: reclaimable
+                    self.store.release_publications(staged)
             raise
         # then the trackers (only after the marker: they may lag, never lead), while the
         # earlier registrations are released (this one supersedes them; their owners
@@ -382,19 +391,22 @@ class Checkpointer:
         self.store.release(checkpoint_owner(self.namespace, self.queue_id, step))
 
 
-def _join(futures: list[Any], quiet: bool = False) -> list[Any]:
-    """Every future's result, once all are done; the first error is raised (none with
-    ``quiet``: the caller is raising its own)."""
+def _results(futures: list[Any]) -> tuple[list[Any], BaseException | None]:
+    """Every future's result (None for one that raised) once all are done, and the
+    first error."""
     values, error = [], None
     for f in futures:
         try:
             values.append(f.result())
-        except BaseException as e:  # noqa: BLE001 - re-raised below, after the others
+        except BaseException as e:  # noqa: BLE001 - returned: the caller raises it
             values.append(None)
             error = error or e
-    if error is not None and not quiet:
-        raise error
-    return values
+    return values, error
+
+
+def _staged(values: list[Any]) -> list[RecordSetRef]:
+    """The registration's publications (the third part of a save), if it ran."""
+    return (values[2] if len(values) > 2 else None) or []
 
 
 _TASK_FIELDS = tuple(f.name for f in dataclasses.fields(TaskSpec))
