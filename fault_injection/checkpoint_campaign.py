@@ -621,34 +621,32 @@ def replay(key: str) -> str | None:
 
 # --- negative controls -------------------------------------------------------------------------
 
-def _unsynced_write_json(fs: Any, path: str, value: Any) -> bytes:
-    """A state file written without fsync (the marker keeps its durable write)."""
-    data = checkpoint_mod.canonical(value)
-    if not os.path.basename(path).startswith(("queue_state_", "builder_state_")):
-        return _REAL_WRITE_JSON(fs, path, value)
-    fs.makedirs_durable(os.path.dirname(path))
-    tmp = path + ".tmp"
-    fd = fs.open(tmp, write=True, create=True)
-    try:
-        fs.writev(fd, [data], 0)
-    finally:
-        fs.close(fd)
-    fs.rename(tmp, path)
-    return data
+def _unsynced_write_files(fs: Any, directory: str, files: Any) -> None:
+    """The state files renamed into place without any fsync (of theirs or of their
+    directory)."""
+    fs.makedirs_durable(directory)
+    for name, data in files.items():
+        tmp = os.path.join(directory, name + ".tmp")
+        fd = fs.open(tmp, write=True, create=True)
+        try:
+            fs.writev(fd, [data], 0)
+        finally:
+            fs.close(fd)
+        fs.rename(tmp, os.path.join(directory, name))
 
 
-_REAL_WRITE_JSON = checkpoint_mod.write_json
+_REAL_WRITE_FILES = checkpoint_mod.write_files
 
 
 @contextlib.contextmanager
 def states_unsynced() -> Iterator[None]:
     """The queue and builder state files renamed into place unsynced: the marker can be
     durable before its components (RL9 broken)."""
-    checkpoint_mod.write_json = _unsynced_write_json  # type: ignore[assignment]
+    checkpoint_mod.write_files = _unsynced_write_files  # type: ignore[assignment]
     try:
         yield
     finally:
-        checkpoint_mod.write_json = _REAL_WRITE_JSON  # type: ignore[assignment]
+        checkpoint_mod.write_files = _REAL_WRITE_FILES  # type: ignore[assignment]
 
 
 class _NoSync:
@@ -671,20 +669,20 @@ class _NoSync:
 def model_unsynced() -> Iterator[None]:
     """The model's files (and their directory) named in the marker without being made
     durable first: the user's unsynced save can vanish under a marker (RL9 broken)."""
-    real = checkpoint_mod.Checkpointer._save_model
+    real = checkpoint_mod.Checkpointer._model_durable
 
-    def save_model(self: Any, step: int, fn: Any) -> Any:
+    def model_durable(self: Any, paths: Any, dirs: Any) -> Any:
         fs, self.fs = self.fs, _NoSync(self.fs)
         try:
-            return real(self, step, fn)
+            return real(self, paths, dirs)
         finally:
             self.fs = fs
 
-    checkpoint_mod.Checkpointer._save_model = save_model  # type: ignore[method-assign,assignment]
+    checkpoint_mod.Checkpointer._model_durable = model_durable  # type: ignore[method-assign]
     try:
         yield
     finally:
-        checkpoint_mod.Checkpointer._save_model = real  # type: ignore[method-assign]
+        checkpoint_mod.Checkpointer._model_durable = real  # type: ignore[method-assign]
 
 
 @contextlib.contextmanager

@@ -652,7 +652,9 @@ def _checkpointer(cfg: RolloutConfig, mut: RolloutMutants, s: State
     for j, component in enumerate(COMPONENTS):
         if c.components[j] == ABSENT:
             # write a temp file, fsync, rename, fsync the directory: durable in one step
-            # (the mutant skips the fsyncs: the file is only written)
+            # (the mutant skips the fsyncs: the file is only written).  The engine writes
+            # the components and the capture concurrently (straw/rollout/checkpoint.py),
+            # all before the marker: one order here stands for every interleaving.
             state = WRITTEN if mut.marker_before_components_durable else DURABLE
             yield Action("ckpt_write", (c.name, component), TRAINER), replace(
                 s, ckpts=_set(s.ckpts, n, replace(c, components=_set(c.components, j, state))))

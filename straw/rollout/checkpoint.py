@@ -8,9 +8,9 @@ the queue's live state, the builder's, then LAST a commit marker; then the track
    with ``<directory>/iter_<k:07d>`` (created); it writes its files there with its own
    I/O and returns ``{"files": [paths relative to model_dir], "optimizer": bool,
    "rng": bool}`` (a job whose files are written already passes a callable returning
-   their names).  Each file is sized, fsynced (and its directories, deepest first)
-   through our ``Filesystem``, and hashed (sha256) when at most ``SMALL_FILE`` bytes.  A
-   save that raises leaves no marker.
+   their names).  Each file is sized, fsynced (and each directory holding a new name
+   once, deepest first) through our ``Filesystem``, and hashed (sha256) when at most
+   ``SMALL_FILE`` bytes.  A save that raises leaves no marker.
 3. **The rollout state**, whose cost follows the live state, never the history:
    ``queue_state_<k>.json`` (the prompt tasks pending or leased, leased ones to come back
    pending, with their current inputs; the dataset producer's cursor) and
@@ -19,7 +19,7 @@ the queue's live state, the builder's, then LAST a commit marker; then the track
    boundary ``scan_cursor`` S: the source commit log position the checkpoint covers).
    Payloads are referenced, not copied: the groups and inputs named are retained under
    the checkpoint's owner ``checkpoint:<queue>:<k>`` (``store.retain``) before the marker
-   names them (the two files are written meanwhile), until ``release(k)``; and the
+   names them, until ``release(k)``; and the
    checkpoint is registered on the source queue with cursor S
    (``Coordinator.register_checkpoint``): every result from S on stays readable (a
    salvage needs the groups accepted after the checkpoint even once a later batch
@@ -36,6 +36,17 @@ tasks (tasks admitted after that cursor are left out: the restored run admits th
 from the cursor), then the builder scans the log to S and tasks whose groups were
 accepted before S are left out (they are in the backlog): each prompt is in exactly one
 of the tasks, the backlog, a planned batch, or after the cursor.
+
+**Cost.**  Steps 2 (after the user's save returns) and 3 are independent until the marker:
+none reads what another writes, and RL9 only needs all of them durable before it.  So the
+model's fsyncs, the two state files (written together: one fsync each, ONE fsync of
+``rollout/``) and the registration run on threads while this thread reads the rollout
+state and retains its payloads; the marker waits for all of them.  A save's syncs: the
+model's files and directories, 3 for the state files, 2 for the marker, 2 per tracker
+and 2 for ``current.json``, and the queue's (retention, registration, release).  Nothing
+it reads or writes grows with the history: the tasks are the live ones, the builder's
+state is live by construction, the commits read are those from the builder's processed
+cursor on (its unfinished batches), and each payload is retained once.
 
 Every write is write-temp, fsync, rename, fsync-dir through ``fs`` (default the store's),
 so a crash campaign on SimFS can crash any syscall of a save (``checkpoint_files``).
@@ -55,7 +66,7 @@ from straw import TaskSpec
 from straw.fs import Filesystem
 from straw.refs import Record, RecordSetRef
 
-from .builder import COLLECTION_PREFIX, Accepted
+from .builder import COLLECTION_PREFIX
 from .checkpoint_errors import BranchChanged, CheckpointExists, ComponentChanged
 from .checkpoint_files import (
     CURRENT,
@@ -66,6 +77,7 @@ from .checkpoint_files import (
     model_dir,
     read_json,
     rollout_file,
+    write_files,
     write_json,
     write_tracker,
 )
@@ -124,21 +136,35 @@ class Checkpointer:
                                    "and a committed checkpoint is never overwritten (save "
                                    "another step, or restore into a new branch)")
         self._check_current()
-        model, optimizer, rng = self._save_model(step, save_model)
+        paths, dirs, optimizer, rng = self._save_model(step, save_model)
         owner = checkpoint_owner(self.namespace, self.queue_id, step)
         reg = registration_id(self.namespace, self.queue_id, step)
+        # Until the marker, four parts are independent, each durable on its own: the
+        # model's files, the two state files, the retention under the owner and the
+        # registration on the queue.  Their syncs overlap on threads (a save costs its
+        # sync latencies) while this thread reads the rollout state and retains.
+        futures: list[Any] = []
+        staged: list[RecordSetRef] = []  # the registration's publications, once known
         try:
-            queue_state, builder_state, refs = self._rollout_state(step)
-            # the state files and the retention are independent until the marker: their
-            # syncs overlap (a save costs its fsync latencies; this halves the middle)
             with concurrent.futures.ThreadPoolExecutor(
-                    1, thread_name_prefix="straw.rollout checkpoint") as pool:
-                written = pool.submit(self._write_states, step, queue_state, builder_state)
+                    3, thread_name_prefix="straw.rollout checkpoint") as pool:
                 try:
+                    futures.append(pool.submit(self._model_durable, paths, dirs))
+                    queue_state, builder_state, refs = self._rollout_state(step)
+                    body = canonical(builder_state)  # encoded once: file and registration
+                    futures.append(pool.submit(self._write_states, step, {
+                        "queue_state": canonical(queue_state), "builder_state": body}))
+                    futures.append(pool.submit(self._register, reg, body,
+                                               builder_state["scan_cursor"]))
                     self.store.retain(owner, refs)  # RL7: before the marker names them
-                    self._register(reg, builder_state)
-                finally:
-                    states = written.result()
+                except BaseException:
+                    staged = _staged(_results(futures)[0])
+                    raise
+                values, error = _results(futures)
+                staged = _staged(values)
+                if error is not None:
+                    raise error
+                model, states, _ = values
             files = {**model, **states}
             marker = {"version": VERSION, "step": step, "weight_version": step + 1,
                       "files": files, "optimizer": optimizer, "rng": rng,
@@ -148,10 +174,15 @@ class Checkpointer:
             # RL9: the marker last, after every component above is durable
             write_json(self.fs, marker_path, marker)
         except BaseException:
-            self._forget(owner, reg)
+            try:
+                self._forget(owner, reg)
+            finally:
+                if staged:  # not kept by a registration any more: reclaimable
+                    self.store.release_publications(staged)
             raise
-        # a later checkpoint supersedes the earlier registrations (their owners stay);
-        # meanwhile the trackers (both only after the marker: they may lag, never lead)
+        # then the trackers (only after the marker: they may lag, never lead), while the
+        # earlier registrations are released (this one supersedes them; their owners
+        # stay) and the registration's publications unstaged (the queue keeps them)
         with concurrent.futures.ThreadPoolExecutor(
                 1, thread_name_prefix="straw.rollout checkpoint") as pool:
             trackers = pool.submit(self._write_trackers, step)
@@ -159,19 +190,20 @@ class Checkpointer:
                 for old in self._registered:
                     self.controller.coordinator.release_checkpoint(old)
                 self._registered = [reg]
+                self.store.release_publications(staged)
             finally:
                 trackers.result()
         return marker
 
-    def _write_states(self, step: int, queue_state: Mapping[str, Any],
-                      builder_state: Mapping[str, Any]) -> dict[str, Any]:
-        files = {}
-        for kind, value in (("queue_state", queue_state), ("builder_state", builder_state)):
-            path = rollout_file(self.directory, kind, step)
-            data = write_json(self.fs, path, value)
-            files[os.path.relpath(path, self.directory)] = {
-                "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-        return files
+    def _write_states(self, step: int, states: Mapping[str, bytes]) -> dict[str, Any]:
+        """The state files (``kind -> canonical JSON``), then one fsync of their directory
+        (RL9 needs them durable before the marker, not each before the other)."""
+        names = {os.path.basename(rollout_file(self.directory, kind, step)): data
+                 for kind, data in states.items()}
+        write_files(self.fs, os.path.join(self.directory, ROLLOUT), names)
+        return {os.path.join(ROLLOUT, name): {"size": len(data),
+                                              "sha256": hashlib.sha256(data).hexdigest()}
+                for name, data in names.items()}
 
     def _write_trackers(self, step: int) -> None:
         write_tracker(self.fs, self.directory, step)
@@ -198,9 +230,14 @@ class Checkpointer:
             self.store.release(owner)
 
     def _save_model(self, step: int, save_model: SaveModel
-                    ) -> tuple[dict[str, Any], bool, bool]:
+                    ) -> tuple[list[str], set[str], bool, bool]:
+        """The user's save, called here (its thread is the trainer's) and its result
+        checked: (the model's file paths, the directories holding their new names,
+        optimizer, rng).  ``_model_durable`` then makes them durable."""
         where = model_dir(self.directory, step)
-        self.fs.makedirs_durable(where)
+        # the new directories' names become durable with the files' (one fsync per
+        # directory, each before the marker), not one by one now
+        created = self.fs.makedirs(where)
         result = save_model(where)
         if not isinstance(result, Mapping) or not isinstance(result.get("files"), (list, tuple)) \
                 or not result["files"]:
@@ -211,8 +248,11 @@ class Checkpointer:
             if not isinstance(result.get(flag), bool):
                 raise ValueError(f"save_model's result must say whether {flag} state is "
                                  f"included ({flag!r}: True or False), got {result.get(flag)!r}")
-        files: dict[str, Any] = {}
-        dirs: set[str] = set()
+        # every directory holding a new name: the parents of the directories created,
+        # the model directory's parent (it may have been created by the user), and each
+        # directory of a model file up to the model directory
+        dirs: set[str] = {os.path.dirname(d) for d in created} | {self.directory}
+        paths = []
         for rel in result["files"]:
             if not isinstance(rel, str) or not rel or os.path.isabs(rel) \
                     or ".." in rel.split("/"):
@@ -222,9 +262,22 @@ class Checkpointer:
             if not self.fs.exists(path):
                 raise ComponentChanged(f"save_model named {path}, which does not exist: "
                                        "return the files it wrote")
+            paths.append(path)
+            d = os.path.dirname(path)
+            while len(d) >= len(where):
+                dirs.add(d)
+                d = os.path.dirname(d)
+        return paths, dirs, result["optimizer"], result["rng"]
+
+    def _model_durable(self, paths: list[str], dirs: set[str]) -> dict[str, Any]:
+        """RL9: the user's own writes durable before the marker (each file fsynced, then
+        each directory holding a new name, deepest first); each file sized, and hashed
+        when small.  Returns the marker's entries."""
+        files: dict[str, Any] = {}
+        for path in paths:
             size = self.fs.stat(path).size
             fd = self.fs.open(path)
-            try:  # RL9: the user's own writes become durable before the marker
+            try:
                 self.fs.fsync(fd)
             finally:
                 self.fs.close(fd)
@@ -232,14 +285,9 @@ class Checkpointer:
             if size <= SMALL_FILE:
                 entry["sha256"] = hashlib.sha256(self.fs.read_file(path)).hexdigest()
             files[os.path.relpath(path, self.directory)] = entry
-            d = os.path.dirname(path)
-            while len(d) >= len(where):
-                dirs.add(d)
-                d = os.path.dirname(d)
         for d in sorted(dirs, key=len, reverse=True):  # deepest first
             self.fs.fsync_dir(d)
-        self.fs.fsync_dir(self.directory)
-        return files, result["optimizer"], result["rng"]
+        return files
 
     # --- the rollout state (live, never history) -------------------------------------------
     def _rollout_state(self, step: int) -> tuple[dict[str, Any], dict[str, Any],
@@ -268,10 +316,12 @@ class Checkpointer:
         kept = [t for t in tasks.values()
                 if int(t.metadata.get("group_index", -1)) < limit]
         planned = self._planned(state, scan)
-        backlog = [Accepted.from_dict(e) for e in state["backlog"]]
-        refs = [t.input_ref for t in kept if t.input_ref is not None]
-        refs += [e.ref for e in backlog]
-        refs += [Accepted.from_dict(g).ref for b in planned for g in b["groups"]]
+        # each payload once (tasks of one prompt share its input); only live ones: the
+        # kept tasks' inputs, the backlog's groups, the planned batches' groups
+        refs = dict.fromkeys(t.input_ref for t in kept if t.input_ref is not None)
+        refs.update(dict.fromkeys(
+            RecordSetRef.from_dict(entry["ref"])
+            for entry in [*state["backlog"], *(g for b in planned for g in b["groups"])]))
         queue_state = {"version": VERSION, "step": step, "run_id": self.store.run_id,
                        "pool": self.store.pool_id,
                        "queue": {"namespace": self.namespace, "queue_id": self.queue_id},
@@ -280,7 +330,7 @@ class Checkpointer:
         builder_state = {"version": VERSION, "step": step, "run_id": self.store.run_id,
                          "consumer_id": builder.consumer_id, "scan_cursor": scan,
                          "mix": state["mix"], "backlog": state["backlog"], "planned": planned}
-        return queue_state, builder_state, refs
+        return queue_state, builder_state, list(refs)
 
     def _planned(self, state: Mapping[str, Any], scan: int) -> list[dict[str, Any]]:
         """The collections of the builder's consumer not finished yet, in commit order:
@@ -288,8 +338,17 @@ class Checkpointer:
         positions from the processed cursor to S: unfinished work only)."""
         coord = self.controller.coordinator
         done = set(state["processed_positions"])
+        # positions known not to be collections are not read: the processed ones, the
+        # backlog's own groups (a restored group's position is a rank, not a commit of
+        # this queue: it excludes nothing) and the quarantined groups; what is left is
+        # the collections and the groups of their batches (unfinished work), so the
+        # commits read do not grow with the backlog
+        known = done | {e["position"] for e in state["backlog"] if not e.get("restored")}
+        known |= {q["position"] for q in state["quarantined"]}
         out = []
-        for receipt in commits_between(coord, state["processed_cursor"], scan):
+        receipts = [r for lo, hi in gaps(state["processed_cursor"], scan, known)
+                    for r in commits_between(coord, lo, hi)]
+        for receipt in receipts:
             if not receipt.task_id.startswith(COLLECTION_PREFIX) or receipt.position in done:
                 continue
             view = coord.get_batch("batch:" + receipt.commit_id)
@@ -301,10 +360,12 @@ class Checkpointer:
                         "mix_before": body["mix_before"], "mix_after": body["mix_after"]})
         return out
 
-    def _register(self, reg: str, builder_state: Mapping[str, Any]) -> None:
+    def _register(self, reg: str, body: bytes, scan: int) -> list[RecordSetRef]:
         """Register the checkpoint on the source queue with cursor S: results from S on
-        stay readable (for a salvage) until a later checkpoint supersedes it."""
-        body = canonical(builder_state)
+        stay readable (for a salvage) until a later checkpoint supersedes it.  Returns
+        the registration's publications, still staged (the caller unstages them: the
+        queue keeps them from the registration on).  ``body``: the builder state's
+        canonical JSON, ``scan``: its cursor S."""
         state_ref = self.store.publish(
             [Record("builder-checkpoint", body, "json.v1")],
             submission_id=f"{reg}:state:{hashlib.sha256(body).hexdigest()[:32]}")
@@ -314,9 +375,8 @@ class Checkpointer:
         ref = self.store.publish([Record("checkpoint", data, "json.v1")],
                                  submission_id=f"{reg}:{hashlib.sha256(data).hexdigest()[:32]}",
                                  dependencies=[state_ref])
-        self.controller.coordinator.register_checkpoint(reg, ref,
-                                                        cursor=builder_state["scan_cursor"])
-        self.store.release_publications([ref, state_ref])  # the queue keeps them now
+        self.controller.coordinator.register_checkpoint(reg, ref, cursor=scan)
+        return [ref, state_ref]
 
     # --- release ----------------------------------------------------------------------------
     def release(self, step: int) -> None:
@@ -329,6 +389,24 @@ class Checkpointer:
             self.controller.coordinator.release_checkpoint(reg)
             self._registered.remove(reg)
         self.store.release(checkpoint_owner(self.namespace, self.queue_id, step))
+
+
+def _results(futures: list[Any]) -> tuple[list[Any], BaseException | None]:
+    """Every future's result (None for one that raised) once all are done, and the
+    first error."""
+    values, error = [], None
+    for f in futures:
+        try:
+            values.append(f.result())
+        except BaseException as e:  # noqa: BLE001 - returned: the caller raises it
+            values.append(None)
+            error = error or e
+    return values, error
+
+
+def _staged(values: list[Any]) -> list[RecordSetRef]:
+    """The registration's publications (the third part of a save), if it ran."""
+    return (values[2] if len(values) > 2 else None) or []
 
 
 _TASK_FIELDS = tuple(f.name for f in dataclasses.fields(TaskSpec))
@@ -359,6 +437,19 @@ def commits_between(coord: Any, start: int, stop: int | None) -> list[Any]:
     return out
 
 
+def gaps(start: int, stop: int, known: set[int]) -> list[tuple[int, int]]:
+    """The maximal ranges ``[lo, hi)`` of ``start..stop-1`` holding no position of
+    ``known``, in order."""
+    out, lo = [], start
+    for p in sorted(p for p in known if start <= p < stop):
+        if p > lo:
+            out.append((lo, p))
+        lo = p + 1
+    if lo < stop:
+        out.append((lo, stop))
+    return out
+
+
 def json_record(store: Any, ref: RecordSetRef, what: str) -> Any:
     records = list(store.read(ref))
     if len(records) != 1 or records[0].codec != "json.v1":
@@ -367,4 +458,4 @@ def json_record(store: Any, ref: RecordSetRef, what: str) -> Any:
 
 
 __all__ = ["Checkpointer", "SaveModel", "checkpoint_owner", "registration_id", "check_step",
-           "task_from_dict", "commits_between", "json_record", "OWNER_PREFIX"]
+           "task_from_dict", "commits_between", "gaps", "json_record", "OWNER_PREFIX"]

@@ -22,7 +22,10 @@ one of its branches)::
 
 Every write is a crash-safe step through ``straw.fs.Filesystem`` (write a temporary
 file, fsync it, rename it into place, fsync the directory: ``write_file_durable``), so a
-crash campaign on SimFS sees each file either absent or whole."""
+crash campaign on SimFS sees each file either absent or whole.  Files written together
+into one directory (``write_files``) share that directory's fsync: each is whole
+once renamed, and all of them are durable after the one fsync of their directory, which
+comes before anything that names them (the commit marker, RL9)."""
 
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from straw.fs import Filesystem
@@ -93,6 +97,29 @@ def write_json(fs: Filesystem, path: str, value: Any) -> bytes:
     return data
 
 
+def write_files(fs: Filesystem, directory: str, files: Mapping[str, bytes]) -> None:
+    """Write each ``name -> data`` of ``files`` (canonical JSON, ``canonical``) into
+    ``directory``: each a temporary file, fsynced, renamed into place; then ONE fsync of
+    the directory makes every new name durable (D1) -- a crash before it leaves each
+    file absent or whole, never torn."""
+    fs.makedirs_durable(directory)
+    for name, data in files.items():
+        if os.path.basename(name) != name or name in ("", ".", ".."):
+            raise ValueError(f"write_files writes files directly in {directory}, got the "
+                             f"name {name!r}")
+        path = os.path.join(directory, name)
+        tmp = f"{path}.tmp.{os.getpid()}.{os.urandom(4).hex()}"
+        fd = fs.open(tmp, write=True, create=True)
+        try:
+            fs.truncate(fd, 0)
+            fs.writev(fd, [data], 0)
+            fs.fsync(fd)  # the content durable before its name can be
+        finally:
+            fs.close(fd)
+        fs.rename(tmp, path)
+    fs.fsync_dir(directory)  # the names, all at once
+
+
 def read_json(fs: Filesystem, path: str, what: str) -> Any:
     """A JSON file's value; a file that is not JSON is ``UnsupportedCheckpoint`` naming
     it (a half-written file never exists: writes rename whole files into place)."""
@@ -140,5 +167,5 @@ def read_tracker(fs: Filesystem, directory: str) -> int | None:
 __all__ = ["VERSION", "ROLLOUT", "TRACKER", "CURRENT", "BRANCH", "BRANCHES", "SEEDED",
            "SMALL_FILE",
            "model_dir", "rollout_file", "committed_steps", "step_of_marker", "canonical",
-           "write_json", "read_json", "check_version", "sha256_file", "write_tracker",
-           "read_tracker"]
+           "write_json", "write_files", "read_json", "check_version", "sha256_file",
+           "write_tracker", "read_tracker"]

@@ -12,7 +12,7 @@ import os
 import pytest
 
 from straw.fs import DelegatingFilesystem, PosixFS
-from straw.rollout.checkpoint import Checkpointer, checkpoint_owner
+from straw.rollout.checkpoint import Checkpointer, checkpoint_owner, gaps
 from straw.rollout.checkpoint_errors import CheckpointExists, ComponentChanged
 
 from .ckpt_job import Job, model_saver
@@ -140,8 +140,8 @@ def test_a_failed_rollout_save_leaves_no_marker_and_releases_its_owner(dirs, mon
         ck = job.job.checkpointer
         real = ck._register
 
-        def broken(reg, state):
-            real(reg, state)
+        def broken(*args):
+            real(*args)
             raise OSError("queue registration failed (injected)")
 
         monkeypatch.setattr(ck, "_register", broken)
@@ -228,3 +228,76 @@ def test_a_leased_task_is_saved_and_an_unfinished_batch_is_saved_planned(dirs):
 def _files(directory: str) -> list[str]:
     return sorted(os.path.join(a, f) for a, _, fs in os.walk(directory) for f in fs
                   if f != "LOCK")
+
+
+def test_a_save_fsyncs_each_directory_once_before_its_marker(dirs):
+    # the two state files share one fsync of rollout/, the model directory's parent is
+    # synced once (not by makedirs and again after the files): a save's syncs are what
+    # RL9 needs, no more
+    pool, save = dirs
+    job = Job(pool, save)
+    try:
+        job.train()
+        job.generate()
+        fs = RecordingFS()
+        ck = Checkpointer(job.resolution.directory, controller=job.job.controller,
+                          builder=job.job.builder, logical_root=job.resolution.root, fs=fs)
+        ck.save(1, model_saver())
+    finally:
+        job.close()
+    d = job.resolution.directory
+    ops = fs.log
+    at = ops.index(("rename", os.path.join(d, "rollout", "committed_1.json")))
+    dirs_synced = [op[1] for op in ops[:at] if op[0] == "fsync_dir"]
+    assert sorted(dirs_synced) == sorted({d, os.path.join(d, "iter_0000001"),
+                                          os.path.join(d, "rollout")}), dirs_synced
+    states = [os.path.join(d, "rollout", f"{k}_1.json") for k in ("queue_state",
+                                                                  "builder_state")]
+    one = ops.index(("fsync_dir", os.path.join(d, "rollout")))
+    assert all(ops.index(("rename", p)) < one for p in states)  # both named, then synced
+    # model: 2 files; states: 2; marker, tracker, current.json: 1 each
+    assert sum(op[0] == "fsync" for op in ops) == 7
+    assert len([op for op in ops if op[0] == "fsync_dir"]) == 3 + 3
+
+
+def test_a_save_reads_no_commit_of_its_backlog(dirs):
+    # the unfinished batches are found without reading the backlog's commits: the
+    # commits a save reads follow the unfinished work, not the accepted groups waiting
+    pool, save = dirs
+    job = Job(pool, save)
+    try:
+        job.train()
+        job.train(finish=False)  # one planned batch to find
+        for _ in range(5):
+            job.generate(4)  # a backlog of accepted untrained groups
+        coord = job.job.controller.coordinator
+        job.job.builder.backlog()  # scanned
+        backlog = {e["position"] for e in job.job.builder.state()["backlog"]}
+        assert len(backlog) >= 6
+        read: list[int] = []
+        real = coord.read_commits
+
+        def counting(cursor=0, limit=100):  # noqa: ANN001
+            page = real(cursor, limit)
+            read.extend(r.position for r in page.commits)
+            return page
+
+        coord.read_commits = counting
+        try:
+            job.save(1)
+        finally:
+            del coord.read_commits
+        assert not backlog & set(read), sorted(backlog & set(read))
+        b = json.load(open(os.path.join(job.resolution.directory, "rollout",
+                                        "builder_state_1.json")))
+        assert [p["rollout_id"] for p in b["planned"]] == ["1"]
+        assert {e["position"] for e in b["backlog"]} == backlog
+    finally:
+        job.close()
+
+
+def test_gaps_are_the_ranges_between_known_positions():
+    assert gaps(0, 10, set()) == [(0, 10)]
+    assert gaps(0, 10, {0, 1, 5, 9, 12}) == [(2, 5), (6, 9)]
+    assert gaps(3, 3, {1}) == []
+    assert gaps(2, 6, {2, 3, 4, 5}) == []

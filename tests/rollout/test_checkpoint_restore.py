@@ -213,7 +213,7 @@ def test_groups_acknowledged_after_the_checkpoint_survive_gc_for_the_salvage(dir
 def test_without_the_registration_gc_would_collect_what_salvage_needs(dirs, monkeypatch):
     """The registration is what keeps them: skipped, the same history loses groups."""
     from straw.rollout import checkpoint as checkpoint_module
-    monkeypatch.setattr(checkpoint_module.Checkpointer, "_register", lambda self, reg, st: None)
+    monkeypatch.setattr(checkpoint_module.Checkpointer, "_register", lambda self, *args: [])
     pool, save = dirs
     dead = Job(pool, save)
     dead.train()
