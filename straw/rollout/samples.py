@@ -184,6 +184,21 @@ class Sample:
             if value is not None:
                 _rows(value, f"Sample.{name}")
 
+    def _sibling(self, index: int, prompt: Any) -> Sample:
+        """This sample under another sample ``index``, answering ``prompt`` (this one's
+        prompt or an equal copy), with its own empty metadata: a data source makes the
+        ``n`` samples of a prompt group this way.  Every other field is this validated
+        sample's, so only the index is checked (a full construction costs the refill more
+        than encoding the sample)."""
+        check_count("Sample.index", index)
+        if self.metadata:
+            raise ValueError("_sibling copies a sample without metadata (a prompt's)")
+        twin = object.__new__(Sample)
+        fields = twin.__dict__
+        fields.update(self.__dict__)
+        fields["index"], fields["prompt"], fields["metadata"] = index, prompt, {}
+        return twin
+
     @property
     def prompt_length(self) -> int:
         return len(self.tokens) - self.response_length
