@@ -62,11 +62,13 @@ def worker(root: str, url: str, token: str, name: str, mode: str, seconds: float
     ready = mode == "complete"
     print("ready", flush=True)
     sys.stdin.readline()  # go
-    groups = calls = 0
+    groups = calls = empty = 0
+    syncs0 = store.backend.metrics["syncs"]
     t0, cpu0 = time.perf_counter(), time.process_time()
     while time.perf_counter() - t0 < seconds:
         taken = client.take(GROUPS_PER_CALL)
-        if not taken:
+        if not taken:  # another process's refill took it (or none is pending yet)
+            empty += 1
             time.sleep(0.01)
             continue
         if ready:  # a partial group read back keeps its tokens: rebuild from the prompt
@@ -78,10 +80,11 @@ def worker(root: str, url: str, token: str, name: str, mode: str, seconds: float
         groups += len(taken)
         calls += 1
     elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    syncs = store.backend.metrics["syncs"] - syncs0
     client.close()
     store.close()
-    print(json.dumps({"groups": groups, "calls": calls, "seconds": elapsed, "cpu": cpu}),
-          flush=True)
+    print(json.dumps({"groups": groups, "calls": calls, "empty": empty, "seconds": elapsed,
+                      "cpu": cpu, "syncs": syncs}), flush=True)
 
 
 def run(n: int, mode: str, seconds: float, base: str) -> dict[str, Any]:
@@ -102,6 +105,7 @@ def run(n: int, mode: str, seconds: float, base: str) -> dict[str, Any]:
             for p in procs:
                 assert p.stdout is not None and p.stdout.readline().strip() == "ready"
             cpu0 = time.process_time()  # the controller's: its serving threads and refills
+            syncs0 = store.backend.metrics["syncs"]  # its store's: queue, catalog, inputs
             for p in procs:
                 assert p.stdin is not None
                 p.stdin.write("go\n")
@@ -113,6 +117,7 @@ def run(n: int, mode: str, seconds: float, base: str) -> dict[str, Any]:
                     raise RuntimeError(f"generation process failed ({p.returncode})")
                 results.append(json.loads(out.strip().splitlines()[-1]))
             controller_cpu = time.process_time() - cpu0
+            controller_syncs = store.backend.metrics["syncs"] - syncs0
         finally:
             server.close()
             controller.close()
@@ -126,7 +131,12 @@ def run(n: int, mode: str, seconds: float, base: str) -> dict[str, Any]:
                 # the generation processes' (they scale with processes and cores)
                 "controller_cpu_ms_per_group": round(1000 * controller_cpu / groups, 2),
                 "client_cpu_ms_per_group": round(
-                    1000 * sum(r["cpu"] for r in results) / groups, 2)}
+                    1000 * sum(r["cpu"] for r in results) / groups, 2),
+                # durable steps per group (load-robust, unlike the rates): the controller's
+                # (journal, catalog, refill inputs) and the clients' (their publications)
+                "controller_syncs_per_group": round(controller_syncs / groups, 3),
+                "client_syncs_per_group": round(sum(r["syncs"] for r in results) / groups, 3),
+                "empty_takes": sum(r["empty"] for r in results)}
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -145,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         root, url, token, name, mode, seconds = args.worker
         worker(root, url, token, name, mode, float(seconds))
         return 0
+    if args.dir:
+        os.makedirs(args.dir, exist_ok=True)
     print(f"rollout control overhead: take + return_groups, {GROUPS_PER_CALL} groups a call, "
           f"{SAMPLES} samples of {TOKENS} tokens; {os.cpu_count()} cpus")
     figures = []
@@ -157,7 +169,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {mode:8s} {n:2d} process(es): {fig['groups_per_s']:8.1f} groups/s "
                   f"({fig['groups']} groups, {fig['calls']} calls, {fig['seconds']} s; CPU "
                   f"per group: controller {fig['controller_cpu_ms_per_group']} ms, clients "
-                  f"{fig['client_cpu_ms_per_group']} ms)")
+                  f"{fig['client_cpu_ms_per_group']} ms; syncs per group: controller "
+                  f"{fig['controller_syncs_per_group']}, clients "
+                  f"{fig['client_syncs_per_group']}; {fig['empty_takes']} empty takes)")
         lo, hi = min(args.processes), max(args.processes)
         if lo != hi and rates[lo]:
             ratio = rates[hi] / rates[lo]

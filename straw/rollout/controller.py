@@ -89,6 +89,11 @@ SUBMIT_ATTEMPTS = 3
 # completions of one complete_many run on this many threads: concurrent completions share
 # one journal sync and one catalog sync (group commit)
 COMPLETE_THREADS = 16
+# complete_many calls of this many callers (generation processes) run at once, each on its
+# own COMPLETE_THREADS threads: a pool of only COMPLETE_THREADS would queue the second
+# caller's completions behind the first's (each waits two syncs), serialising the callers
+# instead of letting all their completions share the same syncs
+COMPLETE_CALLS = 8
 
 
 def named_records(records: Sequence[Record], **names: str) -> list[Record]:
@@ -363,10 +368,13 @@ class RolloutController:
 
     # --- lifecycle ----------------------------------------------------------------------
     def _threads(self) -> concurrent.futures.ThreadPoolExecutor:
-        if self._pool is None:
-            self._pool = concurrent.futures.ThreadPoolExecutor(
-                COMPLETE_THREADS, thread_name_prefix="straw.rollout complete")
-        return self._pool
+        with self._state:  # concurrent first calls make one pool
+            if self._pool is None:
+                # threads start as calls need them: a lone caller keeps COMPLETE_THREADS
+                self._pool = concurrent.futures.ThreadPoolExecutor(
+                    COMPLETE_THREADS * COMPLETE_CALLS,
+                    thread_name_prefix="straw.rollout complete")
+            return self._pool
 
     def close(self) -> None:
         """Close the coordinator (the store is the caller's)."""
@@ -388,4 +396,5 @@ def _check_version(version: object) -> int | str:
     return version
 
 
-__all__ = ["RolloutController", "named_records", "SUBMIT_ATTEMPTS", "COMPLETE_THREADS"]
+__all__ = ["RolloutController", "named_records", "SUBMIT_ATTEMPTS", "COMPLETE_THREADS",
+           "COMPLETE_CALLS"]

@@ -220,9 +220,13 @@ class DataSource:
             # immutable one (text, token ids) is shared: copying it is all cost
             immutable = type(prompt) in (str, bytes, int) or (
                 type(prompt) is tuple and all(type(t) is int for t in prompt))
-            samples = tuple(Sample(prompt if immutable else copy.deepcopy(prompt),
-                                   group_index=gid, index=sid + k)
-                            for k in range(self.n_samples_per_prompt))
+            # the group's first sample is built (and checked) once, the others are its
+            # siblings: the same fields but the index (and their own prompt copy)
+            first = Sample(prompt if immutable else copy.deepcopy(prompt), group_index=gid,
+                           index=sid)
+            samples = (first, *(first._sibling(sid + k, prompt if immutable
+                                               else copy.deepcopy(prompt))
+                                for k in range(1, self.n_samples_per_prompt)))
             made.append(SampleGroup(samples, self.environment,
                                     {"epoch_id": epoch, "dataset_index": index}))
             offset += 1

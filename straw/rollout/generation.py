@@ -79,11 +79,21 @@ from .config import RolloutConfig
 from .controller import check_worker_id, named_records
 from .data_source import task_id as task_id_of
 from .samples import SampleGroup, Stage, _same_prompt, captures_cover_group, classify
-from .scheduling import Decision, decide, priority, restart_from_prompt, scheduling_key, staleness
+from .scheduling import (
+    Decision,
+    Verdict,
+    decide,
+    priority,
+    restart_from_prompt,
+    scheduling_key,
+    staleness,
+)
 
 HEARTBEAT_BATCH = 128
 HEARTBEAT_POLL = 0.05  # real seconds between looks at the clock
 ENDED_KEPT = 4096  # ended leases (and their publications) kept for retries
+
+KEEP = Verdict(Decision.KEEP, None)  # what decide() answers for any group without a bound
 
 COMPLETED, RETURNED, REQUEUED, RELEASED, REJECTED = (
     "completed", "returned", "requeued", "released", "rejected")
@@ -295,7 +305,9 @@ class GenerationClient:
             if not captures_cover_group(g):
                 plans.append(_Plan(tid, lease, g, RELEASED, "captures do not cover tokens"))
                 continue
-            verdict = decide(g, current, bound)
+            # without a bound every group is kept (decide's answer, without measuring the
+            # group's staleness a second time: a ready group's is measured below)
+            verdict = KEEP if bound is None else decide(g, current, bound)
             if verdict.decision is Decision.REJECT:
                 plans.append(_Plan(tid, lease, g, REJECTED, verdict.reason))
             elif verdict.decision is Decision.REQUEUE:

@@ -163,28 +163,44 @@ class Sample:
     topk_logprobs: Any = field(default=None, compare=False)  # score centering, [response, k]
 
     def __post_init__(self) -> None:
-        if type(self.tokens) is BufferIds:
+        # every sample a client takes or returns and every prompt a refill makes passes
+        # here: the common values (exact ints, a Status, a float reward, no captures) take
+        # the short checks, anything else the full ones (and their messages)
+        tokens = self.tokens
+        if type(tokens) is BufferIds:
             # ints in the signed 64-bit range by construction (token_ids_from_buffer):
             # the checks below are what that construction already guarantees (they were
             # half of decoding a stored group, the batch builder's scan)
-            tokens = tuple(self.tokens)
+            tokens = tuple(tokens)
+            object.__setattr__(self, "tokens", tokens)
         else:
-            tokens = tuple(self.tokens)
-            if not set(map(type, tokens)) <= {int}:  # (C speed: no Python loop per token)
-                i, t = next((i, t) for i, t in enumerate(tokens) if type(t) is not int)
-                raise TypeError(f"Sample.tokens[{i}] must be an int token id, got "
-                                f"{type(t).__name__} {short_repr(t)} (convert NumPy ids "
-                                "with .tolist())")
-            if tokens and (min(tokens) < INT64_MIN or max(tokens) > INT64_MAX):
-                raise ValueError("Sample.tokens holds an id outside the signed 64-bit range")
-        object.__setattr__(self, "tokens", tokens)
-        check_count("Sample.response_length", self.response_length)
-        if self.response_length > len(tokens):
-            raise ValueError(f"Sample.response_length {self.response_length} exceeds its "
+            if type(tokens) is not tuple:
+                tokens = tuple(tokens)
+                object.__setattr__(self, "tokens", tokens)
+            if tokens:
+                if not set(map(type, tokens)) <= {int}:  # (C speed: no Python loop per token)
+                    i, t = next((i, t) for i, t in enumerate(tokens) if type(t) is not int)
+                    raise TypeError(f"Sample.tokens[{i}] must be an int token id, got "
+                                    f"{type(t).__name__} {short_repr(t)} (convert NumPy ids "
+                                    "with .tolist())")
+                if min(tokens) < INT64_MIN or max(tokens) > INT64_MAX:
+                    raise ValueError("Sample.tokens holds an id outside the signed 64-bit "
+                                     "range")
+        length = self.response_length
+        if type(length) is not int or not 0 <= length <= INT64_MAX:
+            check_count("Sample.response_length", length)
+        if length > len(tokens):
+            raise ValueError(f"Sample.response_length {length} exceeds its "
                              f"{len(tokens)} tokens (tokens hold the prompt, then the response)")
-        object.__setattr__(self, "status", Status(self.status))
-        object.__setattr__(self, "reward", _check_reward("Sample.reward", self.reward))
-        spans = tuple(self.versions)
+        if type(self.status) is not Status:
+            object.__setattr__(self, "status", Status(self.status))
+        reward = self.reward
+        if reward is not None and (type(reward) is not float or not math.isfinite(reward)):
+            object.__setattr__(self, "reward", _check_reward("Sample.reward", reward))
+        spans = self.versions
+        if type(spans) is not tuple:
+            spans = tuple(spans)
+            object.__setattr__(self, "versions", spans)
         end = 0
         for i, s in enumerate(spans):
             if not isinstance(s, VersionSpan):
@@ -195,22 +211,38 @@ class Sample:
                                  f"before the previous span (ending at {end}): spans are in "
                                  "order and do not overlap")
             end = s.stop
-        if end > self.response_length:
+        if end > length:
             raise ValueError(f"Sample.versions cover response tokens up to {end}, beyond its "
-                             f"response of {self.response_length} tokens")
-        object.__setattr__(self, "versions", spans)
+                             f"response of {length} tokens")
         for name in ("group_index", "index"):
             value = getattr(self, name)
-            if value is not None:
+            if value is not None and (type(value) is not int or not 0 <= value <= INT64_MAX):
                 check_count(f"Sample.{name}", value)
         if not isinstance(self.metadata, Mapping):
             raise TypeError(f"Sample.metadata must be a mapping, got "
                             f"{type(self.metadata).__name__}")
         object.__setattr__(self, "metadata", dict(self.metadata))
-        for name in ("routes", "topk_ids", "topk_logprobs"):
-            value = getattr(self, name)
-            if value is not None:
-                _rows(value, f"Sample.{name}")
+        if self.routes is not None or self.topk_ids is not None or \
+                self.topk_logprobs is not None:
+            for name in ("routes", "topk_ids", "topk_logprobs"):
+                value = getattr(self, name)
+                if value is not None:
+                    _rows(value, f"Sample.{name}")
+
+    def _sibling(self, index: int, prompt: Any) -> Sample:
+        """This sample under another sample ``index``, answering ``prompt`` (this one's
+        prompt or an equal copy), with its own empty metadata: a data source makes the
+        ``n`` samples of a prompt group this way.  Every other field is this validated
+        sample's, so only the index is checked (a full construction costs the refill more
+        than encoding the sample)."""
+        check_count("Sample.index", index)
+        if self.metadata:
+            raise ValueError("_sibling copies a sample without metadata (a prompt's)")
+        twin = object.__new__(Sample)
+        fields = twin.__dict__
+        fields.update(self.__dict__)
+        fields["index"], fields["prompt"], fields["metadata"] = index, prompt, {}
+        return twin
 
     @property
     def prompt_length(self) -> int:

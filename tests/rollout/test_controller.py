@@ -85,8 +85,9 @@ def test_prompt_tasks_spend_the_configured_attempts(tmp_path, max_attempts):
         RolloutConfig(max_attempts=0)
 
 
-def completed_items(store, assignments):
-    """complete_many's items for ``assignments``: each group completed and published."""
+def completed_items(store, assignments, tag="g"):
+    """complete_many's items for ``assignments``: each group completed and published
+    (submission ids ``<tag><i>``)."""
     from straw.rollout import group_records
     from straw.rollout.controller import named_records
 
@@ -99,7 +100,7 @@ def completed_items(store, assignments):
             for s in group.samples))
         records, deps = group_records(done)
         ref = store.publish(named_records(records, task_id=a.task_id, attempt_id=a.attempt_id),
-                            submission_id=f"g{i}", dependencies=deps)
+                            submission_id=f"{tag}{i}", dependencies=deps)
         items.append({"lease": a, "result_ref": ref, "staleness": [0]})
     return items
 
@@ -129,6 +130,43 @@ def test_complete_many_answers_each_item_in_order_whatever_the_threads(tmp_path)
             else:
                 assert isinstance(o, CommitReceipt) and o.task_id == item["lease"].task_id
                 assert o.result_ref == item["result_ref"]
+    finally:
+        c.close()
+        store.close()
+
+
+def test_concurrent_callers_complete_at_the_same_time(tmp_path, monkeypatch):
+    # every caller's completions run at once (COMPLETE_CALLS callers of COMPLETE_THREADS
+    # runs each): a pool of COMPLETE_THREADS alone queued the second caller's behind the
+    # first's, so 8 generation processes' completions could not share the same syncs.
+    # The barrier lets a completion go on only when every run of both calls is in flight.
+    import threading
+
+    import straw.rollout.controller as controller_module
+
+    monkeypatch.setattr(controller_module, "COMPLETE_THREADS", 2)
+    monkeypatch.setattr(controller_module, "COMPLETE_CALLS", 2)
+    store, c = open_controller(tmp_path, n=1, prompts=[(i,) for i in range(8)])
+    try:
+        calls = [completed_items(store, c.take(w, 2).assignments, tag=w) for w in ("a", "b")]
+        barrier = threading.Barrier(4, timeout=30)
+        real = c.coordinator.complete_task
+
+        def complete_task(*args, **kw):
+            barrier.wait()  # BrokenBarrierError if the 4 runs are not in flight together
+            return real(*args, **kw)
+
+        monkeypatch.setattr(c.coordinator, "complete_task", complete_task)
+        out: dict[int, list] = {}
+        callers = [threading.Thread(target=lambda i=i: out.__setitem__(
+            i, c.complete_many(calls[i]))) for i in range(2)]
+        for t in callers:
+            t.start()
+        for t in callers:
+            t.join()
+        from straw.protocol import CommitReceipt
+        assert sorted(out) == [0, 1]
+        assert all(isinstance(o, CommitReceipt) for i in out for o in out[i]), out
     finally:
         c.close()
         store.close()

@@ -208,3 +208,34 @@ def test_every_dataset_index_enters_the_queue_exactly_once_per_epoch(size, n, se
     cursor = cursor_from_producer_state(queue.state) if queue.state else Cursor()
     assert cursor.sample_group_index == len(ids)
     assert cursor.sample_index == len(ids) * n
+
+
+def test_a_refill_builds_each_group_from_one_checked_sample(monkeypatch):
+    # the n samples of a prompt group differ only in their index: the first is built
+    # (and checked) by Sample, the others are its siblings, equal to what Sample builds
+    # and each with its own prompt copy when the prompt is mutable
+    from straw.rollout import samples as samples_module
+    from straw.rollout.samples import Sample
+
+    built = []
+    real = samples_module.Sample.__post_init__
+
+    def counting(self):
+        built.append(self.index)
+        real(self)
+
+    monkeypatch.setattr(samples_module.Sample, "__post_init__", counting)
+    chats = [[{"role": "user", "content": f"q{i}"}] for i in range(3)]
+    for prompts in ([f"p{i}" for i in range(3)], chats):
+        built.clear()
+        source = DataSource(prompts, n_samples_per_prompt=4)
+        refill = source.refill(8)
+        assert len(built) == 8  # one checked construction per group, not one per sample
+        for g, group in enumerate(refill.groups):
+            want = [Sample(prompts[g % 3], group_index=g, index=4 * g + k) for k in range(4)]
+            assert list(group.samples) == want
+            assert all(s.metadata == {} for s in group.samples)
+            assert len({id(s.metadata) for s in group.samples}) == 4
+            if prompts is chats:  # a mutable prompt: each sample its own copy
+                assert len({id(s.prompt) for s in group.samples}) == 4
+                assert all(s.prompt is not prompts[g % 3] for s in group.samples)

@@ -216,6 +216,27 @@ def test_the_staleness_bound_applies_its_policy(job, policy):
         assert g.group_index == stale.group_index and classifiable(g)  # its prompt alone
 
 
+def test_without_a_bound_a_return_measures_staleness_once(job, monkeypatch):
+    # no staleness bound: every group is kept, so the client does not run the bound's
+    # decision (it measured each sample's staleness a second time); a ready group's
+    # per-sample staleness still reaches the controller, a partial one is returned
+    from straw.rollout import generation as generation_module
+
+    def no_decision(*args, **kw):
+        raise AssertionError("decide() ran without a staleness bound")
+
+    monkeypatch.setattr(generation_module, "decide", no_decision)
+    start, make, _ = job
+    controller = start()
+    controller.set_serving_version(4)
+    client = make("g0")
+    ready, part = client.take(2)
+    out = client.return_groups([generated(ready, 2, 1), partial(part, 2, 3)])
+    assert [r.action for r in out] == ["completed", "returned"]
+    assert controller.staleness_metrics() == {"staleness/mean": 3.0, "staleness/max": 3.0,
+                                              "staleness/unknown_count": 0.0}
+
+
 def test_bad_input_is_refused_and_nothing_is_lost(job):
     start, make, clock = job
     controller = start()

@@ -144,3 +144,28 @@ def test_group_properties():
     g = SampleGroup((sample(2), sample(1, index=1)), "math", {"k": 1})
     assert (g.prompt, g.group_index, g.tokens, len(g), g.environment) == ("p", 0, 9, 2, "math")
     assert list(g) == list(g.samples)
+
+
+@pytest.mark.parametrize("given, field, want", [
+    ({"reward": 1}, "reward", 1.0),  # an int reward is stored as a float
+    ({"reward": np.float64(2.5)}, "reward", 2.5),  # a float subclass as a plain float
+    ({"tokens": [1, 2]}, "tokens", (1, 2)),
+    ({"versions": [VersionSpan(0, 1, 3)]}, "versions", (VersionSpan(0, 1, 3),)),
+    ({"status": "completed"}, "status", Status.COMPLETED),
+])
+def test_common_values_take_the_short_checks_and_come_out_as_the_full_ones(given, field, want):
+    # Sample's checks have a short path for the values engines give (exact ints, a
+    # Status, a float reward): whatever path a value takes, the stored field is the same
+    s = Sample("p", **{"tokens": (1, 2), "response_length": 1, **given})
+    assert getattr(s, field) == want and type(getattr(s, field)) is type(want)
+
+
+@pytest.mark.parametrize("given, error", [
+    ({"reward": float("nan")}, ValueError), ({"reward": True}, TypeError),
+    ({"response_length": True}, TypeError), ({"response_length": -1}, ValueError),
+    ({"index": 2**63}, ValueError), ({"group_index": 1.0}, TypeError),
+    ({"tokens": (1, True)}, TypeError), ({"tokens": (2**63,)}, ValueError),
+])
+def test_values_off_the_short_path_get_the_full_checks(given, error):
+    with pytest.raises(error):
+        Sample("p", **{"tokens": (1, 2), "response_length": 1, **given})
