@@ -28,15 +28,16 @@ descriptor), and each chunk is hashed right after its block lands, while it is s
 the CPU cache: on these machines hashing from the cache takes about a third of the
 copy's time, hashing the same bytes again from memory about two thirds.  One thread
 therefore caps a load at about 0.7 of a memcpy.  A span of 8 MiB or more is read by two
-threads when a core looks idle (``_spare_core``: the load average is a core below the
-cores available), each taking the next unread block and hashing it itself: the reads and
-the hashes (``xxhash.xxh3_128``, which releases the GIL; ``xxh3_128_digest`` does not)
-run without the GIL.  Without a spare core one thread does it all: on two busy shared
-cores a helper made loads slower, not faster.  A chunk that fails its checksum is
-read once more through a freshly looked-up descriptor (the one held for the load could
-have been closed, its number reused for another file, by another thread of the session)
-and, if it still fails, is ``CorruptData`` at once (D6); the chunk list itself lives in
-the publication's manifest, which the reader authenticates.  A reference's
+threads when a core looks idle (``_spare_core``: the load average is more than half a
+core below the cores available), each taking the next unread block and hashing it
+itself: the reads and the hashes (``xxhash.xxh3_128``, which releases the GIL;
+``xxh3_128_digest`` does not) run without the GIL.  Without a spare core one thread
+does it all: on two busy shared cores a helper made loads slower, not faster.  A chunk
+that fails its checksum is read once more through a freshly looked-up descriptor (the
+one held for the load could have been closed, its number reused for another file, by
+another thread of the session) and, if it still fails, is ``CorruptData`` at once (D6);
+the chunk list itself lives in the publication's manifest, which the reader
+authenticates.  A reference's
 shape, dtype and record are checked against that manifest before any buffer is allocated
 (an edited shape is ``InvalidReference``, never a terabyte allocation).  (``load()``
 checks the chunk list rather than the record's whole-payload checksum: the same hashing
@@ -207,17 +208,19 @@ class _Blocks:
 
 def _spare_core() -> bool:
     """Whether a core looks idle for a load's helper thread (see ``_read_chunks``): the
-    1-minute load average (3 us to read) is at least one below the cores this process may
-    run on.  The helper only pays on a core nobody else wants: on the two shared cores of
-    the development machine at load averages of 6 to 14, a second thread made loads 15 to
-    25% slower (the GIL changes hands at every block and chunk, and the two threads then
-    take turns on one core), so without a spare core loads stay on one thread."""
+    1-minute load average (3 us to read) is below the cores this process may run on by
+    more than half a core.  It counts this process too (a loading process alone on two
+    cores keeps it near 1-1.3, and must still get its helper).  The helper only pays on a
+    core nobody else wants: on the two shared cores of the development machine at load
+    averages of 6 to 8, a second thread made loads about 25% slower (the two threads
+    take turns on one core and the GIL changes hands at every block and chunk), so
+    without a spare core loads stay on one thread."""
     try:
         cores = len(os.sched_getaffinity(0))
         load = os.getloadavg()[0]
     except (AttributeError, OSError):  # not on this platform: do as with no spare core
         return False
-    return cores >= 2 and load <= cores - 1
+    return cores >= 2 and load < cores - 0.5
 
 
 def _byte_view(a: Any) -> memoryview:

@@ -344,7 +344,7 @@ def test_without_a_spare_core_a_large_load_stays_on_one_thread(two_threads, monk
 
 def test_a_spare_core_is_judged_from_the_load_average(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
-    for load, spare in ((0.2, True), (1.0, True), (1.6, False), (9.0, False)):
+    for load, spare in ((0.2, True), (1.3, True), (1.5, False), (9.0, False)):
         monkeypatch.setattr(os, "getloadavg", lambda load=load: (load, 0.0, 0.0))
         assert T._spare_core() is spare
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
