@@ -93,7 +93,7 @@ import os
 import sys
 import threading
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -843,38 +843,44 @@ class TensorRef:
         start, stop = lo * c, min(hi * c, self.nbytes)
         span = dst[start - base:stop - base]
         block = max(1, _READ_BYTES // c) * c
+        if not (span.nbytes >= _PARALLEL_LOAD and span.nbytes > block and _spare_core()):
+            # one thread: every block in order, hashed by the one-shot digest
+            self._verify_blocks(session, loc, expected, lo - e0, span, start, block, None)
+            return
         blocks = _Blocks(span.nbytes, block)
-        helper = None
-        if span.nbytes >= _PARALLEL_LOAD and blocks.count >= 2 and _spare_core():
-            helper = _executor().submit(self._verify_blocks, session, loc, expected,
-                                        lo - e0, span, start, blocks)
+        helper = _executor().submit(self._verify_blocks, session, loc, expected, lo - e0,
+                                    span, start, block, blocks)
         try:
-            self._verify_blocks(session, loc, expected, lo - e0, span, start, blocks)
+            self._verify_blocks(session, loc, expected, lo - e0, span, start, block, blocks)
         except BaseException:
             blocks.stop()  # the helper takes no further block of a load that failed
             raise
         finally:
             # the helper must be done with ``dst`` before this returns: one queued behind
             # other work is cancelled (this thread read every block), a running one awaited
-            if helper is not None and not helper.cancel():
+            if not helper.cancel():
                 helper.exception()
-        if helper is not None and not helper.cancelled():
+        if not helper.cancelled():
             helper.result()  # its CorruptData (or other error), if any
 
     def _verify_blocks(self, session: ReadSession, loc: tuple[str, int, int],
-                       expected: bytes, j0: int, span: memoryview, start: int,
-                       blocks: _Blocks) -> None:
-        """Read the blocks taken from ``blocks`` into ``span`` (payload bytes from
-        ``start``) and verify each of their chunks (``expected`` from chunk index ``j0``
-        of the span on) right after the block landed."""
+                       expected: bytes, j0: int, span: memoryview, start: int, block: int,
+                       blocks: _Blocks | None) -> None:
+        """Read ``block``-byte blocks into ``span`` (payload bytes from ``start``): those
+        taken from ``blocks``, shared with another thread, or all of them in order
+        (None); verify each of their chunks (``expected`` from chunk index ``j0`` of the
+        span on) right after the block landed."""
         path, origin, c = loc
-        hasher = xxhash.xxh3_128  # (one-shot xxh3_128_digest holds the GIL while hashing)
-        for a, b in session._read_blocks(path, origin + start, span, blocks.block, blocks):
+        digest: Callable[[memoryview], bytes] = (
+            xxhash.xxh3_128_digest if blocks is None
+            # (xxh3_128_digest holds the GIL while hashing: the threads would take turns)
+            else lambda piece: xxhash.xxh3_128(piece).digest())
+        for a, b in session._read_blocks(path, origin + start, span, block, blocks):
             for pos in range(a, b, c):
                 j = j0 + pos // c
                 want = expected[j * 16:(j + 1) * 16]
                 piece = span[pos:pos + c]  # (the last chunk may be shorter)
-                if hasher(piece).digest() != want:
+                if digest(piece) != want:
                     self._recheck(session, loc, want, start // c + pos // c, piece,
                                   start + pos)
 
