@@ -149,8 +149,13 @@ def cpu_line(rounds: list[dict[str, Any]]) -> str:
                    if x.get(f"{prefix}cpu_vs_memcpy") is not None]
             vals.append(f"{what} {fmt_summary(summary(got)) if got else '-'}")
         parts.append(f"{kind}: " + ", ".join(vals))
+    shares = [x.get("two_threads") for rd in rounds for kind in KINDS
+              for x in (rd[f"tensor_{kind}_load"],)]
+    known = [v for v in shares if v is not None]
+    helped = (f"; loads made with a second reading thread (a core looked idle): "
+              f"{100 * sum(known) / len(known):.0f}%" if known else "")
     return ("loads vs memcpy in CPU time of the process (all threads; not inflated while "
-            "other processes hold the cores): " + "; ".join(parts))
+            "other processes hold the cores): " + "; ".join(parts) + helped)
 
 
 def round_line(rd: dict[str, Any]) -> str:

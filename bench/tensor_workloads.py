@@ -21,7 +21,10 @@ about the ``tensor.v1`` codec (straw has it built in).
   of the code.  ``cpu_vs_memcpy`` (and ``out_``, ``rows_``): the same ratio in CPU
   time of the whole process (``time.process_time``, every thread), which other
   processes holding the cores do not inflate: how much work a load costs against a
-  memcpy, where the MiB/s ratios say how long it took.
+  memcpy, where the MiB/s ratios say how long it took.  ``two_threads`` (and ``out_``,
+  ``rows_``): the share of the timed calls made while straw judged a core idle, so that
+  a load of 8 MiB or more read with a second thread (``straw.tensor._spare_core``; None
+  for straw-queue).
 * ``tensor_slice``: ``ref[i:i + 1]`` one-row reads at seeded random rows of one tensor
   (after 20 untimed reads); median and p90 latency in ms.
 """
@@ -130,15 +133,18 @@ def _timed(call: Any) -> tuple[float, float]:
 
 
 def _alternating(memcpy: _Memcpy, calls: list[Any], passes: int
-                 ) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
-    """((wall, CPU) seconds of every call, of every memcpy): ``passes`` times each call,
-    each right after one memcpy."""
-    times, copies = [], []
+                 ) -> tuple[list[tuple[float, float]], list[tuple[float, float]], float | None]:
+    """((wall, CPU) seconds of every call, of every memcpy, the share of calls made when
+    straw judged a core idle for a second reading thread, or None for an implementation
+    without that judgement): ``passes`` times each call, each right after one memcpy."""
+    spare = getattr(importlib.import_module("straw.tensor"), "_spare_core", None)
+    times, copies, helped = [], [], 0
     for _ in range(passes):
         for call in calls:
             copies.append(memcpy.seconds())
+            helped += bool(spare is not None and spare())
             times.append(_timed(call))
-    return times, copies
+    return times, copies, helped / len(times) if spare is not None and times else None
 
 
 def tensor_load(impl: Any, root: str, *, shape: tuple[int, ...], dtype: str, count: int = 2,
@@ -177,7 +183,7 @@ def tensor_load(impl: Any, root: str, *, shape: tuple[int, ...], dtype: str, cou
             kinds.append(("out_", [lambda ref=ref: ref.load(out=out) for ref in refs],
                           nbytes))
         for prefix, calls, size in kinds:
-            timed, copied = _alternating(memcpy, calls, passes)
+            timed, copied, two_threads = _alternating(memcpy, calls, passes)
             times = [w for w, _ in timed]
             mib_s = size / MiB / statistics.median(times)
             memcpy_mib_s = MEMCPY_BYTES / MiB / statistics.median(w for w, _ in copied)
@@ -189,7 +195,8 @@ def tensor_load(impl: Any, root: str, *, shape: tuple[int, ...], dtype: str, cou
                            f"{prefix}vs_memcpy": mib_s / memcpy_mib_s,
                            f"{prefix}cpu_vs_memcpy": (size / cpu) / (MEMCPY_BYTES / memcpy_cpu)
                            if cpu > 0 and memcpy_cpu > 0 else None,
-                           f"{prefix}per_call_s": times})
+                           f"{prefix}per_call_s": times,
+                           f"{prefix}two_threads": two_threads})
     finally:
         store.close()
         shutil.rmtree(root, ignore_errors=True)

@@ -1023,8 +1023,8 @@ class ReadSession(ProcessBound):
             "it persists, check the filesystem"
         )
 
-    def _read_blocks(self, path: str, offset: int, buf: memoryview, block: int
-                     ) -> Iterator[tuple[int, int]]:
+    def _read_blocks(self, path: str, offset: int, buf: memoryview, block: int,
+                     starts: Iterable[int] | None = None) -> Iterator[tuple[int, int]]:
         """Fill ``buf`` with the ``buf.nbytes`` bytes at ``offset``, ``block`` bytes at a
         time, yielding ``(lo, hi)`` as soon as ``buf[lo:hi]`` holds its bytes, so that
         the caller verifies each block while it is still in the CPU cache (the bytes are
@@ -1032,14 +1032,17 @@ class ReadSession(ProcessBound):
         ``_read_exact`` per block, the path check and descriptor lookup happen once per
         call (per 1 MiB block they cost several percent of a cache-warm read); a short or
         failed read of a block goes through ``_read_exact``, which retries visibility lag
-        and applies the final-pack rules (D6)."""
+        and applies the final-pack rules (D6).  ``starts``: the blocks to read, as offsets
+        into ``buf`` (multiples of ``block``; default all of them, in order): threads
+        sharing one ``buf`` pass one thread-safe iterator, each reading the blocks it
+        takes from it."""
         check_pack_path(path, self.run_id)
         with self._reading():  # the descriptors stay open across the yields
             try:
                 fd: int | None = self._fd(path)
             except OSError:
                 fd = None  # not visible yet, say: _read_exact decides
-            for lo in range(0, buf.nbytes, block):
+            for lo in range(0, buf.nbytes, block) if starts is None else starts:
                 hi = min(lo + block, buf.nbytes)
                 view = buf[lo:hi]
                 complete = False

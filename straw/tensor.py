@@ -26,14 +26,18 @@ of them, ``ref[a:b]`` only those overlapping rows ``a..b``.  The bytes go from t
 cache straight into the returned tensor's memory (``readinto`` of 1 MiB blocks through one
 descriptor), and each chunk is hashed right after its block lands, while it is still in
 the CPU cache: on these machines hashing from the cache takes about a third of the
-copy's time, hashing the same bytes again from memory about two thirds.  One thread does
-it: one core's copy already takes the memory bandwidth a second would share, and on the
-two shared cores measured, helper threads (descheduled while holding the GIL or their
-share of the work) made loads slower, not faster.  A chunk that fails its checksum is
-read once more through a freshly looked-up descriptor (the one held for the load could
-have been closed, its number reused for another file, by another thread of the session)
-and, if it still fails, is ``CorruptData`` at once (D6); the chunk list itself lives in
-the publication's manifest, which the reader authenticates.  A reference's
+copy's time, hashing the same bytes again from memory about two thirds.  One thread
+therefore caps a load at about 0.7 of a memcpy.  A span of 8 MiB or more is read by two
+threads when a core looks idle (``_spare_core``: the load average is more than half a
+core below the cores available), each taking the next unread block and hashing it
+itself: the reads and the hashes (``xxhash.xxh3_128``, which releases the GIL;
+``xxh3_128_digest`` does not) run without the GIL.  Without a spare core one thread
+does it all: on two busy shared cores a helper made loads slower, not faster.  A chunk
+that fails its checksum is read once more through a freshly looked-up descriptor (the
+one held for the load could have been closed, its number reused for another file, by
+another thread of the session) and, if it still fails, is ``CorruptData`` at once (D6);
+the chunk list itself lives in the publication's manifest, which the reader
+authenticates.  A reference's
 shape, dtype and record are checked against that manifest before any buffer is allocated
 (an edited shape is ``InvalidReference``, never a terabyte allocation).  (``load()``
 checks the chunk list rather than the record's whole-payload checksum: the same hashing
@@ -89,7 +93,7 @@ import os
 import sys
 import threading
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -121,6 +125,7 @@ from .tensor_format import (
 
 _READ_BYTES = 1 << 20  # one read call covers this much (whole chunks), hashed chunk by chunk
 _PARALLEL_MIN = 8 << 20  # publish: chunk checksums of this much data on several threads
+_PARALLEL_LOAD = 8 << 20  # reads: a span of this much is read and verified by two threads
 
 
 # --- optional dependencies --------------------------------------------------------------
@@ -173,6 +178,49 @@ def _executor() -> ThreadPoolExecutor:
         if _pool is None:
             _pool = ThreadPoolExecutor(_workers(), thread_name_prefix="straw-tensor")
         return _pool
+
+
+class _Blocks:
+    """The block offsets of one span, handed out once each to whichever thread asks
+    next (thread-safe); ``stop()`` hands out no more."""
+
+    def __init__(self, nbytes: int, block: int) -> None:
+        self.block = block
+        self.count = -(-nbytes // block)
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def __iter__(self) -> _Blocks:
+        return self
+
+    def __next__(self) -> int:
+        with self._lock:
+            i = self._next
+            if i >= self.count:
+                raise StopIteration
+            self._next = i + 1
+        return i * self.block
+
+    def stop(self) -> None:
+        with self._lock:
+            self._next = self.count
+
+
+def _spare_core() -> bool:
+    """Whether a core looks idle for a load's helper thread (see ``_read_chunks``): the
+    1-minute load average (3 us to read) is below the cores this process may run on by
+    more than half a core.  It counts this process too (a loading process alone on two
+    cores keeps it near 1-1.3, and must still get its helper).  The helper only pays on a
+    core nobody else wants: on the two shared cores of the development machine at load
+    averages of 6 to 8, a second thread made loads about 25% slower (the two threads
+    take turns on one core and the GIL changes hands at every block and chunk), so
+    without a spare core loads stay on one thread."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # not on this platform: do as with no spare core
+        return False
+    return cores >= 2 and load < cores - 0.5
 
 
 def _byte_view(a: Any) -> memoryview:
@@ -307,7 +355,9 @@ def chunk_checksums(data: np.ndarray, chunk_bytes: int = CHUNK_BYTES) -> str:
     count = -(-n // chunk_bytes)
 
     def run(lo: int, hi: int) -> str:
-        return "".join(xxhash.xxh3_128_hexdigest(mv[c * chunk_bytes:(c + 1) * chunk_bytes])
+        # xxh3_128(...) hashes without the GIL (the one-shot xxh3_128_hexdigest holds it,
+        # which would serialise the threads below)
+        return "".join(xxhash.xxh3_128(mv[c * chunk_bytes:(c + 1) * chunk_bytes]).hexdigest()
                        for c in range(lo, hi))
 
     if n < _PARALLEL_MIN or _workers() < 2:
@@ -780,19 +830,59 @@ class TensorRef:
         while it is still in the CPU cache.  ``expected`` holds the digests of the chunks
         from ``e0`` on.  The caller checked the record against its manifest, so the reads
         go straight to the session's block reader (which still handles visibility lag).
-        ``loc``: the pack path, payload offset and chunk size."""
+        ``loc``: the pack path, payload offset and chunk size.
+
+        A span of at least ``_PARALLEL_LOAD`` bytes is read by this thread and one pool
+        thread together, each taking the next unread block from a shared ``_Blocks``
+        (so a helper that gets no core leaves its share to this thread rather than
+        making it wait): both the ``readinto`` and the hash (``xxhash.xxh3_128``, which
+        releases the GIL, unlike ``xxh3_128_digest``) run without the GIL, so on two
+        free cores the hashing no longer adds to the copy's time.  Every block is still
+        hashed by the thread that read it, right after reading it."""
         path, origin, c = loc
         start, stop = lo * c, min(hi * c, self.nbytes)
         span = dst[start - base:stop - base]
-        digest = xxhash.xxh3_128_digest
-        for a, b in session._read_blocks(path, origin + start, span,
-                                         max(1, _READ_BYTES // c) * c):
+        block = max(1, _READ_BYTES // c) * c
+        if not (span.nbytes >= _PARALLEL_LOAD and span.nbytes > block and _spare_core()):
+            # one thread: every block in order, hashed by the one-shot digest
+            self._verify_blocks(session, loc, expected, lo - e0, span, start, block, None)
+            return
+        blocks = _Blocks(span.nbytes, block)
+        helper = _executor().submit(self._verify_blocks, session, loc, expected, lo - e0,
+                                    span, start, block, blocks)
+        try:
+            self._verify_blocks(session, loc, expected, lo - e0, span, start, block, blocks)
+        except BaseException:
+            blocks.stop()  # the helper takes no further block of a load that failed
+            raise
+        finally:
+            # the helper must be done with ``dst`` before this returns: one queued behind
+            # other work is cancelled (this thread read every block), a running one awaited
+            if not helper.cancel():
+                helper.exception()
+        if not helper.cancelled():
+            helper.result()  # its CorruptData (or other error), if any
+
+    def _verify_blocks(self, session: ReadSession, loc: tuple[str, int, int],
+                       expected: bytes, j0: int, span: memoryview, start: int, block: int,
+                       blocks: _Blocks | None) -> None:
+        """Read ``block``-byte blocks into ``span`` (payload bytes from ``start``): those
+        taken from ``blocks``, shared with another thread, or all of them in order
+        (None); verify each of their chunks (``expected`` from chunk index ``j0`` of the
+        span on) right after the block landed."""
+        path, origin, c = loc
+        digest: Callable[[memoryview], bytes] = (
+            xxhash.xxh3_128_digest if blocks is None
+            # (xxh3_128_digest holds the GIL while hashing: the threads would take turns)
+            else lambda piece: xxhash.xxh3_128(piece).digest())
+        for a, b in session._read_blocks(path, origin + start, span, block, blocks):
             for pos in range(a, b, c):
-                j = lo - e0 + pos // c
+                j = j0 + pos // c
                 want = expected[j * 16:(j + 1) * 16]
                 piece = span[pos:pos + c]  # (the last chunk may be shorter)
                 if digest(piece) != want:
-                    self._recheck(session, loc, want, lo + pos // c, piece, start + pos)
+                    self._recheck(session, loc, want, start // c + pos // c, piece,
+                                  start + pos)
 
     def _recheck(self, session: ReadSession, loc: tuple[str, int, int], want: bytes,
                  chunk: int,

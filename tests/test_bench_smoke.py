@@ -93,9 +93,12 @@ def test_quick_catalog_bench_reports_its_figures(tmp_path):
     doc = json.loads(out.read_text())
     assert doc["history"] == 2_000
     for key in ("fresh_open_s", "catalog_open_s", "queue_recover_s", "catalog_bytes_per_task",
-                "build_s"):
+                "build_s", "fresh_open_cpu_s", "catalog_open_cpu_s"):
         assert _number(doc[key]) and doc[key] > 0, key
     assert doc["generation"] >= 1  # the figures are taken after a compaction
+    # the build stopped on the way for the figures at 1,000 tasks, then went on
+    assert [m["history"] for m in doc["sizes"]] == [1_000, 2_000]
+    assert all(_number(m["fresh_open_s"]) and m["fresh_open_s"] > 0 for m in doc["sizes"])
     for key in ("pause_max_s", "baseline_max_s", "lock_held_s", "compaction_s"):
         assert _number(doc["publisher"][key]), key
     assert "catalog bytes per completed task" in proc.stdout

@@ -225,3 +225,135 @@ def test_the_manifest_check_runs_once_per_reference_and_session(tamper, monkeypa
     edited = dataclasses.replace(ref, shape=(32, 16))._bound(store)
     with pytest.raises(InvalidReference, match="edited or stale"):
         edited.load()
+
+
+# --- two threads per load (spans of at least _PARALLEL_LOAD bytes) -----------------------
+
+
+class ThreadFS(TamperFS):
+    """TamperFS that records which thread made each read, can hold the first read of the
+    loading thread until another thread has read a block (``rendezvous``), and can slow
+    every read down (``delay``) while counting the reads in flight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import threading
+
+        self.threads: list[int] = []
+        self.rendezvous = False
+        self.other_read = threading.Event()
+        self.delay = 0.0
+        self.inflight = 0
+        self.guard = threading.Lock()
+
+    def readinto(self, fd: int, buffer, offset: int) -> int:
+        import threading
+        import time
+
+        me = threading.get_ident()
+        with self.guard:
+            self.threads.append(me)
+            self.inflight += 1
+        try:
+            if self.rendezvous and me == self.loader:
+                assert self.other_read.wait(10), "no second thread read a block"
+            n = super().readinto(fd, buffer, offset)
+            if me != self.loader:
+                self.other_read.set()
+            time.sleep(self.delay)
+            return n
+        finally:
+            with self.guard:
+                self.inflight -= 1
+
+
+@pytest.fixture
+def two_threads(tmp_path, monkeypatch):
+    import threading
+
+    monkeypatch.setattr(T, "_PARALLEL_LOAD", 2 * T._READ_BYTES)
+    monkeypatch.setattr(T, "_spare_core", lambda: True)
+    fs = ThreadFS()
+    fs.loader = threading.get_ident()
+    with SharedFilesystemStore(str(tmp_path), "t", fs=fs) as store:
+        yield store, fs
+
+
+def test_a_large_load_is_read_and_verified_by_two_threads(two_threads):
+    store, fs = two_threads
+    value = _random((1024, 1024), seed=6)  # 4 blocks
+    (ref,) = publish_tensors(store, {"x": value}, submission_id="a")
+    ref.load()
+    fs.threads.clear()
+    fs.rendezvous = True  # the loading thread waits until the helper has read a block
+    out = np.empty_like(value)
+    assert ref.load(out=out) is out and np.array_equal(out, value)
+    assert len(set(fs.threads)) == 2 and len(fs.threads) == value.nbytes // T._READ_BYTES
+    fs.rendezvous, fs.other_read = False, type(fs.other_read)()
+    assert np.array_equal(ref.rows(1, 1023), value[1:1023])
+
+
+def test_damage_read_by_either_thread_is_corrupt_data(two_threads):
+    store, fs = two_threads
+    value = _random((1024, 1024), seed=7)
+    (ref,) = publish_tensors(store, {"w": value}, submission_id="a")
+    at = _payload_offset(ref)
+    ref.load()
+    fs.rendezvous = True  # both threads take part in every load below
+    for chunk in (0, 5, 15):  # (the first block, later ones: either thread's)
+        fs.other_read = type(fs.other_read)()
+        fs.flip_at, fs.flips = at + chunk * T.CHUNK_BYTES + 11, 1  # once: re-read, fine
+        assert np.array_equal(ref.load(), value) and fs.flips == 0
+        fs.other_read = type(fs.other_read)()
+        fs.flip_at, fs.flips = at + chunk * T.CHUNK_BYTES + 11, 2  # persists: damage
+        with pytest.raises(CorruptData, match=rf"tensor 'w' .*chunk {chunk} "):
+            ref.load()
+        assert fs.inflight == 0
+    fs.flips = 0
+    _flip_in_file(os.path.join(store.root, ref.publication.path), at + 9 * T.CHUNK_BYTES)
+    fs.other_read = type(fs.other_read)()
+    with pytest.raises(CorruptData, match=r"chunk 9 "):
+        ref.load(out=np.empty_like(value))
+
+
+def test_a_failed_load_returns_only_after_the_helper_stopped(two_threads):
+    store, fs = two_threads
+    value = _random((2048, 1024), seed=8)  # 8 blocks
+    (ref,) = publish_tensors(store, {"x": value}, submission_id="a")
+    ref.load()
+    fs.delay = 0.05  # every block read takes a while: the helper is mid-read at the error
+    fs.rendezvous = True
+    fs.flip_at, fs.flips = _payload_offset(ref) + 100, 2  # the first block is damaged
+    fs.threads.clear()
+    with pytest.raises(CorruptData, match="chunk 0 "):
+        ref.load()
+    assert fs.inflight == 0  # nothing still writes into the buffer of the failed load
+    assert len(fs.threads) < value.nbytes // T._READ_BYTES + 1  # the helper stopped early
+
+
+def test_without_a_spare_core_a_large_load_stays_on_one_thread(two_threads, monkeypatch):
+    store, fs = two_threads
+    monkeypatch.setattr(T, "_spare_core", lambda: False)
+    value = _random((1024, 1024), seed=9)
+    (ref,) = publish_tensors(store, {"x": value}, submission_id="a")
+    ref.load()
+    fs.threads.clear()
+    assert np.array_equal(ref.load(), value)
+    assert set(fs.threads) == {fs.loader} and len(fs.threads) == value.nbytes // T._READ_BYTES
+
+
+def test_a_spare_core_is_judged_from_the_load_average(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    for load, spare in ((0.2, True), (1.3, True), (1.5, False), (9.0, False)):
+        monkeypatch.setattr(os, "getloadavg", lambda load=load: (load, 0.0, 0.0))
+        assert T._spare_core() is spare
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    assert T._spare_core() is False  # one core: nothing to share the work with
+
+    def unavailable():
+        raise OSError("no load average here")
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(os, "getloadavg", unavailable)
+    assert T._spare_core() is False
