@@ -74,6 +74,7 @@ from straw import (
     StrawError,
     TaskSpec,
 )
+from straw.coordinator import NAMESPACE_FALSE, NAMESPACE_TRUE
 from straw.errors import Closed
 from straw.protocol import AcquireResult, CommitReceipt, Lease
 from straw.refs import Record, RecordSetRef
@@ -109,6 +110,28 @@ def check_worker_id(worker_id: object) -> str:
     return worker_id
 
 
+def _check_handed_over(coord: Any, store: Any, queue_id: str, namespace: bool | str,
+                       lease_seconds: float) -> None:
+    """A coordinator handed to ``RolloutController(coordinator=...)`` is the open queue
+    the controller would have opened (``ValueError`` naming the difference otherwise)."""
+    if not isinstance(coord, Coordinator):
+        raise TypeError(f"coordinator must be a straw.Coordinator, got "
+                        f"{type(coord).__name__}")
+    ns = (NAMESPACE_TRUE if namespace else NAMESPACE_FALSE) if isinstance(namespace, bool) \
+        else namespace
+    closed = bool(getattr(coord, "_closed", True))
+    got = (coord.store is store, coord.queue_id, coord.namespace, coord.lease_seconds)
+    want = (True, queue_id, ns, float(lease_seconds))
+    if got != want or closed:
+        raise ValueError(f"the coordinator handed to RolloutController must be an open "
+                         f"coordinator of this store's queue {ns}/{queue_id} with "
+                         f"lease_seconds {lease_seconds} (got queue "
+                         f"{coord.namespace}/{coord.queue_id}, lease_seconds "
+                         f"{coord.lease_seconds}, same store {coord.store is store}, closed "
+                         f"{closed}): open it with those, or let the controller open "
+                         "the queue")
+
+
 class RolloutController:
     """The job's controller (see the module docstring).
 
@@ -116,7 +139,14 @@ class RolloutController:
     and ``keep`` build the data source, with ``config.n_samples_per_prompt``);
     ``recover=True`` opens an existing queue (its cursor resumes from the producer state);
     ``queue_id``, ``namespace``, ``exclusive_owner``, ``takeover`` and ``clock`` go to the
-    ``Coordinator``, with ``config.lease_seconds``."""
+    ``Coordinator``, with ``config.lease_seconds``.
+
+    ``coordinator``: an open ``Coordinator`` of that queue to own instead of opening one
+    (the controller closes it): a restore hands over the queue it just seeded, so the
+    queue is opened once, not closed and reopened (a second epoch).  It must be open, of
+    ``store``'s pool and run, of ``queue_id``/``namespace``, and hold leases of
+    ``config.lease_seconds``; ``recover``, ``takeover`` and ``exclusive_owner`` do not
+    apply (it is open already)."""
 
     def __init__(self, store: SharedFilesystemStore, dataset: DataSource | Sequence[Any], *,
                  config: RolloutConfig | None = None, queue_id: str = "rollout",
@@ -124,7 +154,8 @@ class RolloutController:
                  recover: bool = False, takeover: bool = False, clock: Any = None,
                  seed: int = 0, shuffle: bool = False,
                  keep: Callable[[Any], bool] | None = None,
-                 serving_version: int | str = 0) -> None:
+                 serving_version: int | str = 0,
+                 coordinator: Coordinator | None = None) -> None:
         self.config = RolloutConfig() if config is None else config
         if not isinstance(self.config, RolloutConfig):
             raise TypeError(f"config must be a RolloutConfig, got {type(config).__name__}")
@@ -140,10 +171,15 @@ class RolloutController:
                                      seed=seed, shuffle=shuffle, keep=keep)
         serving = _check_version(serving_version)  # checked before the queue opens
         self.store = store
-        self.coordinator = Coordinator(store, queue_id=queue_id, namespace=namespace,
-                                       exclusive_owner=exclusive_owner, recover=recover,
-                                       takeover=takeover, clock=clock,
-                                       lease_seconds=self.config.lease_seconds)
+        if coordinator is not None:
+            _check_handed_over(coordinator, store, queue_id, namespace,
+                               self.config.lease_seconds)
+            self.coordinator = coordinator
+        else:
+            self.coordinator = Coordinator(store, queue_id=queue_id, namespace=namespace,
+                                           exclusive_owner=exclusive_owner, recover=recover,
+                                           takeover=takeover, clock=clock,
+                                           lease_seconds=self.config.lease_seconds)
         self._producer = threading.Lock()  # one refill at a time
         self._state = threading.Lock()  # serving version and staleness tally
         self._serving: int | str = serving

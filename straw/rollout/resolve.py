@@ -39,9 +39,11 @@ optimizer/RNG state); its run and pool are checked against the store at ``open_j
 
 from __future__ import annotations
 
+import hashlib
 import os
 import uuid
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,7 +68,6 @@ from .checkpoint_files import (
     read_json,
     read_tracker,
     rollout_file,
-    sha256_file,
     step_of_marker,
 )
 
@@ -82,7 +83,10 @@ class Resolution:
     checkpoint), ``step`` (loaded step, None for new), ``marker`` (the validated commit
     marker), ``parent`` (``{"directory", "step"}`` for branch.json), ``current`` (the text
     of ``current.json`` seen, checked unchanged at start), ``dataset_cursor`` (empty mode),
-    ``queue`` (recover mode: the branch's own queue)."""
+    ``queue`` (recover mode: the branch's own queue), ``state_files`` (the bytes of the
+    checkpoint's queue and builder state files, by path, as ``load_marker`` hashed them:
+    the restore parses exactly what was checked, read once, with no window for the file
+    to change in between)."""
 
     mode: str
     root: str
@@ -96,6 +100,8 @@ class Resolution:
     dataset_cursor: dict[str, Any] | None = None
     queue: dict[str, str] | None = None
     warnings: tuple[str, ...] = field(default=())
+    state_files: Mapping[str, bytes] = field(default_factory=dict, repr=False,
+                                             compare=False)
 
     @property
     def next_rollout_id(self) -> int:
@@ -131,9 +137,11 @@ def resolve_checkpoint(save: str, load: str | None = None, step: int | None = No
         source = os.path.dirname(os.path.dirname(load_path))
         if not fs.exists(load_path):
             raise NoCheckpoint(f"{load_path} does not exist")
-        marker = load_marker(fs, source, marker_step, allow_partial_state)
+        files: dict[str, bytes] = {}
+        marker = load_marker(fs, source, marker_step, allow_partial_state, keep=files)
         return Resolution(EXACT, root, *_place(fs, root), source, marker_step,
-                          marker, {"directory": source, "step": marker_step}, current_text)
+                          marker, {"directory": source, "step": marker_step}, current_text,
+                          state_files=files)
 
     if not fs.exists(load_path):
         raise NoCheckpoint(f"load directory {load_path} does not exist")
@@ -182,21 +190,25 @@ def resolve_checkpoint(save: str, load: str | None = None, step: int | None = No
         return Resolution(EMPTY, root, *_place(fs, root), found, chosen, None,
                           {"directory": found, "step": chosen}, current_text,
                           dataset_cursor=cursor, warnings=notes)
-    marker = load_marker(fs, found, chosen, allow_partial_state)
+    files = {}
+    marker = load_marker(fs, found, chosen, allow_partial_state, keep=files)
     latest = committed_steps(fs, branch)
     mode = SALVAGE if (auto and not explicit and found == branch and latest
                        and latest[-1] == chosen) else EXACT
     if unseeded_mode == SALVAGE:
         mode = SALVAGE  # the interrupted start was a salvage of this same checkpoint
     return Resolution(mode, root, *_place(fs, root), found, chosen, marker,
-                      {"directory": found, "step": chosen}, current_text)
+                      {"directory": found, "step": chosen}, current_text, state_files=files)
 
 
 def load_marker(fs: Filesystem, directory: str, step: int,
-                allow_partial_state: bool = False) -> dict[str, Any]:
+                allow_partial_state: bool = False,
+                keep: dict[str, bytes] | None = None) -> dict[str, Any]:
     """The commit marker of ``step`` in ``directory``, with every component checked:
     present, same size, same sha256 (``ComponentChanged``), optimizer and RNG state
-    included (``StateOmitted``), a version we read (``UnsupportedCheckpoint``)."""
+    included (``StateOmitted``), a version we read (``UnsupportedCheckpoint``).
+    ``keep``: filled with the bytes of the step's queue and builder state files as they
+    were hashed (``Resolution.state_files``)."""
     path = rollout_file(directory, "committed", step)
     marker = check_version(read_json(fs, path, "commit marker"), path, "commit marker")
     if marker.get("step") != step:
@@ -218,9 +230,20 @@ def load_marker(fs: Filesystem, directory: str, step: int,
         if size != info.get("size"):
             raise ComponentChanged(f"checkpoint component {full} of step {step} changed: "
                                    f"{size} bytes, the marker says {info.get('size')}")
-        if "sha256" in info and sha256_file(fs, full) != info["sha256"]:
-            raise ComponentChanged(f"checkpoint component {full} of step {step} changed: "
-                                   "its sha256 differs from the marker's")
+        kept = keep is not None and full in (rollout_file(directory, "queue_state", step),
+                                              rollout_file(directory, "builder_state", step))
+        if "sha256" in info or kept:
+            data = fs.read_file(full)  # hashed, and for the state files parsed, as read
+            if "sha256" in info and hashlib.sha256(data).hexdigest() != info["sha256"]:
+                raise ComponentChanged(f"checkpoint component {full} of step {step} "
+                                       "changed: its sha256 differs from the marker's")
+            if kept and len(data) != info.get("size"):
+                raise ComponentChanged(f"checkpoint component {full} of step {step} changed "
+                                       f"while it was read: {len(data)} bytes, the marker "
+                                       f"says {info.get('size')}")
+            if kept:
+                assert keep is not None
+                keep[full] = data
     return marker
 
 

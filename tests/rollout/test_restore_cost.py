@@ -8,21 +8,23 @@ left as it was found."""
 from __future__ import annotations
 
 import collections
+import dataclasses
 import gc
 import json
 import os
 
 import pytest
 
-from straw import SharedFilesystemStore
+from straw import Coordinator, SharedFilesystemStore
+from straw.fs import PosixFS
 from straw.refs import SegmentRef
-from straw.rollout import BatchBuilder, EnvironmentMix
+from straw.rollout import BatchBuilder, EnvironmentMix, RolloutController
 from straw.rollout import restore as restore_module
 from straw.rollout.builder import Accepted
-from straw.rollout.checkpoint_errors import BranchChanged
+from straw.rollout.checkpoint_errors import BranchChanged, UnsupportedCheckpoint
 from straw.rollout.isolated import seed_isolated_queue
 from straw.rollout.resolve import EXACT, resolve_checkpoint
-from straw.rollout.restore import open_job, restored_groups
+from straw.rollout.restore import BRANCH_NAMESPACE, open_job, restored_groups
 
 from .ckpt_job import BATCH, CONFIG, PROMPTS, Job
 
@@ -116,3 +118,96 @@ def test_the_collector_is_paused_for_the_restore_only(dirs, monkeypatch):
             open_job(r, store, PROMPTS, EnvironmentMix.single(BATCH), dp_size=1,
                      config=CONFIG)
     assert gc.isenabled()
+
+
+def test_the_seeded_queue_is_opened_once(dirs, monkeypatch):
+    """The restore hands the coordinator it seeded the queue with to the controller: one
+    open (one epoch) of the branch's queue, not a close and a reopen."""
+    pool, save = dirs
+    opened: collections.Counter[tuple[str, str]] = collections.Counter()
+    real = Coordinator.__init__
+
+    def counting(self: Coordinator, store: object, *a: object, **kw: object) -> None:
+        real(self, store, *a, **kw)  # type: ignore[arg-type]
+        opened[(self.namespace, self.queue_id)] += 1
+
+    monkeypatch.setattr(Coordinator, "__init__", counting)
+    b = Job(pool, save, step=0, mode_expected=EXACT)
+    try:
+        queue = (BRANCH_NAMESPACE, b.resolution.branch_id)
+        assert opened == {queue: 1}
+        assert b.job.controller.coordinator.namespace == BRANCH_NAMESPACE
+        assert b.job.controller.coordinator.queue_id == b.resolution.branch_id
+        assert len(restored_groups(b.job)) == len(_saved_backlog(save))
+    finally:
+        b.close()
+
+
+def test_the_restore_parses_the_state_bytes_resolution_hashed(dirs, monkeypatch):
+    """Each checkpoint state file is read once (resolution hashes it; the restore parses
+    those bytes): a file replaced after resolution is not what the restore reads."""
+    pool, save = dirs
+    reads: collections.Counter[str] = collections.Counter()
+    real = PosixFS.read_file
+
+    def counting(self: PosixFS, path: str, *a: object, **kw: object) -> bytes:
+        reads[os.path.basename(path)] += 1
+        return real(self, path, *a, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(PosixFS, "read_file", counting)
+    resolution = resolve_checkpoint(save, step=0)
+    path = os.path.join(save, "rollout", "builder_state_0.json")
+    with open(path, "rb") as f:
+        size = len(f.read())
+    with open(path, "wb") as f:  # the same size, not JSON: read again, it would fail
+        f.write(b"x" * size)
+    with SharedFilesystemStore(pool, "job") as store:
+        job = open_job(resolution, store, PROMPTS, EnvironmentMix.single(BATCH), dp_size=1,
+                       config=CONFIG)
+        try:
+            assert job.restored > 0
+        finally:
+            job.close()
+    assert reads["builder_state_0.json"] == 1 and reads["queue_state_0.json"] == 1
+
+
+def test_a_hand_built_resolution_reads_the_state_files(dirs):
+    """A Resolution without the hashed bytes (built by hand) reads the files; a file that
+    is not JSON is refused naming it."""
+    pool, save = dirs
+    resolution = dataclasses.replace(resolve_checkpoint(save, step=0), state_files={})
+    path = os.path.join(save, "rollout", "builder_state_0.json")
+    with open(path, "rb") as f:
+        good = f.read()
+    with open(path, "wb") as f:
+        f.write(b"x" * len(good))
+    with SharedFilesystemStore(pool, "job") as store:
+        with pytest.raises(UnsupportedCheckpoint, match="builder_state_0.json"):
+            open_job(resolution, store, PROMPTS, EnvironmentMix.single(BATCH), dp_size=1,
+                     config=CONFIG)
+
+
+def test_a_controller_takes_only_the_open_coordinator_of_its_queue(tmp_path):
+    with SharedFilesystemStore(str(tmp_path / "pool"), "job") as store:
+        coord = Coordinator(store, queue_id="q", namespace="ns",
+                            lease_seconds=CONFIG.lease_seconds)
+        try:
+            with pytest.raises(ValueError, match="ns/other"):
+                RolloutController(store, PROMPTS, config=CONFIG, queue_id="other",
+                                  namespace="ns", coordinator=coord)
+            with pytest.raises(ValueError, match="lease_seconds"):
+                RolloutController(store, PROMPTS,
+                                  config=dataclasses.replace(CONFIG, lease_seconds=5.0),
+                                  queue_id="q", namespace="ns", coordinator=coord)
+            with pytest.raises(TypeError, match="Coordinator"):
+                RolloutController(store, PROMPTS, config=CONFIG, queue_id="q",
+                                  namespace="ns", coordinator=object())  # type: ignore[arg-type]
+            controller = RolloutController(store, PROMPTS, config=CONFIG, queue_id="q",
+                                           namespace="ns", coordinator=coord)
+            assert controller.coordinator is coord
+            controller.close()
+            with pytest.raises(ValueError, match="closed True"):
+                RolloutController(store, PROMPTS, config=CONFIG, queue_id="q",
+                                  namespace="ns", coordinator=coord)
+        finally:
+            coord.close()
