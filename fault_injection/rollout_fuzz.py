@@ -64,6 +64,7 @@ from straw import (
     UnsafeRecovery,
 )
 from straw.protocol import CommitReceipt, TaskSpec
+from straw.rollout.builder import read_stored_state
 from straw.rpc import RemoteCoordinator
 
 RUN = "rollout-fuzz"
@@ -463,7 +464,8 @@ def check(root: str, logdir: str, names: Sequence[str], s: RolloutSummary) -> li
         # the builder's final state, and the batches its progress lists finished
         view = coord.load_consumer_state(coord.consumer_id)
         state: dict[str, Any] = {"backlog": [], "scan_cursor": 0} if view is None else \
-            json.loads(bytes(list(store.read(_ref(view["state_ref"])))[0].payload))
+            read_stored_state(json.loads(bytes(list(store.read(_ref(view["state_ref"])))[0]
+                                               .payload)))
         progress: dict[str, Any] = {"finished_batches": []} \
             if view is None or not view.get("progress_ref") else json.loads(
             bytes(list(store.read(_ref(view["progress_ref"])))[0].payload))

@@ -21,6 +21,7 @@ from straw.fs import PosixFS
 from straw.publication_log import AckLog
 from straw.refs import RecordSetRef
 from straw.rollout import RankBatchRef
+from straw.rollout.builder import read_stored_state
 from straw.rollout.toy import ToyPolicy, ToyTask
 from straw.tensor import tensor_from_record
 
@@ -66,7 +67,7 @@ class Queue:
             cursor += len(page)
         self.accepted = {c.commit_id: c for c in commits if c.task_id.startswith("prompt:")}
         view = self.coord.load_consumer_state(self.coord.consumer_id)
-        self.builder = read_json(store, view["state_ref"])
+        self.builder = read_stored_state(read_json(store, view["state_ref"]))
 
     def batch(self, step):
         receipt = self.coord.lookup_submission(f"collection:{step}")

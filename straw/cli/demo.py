@@ -60,7 +60,7 @@ from ..fs import PosixFS
 from ..publication_log import AckLog
 from ..refs import RecordSetRef
 from ..rollout import PROMPT_PREFIX, RankBatchRef, RolloutConfig, SampleGroup, default_convert
-from ..rollout.builder import COLLECTION_PREFIX
+from ..rollout.builder import COLLECTION_PREFIX, read_stored_state
 from ..rollout.checkpoint_files import model_dir
 
 try:
@@ -480,7 +480,8 @@ class QueueView:
         self.accepted = {c.commit_id: c for c in self.commits
                          if c.task_id.startswith(PROMPT_PREFIX)}
         view = self.coord.load_consumer_state(self.coord.consumer_id)
-        self.builder = {} if view is None else _json(self.store, view["state_ref"])
+        self.builder = {} if view is None else read_stored_state(
+            _json(self.store, view["state_ref"]))
 
     def batch(self, step: int) -> dict[str, Any] | None:
         """Batch ``step``'s plan and samples (None: never planned here)."""
