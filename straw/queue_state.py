@@ -688,8 +688,19 @@ class QueueState:
         return out
 
     def pending_in_order(self, limit: int | None = None) -> list[str]:
-        """Pending task ids in scheduling order across lanes (inspection, pending_tasks)."""
-        entries = sorted(e for heap in self.lanes.values() for e in heap if self._live_entry(e))
+        """Pending task ids in scheduling order across lanes (inspection, pending_tasks).
+        Every entry is checked here anyway, so the stale ones are dropped from their heap
+        (heapified again): a task leased by id leaves its entry deep in the heap (the
+        builder's collections, one per batch, in the control lane), and without this each
+        call (every checkpoint save) would scan one stale entry per batch ever trained."""
+        entries = []
+        for heap in self.lanes.values():
+            live = [e for e in heap if self._live_entry(e)]
+            if len(live) < len(heap):
+                heap[:] = live  # in place: the heap is the lane's (best_pending pops it)
+                heapq.heapify(heap)
+            entries += live
+        entries.sort()
         # a requeued task may have two identical live heap entries
         ids = list(dict.fromkeys(tid for _, tid in entries))
         return ids if limit is None else ids[:limit]

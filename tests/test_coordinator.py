@@ -558,3 +558,23 @@ def test_complete_and_acquire_survives_recovery_as_one(store):
                          result_ref=_result(store, b.lease))
     (c,) = q2.acquire("w0").assignments
     assert c.lease.task_id == "t1" and c.lease.generation == 2
+
+
+def test_pending_tasks_drops_the_stale_entries_of_tasks_leased_by_id(store):
+    # tasks leased by id (the builder's collections: one per batch) leave their entries
+    # deep in the pending heap; pending_tasks (each checkpoint save calls it) checks every
+    # entry, so it drops those: its next call costs the pending tasks, not the history
+    q = _coord(store)
+    q.submit_tasks("r", [TaskSpec(f"c{i}", control=True, estimated_records=0)
+                         for i in range(20)] +
+                   [TaskSpec("p0"), TaskSpec("p1")])
+    for i in range(20):
+        (a,) = q.acquire("w", task_ids=[f"c{i}"], control=True).assignments
+        q.complete_task(a.lease, submission_id=f"s{i}", result_ref=_result(store, a.lease))
+    assert [t.task_id for t in q.pending_tasks()] == ["p0", "p1"]
+    assert sum(len(h) for h in q.state.lanes.values()) == 2  # only the pending ones left
+    q.submit_tasks("r2", [TaskSpec("c20", control=True, estimated_records=0)])
+    assert sorted(t.task_id for t in q.pending_tasks()) == ["c20", "p0", "p1"]
+    (a,) = q.acquire("w", control=True).assignments  # the lane still works as a heap
+    assert a.lease.task_id == "c20"
+    q.close()

@@ -29,7 +29,10 @@ the queue's live state, the builder's, then LAST a commit marker; then the track
    flags, weight version k+1, the pool id, the run id, the source queue and the owner.
 5. **Then** the trackers: ``latest_checkpointed_iteration.txt`` in the branch directory
    and in the logical root, then ``rollout/current.json`` (a crash between them still
-   selects the committed step: resolution reads markers, not trackers alone).
+   selects the committed step: resolution reads markers, not trackers alone).  Their
+   contents are written and fsynced before the marker under temporary names nothing
+   reads (``stage_file``); after it each is renamed into place and its directory fsynced,
+   in that order, so none can name step k before its marker is durable.
 
 Consistency with generation running meanwhile: the dataset cursor is read first, then the
 tasks (tasks admitted after that cursor are left out: the restored run admits them again
@@ -41,9 +44,11 @@ of the tasks, the backlog, a planned batch, or after the cursor.
 none reads what another writes, and RL9 only needs all of them durable before it.  So the
 model's fsyncs, the two state files (written together: one fsync each, ONE fsync of
 ``rollout/``) and the registration run on threads while this thread reads the rollout
-state and retains its payloads; the marker waits for all of them.  A save's syncs: the
-model's files and directories, 3 for the state files, 2 for the marker, 2 per tracker
-and 2 for ``current.json``, and the queue's (retention, registration, release).  Nothing
+state and retains its payloads; the marker waits for all of them.  The trackers'
+contents are staged then too, so after the marker a save waits for one directory fsync
+per tracker and ``current.json``, not two syncs each.  A save's syncs: the model's files
+and directories, 3 for the state files, 2 for the marker, 2 per tracker and 2 for
+``current.json``, and the queue's (retention, registration, release).  Nothing
 it reads or writes grows with the history: the tasks are the live ones, the builder's
 state is live by construction, the commits read are those from the builder's processed
 cursor on (its unfinished batches), and each payload is retained once.
@@ -72,14 +77,18 @@ from .checkpoint_files import (
     CURRENT,
     ROLLOUT,
     SMALL_FILE,
+    TRACKER,
     VERSION,
     canonical,
+    discard_staged,
+    install_staged,
     model_dir,
     read_json,
     rollout_file,
+    stage_file,
+    tracker_bytes,
     write_files,
     write_json,
-    write_tracker,
 )
 from .data_source import PRODUCER_ID, PROMPT_PREFIX, cursor_from_producer_state
 
@@ -139,17 +148,22 @@ class Checkpointer:
         paths, dirs, optimizer, rng = self._save_model(step, save_model)
         owner = checkpoint_owner(self.namespace, self.queue_id, step)
         reg = registration_id(self.namespace, self.queue_id, step)
-        # Until the marker, four parts are independent, each durable on its own: the
-        # model's files, the two state files, the retention under the owner and the
-        # registration on the queue.  Their syncs overlap on threads (a save costs its
-        # sync latencies) while this thread reads the rollout state and retains.
-        futures: list[Any] = []
+        # Until the marker, five parts are independent, each durable on its own: the
+        # model's files, the staged trackers, the two state files, the retention under
+        # the owner and the registration on the queue.  Their syncs overlap on threads (a
+        # save costs its sync latencies) while this thread reads the rollout state and
+        # retains.
+        futures: list[Any] = []  # in the order of _MODEL, _TRACKERS, _STATES, _REGISTRATION
         staged: list[RecordSetRef] = []  # the registration's publications, once known
+        trackers: list[tuple[str, str]] = []  # the staged trackers (temporary, final)
         try:
             with concurrent.futures.ThreadPoolExecutor(
-                    3, thread_name_prefix="straw.rollout checkpoint") as pool:
+                    4, thread_name_prefix="straw.rollout checkpoint") as pool:
                 try:
                     futures.append(pool.submit(self._model_durable, paths, dirs))
+                    # the trackers' content, fsynced under temporary names nothing reads:
+                    # after the marker only their renames and directory fsyncs are left
+                    futures.append(pool.submit(self._stage_trackers, step))
                     queue_state, builder_state, refs = self._rollout_state(step)
                     body = canonical(builder_state)  # encoded once: file and registration
                     futures.append(pool.submit(self._write_states, step, {
@@ -158,13 +172,14 @@ class Checkpointer:
                                                builder_state["scan_cursor"]))
                     self.store.retain(owner, refs)  # RL7: before the marker names them
                 except BaseException:
-                    staged = _staged(_results(futures)[0])
+                    values = _results(futures)[0]
+                    staged, trackers = _part(values, _REGISTRATION), _part(values, _TRACKERS)
                     raise
                 values, error = _results(futures)
-                staged = _staged(values)
+                staged, trackers = _part(values, _REGISTRATION), _part(values, _TRACKERS)
                 if error is not None:
                     raise error
-                model, states, _ = values
+                model, _, states, _ = values
             files = {**model, **states}
             marker = {"version": VERSION, "step": step, "weight_version": step + 1,
                       "files": files, "optimizer": optimizer, "rng": rng,
@@ -175,24 +190,26 @@ class Checkpointer:
             write_json(self.fs, marker_path, marker)
         except BaseException:
             try:
+                discard_staged(self.fs, [tmp for tmp, _ in trackers])
                 self._forget(owner, reg)
             finally:
                 if staged:  # not kept by a registration any more: reclaimable
                     self.store.release_publications(staged)
             raise
-        # then the trackers (only after the marker: they may lag, never lead), while the
-        # earlier registrations are released (this one supersedes them; their owners
-        # stay) and the registration's publications unstaged (the queue keeps them)
+        # then the trackers are installed (only after the marker: they may lag, never
+        # lead), while the earlier registrations are released (this one supersedes them;
+        # their owners stay) and the registration's publications unstaged (the queue
+        # keeps them)
         with concurrent.futures.ThreadPoolExecutor(
                 1, thread_name_prefix="straw.rollout checkpoint") as pool:
-            trackers = pool.submit(self._write_trackers, step)
+            installed = pool.submit(self._install_trackers, trackers)
             try:
                 for old in self._registered:
                     self.controller.coordinator.release_checkpoint(old)
                 self._registered = [reg]
                 self.store.release_publications(staged)
             finally:
-                trackers.result()
+                installed.result()
         return marker
 
     def _write_states(self, step: int, states: Mapping[str, bytes]) -> dict[str, Any]:
@@ -205,12 +222,31 @@ class Checkpointer:
                                               "sha256": hashlib.sha256(data).hexdigest()}
                 for name, data in names.items()}
 
-    def _write_trackers(self, step: int) -> None:
-        write_tracker(self.fs, self.directory, step)
+    def _stage_trackers(self, step: int) -> list[tuple[str, str]]:
+        """The trackers of step ``step`` (the branch's, the logical root's, then
+        ``current.json``: the order they are installed in), each written and fsynced under
+        a temporary name (``stage_file``): ``[(temporary, final path)]``."""
+        files = [(os.path.join(self.directory, TRACKER), tracker_bytes(step))]
         if self.root != self.directory:
-            write_tracker(self.fs, self.root, step)
-        write_json(self.fs, os.path.join(self.root, ROLLOUT, CURRENT),
-                   {"version": VERSION, "directory": self.directory, "tracker": str(step)})
+            files.append((os.path.join(self.root, TRACKER), tracker_bytes(step)))
+        files.append((os.path.join(self.root, ROLLOUT, CURRENT), canonical(
+            {"version": VERSION, "directory": self.directory, "tracker": str(step)})))
+        out: list[tuple[str, str]] = []
+        try:
+            for path, data in files:
+                self.fs.makedirs_durable(os.path.dirname(path))
+                out.append((stage_file(self.fs, path, data), path))
+        except BaseException:
+            discard_staged(self.fs, [tmp for tmp, _ in out])
+            raise
+        return out
+
+    def _install_trackers(self, trackers: list[tuple[str, str]]) -> None:
+        """After the marker, in order: each tracker renamed into place and its name made
+        durable before the next (a crash between them still selects the committed step:
+        resolution reads markers, not trackers alone)."""
+        for tmp, path in trackers:
+            install_staged(self.fs, tmp, path)
 
     def _check_current(self) -> None:
         path = os.path.join(self.root, ROLLOUT, CURRENT)
@@ -404,9 +440,14 @@ def _results(futures: list[Any]) -> tuple[list[Any], BaseException | None]:
     return values, error
 
 
-def _staged(values: list[Any]) -> list[RecordSetRef]:
-    """The registration's publications (the third part of a save), if it ran."""
-    return (values[2] if len(values) > 2 else None) or []
+# the parts of a save before its marker, in the order they are submitted
+_MODEL, _TRACKERS, _STATES, _REGISTRATION = range(4)
+
+
+def _part(values: list[Any], index: int) -> Any:
+    """What part ``index`` of a save returned (an empty list if it did not run, or
+    raised): the registration's publications, the staged trackers."""
+    return (values[index] if len(values) > index else None) or []
 
 
 _TASK_FIELDS = tuple(f.name for f in dataclasses.fields(TaskSpec))

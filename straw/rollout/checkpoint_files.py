@@ -108,16 +108,41 @@ def write_files(fs: Filesystem, directory: str, files: Mapping[str, bytes]) -> N
             raise ValueError(f"write_files writes files directly in {directory}, got the "
                              f"name {name!r}")
         path = os.path.join(directory, name)
-        tmp = f"{path}.tmp.{os.getpid()}.{os.urandom(4).hex()}"
-        fd = fs.open(tmp, write=True, create=True)
-        try:
-            fs.truncate(fd, 0)
-            fs.writev(fd, [data], 0)
-            fs.fsync(fd)  # the content durable before its name can be
-        finally:
-            fs.close(fd)
-        fs.rename(tmp, path)
+        fs.rename(stage_file(fs, path, data), path)
     fs.fsync_dir(directory)  # the names, all at once
+
+
+def stage_file(fs: Filesystem, path: str, data: bytes) -> str:
+    """Write ``data`` to a new temporary file next to ``path`` and fsync it; returns the
+    temporary's path.  Nothing reads a temporary (every reader opens exact names), so a
+    staged file changes nothing until ``install_staged`` renames it into place: a save
+    stages its trackers before its marker and installs them after it (only the renames
+    and the directories' fsyncs are left after the marker)."""
+    tmp = f"{path}.tmp.{os.getpid()}.{os.urandom(4).hex()}"
+    fd = fs.open(tmp, write=True, create=True)
+    try:
+        fs.truncate(fd, 0)
+        fs.writev(fd, [data], 0)
+        fs.fsync(fd)  # the content durable before its name can be
+    finally:
+        fs.close(fd)
+    return tmp
+
+
+def install_staged(fs: Filesystem, tmp: str, path: str) -> None:
+    """Rename the staged ``tmp`` (``stage_file``) to ``path`` and make the name durable."""
+    fs.rename(tmp, path)
+    fs.fsync_dir(os.path.dirname(path))
+
+
+def discard_staged(fs: Filesystem, tmps: list[str]) -> None:
+    """Remove staged files that will not be installed (best effort: a temporary left by
+    a crash is never read)."""
+    for tmp in tmps:
+        try:
+            fs.unlink(tmp)
+        except OSError:
+            pass
 
 
 def read_json(fs: Filesystem, path: str, what: str) -> Any:
@@ -147,7 +172,12 @@ def sha256_file(fs: Filesystem, path: str) -> str:
 
 def write_tracker(fs: Filesystem, directory: str, step: int) -> None:
     fs.makedirs_durable(directory)
-    fs.write_file_durable(os.path.join(directory, TRACKER), str(step).encode())
+    fs.write_file_durable(os.path.join(directory, TRACKER), tracker_bytes(step))
+
+
+def tracker_bytes(step: int) -> bytes:
+    """A tracker's content: the step, as text."""
+    return str(step).encode()
 
 
 def read_tracker(fs: Filesystem, directory: str) -> int | None:
@@ -168,4 +198,5 @@ __all__ = ["VERSION", "ROLLOUT", "TRACKER", "CURRENT", "BRANCH", "BRANCHES", "SE
            "SMALL_FILE",
            "model_dir", "rollout_file", "committed_steps", "step_of_marker", "canonical",
            "write_json", "write_files", "read_json", "check_version", "sha256_file",
-           "write_tracker", "read_tracker"]
+           "write_tracker", "read_tracker", "tracker_bytes", "stage_file", "install_staged",
+           "discard_staged"]

@@ -301,3 +301,62 @@ def test_gaps_are_the_ranges_between_known_positions():
     assert gaps(0, 10, {0, 1, 5, 9, 12}) == [(2, 5), (6, 9)]
     assert gaps(3, 3, {1}) == []
     assert gaps(2, 6, {2, 3, 4, 5}) == []
+
+
+def test_after_the_marker_a_save_only_renames_its_staged_trackers_in_order(dirs):
+    # the trackers' contents are fsynced before the marker under temporary names; after
+    # the marker is durable only their renames and directory fsyncs are left, tracker
+    # first, then current.json, each name durable before the next
+    pool, save = dirs
+    job = Job(pool, save)
+    try:
+        job.train()
+        fs = RecordingFS()
+        ck = Checkpointer(job.resolution.directory, controller=job.job.controller,
+                          builder=job.job.builder, logical_root=job.resolution.root, fs=fs)
+        ck.save(1, model_saver())
+    finally:
+        job.close()
+    d, root = job.resolution.directory, job.resolution.root
+    rollout = os.path.join(d, "rollout")
+    ops = fs.log
+    marker_synced = ops.index(("rename", os.path.join(rollout, "committed_1.json"))) + 1
+    assert ops[marker_synced] == ("fsync_dir", rollout)
+    tracker = os.path.join(d, "latest_checkpointed_iteration.txt")
+    current = os.path.join(root, "rollout", "current.json")
+    assert ops[marker_synced + 1:] == [("rename", tracker), ("fsync_dir", d),
+                                       ("rename", current),
+                                       ("fsync_dir", os.path.dirname(current))]
+    # their contents were durable before the marker (under the temporary names)
+    staged = [p for op, p in ops[:marker_synced] if op == "fsync" and ".tmp." in p]
+    assert {p.split(".tmp.")[0] for p in staged} >= {tracker, current}
+    assert open(tracker).read() == "1"
+    assert json.load(open(current)) == {"version": 1, "directory": d, "tracker": "1"}
+    assert not [n for n in os.listdir(d) + os.listdir(rollout) if ".tmp." in n]
+
+
+def test_a_failed_save_discards_its_staged_trackers(dirs, monkeypatch):
+    pool, save = dirs
+    job = Job(pool, save)
+    try:
+        job.train()
+        job.save(0)
+        d, root = job.resolution.directory, job.resolution.root
+        ck = job.job.checkpointer
+        real = ck._register
+
+        def broken(*args):
+            real(*args)
+            raise OSError("queue registration failed (injected)")
+
+        monkeypatch.setattr(ck, "_register", broken)
+        with pytest.raises(OSError, match="injected"):
+            job.save(1)
+        tracker = os.path.join(d, "latest_checkpointed_iteration.txt")
+        assert open(tracker).read() == "0"  # the trackers still name the committed step
+        current = json.load(open(os.path.join(root, "rollout", "current.json")))
+        assert current["tracker"] == "0"
+        rollout = os.path.join(d, "rollout")
+        assert not [n for n in os.listdir(d) + os.listdir(rollout) if ".tmp." in n]
+    finally:
+        job.close()
