@@ -131,6 +131,19 @@ def test_a_failed_model_save_leaves_no_marker_and_no_owner(dirs):
         job.close()
 
 
+def _break_registration(ck, monkeypatch):
+    """Make the checkpointer's registration on the source queue fail after it ran (a
+    failed rollout save); returns the real one."""
+    real = ck._register
+
+    def broken(*args):
+        real(*args)
+        raise OSError("queue registration failed (injected)")
+
+    monkeypatch.setattr(ck, "_register", broken)
+    return real
+
+
 def test_a_failed_rollout_save_leaves_no_marker_and_releases_its_owner(dirs, monkeypatch):
     pool, save = dirs
     job = Job(pool, save)
@@ -138,13 +151,7 @@ def test_a_failed_rollout_save_leaves_no_marker_and_releases_its_owner(dirs, mon
         job.train()
         job.generate()  # a backlog for the checkpoint to retain
         ck = job.job.checkpointer
-        real = ck._register
-
-        def broken(*args):
-            real(*args)
-            raise OSError("queue registration failed (injected)")
-
-        monkeypatch.setattr(ck, "_register", broken)
+        real = _break_registration(ck, monkeypatch)
         with pytest.raises(OSError, match="injected"):
             job.save(0)
         d = job.resolution.directory
@@ -343,13 +350,7 @@ def test_a_failed_save_discards_its_staged_trackers(dirs, monkeypatch):
         job.save(0)
         d, root = job.resolution.directory, job.resolution.root
         ck = job.job.checkpointer
-        real = ck._register
-
-        def broken(*args):
-            real(*args)
-            raise OSError("queue registration failed (injected)")
-
-        monkeypatch.setattr(ck, "_register", broken)
+        _break_registration(ck, monkeypatch)
         with pytest.raises(OSError, match="injected"):
             job.save(1)
         tracker = os.path.join(d, "latest_checkpointed_iteration.txt")

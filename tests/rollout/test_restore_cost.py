@@ -225,6 +225,22 @@ def _stored(store: SharedFilesystemStore, coord: Coordinator) -> dict:
     return json.loads(bytes(record.payload))
 
 
+def _seeded_builder_state(store, queue_id, accepted):
+    """An isolated queue seeded with ``accepted`` and a builder's state over it (the
+    builder closed: its consumer state saved); the caller closes the coordinator."""
+    seeded = seed_isolated_queue(store, namespace="branches", queue_id=queue_id,
+                                 tasks=[], producer_state=None, accepted=accepted)
+    try:
+        builder = BatchBuilder(seeded.coordinator, store, EnvironmentMix.single(BATCH),
+                               dp_size=1, config=CONFIG, state=seeded.builder_state)
+        state = builder.state()
+        builder.close()
+    except BaseException:
+        seeded.coordinator.close()
+        raise
+    return seeded.coordinator, state
+
+
 def test_the_consumer_state_record_holds_the_backlog_as_columns(dirs):
     """The builder's saved consumer state is the stored form (version 3): its backlog one
     array per field, not one JSON object per group (the restore's first save encoded
@@ -233,14 +249,8 @@ def test_the_consumer_state_record_holds_the_backlog_as_columns(dirs):
     pool, save = dirs
     accepted = _saved_backlog(save)
     with SharedFilesystemStore(pool, "job") as store:
-        seeded = seed_isolated_queue(store, namespace="branches", queue_id="columns",
-                                     tasks=[], producer_state=None, accepted=accepted)
-        coord = seeded.coordinator
+        coord, state = _seeded_builder_state(store, "columns", accepted)
         try:
-            builder = BatchBuilder(coord, store, EnvironmentMix.single(BATCH), dp_size=1,
-                                   config=CONFIG, state=seeded.builder_state)
-            state = builder.state()
-            builder.close()
             raw = _stored(store, coord)
             assert raw["version"] == STORED_VERSION
             assert isinstance(raw["backlog"], dict)
@@ -261,14 +271,8 @@ def test_a_consumer_state_record_of_the_old_form_is_read(dirs):
     pool, save = dirs
     accepted = _saved_backlog(save)
     with SharedFilesystemStore(pool, "job") as store:
-        seeded = seed_isolated_queue(store, namespace="branches", queue_id="old",
-                                     tasks=[], producer_state=None, accepted=accepted)
-        coord = seeded.coordinator
+        coord, state = _seeded_builder_state(store, "old", accepted)
         try:
-            builder = BatchBuilder(coord, store, EnvironmentMix.single(BATCH), dp_size=1,
-                                   config=CONFIG, state=seeded.builder_state)
-            state = builder.state()
-            builder.close()
 
             def save_raw(value: object, request: str) -> None:
                 token = coord.open_consumer(coord.consumer_id, exclusive_owner="test")
