@@ -237,21 +237,28 @@ def _files(directory: str) -> list[str]:
                   if f != "LOCK")
 
 
-def test_a_save_fsyncs_each_directory_once_before_its_marker(dirs):
-    # the two state files share one fsync of rollout/, the model directory's parent is
-    # synced once (not by makedirs and again after the files): a save's syncs are what
-    # RL9 needs, no more
-    pool, save = dirs
+def _recorded_save(pool, save, *, generate):
+    """A job that trained (and generated a backlog if ``generate``) saves step 1 through a
+    ``RecordingFS``: the job (closed) and the filesystem's log."""
     job = Job(pool, save)
     try:
         job.train()
-        job.generate()
+        if generate:
+            job.generate()
         fs = RecordingFS()
         ck = Checkpointer(job.resolution.directory, controller=job.job.controller,
                           builder=job.job.builder, logical_root=job.resolution.root, fs=fs)
         ck.save(1, model_saver())
     finally:
         job.close()
+    return job, fs
+
+
+def test_a_save_fsyncs_each_directory_once_before_its_marker(dirs):
+    # the two state files share one fsync of rollout/, the model directory's parent is
+    # synced once (not by makedirs and again after the files): a save's syncs are what
+    # RL9 needs, no more
+    job, fs = _recorded_save(*dirs, generate=True)
     d = job.resolution.directory
     ops = fs.log
     at = ops.index(("rename", os.path.join(d, "rollout", "committed_1.json")))
@@ -314,16 +321,7 @@ def test_after_the_marker_a_save_only_renames_its_staged_trackers_in_order(dirs)
     # the trackers' contents are fsynced before the marker under temporary names; after
     # the marker is durable only their renames and directory fsyncs are left, tracker
     # first, then current.json, each name durable before the next
-    pool, save = dirs
-    job = Job(pool, save)
-    try:
-        job.train()
-        fs = RecordingFS()
-        ck = Checkpointer(job.resolution.directory, controller=job.job.controller,
-                          builder=job.job.builder, logical_root=job.resolution.root, fs=fs)
-        ck.save(1, model_saver())
-    finally:
-        job.close()
+    job, fs = _recorded_save(*dirs, generate=False)
     d, root = job.resolution.directory, job.resolution.root
     rollout = os.path.join(d, "rollout")
     ops = fs.log
