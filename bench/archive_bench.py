@@ -64,22 +64,29 @@ class _ByteFS(CountingFS):
         return n
 
 
-def _queue_samples(store: SharedFilesystemStore, n: int, tokens: int) -> list[Sample]:
-    """``n`` samples as the queue holds them: one group publication each, routes lazy."""
+def published_samples(store: SharedFilesystemStore, samples: list[Sample]) -> list[Sample]:
+    """The samples as a queue holds them: each published as a group of one, its captures
+    lazy ``TensorRef``s (what an archive saves; the archive tests use it too)."""
     out = []
-    half = tokens // 2
-    for i in range(n):
-        routes = np.full((tokens - 1, LAYERS, TOPK), i % 251, dtype=np.uint8)
-        s = Sample(("prompt", i), tokens=tuple(range(i, i + tokens)), response_length=half,
-                   status=Status.COMPLETED, reward=1.0, group_index=i, index=i,
-                   metadata={"task_id": f"prompt:{i}"}, routes=routes)
+    for k, s in enumerate(samples):
         records, deps = group_records(SampleGroup((s,)))
-        ref = store.publish(records, submission_id=f"group:{i}", dependencies=deps)
+        ref = store.publish(records, submission_id=f"group:{k}", dependencies=deps)
         head = store.read_record(store.checked_manifest(ref).record_refs[0])
         group = group_from_records([head], tensors=TensorRef.from_record_set_many(store, ref),
                                    lazy_tensors_over=0, store=store)
         out.append(group.samples[0])
     return out
+
+
+def _queue_samples(store: SharedFilesystemStore, n: int, tokens: int) -> list[Sample]:
+    """``n`` samples as the queue holds them: one group publication each, routes lazy."""
+    half = tokens // 2
+    return published_samples(store, [
+        Sample(("prompt", i), tokens=tuple(range(i, i + tokens)), response_length=half,
+               status=Status.COMPLETED, reward=1.0, group_index=i, index=i,
+               metadata={"task_id": f"prompt:{i}"},
+               routes=np.full((tokens - 1, LAYERS, TOPK), i % 251, dtype=np.uint8))
+        for i in range(n)])
 
 
 def run(samples: int, tokens: int, work: str) -> dict[str, Any]:

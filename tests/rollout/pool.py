@@ -11,12 +11,11 @@ from typing import Any
 
 import numpy as np
 
+from bench.archive_bench import published_samples  # noqa: F401 - the archive tests' helper
 from bench.counting import CountingFS
 from straw import Coordinator, SharedFilesystemStore, TaskSpec
 from straw.fs import Buffer, Filesystem, PosixFS
 from straw.rollout import Sample, SampleGroup, Status, VersionSpan, group_records
-from straw.rollout.codec import group_from_records
-from straw.tensor import TensorRef
 
 
 class ByteCountingFS(CountingFS):
@@ -104,17 +103,3 @@ class Pool:
                 part.close()
             except Exception:  # a test that failed storage on purpose
                 pass
-
-
-def published_samples(store: SharedFilesystemStore, samples: list[Sample]) -> list[Sample]:
-    """The samples as a queue holds them: each published as a group of one, its captures
-    lazy ``TensorRef``s (the archive tests save these)."""
-    out = []
-    for k, s in enumerate(samples):
-        records, deps = group_records(SampleGroup((s,)))
-        ref = store.publish(records, submission_id=f"group:{k}", dependencies=deps)
-        head = store.read_record(store.checked_manifest(ref).record_refs[0])
-        group = group_from_records([head], tensors=TensorRef.from_record_set_many(store, ref),
-                                   lazy_tensors_over=0, store=store)
-        out.append(group.samples[0])
-    return out
