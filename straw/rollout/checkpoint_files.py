@@ -29,7 +29,6 @@ comes before anything that names them (the commit marker, RL9)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -166,10 +165,6 @@ def check_version(value: Any, path: str, what: str) -> dict[str, Any]:
     return value
 
 
-def sha256_file(fs: Filesystem, path: str) -> str:
-    return hashlib.sha256(fs.read_file(path)).hexdigest()
-
-
 def write_tracker(fs: Filesystem, directory: str, step: int) -> None:
     fs.makedirs_durable(directory)
     fs.write_file_durable(os.path.join(directory, TRACKER), tracker_bytes(step))
@@ -197,6 +192,6 @@ def read_tracker(fs: Filesystem, directory: str) -> int | None:
 __all__ = ["VERSION", "ROLLOUT", "TRACKER", "CURRENT", "BRANCH", "BRANCHES", "SEEDED",
            "SMALL_FILE",
            "model_dir", "rollout_file", "committed_steps", "step_of_marker", "canonical",
-           "write_json", "write_files", "read_json", "check_version", "sha256_file",
+           "write_json", "write_files", "read_json", "check_version",
            "write_tracker", "read_tracker", "tracker_bytes", "stage_file", "install_staged",
            "discard_staged"]
