@@ -120,6 +120,18 @@ class Filesystem(abc.ABC):
         the filesystem cannot reserve (the caller then simply appends)."""
         return False
 
+    def drop_cached(self, fd: int, offset: int, length: int) -> None:
+        """Drop this client's cached pages of the range (``posix_fadvise`` DONTNEED), so
+        the next read asks the filesystem again.  Best effort, never an error.  Why: on a
+        shared filesystem a page this client cached can outlive a reopen after another
+        client wrote into it in place.  A writer's reserved space keeps the file's size
+        unchanged, and a FUSE client may keep its kernel page cache across a reopen when
+        the file looks unchanged (JuiceFS does when the mtime it last saw is the current
+        one). A page cached while reading an earlier extent then reads as reserved zeros
+        past that extent's end, whatever another client wrote there since.  The reader's
+        visibility retry calls it (``straw.reader``).  By default: nothing cached to drop."""
+        return None
+
     # --- locks -----------------------------------------------------------------
     @abc.abstractmethod
     def lock(self, fd: int, *, blocking: bool = True) -> bool:
@@ -254,6 +266,7 @@ def _iov(buffers: Iterable[Buffer]) -> list[memoryview]:
 
 
 _IOV_MAX = 512
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 class PosixFS(Filesystem):
@@ -319,6 +332,14 @@ class PosixFS(Filesystem):
                     views[0] = views[0][n:]
                     n = 0
         return total
+
+    def drop_cached(self, fd: int, offset: int, length: int) -> None:
+        try:  # pages wholly inside the range are dropped: widen it to page boundaries
+            lo = offset - offset % _PAGE
+            os.posix_fadvise(fd, lo, -(-(offset + length - lo) // _PAGE) * _PAGE,
+                             os.POSIX_FADV_DONTNEED)
+        except (OSError, AttributeError):  # not supported here: nothing cached to drop
+            pass
 
     def readinto(self, fd: int, buffer: Buffer, offset: int) -> int:
         mv = memoryview(buffer).cast("B")
@@ -455,6 +476,9 @@ class DelegatingFilesystem(Filesystem):
 
     def reserve(self, fd: int, offset: int, length: int) -> bool:
         return self.inner.reserve(fd, offset, length)
+
+    def drop_cached(self, fd: int, offset: int, length: int) -> None:
+        self.inner.drop_cached(fd, offset, length)
 
     def lock(self, fd: int, *, blocking: bool = True) -> bool:
         return self.inner.lock(fd, blocking=blocking)

@@ -6,7 +6,9 @@ extent against the checksum the reference names; ``manifest`` checks the manifes
 present is ``CorruptData`` at once, never retried.  Bytes that are *missing* (the file is
 shorter than the extent, or still reads as zeros, wholly or on one side of a page boundary,
 or the file is not visible yet) may be another client's visibility lag: the read reopens
-the file and retries a bounded number of times, then raises ``StorageUnavailable`` — except
+the file, drops the range's cached pages (a reopen may keep a stale page: see
+``Filesystem.drop_cached``) and retries a bounded number of times, then raises
+``StorageUnavailable`` — except
 a frame header zeroed on one side of a page boundary, whose bytes are present: if it
 stays damaged through every retry it is ``CorruptData``.
 
@@ -998,7 +1000,8 @@ class ReadSession(ProcessBound):
         final: _Final | None = None
         while True:
             lag = self._try_read(path, offset, buf, frame,
-                                 give_up=final is None and attempt == self.retries)
+                                 give_up=final is None and attempt == self.retries,
+                                 refresh=attempt > 0 or final is not None)
             if lag is None:
                 return buf
             self._drop_fd(path)
@@ -1061,12 +1064,18 @@ class ReadSession(ProcessBound):
                 yield lo, hi
 
     def _try_read(self, path: str, offset: int, buf: memoryview, frame: bool, *,
-                  give_up: bool) -> _Lag | None:
-        """One attempt: None when ``buf`` holds the bytes, else what is missing."""
+                  give_up: bool, refresh: bool = False) -> _Lag | None:
+        """One attempt: None when ``buf`` holds the bytes, else what is missing.
+        ``refresh`` (a retry): the range's cached pages are dropped first, through the
+        freshly opened descriptor, since a reopen alone may keep them
+        (``Filesystem.drop_cached``)."""
         size = buf.nbytes
         try:
             with self._reading():
-                n = self.fs.readinto(self._fd(path), buf, offset)
+                fd = self._fd(path)
+                if refresh:
+                    self.fs.drop_cached(fd, offset, size)
+                n = self.fs.readinto(fd, buf, offset)
         except FileNotFoundError:
             return _Lag("missing", "the file does not exist")
         except OSError as e:

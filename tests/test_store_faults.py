@@ -380,6 +380,66 @@ class PartlyVisibleFS(PosixFS):
         return n
 
 
+class StalePageFS(PosixFS):
+    """Another client's page cache: the page holding ``boundary`` was cached while it
+    still held reserved zeros from ``boundary`` on, and survives every reopen (the file's
+    size did not change) until this client drops it (``drop_cached``)."""
+
+    def __init__(self, boundary: int) -> None:
+        self.boundary = boundary
+        self.page = boundary - boundary % 4096
+        self.cached = False
+        self.drops: list[tuple[int, int]] = []
+
+    def drop_cached(self, fd, offset, length):  # type: ignore[no-untyped-def]
+        self.drops.append((offset, length))
+        if offset < self.page + 4096 and offset + length > self.page:
+            self.cached = False  # PosixFS widens the range to whole pages
+        super().drop_cached(fd, offset, length)
+
+    def readinto(self, fd, buffer, offset):  # type: ignore[no-untyped-def]
+        n = super().readinto(fd, buffer, offset)
+        lo, hi = max(offset, self.boundary), min(offset + n, self.page + 4096)
+        if self.cached and lo < hi:
+            memoryview(buffer).cast("B")[lo - offset:hi - offset] = bytes(hi - lo)
+        return n
+
+
+def test_a_stale_cached_page_is_dropped_by_the_visibility_retry(tmp_path):
+    """A page cached before another client wrote into it (reserved space: same size) can
+    survive reopening; the retry drops the range's cached pages, so the read succeeds
+    instead of ending in StorageUnavailable (seen once on JuiceFS in CI: an extent at
+    offset 3766 of a fresh pack read as zeros through 8 reopening retries)."""
+    with _store(tmp_path) as store:
+        first = store.publish([Record("a", b"x" * 100)], submission_id="a")
+        ref = store.publish([Record("b", b"y" * 200)], submission_id="b")
+        assert ref.offset // 4096 == first.offset // 4096  # same page
+        fs = StalePageFS(ref.offset)
+        with _store(tmp_path, fs=fs, clock=ManualClock()) as reader:
+            fs.cached = True
+            assert bytes(next(reader.read(ref)).payload) == b"y" * 200
+            assert not fs.cached and fs.drops
+            lo, length = fs.drops[0]
+            assert lo <= ref.offset and lo + length >= ref.offset + 56  # its header
+            fs.drops.clear()
+            assert bytes(next(reader.read(first)).payload) == b"x" * 100
+            assert fs.drops == []  # a read that finds its bytes drops nothing
+
+
+def test_drop_cached_is_harmless_on_a_real_file(tmp_path):
+    fs = PosixFS()
+    path = str(tmp_path / "f")
+    fd = fs.open(path, write=True, create=True)
+    try:
+        fs.writev(fd, [b"z" * 10000], 0)
+        fs.drop_cached(fd, 5, 7000)
+        fs.drop_cached(fd, 0, 0)
+        buf = bytearray(10000)
+        assert fs.readinto(fd, buf, 0) == 10000 and bytes(buf) == b"z" * 10000
+    finally:
+        fs.close(fd)
+
+
 @pytest.mark.parametrize("where", ["header", "header-stale-head", "body"])
 def test_partly_visible_fresh_data_is_lag_not_corruption(tmp_path, where):
     with _store(tmp_path / "probe") as probe:  # learn the pad extent's overhead

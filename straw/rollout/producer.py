@@ -24,7 +24,13 @@ sample carries the version that generated it (``VersionSpan``).  ``stop()`` paus
 the slots and closes the client (its leases released).
 
 A lease lost meanwhile (``StaleAttempt``/``LeaseExpired`` on return: this process was too
-slow, the task is someone else's now) is counted and the slot goes on.  Any other error
+slow, the task is someone else's now) is counted and the slot goes on.  A return that
+fails with ``StorageUnavailable`` (the controller could not read the returned group yet:
+another client's visibility lag on a shared filesystem, a storage hiccup) is retried with
+backoff for up to ``RETURN_RETRY_SECONDS`` (a return is safe to retry: the same call
+answers the same outcomes; the heartbeat keeps the leases meanwhile, and a pause waits for
+it); a full disk (``QuotaExceeded``) is not.  A take that could not read a group's input
+is retried the same way (a take that fails gives its leases back first).  Any other error
 (a generate function that raises or breaks the protocol, the controller gone) stops the
 producer: it is latched and raised by ``pause``, ``stats``, ``wait`` and ``stop``; the
 leases it holds are left to expire (their tasks return to the queue; nothing is lost).
@@ -41,7 +47,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from straw import LeaseExpired, StaleAttempt
+from straw import LeaseExpired, QuotaExceeded, StaleAttempt, StorageUnavailable
 
 from .generate import GenerateFn, check_generated
 from .generation import GenerationClient
@@ -49,13 +55,20 @@ from .samples import SampleGroup, Stage, classify
 
 IDLE_SECONDS = 0.05  # a take that found nothing is tried again after this long
 MAX_TAKE = 64  # prompt groups leased in one take
+# A return that meets StorageUnavailable is tried again for this long (backoff from
+# RETURN_RETRY_FIRST, doubling, at most 2 s apart): longer than any visibility lag of a
+# correctly mounted shared filesystem (JuiceFS's default caches: about 1 s), shorter than a
+# lease (the heartbeat renews it meanwhile), so an outage that lasts stops the producer.
+RETURN_RETRY_SECONDS = 30.0
+RETURN_RETRY_FIRST = 0.1
 
 
 class Producer:
     """Generation slots of one process (see the module docstring)."""
 
     def __init__(self, client: GenerationClient, generate: GenerateFn, *, slots: int,
-                 weight_version: int = 0, idle_seconds: float = IDLE_SECONDS) -> None:
+                 weight_version: int = 0, idle_seconds: float = IDLE_SECONDS,
+                 return_retry_seconds: float = RETURN_RETRY_SECONDS) -> None:
         if not isinstance(client, GenerationClient):
             raise TypeError(f"client must be a GenerationClient, got {type(client).__name__}")
         if not callable(generate):
@@ -65,11 +78,17 @@ class Producer:
             raise ValueError(f"slots must be an int >= 1 (prompt groups generated at once), "
                              f"got {slots!r}")
         _check_weight_version(weight_version)
+        if isinstance(return_retry_seconds, bool) \
+                or not isinstance(return_retry_seconds, (int, float)) or return_retry_seconds < 0:
+            raise ValueError(f"return_retry_seconds must be a number >= 0 (how long a return "
+                             f"that meets StorageUnavailable is retried), got "
+                             f"{return_retry_seconds!r}")
         self.client = client
         self.generate = generate
         self.slots = slots
         self.weight_version = weight_version
         self.idle_seconds = idle_seconds
+        self.return_retry_seconds = return_retry_seconds
         self.counts: Counter[str] = Counter()  # what became of the groups returned
         self.error: BaseException | None = None
         self._threads = concurrent.futures.ThreadPoolExecutor(
@@ -211,7 +230,7 @@ class Producer:
                 continue
             self._busy += 1  # a take in flight: a pause waits for its groups
             try:
-                groups: list[SampleGroup] = await self._call(self.client.take, want)
+                groups: list[SampleGroup] = await self._retrying(self.client.take, want)
                 self._busy += len(groups)
             finally:
                 self._done(1)
@@ -255,14 +274,14 @@ class Producer:
                 continue
             try:
                 try:
-                    returned = await self._call(self.client.return_groups, batch)
+                    returned = await self._retrying(self.client.return_groups, batch)
                 except (StaleAttempt, LeaseExpired):
                     # a lease in the batch is gone (the others were returned): one by one
                     # for the outcomes (a retry answers the returned ones again)
                     returned = []
                     for g in batch:
                         try:
-                            returned += await self._call(self.client.return_groups, [g])
+                            returned += await self._retrying(self.client.return_groups, [g])
                         except (StaleAttempt, LeaseExpired):
                             self.counts["lease_lost"] += 1  # another worker's task now
                 for r in returned:
@@ -271,9 +290,30 @@ class Producer:
                 self._done(len(batch))
 
 
+    async def _retrying(self, fn: Callable[[Any], Any], arg: Any) -> Any:
+        """``fn(arg)`` (a take or a return: both safe to call again), tried again on
+        ``StorageUnavailable`` (not a full disk) with backoff until
+        ``return_retry_seconds`` have passed (module docstring); then, or on any other
+        error, the error is raised."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.return_retry_seconds
+        delay = RETURN_RETRY_FIRST
+        while True:
+            try:
+                return await self._call(fn, arg)
+            except QuotaExceeded:
+                raise
+            except StorageUnavailable:
+                if loop.time() + delay > deadline:
+                    raise
+                self.counts["storage_retried"] += 1
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+
 def _check_weight_version(version: object) -> None:
     if isinstance(version, bool) or not isinstance(version, int) or version < 0:
         raise ValueError(f"weight_version must be an int >= 0, got {version!r}")
 
 
-__all__ = ["Producer", "IDLE_SECONDS"]
+__all__ = ["Producer", "IDLE_SECONDS", "RETURN_RETRY_SECONDS"]

@@ -11,7 +11,7 @@ import dataclasses
 
 import pytest
 
-from straw import SharedFilesystemStore
+from straw import QuotaExceeded, SharedFilesystemStore, StorageUnavailable
 from straw.rollout import RolloutConfig, SampleGroup, Status, group_from_records
 from straw.rollout.controller import RolloutController
 from straw.rollout.generate import extend_sample
@@ -158,6 +158,97 @@ def test_a_generate_function_breaking_the_protocol_stops_the_producer(job):
         producer.stats()
 
 
+class Finishes:
+    """Finishes every group at once (version 0)."""
+
+    async def __call__(self, group, *, weight_version, abort):
+        return dataclasses.replace(group, samples=tuple(
+            extend_sample(s, range(LENGTH), weight_version=weight_version,
+                          status=Status.COMPLETED, reward=1.0) for s in group.samples))
+
+
+def failing_calls(client, name, errors):
+    """``client.<name>`` (take or return_groups) raising ``errors`` in turn, then working.
+    A return's first error comes after the real call went through (its reply lost); every
+    other error before the call (a take that fails has given its leases back)."""
+    real = getattr(client, name)
+    calls = []
+
+    def call(arg):
+        calls.append(arg if isinstance(arg, int) else len(arg))
+        if not errors:
+            return real(arg)
+        e = errors.pop(0)
+        if len(calls) == 1 and name == "return_groups":
+            real(arg)
+        raise e
+    setattr(client, name, call)
+    return calls
+
+
+def test_a_return_meeting_storage_unavailable_is_retried(job):
+    """A return refused by StorageUnavailable (another client's visibility lag, say) is
+    tried again with backoff; the retry answers the same outcomes (a lost reply included):
+    every group is completed once, nothing lost, the producer goes on."""
+    controller, client, _ = job
+    calls = failing_calls(client, "return_groups",
+                          [StorageUnavailable("lag"), StorageUnavailable("lag")])
+
+    async def run() -> Producer:
+        producer = Producer(client, Finishes(), slots=2)
+        await producer.start()
+        await until(lambda: producer.counts["completed"] >= 4, "four completed groups")
+        await producer.stop()
+        return producer
+
+    producer = asyncio.run(run())
+    assert producer.error is None
+    assert producer.counts["storage_retried"] == 2
+    assert len(calls) >= 3 and calls[0] == calls[1] == calls[2]  # the same batch again
+    commits = [r for r in controller.coordinator.read_commits(0, 100).commits
+               if r.task_id.startswith("prompt:")]
+    assert len({r.task_id for r in commits}) == len(commits) >= 4  # each once
+
+
+def test_a_take_meeting_storage_unavailable_is_retried(job):
+    """A take whose input read failed (its leases given back) is taken again: no lease
+    is left behind, the groups are generated and completed."""
+    controller, client, _ = job
+    failing_calls(client, "take", [StorageUnavailable("lag")])
+
+    async def run() -> Producer:
+        producer = Producer(client, Finishes(), slots=2)
+        await producer.start()
+        await until(lambda: producer.counts["completed"] >= 2, "two completed groups")
+        await producer.stop()
+        return producer
+
+    producer = asyncio.run(run())
+    assert producer.error is None and producer.counts["storage_retried"] == 1
+    states = controller.coordinator.tasks
+    assert not [t for t, st in states.items() if st["state"] == "leased"]
+
+
+@pytest.mark.parametrize("error", [QuotaExceeded("disk full"), StorageUnavailable("gone")])
+def test_a_full_disk_or_a_lasting_outage_stops_the_producer(job, error):
+    """A full disk is not retried; an outage longer than return_retry_seconds stops the
+    producer with its error (its leases left to expire: nothing lost)."""
+    _, client, _ = job
+    failing_calls(client, "return_groups", [error] * 100)
+
+    async def run() -> Producer:
+        producer = Producer(client, Finishes(), slots=1, return_retry_seconds=0.3)
+        await producer.start()
+        with pytest.raises(RuntimeError, match=type(error).__name__):
+            await producer.wait()
+        return producer
+
+    producer = asyncio.run(run())
+    assert producer.error is error
+    retried = producer.counts["storage_retried"]
+    assert retried == 0 if isinstance(error, QuotaExceeded) else retried >= 1
+
+
 def test_bad_arguments(job):
     _, client, _ = job
     with pytest.raises(ValueError, match="slots must be an int >= 1"):
@@ -166,3 +257,5 @@ def test_bad_arguments(job):
         Producer(object(), Gated(), slots=1)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="weight_version must be an int >= 0"):
         Producer(client, Gated(), slots=1, weight_version=-1)
+    with pytest.raises(ValueError, match="return_retry_seconds must be a number >= 0"):
+        Producer(client, Gated(), slots=1, return_retry_seconds=-1)
