@@ -12,7 +12,7 @@ qualify *ARGS:
 # The whole test suite (lint, types, then pytest; JuiceFS tests install fuse3 when root).
 test *ARGS: lint
     {{python}} tests/ensure_juicefs_deps.py
-    {{python}} -m pytest -q {{ARGS}}
+    {{python}} -m pytest -q --durations=25 {{ARGS}}
 
 # ruff on all code, mypy on the engine and the spec
 lint:
