@@ -12,7 +12,12 @@ prompt, ``--concurrency`` samples generated at once, batches of ``--batch-groups
   groups it gets and trains on every ``batch_groups`` of them.
 * **straw**: ``straw.rollout.ray.RayRollout`` on a pool in a temp directory: the groups
   are published in the pool by the generation actors, Ray carries references; the driver
-  takes ``next_batch``, loads its shard from the pool, trains, ``finish_batch``.
+  takes ``next_batch``, loads its shard from the pool, trains, ``finish_batch``.  Prompts
+  are admitted a batch at a time (``--refill``, default ``--batch-groups``: one queue
+  transaction per batch of prompts) and generation runs at most ``--ahead`` batches of
+  accepted groups ahead of training (``max_ahead_groups``), as the object store's driver
+  holds only what it keeps in flight: unbounded, generation outruns training and its
+  surplus spends the CPU the batches need.
 
 Throughput is groups trained per second after the first batch (start-up excluded),
 the two sides alternated ``--rounds`` times in one run; the ratio is straw's median over
@@ -176,14 +181,20 @@ def straw_run(root: str, run: str, nodes: list[str], args: argparse.Namespace, b
               *, kill_at: int | None = None) -> dict[str, Any]:
     """``batches`` batches through straw; with ``kill_at`` the job is killed once that many
     accepted groups wait for the next batch, then recovered from the pool."""
+    # refills of a batch's worth of prompts (one queue transaction per batch, not one per
+    # take of a few groups); generation at most ``--ahead`` batches ahead of training, as
+    # the object-store side's driver, which holds only the calls it keeps in flight
     config = RolloutConfig(n_samples_per_prompt=args.samples, lease_seconds=10,
-                           segment_mib=64)
+                           segment_mib=64, min_refill=args.refill or args.batch_groups,
+                           max_refill=max(args.refill or args.batch_groups, 64))
     specs = [NodeSpec(n) for n in nodes]
 
     def start(recover: bool) -> RayRollout:
         return RayRollout(root, run, list(range(100_000)), Fill(args.tokens),
                           concurrency=args.concurrency, config=config, nodes=specs,
                           batch_groups=args.batch_groups,
+                          max_ahead_groups=(args.ahead * args.batch_groups
+                                            if args.ahead else None),
                           controller_options={"recover": recover})
 
     store = SharedFilesystemStore(root, run)
@@ -238,6 +249,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=256, help="response tokens per sample")
     ap.add_argument("--concurrency", type=int, default=64, help="samples generated at once")
     ap.add_argument("--rounds", type=int, default=2, help="alternations of the two sides")
+    ap.add_argument("--refill", type=int, default=0,
+                    help="straw: prompt groups admitted per refill (0: --batch-groups)")
+    ap.add_argument("--ahead", type=int, default=2,
+                    help="straw: batches of accepted groups generation may run ahead of "
+                         "training (0: unbounded)")
     ap.add_argument("--dir", default=None, help="where the pool lives (default: a temp dir)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
@@ -277,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
                      if cpu_med["straw"] and cpu_med["object_store"] else None)
         doc = {"cpus": os.cpu_count(), "nodes": 2, "batch_groups": args.batch_groups,
                "samples": args.samples, "tokens": args.tokens,
-               "concurrency": args.concurrency, "rounds": args.rounds,
+               "concurrency": args.concurrency, "rounds": args.rounds, "ahead": args.ahead,
                "groups_per_s": rates, "median": med,
                "ratio_straw_over_object_store": med["straw"] / med["object_store"],
                "cpu_s_per_batch": cpus, "cpu_median": cpu_med,

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -114,6 +115,22 @@ def node_id() -> str:
     return str(ray.get_runtime_context().get_node_id())
 
 
+def _check_ahead(max_ahead_groups: object, batch_groups: int | None) -> int | None:
+    """``max_ahead_groups`` checked: None, or an int >= ``batch_groups`` (a smaller bound
+    would stop generation before a batch can fill)."""
+    if max_ahead_groups is None:
+        return None
+    if batch_groups is None:
+        raise ValueError("max_ahead_groups bounds the accepted groups waiting for a batch: "
+                         "give batch_groups too (or max_ahead_groups=None)")
+    if isinstance(max_ahead_groups, bool) or not isinstance(max_ahead_groups, int) \
+            or max_ahead_groups < batch_groups:
+        raise ValueError(f"max_ahead_groups must be None or an int >= batch_groups "
+                         f"({batch_groups}): fewer accepted groups could never fill a "
+                         f"batch; got {max_ahead_groups!r}")
+    return max_ahead_groups
+
+
 _controllers: dict[str, Any] = {}
 
 
@@ -160,14 +177,25 @@ class ControllerWorker:
     and ``save_checkpoint`` saves into its directory; it needs ``batch_groups``, and
     ``controller_options`` do not apply (the queue is the resolution's).
     ``builder_options`` go to the ``BatchBuilder`` (reward and conversion hooks),
-    ``store_options`` to this actor's ``SharedFilesystemStore`` (e.g. ``reserve_bytes``)."""
+    ``store_options`` to this actor's ``SharedFilesystemStore`` (e.g. ``reserve_bytes``).
+
+    ``max_ahead_groups`` (needs ``batch_groups``; None: unbounded) bounds how far
+    generation runs ahead of training: while at least that many accepted groups wait for
+    a batch, ``take`` leases nothing (status ``backpressured``; the producers retry).
+    The count is the builder's backlog as of its last ``next_batch`` plus the groups
+    accepted since, so it is a soft bound (groups in flight still land) that never
+    stops a batch from filling: it must be at least ``batch_groups``."""
 
     def __init__(self, root: str, run_id: str, dataset: Any, *, config: RolloutConfig,
                  batch_groups: int | None = None, dp_size: int = 1,
                  controller_options: Mapping[str, Any] | None = None,
                  checkpoint: Any = None,
                  builder_options: Mapping[str, Any] | None = None,
-                 store_options: Mapping[str, Any] | None = None) -> None:
+                 store_options: Mapping[str, Any] | None = None,
+                 max_ahead_groups: int | None = None) -> None:
+        self.max_ahead_groups = _check_ahead(max_ahead_groups, batch_groups)
+        self._ahead_lock = threading.Lock()
+        self._waiting = 0  # accepted groups not in a batch yet (soft count: see above)
         self.config = config
         self.store = SharedFilesystemStore(root, run_id, writer_id=CONTROLLER_WRITER,
                                            **{**config.store_options(),
@@ -190,6 +218,11 @@ class ControllerWorker:
                 self.store.close()
                 raise
             self.controller, self.builder = self.job.controller, self.job.builder
+            try:
+                self._recount(scan=True)
+            except BaseException:
+                self.close()
+                raise
             return
         self.controller = RolloutController(self.store, dataset, config=config,
                                             **dict(controller_options or {}))
@@ -199,9 +232,21 @@ class ControllerWorker:
                                             EnvironmentMix.single(batch_groups),
                                             dp_size=dp_size, config=config,
                                             **dict(builder_options or {}))
+            self._recount(scan=True)
         except BaseException:
+            if self.builder is not None:
+                self.builder.close()
             self.controller.close()
             raise
+
+    def _recount(self, *, scan: bool = False) -> None:
+        """The accepted groups waiting for a batch: the builder's backlog as of its last
+        scan (``scan``: scan the log first, for a recovered or restored queue's)."""
+        if self.builder is not None and self.max_ahead_groups is not None:
+            waiting = sum(self.builder.backlog().values()) if scan \
+                else self.builder.metrics()["backlog"]
+            with self._ahead_lock:
+                self._waiting = waiting
 
     def where(self) -> dict[str, Any]:
         return {"node_id": node_id(), "pid": os.getpid(), "host": socket.gethostname(),
@@ -210,6 +255,11 @@ class ControllerWorker:
     # --- what generation clients call -------------------------------------------------
     def take(self, worker_id: str, count: int, *, request_id: str | None = None
              ) -> AcquireResult:
+        if self.max_ahead_groups is not None:
+            with self._ahead_lock:
+                ahead = self._waiting >= self.max_ahead_groups
+            if ahead:  # training is behind: lease nothing until a batch takes groups
+                return AcquireResult("backpressured")
         return self.controller.take(worker_id, count, request_id=request_id)
 
     def heartbeat(self, leases: Sequence[Lease]) -> list[str]:
@@ -217,7 +267,12 @@ class ControllerWorker:
 
     def complete_many(self, items: Sequence[Mapping[str, Any]]
                       ) -> list[CommitReceipt | StrawError]:
-        return self.controller.complete_many(items)
+        outcomes = self.controller.complete_many(items)
+        if self.max_ahead_groups is not None:
+            accepted = sum(isinstance(o, CommitReceipt) for o in outcomes)
+            with self._ahead_lock:
+                self._waiting += accepted
+        return outcomes
 
     def yield_groups(self, updates: Sequence[Mapping[str, Any]], *, request_id: str) -> str:
         return self.controller.yield_groups(updates, request_id=request_id)
@@ -267,7 +322,12 @@ class ControllerWorker:
         return self.builder
 
     def next_batch(self, rollout_id: int | str) -> list[RankBatchRef] | None:
-        return self._builder().next_batch(rollout_id)
+        try:
+            return self._builder().next_batch(rollout_id)
+        finally:
+            # the backlog the builder scanned (groups accepted after its scan and before
+            # this line are counted by neither: the bound is soft, corrected next time)
+            self._recount()
 
     def finish_batch(self, batch_id: str) -> None:
         self._builder().finish_batch(batch_id)

@@ -125,7 +125,11 @@ class RayRollout:
     (hooks).  ``checkpoint``: a ``Resolution`` (``resolve_checkpoint``): the controller
     starts the job with ``restore.open_job`` (a new run, a salvage, an exact restore) and
     ``save_checkpoint`` saves jointly there (``ControllerWorker``).  ``store_options`` go
-    to every actor's pool client (``SharedFilesystemStore``: e.g. ``reserve_bytes``)."""
+    to every actor's pool client (``SharedFilesystemStore``: e.g. ``reserve_bytes``).
+    ``max_ahead_groups`` (with ``batch_groups``; at least that many) bounds how far
+    generation runs ahead of training: while that many accepted groups wait for a
+    batch, no node leases more (``ControllerWorker``); None (the default) bounds
+    nothing."""
 
     def __init__(self, root: str, run_id: str, dataset: Any, generate: GenerateFn, *,
                  concurrency: int, config: RolloutConfig | None = None,
@@ -135,7 +139,8 @@ class RayRollout:
                  probe_timeout: float = PROBE_TIMEOUT, retire_lost: bool = True,
                  checkpoint: Any = None,
                  builder_options: Mapping[str, Any] | None = None,
-                 store_options: Mapping[str, Any] | None = None) -> None:
+                 store_options: Mapping[str, Any] | None = None,
+                 max_ahead_groups: int | None = None) -> None:
         if not ray.is_initialized():
             raise RuntimeError("RayRollout needs a Ray cluster: call ray.init() (or "
                                "ray.init(address=...)) first")
@@ -165,7 +170,7 @@ class RayRollout:
         ).remote(root, run_id, dataset, config=self.config, batch_groups=batch_groups,
                  dp_size=dp_size, controller_options=controller_options,
                  checkpoint=checkpoint, builder_options=builder_options,
-                 store_options=self.store_options)
+                 store_options=self.store_options, max_ahead_groups=max_ahead_groups)
         try:
             self._call("where")  # the controller opened its queue (or raised why not)
             for node, slots in zip(self.nodes, self.slots, strict=True):
