@@ -92,10 +92,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import statistics
 import sys
 import threading
 import time
 import warnings
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -219,13 +221,23 @@ def _cores() -> int:
 
 @dataclass
 class _Modes:
-    """What the loads of one size class measured (``_HelperPolicy``)."""
+    """What the loads of one size class measured (``_HelperPolicy``): the seconds per
+    byte of the last few loads read by one thread and by two."""
 
-    one: float | None = None  # seconds per byte of loads read by one thread
-    two: float | None = None  # ... by two threads
+    one: deque[float] = dataclasses.field(default_factory=lambda: deque(maxlen=_WINDOW))
+    two: deque[float] = dataclasses.field(default_factory=lambda: deque(maxlen=_WINDOW))
     using_two: bool = False  # the mode in use
     since_probe: int = 0  # loads in the mode in use since the last probe
     interval: int = 8  # loads between probes
+
+    def times(self, two: bool) -> deque[float]:
+        return self.two if two else self.one
+
+    def estimate(self, two: bool) -> float:
+        return statistics.median(self.times(two))
+
+
+_WINDOW = 5  # loads per mode whose median is its estimate
 
 
 class _HelperPolicy:
@@ -233,29 +245,29 @@ class _HelperPolicy:
 
     A helper pays only on a core nobody else wants: on two free cores it took a float32
     [8192, 1024] load from 0.70 to 0.98 of a memcpy, while on the two shared cores of the
-    development machine at load averages of 6 to 8 it made loads about 25% slower (the
-    two threads take turns on one core and the GIL changes hands at every block).  A
-    load average cannot tell these apart in time: the 1-minute one lags the machine by
-    about a minute, and a steady stream of loads keeps it up by itself.  So the loads
-    measure it.  Per size class (the bit length of the span: how much of a tensor the
-    CPU caches hold differs between 12 and 32 MiB) it keeps an estimate of the seconds
-    per byte of loads read by one thread and of loads read by two.  A load takes the
-    mode with the lower estimate (an unmeasured mode first: one thread, then two).
-    After ``interval`` loads in one mode, one load probes the other, whose estimate
-    becomes that probe's time alone (an older one describes a machine that may be
-    gone).  A probe that confirms the mode in use doubles the interval, up to
-    ``MAX_INTERVAL``, so where the second core stays busy the probes cost a fraction of
-    a percent; one that changes the choice resets it to ``MIN_INTERVAL``, and so does
-    the mode in use drifting past the other's estimate.  Loads in the mode in use move
-    its estimate by ``WEIGHT`` of the difference (one preempted load does not flip the
-    choice).  With fewer than two cores (``cores``) no load gets a helper.  A probe with
-    two threads is cheap even on a busy machine: the blocks are shared (``_Blocks``), so
-    a helper that gets no core takes none.  Thread-safe; ``cores`` and ``timer``
-    (monotonic seconds) are injectable."""
+    development machine at load averages of 6 to 11 it made loads up to twice as slow
+    (the two threads take turns on one core, the GIL changes hands at every block, and
+    the loader waits for a helper preempted in the middle of its block).  A load average
+    cannot tell these apart in time: the 1-minute one lags the machine by about a minute,
+    and a steady stream of loads keeps it up by itself.  So the loads measure it.
+
+    Per size class (the bit length of the span: how much of a tensor the CPU caches hold
+    differs between 12 and 32 MiB) it keeps the seconds per byte of the last
+    ``_WINDOW`` loads read by one thread and by two; a mode's estimate is their median
+    (on a shared machine single loads vary by 3x either way: a mean, or the latest
+    load, would follow the noise).  A load takes the mode with the lower estimate (an
+    unmeasured mode first: one thread, then two).  After ``interval`` loads in one mode,
+    one load probes the other.  A probe that beats the mode in use is followed by
+    another probe at once, until the other mode's median wins (the choice changes and the
+    interval is reset to ``MIN_INTERVAL``) or a probe loses; a probe that loses doubles
+    the interval, up to ``MAX_INTERVAL``, so where the second core stays busy the
+    probes cost about a percent of the loads.  With fewer than two cores (``cores``) no
+    load gets a helper.  A probe with two threads is cheap even on a busy machine: the
+    blocks are shared (``_Blocks``), so a helper that gets no core takes none.
+    Thread-safe; ``cores`` and ``timer`` (monotonic seconds) are injectable."""
 
     MIN_INTERVAL = 8
-    MAX_INTERVAL = 256
-    WEIGHT = 0.3
+    MAX_INTERVAL = 128
 
     def __init__(self, cores: Callable[[], int] = _cores,
                  timer: Callable[[], float] = time.perf_counter) -> None:
@@ -267,7 +279,8 @@ class _HelperPolicy:
         self.helped = 0  # of them, read by two threads
 
     def _modes(self, nbytes: int) -> _Modes:
-        return self.classes.setdefault(nbytes.bit_length(), _Modes(interval=self.MIN_INTERVAL))
+        return self.classes.setdefault(nbytes.bit_length(),
+                                       _Modes(interval=self.MIN_INTERVAL))
 
     def choose(self, nbytes: int) -> bool:
         """Whether a span of ``nbytes`` is read by two threads (the caller then reports
@@ -276,17 +289,14 @@ class _HelperPolicy:
             return False
         with self.lock:
             m = self._modes(nbytes)
-            if m.one is None:
+            if not m.one:
                 return False
-            if m.two is None:
+            if not m.two:
                 return True
-            best = m.two < m.one
-            if best != m.using_two:  # the mode in use drifted past the other
-                m.using_two, m.since_probe, m.interval = best, 0, self.MIN_INTERVAL
             if m.since_probe >= m.interval:
                 m.since_probe = 0  # (one probe, even with loads in flight on other threads)
-                return not best
-            return best
+                return not m.using_two
+            return m.using_two
 
     def record(self, two: bool, nbytes: int, seconds: float) -> None:
         """A span of ``nbytes`` took ``seconds``, read by two threads or by one."""
@@ -297,27 +307,23 @@ class _HelperPolicy:
             self.loads += 1
             self.helped += two
             m = self._modes(nbytes)
-            known = m.two if two else m.one
-            if known is None or two != m.using_two:
-                # a first measurement, or a probe: the present machine, alone
-                if two:
-                    m.two = per_byte
-                else:
-                    m.one = per_byte
-                if known is not None and m.one is not None and m.two is not None:
-                    if (m.two < m.one) == m.using_two:
-                        m.interval = min(2 * m.interval, self.MAX_INTERVAL)  # confirmed
-                    else:
-                        m.using_two, m.interval = not m.using_two, self.MIN_INTERVAL
-                elif m.one is not None and m.two is not None:
-                    m.using_two = m.two < m.one
+            first = not m.times(two)
+            m.times(two).append(per_byte)
+            if not (m.one and m.two):
                 return
-            estimate = known + self.WEIGHT * (per_byte - known)
-            if two:
-                m.two = estimate
-            else:
-                m.one = estimate
-            m.since_probe += 1
+            if first:  # both modes measured once: the faster one
+                m.using_two = m.estimate(True) < m.estimate(False)
+                return
+            used = m.estimate(m.using_two)
+            if two == m.using_two:
+                m.since_probe += 1
+            elif per_byte >= used:  # a probe that lost
+                m.interval = min(2 * m.interval, self.MAX_INTERVAL)
+            elif m.estimate(two) >= used:  # won, but its mode's median not yet: again
+                m.since_probe = m.interval
+            if m.estimate(not m.using_two) < m.estimate(m.using_two):
+                m.using_two, m.since_probe, m.interval = (not m.using_two, 0,
+                                                          self.MIN_INTERVAL)
 
 
 _helpers = _HelperPolicy()

@@ -56,7 +56,7 @@ def test_probes_that_keep_losing_grow_rare():
     gaps = np.diff(probes)
     assert list(gaps[:5]) == [9, 17, 33, 65, 129]  # the interval doubles each confirmation
     assert max(gaps) == T._HelperPolicy.MAX_INTERVAL + 1  # ... up to MAX_INTERVAL
-    assert len(probes) < 15  # under 1% of 2000 loads paid for a helper
+    assert len(probes) < 25  # about 1% of 2000 loads paid for a helper
 
 
 def test_a_core_taken_and_freed_again_is_noticed_within_a_few_loads():
@@ -80,6 +80,15 @@ def test_one_slow_load_in_use_does_not_flip_the_choice():
     _run(policy, 6, lambda two: FAST if two else SLOW)
     policy.record(True, MB, SLOW * 1.2)  # one preempted load
     assert policy.choose(MB) is True
+
+
+def test_a_lucky_probe_is_tried_again_before_the_choice_changes():
+    policy = _policy()  # one thread in use; a helper costs, but one probe gets lucky
+    _run(policy, 10, lambda two: SLOW if two else FAST)  # (load 10 is the next probe)
+    lucky = iter([FAST / 2, SLOW, SLOW])
+    modes = _run(policy, 3, lambda two: next(lucky) if two else FAST)
+    assert modes == [True, True, False]  # the lucky probe, one more probe (lost): back
+    assert _run(policy, 15, lambda two: SLOW if two else FAST) == [False] * 15
 
 
 def test_size_classes_are_judged_apart():
@@ -149,13 +158,16 @@ def _loads(ref, value, fs, n: int) -> list[bool]:
     return used
 
 
-def test_a_helper_on_a_busy_core_is_given_up_after_one_load(slow):
+def test_a_helper_on_a_busy_core_is_given_up(slow):
     ref, value, fs = slow
-    fs.helper_delay = 0.05  # every block the helper takes costs the load 50 ms
+    fs.helper_delay = 0.1  # every block the helper takes costs the load 100 ms
     used = _loads(ref, value, fs, 10)
     assert used[:2] == [False, True]  # measured both ways
-    assert used[2:] == [False] * 8  # then one thread: the helper made the load slower
-    assert T._helpers.loads == 10 and T._helpers.helped == 1
+    # then one thread: the helper made the loads slower (at once, or within the loads
+    # its median takes to rise past one thread's, if the first load, which faults its
+    # buffer in, took longer still)
+    assert used[-5:] == [False] * 5 and sum(used) <= 4
+    assert T._helpers.loads == 10 and T._helpers.helped == sum(used)
 
 
 def test_a_helper_that_pays_is_kept(slow):
