@@ -23,7 +23,7 @@ about the ``tensor.v1`` codec (straw has it built in).
   processes holding the cores do not inflate: how much work a load costs against a
   memcpy, where the MiB/s ratios say how long it took.  ``two_threads`` (and ``out_``,
   ``rows_``): the share of the timed calls' spans of 8 MiB or more that straw read with a
-  second thread (``straw.tensor._helpers``, which decides it by timing the loads; None
+  second thread (``straw.tensor._helpers``, which decides it from present signals; None
   for straw-queue).
 * ``tensor_slice``: ``ref[i:i + 1]`` one-row reads at seeded random rows of one tensor
   (after 20 untimed reads); median and p90 latency in ms.
@@ -143,10 +143,10 @@ def _alternating(memcpy: _Memcpy, calls: list[Any], passes: int
     for _ in range(passes):
         for call in calls:
             copies.append(memcpy.seconds())
-            before = (helpers.loads, helpers.helped) if helpers is not None else (0, 0)
+            before = (helpers.spans, helpers.helped) if helpers is not None else (0, 0)
             times.append(_timed(call))
             if helpers is not None:
-                spans += helpers.loads - before[0]
+                spans += helpers.spans - before[0]
                 helped += helpers.helped - before[1]
     return times, copies, helped / spans if spans else None
 

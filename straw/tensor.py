@@ -32,9 +32,10 @@ threads, each taking the next unread block and hashing it itself: the reads and 
 hashes (``xxhash.xxh3_128``, which releases the GIL; ``xxh3_128_digest`` does not) run
 without the GIL.  That pays on a free second core and costs on a busy one (the threads
 take turns and the GIL changes hands at every block), so the loads decide it by
-measuring themselves (``_HelperPolicy``): per size class, the seconds per byte of
-loads read each way, the faster way used, the other probed now and then (rarely when it
-keeps losing), never a helper with one core.  A chunk
+present signals (``_HelperPolicy``): one thread while no CPU is idle at this moment
+(the count of runnable threads), else what the loads measure (per size class, the
+seconds per byte of loads read each way, the faster way used, the other probed now and
+then, rarely when it keeps losing); never a helper with one core.  A chunk
 that fails its checksum is read once more through a freshly looked-up descriptor (the
 one held for the load could have been closed, its number reused for another file, by
 another thread of the session) and, if it still fails, is ``CorruptData`` at once (D6);
@@ -240,16 +241,43 @@ class _Modes:
 _WINDOW = 5  # loads per mode whose median is its estimate
 
 
+_loadavg_fd: int | None = None  # /proc/loadavg, opened once (a system file, not the pool's)
+_CPUS = os.cpu_count() or 1  # the machine's CPUs (asked once: the call takes 30 us here)
+
+
+def _core_idle_now() -> bool | None:
+    """Whether a CPU of the machine is idle at this moment: the threads runnable right
+    now (the 4th field of ``/proc/loadavg``, "runnable/total", this thread included)
+    leave one of the CPUs free.  A count at this instant, unlike the load averages,
+    which lag by a minute.  None where the platform does not tell (the load measurements
+    of ``_HelperPolicy`` then decide alone).  About 4 us, on a loaded machine."""
+    global _loadavg_fd
+    try:
+        if _loadavg_fd is None:
+            _loadavg_fd = os.open("/proc/loadavg", os.O_RDONLY | os.O_CLOEXEC)
+        runnable = int(os.pread(_loadavg_fd, 128, 0).split()[3].split(b"/")[0])
+    except (OSError, IndexError, ValueError):
+        return None
+    return runnable < _CPUS
+
+
 class _HelperPolicy:
     """Whether a large load gets a helper thread, judged by what recent loads took.
 
     A helper pays only on a core nobody else wants: on two free cores it took a float32
     [8192, 1024] load from 0.70 to 0.98 of a memcpy, while on the two shared cores of the
-    development machine at load averages of 6 to 11 it made loads up to twice as slow
+    development machine at load averages of 6 to 11 it made loads up to 15% slower
     (the two threads take turns on one core, the GIL changes hands at every block, and
     the loader waits for a helper preempted in the middle of its block).  A load average
     cannot tell these apart in time: the 1-minute one lags the machine by about a minute,
-    and a steady stream of loads keeps it up by itself.  So the loads measure it.
+    and a steady stream of loads keeps it up by itself.  So two present signals decide.
+
+    First, whether a CPU is idle at this moment (``idle``, ``_core_idle_now``: the count
+    of runnable threads): if not, one thread, and nothing is measured (on that loaded
+    machine single loads vary 3x, from preemption alone, and no choice made from their
+    times beat one thread).  If one is, or the platform cannot tell, the loads measure
+    whether a helper pays (a CPU idle by that count may still not be ours: another
+    process's affinity, a hypervisor's steal).
 
     Per size class (the bit length of the span: how much of a tensor the CPU caches hold
     differs between 12 and 32 MiB) it keeps the seconds per byte of the last
@@ -262,31 +290,41 @@ class _HelperPolicy:
     interval is reset to ``MIN_INTERVAL``) or a probe loses; a probe that loses doubles
     the interval, up to ``MAX_INTERVAL``, so where the second core stays busy the
     probes cost about a percent of the loads.  With fewer than two cores (``cores``) no
-    load gets a helper.  A probe with two threads is cheap even on a busy machine: the
-    blocks are shared (``_Blocks``), so a helper that gets no core takes none.
-    Thread-safe; ``cores`` and ``timer`` (monotonic seconds) are injectable."""
+    load gets a helper.  A probe with two threads is cheap: the blocks are shared
+    (``_Blocks``), so a helper that gets no core takes none.  Thread-safe; ``cores``,
+    ``idle`` and ``timer`` (monotonic seconds) are injectable."""
 
     MIN_INTERVAL = 8
     MAX_INTERVAL = 128
 
     def __init__(self, cores: Callable[[], int] = _cores,
+                 idle: Callable[[], bool | None] = _core_idle_now,
                  timer: Callable[[], float] = time.perf_counter) -> None:
         self.cores = cores
+        self.idle = idle
         self.timer = timer
         self.lock = threading.Lock()
         self.classes: dict[int, _Modes] = {}
-        self.loads = 0  # spans measured (for reports: ``bench.tensor_workloads``)
+        self.spans = 0  # large spans asked about (for reports: ``bench.tensor_workloads``)
         self.helped = 0  # of them, read by two threads
+        self.loads = 0  # of them, measured
 
     def _modes(self, nbytes: int) -> _Modes:
         return self.classes.setdefault(nbytes.bit_length(),
                                        _Modes(interval=self.MIN_INTERVAL))
 
-    def choose(self, nbytes: int) -> bool:
-        """Whether a span of ``nbytes`` is read by two threads (the caller then reports
-        its time to ``record``)."""
-        if self.cores() < 2:
-            return False
+    def choose(self, nbytes: int) -> bool | None:
+        """Whether a span of ``nbytes`` is read by two threads: True or False (the caller
+        then reports its time to ``record``), or None: one thread, not to be measured."""
+        two = self._choose(nbytes)
+        with self.lock:
+            self.spans += 1
+            self.helped += bool(two)
+        return two
+
+    def _choose(self, nbytes: int) -> bool | None:
+        if self.cores() < 2 or self.idle() is False:
+            return None
         with self.lock:
             m = self._modes(nbytes)
             if not m.one:
@@ -305,7 +343,6 @@ class _HelperPolicy:
         per_byte = max(seconds, 0.0) / nbytes
         with self.lock:
             self.loads += 1
-            self.helped += two
             m = self._modes(nbytes)
             first = not m.times(two)
             m.times(two).append(per_byte)
@@ -329,8 +366,8 @@ class _HelperPolicy:
 _helpers = _HelperPolicy()
 
 
-def _use_helper(nbytes: int) -> bool:
-    """Whether a span of ``nbytes`` gets a helper thread (``_helpers`` decides; tests
+def _use_helper(nbytes: int) -> bool | None:
+    """Whether a span of ``nbytes`` gets a helper thread (``_helpers.choose``; tests
     replace this to force one way)."""
     return _helpers.choose(nbytes)
 
@@ -946,8 +983,8 @@ class TensorRef:
         go straight to the session's block reader (which still handles visibility lag).
         ``loc``: the pack path, payload offset and chunk size.
 
-        A span of at least ``_PARALLEL_LOAD`` bytes is timed (``_helpers``), and read by
-        this thread and one pool thread together when recent loads found that pays,
+        A span of at least ``_PARALLEL_LOAD`` bytes is read by this thread and one pool
+        thread together when ``_helpers`` judges a helper pays (it times such spans),
         each taking the next unread block from a shared ``_Blocks``
         (so a helper that gets no core leaves its share to this thread rather than
         making it wait): both the ``readinto`` and the hash (``xxhash.xxh3_128``, which
@@ -968,7 +1005,8 @@ class TensorRef:
             self._verify_shared(session, loc, expected, lo - e0, span, start, block)
         else:  # one thread: every block in order, hashed by the one-shot digest
             self._verify_blocks(session, loc, expected, lo - e0, span, start, block, None)
-        _helpers.record(two, span.nbytes, _helpers.timer() - t0)
+        if two is not None:
+            _helpers.record(two, span.nbytes, _helpers.timer() - t0)
 
     def _verify_shared(self, session: ReadSession, loc: tuple[str, int, int],
                        expected: bytes, j0: int, span: memoryview, start: int,

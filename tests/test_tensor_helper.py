@@ -1,8 +1,9 @@
 """Whether a large tensor load gets a helper thread (issue 13): ``_HelperPolicy`` decides
-from the times of recent loads, not from a lagging load average.  Driven here through its
-injectable core count and by the times it is told (the decision logic), then end to end
-with a helper thread that is slow (a busy second core) or loads whose reads wait (where
-two threads pay), and damage found whichever of the two threads reads it."""
+from present signals (a CPU idle at this moment, the times of recent loads), not from a
+lagging load average.  Driven here through its injectable core count and idle signal and
+by the times it is told (the decision logic), then end to end with a helper thread that is
+slow (a busy second core) or loads whose reads wait (where two threads pay), and damage
+found whichever of the two threads reads it."""
 
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ MB = 8 << 20  # a span of one size class
 FAST, SLOW = 1e-3, 4e-3  # seconds per MB-span: the mode that pays, the one that costs
 
 
-def _policy(cores: int = 2) -> T._HelperPolicy:
-    return T._HelperPolicy(cores=lambda: cores)
+def _policy(cores: int = 2, idle: bool | None = True) -> T._HelperPolicy:
+    return T._HelperPolicy(cores=lambda: cores, idle=lambda: idle)
 
 
 def _run(policy: T._HelperPolicy, loads: int, seconds) -> list[bool]:
@@ -36,9 +37,46 @@ def _run(policy: T._HelperPolicy, loads: int, seconds) -> list[bool]:
     return modes
 
 
+def _run_signalled(policy: T._HelperPolicy, loads: int, seconds) -> list[bool | None]:
+    """As ``_run``, measuring only the loads the policy wants measured."""
+    modes = []
+    for _ in range(loads):
+        two = policy.choose(MB)
+        if two is not None:
+            policy.record(two, MB, seconds(two))
+        modes.append(two)
+    return modes
+
+
 def test_one_core_never_gets_a_helper():
     policy = _policy(cores=1)
-    assert _run(policy, 50, lambda two: FAST if two else SLOW) == [False] * 50
+    assert _run_signalled(policy, 50, lambda two: FAST if two else SLOW) == [None] * 50
+    assert policy.spans == 50 and policy.helped == 0 and policy.loads == 0
+
+
+def test_no_idle_cpu_now_means_one_thread_and_nothing_measured():
+    idle = [False]
+    policy = T._HelperPolicy(cores=lambda: 2, idle=lambda: idle[0])
+    assert _run_signalled(policy, 20, lambda two: FAST if two else SLOW) == [None] * 20
+    assert policy.loads == 0  # (a busy machine's load times would mislead the choice)
+    idle[0] = True  # a CPU fell idle: measured both ways at once, then the faster
+    assert _run_signalled(policy, 4, lambda two: FAST if two else SLOW) == [False, True,
+                                                                           True, True]
+    idle[0] = False  # taken again: one thread from the next load on
+    assert _run_signalled(policy, 3, lambda two: FAST if two else SLOW) == [None] * 3
+    idle[0] = None  # a platform that cannot tell: the measurements decide alone
+    assert _run_signalled(policy, 2, lambda two: FAST if two else SLOW) == [True, True]
+    assert policy.spans == 29 and policy.helped == 5 and policy.loads == 6
+
+
+@pytest.mark.parametrize(("field", "idle"), [(b"1/180", True), (b"2/180", False),
+                                             (b"9/400", False), (b"x", None)])
+def test_an_idle_cpu_is_judged_from_the_threads_runnable_now(monkeypatch, field, idle):
+    monkeypatch.setattr(T, "_loadavg_fd", 99)  # (never read: pread is replaced)
+    monkeypatch.setattr(T, "_CPUS", 2)
+    monkeypatch.setattr(T.os, "pread", lambda fd, n, at: b"7.95 8.10 8.00 " + field
+                        + b" 4242\n")
+    assert T._core_idle_now() is idle
 
 
 def test_each_mode_is_measured_first_then_the_faster_one_is_used_and_the_other_probed():
@@ -140,7 +178,7 @@ class SlowThreadFS(PosixFS):
 @pytest.fixture
 def slow(tmp_path, monkeypatch):
     monkeypatch.setattr(T, "_PARALLEL_LOAD", 2 * T._READ_BYTES)
-    monkeypatch.setattr(T, "_helpers", T._HelperPolicy(cores=lambda: 2))
+    monkeypatch.setattr(T, "_helpers", T._HelperPolicy(cores=lambda: 2, idle=lambda: True))
     fs = SlowThreadFS()
     with SharedFilesystemStore(str(tmp_path), "t", fs=fs) as store:
         value = np.random.default_rng(3).standard_normal((2048, 1024)).astype(np.float32)
