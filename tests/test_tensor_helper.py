@@ -186,34 +186,45 @@ def slow(tmp_path, monkeypatch):
         yield ref, value, fs
 
 
-def _loads(ref, value, fs, n: int) -> list[bool]:
-    """``n`` loads: whether each had a reading thread besides the loader."""
-    used = []
+def _loads(ref, value, fs, n: int, monkeypatch) -> tuple[list[bool], list[bool]]:
+    """``n`` loads: the policy's choice for each, and whether each had a reading thread
+    besides the loader.  A load given a helper waits for the helper's first block (a
+    helper that gets no core would take none, and there would be nothing to measure)."""
+    chosen, used = [], []
+
+    def use(nbytes: int) -> bool | None:
+        two = T._helpers.choose(nbytes)
+        chosen.append(bool(two))
+        fs.other_read, fs.rendezvous = threading.Event(), bool(two)
+        return two
+
+    monkeypatch.setattr(T, "_use_helper", use)
     for _ in range(n):
         fs.threads.clear()
         assert np.array_equal(ref.load(), value)
         used.append(set(fs.threads) != {fs.loader})
-    return used
+    return chosen, used
 
 
-def test_a_helper_on_a_busy_core_is_given_up(slow):
+def test_a_helper_on_a_busy_core_is_given_up(slow, monkeypatch):
     ref, value, fs = slow
     fs.helper_delay = 0.1  # every block the helper takes costs the load 100 ms
-    used = _loads(ref, value, fs, 10)
-    assert used[:2] == [False, True]  # measured both ways
+    chosen, used = _loads(ref, value, fs, 10, monkeypatch)
+    assert used == chosen  # (every helper chosen read a block)
+    assert chosen[:2] == [False, True]  # measured both ways
     # then one thread: the helper made the loads slower (at once, or within the loads
     # its median takes to rise past one thread's, if the first load, which faults its
     # buffer in, took longer still)
-    assert used[-5:] == [False] * 5 and sum(used) <= 4
-    assert T._helpers.loads == 10 and T._helpers.helped == sum(used)
+    assert chosen[-5:] == [False] * 5 and sum(chosen) <= 4
+    assert T._helpers.loads == 10 and T._helpers.helped == sum(chosen)
 
 
-def test_a_helper_that_pays_is_kept(slow):
+def test_a_helper_that_pays_is_kept(slow, monkeypatch):
     ref, value, fs = slow
     fs.loader_delay = fs.helper_delay = 0.02  # each block read waits: two threads halve it
-    used = _loads(ref, value, fs, 6)
-    assert used[:2] == [False, True]
-    assert used[2:] == [True] * 4
+    chosen, used = _loads(ref, value, fs, 6, monkeypatch)
+    assert used == chosen
+    assert chosen == [False, True, True, True, True, True]
 
 
 def test_damage_is_corrupt_data_whichever_thread_reads_it(slow, monkeypatch):
