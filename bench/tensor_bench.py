@@ -152,7 +152,7 @@ def cpu_line(rounds: list[dict[str, Any]]) -> str:
     shares = [x.get("two_threads") for rd in rounds for kind in KINDS
               for x in (rd[f"tensor_{kind}_load"],)]
     known = [v for v in shares if v is not None]
-    helped = (f"; loads made with a second reading thread (a core looked idle): "
+    helped = (f"; large loads read with a second thread (a CPU idle, and timing showed it pays): "
               f"{100 * sum(known) / len(known):.0f}%" if known else "")
     return ("loads vs memcpy in CPU time of the process (all threads; not inflated while "
             "other processes hold the cores): " + "; ".join(parts) + helped)

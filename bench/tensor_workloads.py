@@ -22,8 +22,8 @@ about the ``tensor.v1`` codec (straw has it built in).
   time of the whole process (``time.process_time``, every thread), which other
   processes holding the cores do not inflate: how much work a load costs against a
   memcpy, where the MiB/s ratios say how long it took.  ``two_threads`` (and ``out_``,
-  ``rows_``): the share of the timed calls made while straw judged a core idle, so that
-  a load of 8 MiB or more read with a second thread (``straw.tensor._spare_core``; None
+  ``rows_``): the share of the timed calls' spans of 8 MiB or more that straw read with a
+  second thread (``straw.tensor._helpers``, which decides it from present signals; None
   for straw-queue).
 * ``tensor_slice``: ``ref[i:i + 1]`` one-row reads at seeded random rows of one tensor
   (after 20 untimed reads); median and p90 latency in ms.
@@ -134,17 +134,21 @@ def _timed(call: Any) -> tuple[float, float]:
 
 def _alternating(memcpy: _Memcpy, calls: list[Any], passes: int
                  ) -> tuple[list[tuple[float, float]], list[tuple[float, float]], float | None]:
-    """((wall, CPU) seconds of every call, of every memcpy, the share of calls made when
-    straw judged a core idle for a second reading thread, or None for an implementation
-    without that judgement): ``passes`` times each call, each right after one memcpy."""
-    spare = getattr(importlib.import_module("straw.tensor"), "_spare_core", None)
-    times, copies, helped = [], [], 0
+    """((wall, CPU) seconds of every call, of every memcpy, the share of the large spans
+    the timed calls read that straw read with a second thread, or None for an
+    implementation without that choice): ``passes`` times each call, each right after
+    one memcpy."""
+    helpers = getattr(importlib.import_module("straw.tensor"), "_helpers", None)
+    times, copies, spans, helped = [], [], 0, 0
     for _ in range(passes):
         for call in calls:
             copies.append(memcpy.seconds())
-            helped += bool(spare is not None and spare())
+            before = (helpers.spans, helpers.helped) if helpers is not None else (0, 0)
             times.append(_timed(call))
-    return times, copies, helped / len(times) if spare is not None and times else None
+            if helpers is not None:
+                spans += helpers.spans - before[0]
+                helped += helpers.helped - before[1]
+    return times, copies, helped / spans if spans else None
 
 
 def tensor_load(impl: Any, root: str, *, shape: tuple[int, ...], dtype: str, count: int = 2,

@@ -27,12 +27,15 @@ cache straight into the returned tensor's memory (``readinto`` of 1 MiB blocks t
 descriptor), and each chunk is hashed right after its block lands, while it is still in
 the CPU cache: on these machines hashing from the cache takes about a third of the
 copy's time, hashing the same bytes again from memory about two thirds.  One thread
-therefore caps a load at about 0.7 of a memcpy.  A span of 8 MiB or more is read by two
-threads when a core looks idle (``_spare_core``: the load average is more than half a
-core below the cores available), each taking the next unread block and hashing it
-itself: the reads and the hashes (``xxhash.xxh3_128``, which releases the GIL;
-``xxh3_128_digest`` does not) run without the GIL.  Without a spare core one thread
-does it all: on two busy shared cores a helper made loads slower, not faster.  A chunk
+therefore caps a load at about 0.7 of a memcpy.  A span of 8 MiB or more may be read by two
+threads, each taking the next unread block and hashing it itself: the reads and the
+hashes (``xxhash.xxh3_128``, which releases the GIL; ``xxh3_128_digest`` does not) run
+without the GIL.  That pays on a free second core and costs on a busy one (the threads
+take turns and the GIL changes hands at every block), so the loads decide it by
+present signals (``_HelperPolicy``): one thread while no CPU is idle at this moment
+(the count of runnable threads), else what the loads measure (per size class, the
+seconds per byte of loads read each way, the faster way used, the other probed now and
+then, rarely when it keeps losing); never a helper with one core.  A chunk
 that fails its checksum is read once more through a freshly looked-up descriptor (the
 one held for the load could have been closed, its number reused for another file, by
 another thread of the session) and, if it still fails, is ``CorruptData`` at once (D6);
@@ -90,9 +93,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import statistics
 import sys
 import threading
+import time
 import warnings
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -206,21 +212,164 @@ class _Blocks:
             self._next = self.count
 
 
-def _spare_core() -> bool:
-    """Whether a core looks idle for a load's helper thread (see ``_read_chunks``): the
-    1-minute load average (3 us to read) is below the cores this process may run on by
-    more than half a core.  It counts this process too (a loading process alone on two
-    cores keeps it near 1-1.3, and must still get its helper).  The helper only pays on a
-    core nobody else wants: on the two shared cores of the development machine at load
-    averages of 6 to 8, a second thread made loads about 25% slower (the two threads
-    take turns on one core and the GIL changes hands at every block and chunk), so
-    without a spare core loads stay on one thread."""
+def _cores() -> int:
+    """The cores this process may run on (1 where the platform cannot tell)."""
     try:
-        cores = len(os.sched_getaffinity(0))
-        load = os.getloadavg()[0]
-    except (AttributeError, OSError):  # not on this platform: do as with no spare core
-        return False
-    return cores >= 2 and load < cores - 0.5
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return 1
+
+
+@dataclass
+class _Modes:
+    """What the loads of one size class measured (``_HelperPolicy``): the seconds per
+    byte of the last few loads read by one thread and by two."""
+
+    one: deque[float] = dataclasses.field(default_factory=lambda: deque(maxlen=_WINDOW))
+    two: deque[float] = dataclasses.field(default_factory=lambda: deque(maxlen=_WINDOW))
+    using_two: bool = False  # the mode in use
+    since_probe: int = 0  # loads in the mode in use since the last probe
+    interval: int = 8  # loads between probes
+
+    def times(self, two: bool) -> deque[float]:
+        return self.two if two else self.one
+
+    def estimate(self, two: bool) -> float:
+        return statistics.median(self.times(two))
+
+
+_WINDOW = 5  # loads per mode whose median is its estimate
+
+
+_loadavg_fd: int | None = None  # /proc/loadavg, opened once (a system file, not the pool's)
+_CPUS = os.cpu_count() or 1  # the machine's CPUs (asked once: the call takes 30 us here)
+
+
+def _core_idle_now() -> bool | None:
+    """Whether a CPU of the machine is idle at this moment: the threads runnable right
+    now (the 4th field of ``/proc/loadavg``, "runnable/total", this thread included)
+    leave one of the CPUs free.  A count at this instant, unlike the load averages,
+    which lag by a minute.  None where the platform does not tell (the load measurements
+    of ``_HelperPolicy`` then decide alone).  About 4 us, on a loaded machine."""
+    global _loadavg_fd
+    try:
+        if _loadavg_fd is None:
+            _loadavg_fd = os.open("/proc/loadavg", os.O_RDONLY | os.O_CLOEXEC)
+        runnable = int(os.pread(_loadavg_fd, 128, 0).split()[3].split(b"/")[0])
+    except (OSError, IndexError, ValueError):
+        return None
+    return runnable < _CPUS
+
+
+class _HelperPolicy:
+    """Whether a large load gets a helper thread, judged by what recent loads took.
+
+    A helper pays only on a core nobody else wants: on two free cores it took a float32
+    [8192, 1024] load from 0.70 to 0.98 of a memcpy, while on the two shared cores of the
+    development machine at load averages of 6 to 11 it made loads up to 15% slower
+    (the two threads take turns on one core, the GIL changes hands at every block, and
+    the loader waits for a helper preempted in the middle of its block).  A load average
+    cannot tell these apart in time: the 1-minute one lags the machine by about a minute,
+    and a steady stream of loads keeps it up by itself.  So two present signals decide.
+
+    First, whether a CPU is idle at this moment (``idle``, ``_core_idle_now``: the count
+    of runnable threads): if not, one thread, and nothing is measured (on that loaded
+    machine single loads vary 3x, from preemption alone, and no choice made from their
+    times beat one thread).  If one is, or the platform cannot tell, the loads measure
+    whether a helper pays (a CPU idle by that count may still not be ours: another
+    process's affinity, a hypervisor's steal).
+
+    Per size class (the bit length of the span: how much of a tensor the CPU caches hold
+    differs between 12 and 32 MiB) it keeps the seconds per byte of the last
+    ``_WINDOW`` loads read by one thread and by two; a mode's estimate is their median
+    (on a shared machine single loads vary by 3x either way: a mean, or the latest
+    load, would follow the noise).  A load takes the mode with the lower estimate (an
+    unmeasured mode first: one thread, then two).  After ``interval`` loads in one mode,
+    one load probes the other.  A probe that beats the mode in use is followed by
+    another probe at once, until the other mode's median wins (the choice changes and the
+    interval is reset to ``MIN_INTERVAL``) or a probe loses; a probe that loses doubles
+    the interval, up to ``MAX_INTERVAL``, so where the second core stays busy the
+    probes cost about a percent of the loads.  With fewer than two cores (``cores``) no
+    load gets a helper.  A probe with two threads is cheap: the blocks are shared
+    (``_Blocks``), so a helper that gets no core takes none.  Thread-safe; ``cores``,
+    ``idle`` and ``timer`` (monotonic seconds) are injectable."""
+
+    MIN_INTERVAL = 8
+    MAX_INTERVAL = 128
+
+    def __init__(self, cores: Callable[[], int] = _cores,
+                 idle: Callable[[], bool | None] = _core_idle_now,
+                 timer: Callable[[], float] = time.perf_counter) -> None:
+        self.cores = cores
+        self.idle = idle
+        self.timer = timer
+        self.lock = threading.Lock()
+        self.classes: dict[int, _Modes] = {}
+        self.spans = 0  # large spans asked about (for reports: ``bench.tensor_workloads``)
+        self.helped = 0  # of them, read by two threads
+        self.loads = 0  # of them, measured
+
+    def _modes(self, nbytes: int) -> _Modes:
+        return self.classes.setdefault(nbytes.bit_length(),
+                                       _Modes(interval=self.MIN_INTERVAL))
+
+    def choose(self, nbytes: int) -> bool | None:
+        """Whether a span of ``nbytes`` is read by two threads: True or False (the caller
+        then reports its time to ``record``), or None: one thread, not to be measured."""
+        two = self._choose(nbytes)
+        with self.lock:
+            self.spans += 1
+            self.helped += bool(two)
+        return two
+
+    def _choose(self, nbytes: int) -> bool | None:
+        if self.cores() < 2 or self.idle() is False:
+            return None
+        with self.lock:
+            m = self._modes(nbytes)
+            if not m.one:
+                return False
+            if not m.two:
+                return True
+            if m.since_probe >= m.interval:
+                m.since_probe = 0  # (one probe, even with loads in flight on other threads)
+                return not m.using_two
+            return m.using_two
+
+    def record(self, two: bool, nbytes: int, seconds: float) -> None:
+        """A span of ``nbytes`` took ``seconds``, read by two threads or by one."""
+        if nbytes <= 0:
+            return
+        per_byte = max(seconds, 0.0) / nbytes
+        with self.lock:
+            self.loads += 1
+            m = self._modes(nbytes)
+            first = not m.times(two)
+            m.times(two).append(per_byte)
+            if not (m.one and m.two):
+                return
+            if first:  # both modes measured once: the faster one
+                m.using_two = m.estimate(True) < m.estimate(False)
+                return
+            used = m.estimate(m.using_two)
+            if two == m.using_two:
+                m.since_probe += 1
+            elif per_byte >= used:  # a probe that lost
+                m.interval = min(2 * m.interval, self.MAX_INTERVAL)
+            elif m.estimate(two) >= used:  # won, but its mode's median not yet: again
+                m.since_probe = m.interval
+            if m.estimate(not m.using_two) < m.estimate(m.using_two):
+                m.using_two, m.since_probe, m.interval = (not m.using_two, 0,
+                                                          self.MIN_INTERVAL)
+
+
+_helpers = _HelperPolicy()
+
+
+def _use_helper(nbytes: int) -> bool | None:
+    """Whether a span of ``nbytes`` gets a helper thread (``_helpers.choose``; tests
+    replace this to force one way)."""
+    return _helpers.choose(nbytes)
 
 
 def _byte_view(a: Any) -> memoryview:
@@ -497,13 +646,15 @@ _auto_lock = threading.Lock()
 def _reset_after_fork() -> None:
     """In a forked child: the parent's pool threads do not exist there (work submitted to
     its pool would never run), a lock another thread held at the fork stays held, and the
-    cached stores are the parent's (they refuse use in the child)."""
+    cached stores are the parent's (they refuse use in the child).  The helper policy's
+    estimates stay (the child runs on the same machine)."""
     global _pool, _pool_lock, _auto_stores, _auto_lock
     _pool = None  # never shut down: it is the parent's
     _pool_lock = threading.Lock()
     _auto_stores = {}
     _auto_lock = threading.Lock()
     _buffers.lock = threading.Lock()
+    _helpers.lock = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_reset_after_fork)
@@ -833,7 +984,8 @@ class TensorRef:
         ``loc``: the pack path, payload offset and chunk size.
 
         A span of at least ``_PARALLEL_LOAD`` bytes is read by this thread and one pool
-        thread together, each taking the next unread block from a shared ``_Blocks``
+        thread together when ``_helpers`` judges a helper pays (it times such spans),
+        each taking the next unread block from a shared ``_Blocks``
         (so a helper that gets no core leaves its share to this thread rather than
         making it wait): both the ``readinto`` and the hash (``xxhash.xxh3_128``, which
         releases the GIL, unlike ``xxh3_128_digest``) run without the GIL, so on two
@@ -843,20 +995,34 @@ class TensorRef:
         start, stop = lo * c, min(hi * c, self.nbytes)
         span = dst[start - base:stop - base]
         block = max(1, _READ_BYTES // c) * c
-        if not (span.nbytes >= _PARALLEL_LOAD and span.nbytes > block and _spare_core()):
-            # one thread: every block in order, hashed by the one-shot digest
+        if not (span.nbytes >= _PARALLEL_LOAD and span.nbytes > block):
             self._verify_blocks(session, loc, expected, lo - e0, span, start, block, None)
             return
+        # a large span: timed, so that the next ones know whether a helper pays
+        two = _use_helper(span.nbytes)
+        t0 = _helpers.timer()
+        if two:
+            self._verify_shared(session, loc, expected, lo - e0, span, start, block)
+        else:  # one thread: every block in order, hashed by the one-shot digest
+            self._verify_blocks(session, loc, expected, lo - e0, span, start, block, None)
+        if two is not None:
+            _helpers.record(two, span.nbytes, _helpers.timer() - t0)
+
+    def _verify_shared(self, session: ReadSession, loc: tuple[str, int, int],
+                       expected: bytes, j0: int, span: memoryview, start: int,
+                       block: int) -> None:
+        """``_verify_blocks`` of the whole span by this thread and one pool thread, each
+        taking the next unread block; returns once the helper is done with ``span``."""
         blocks = _Blocks(span.nbytes, block)
-        helper = _executor().submit(self._verify_blocks, session, loc, expected, lo - e0,
+        helper = _executor().submit(self._verify_blocks, session, loc, expected, j0,
                                     span, start, block, blocks)
         try:
-            self._verify_blocks(session, loc, expected, lo - e0, span, start, block, blocks)
+            self._verify_blocks(session, loc, expected, j0, span, start, block, blocks)
         except BaseException:
             blocks.stop()  # the helper takes no further block of a load that failed
             raise
         finally:
-            # the helper must be done with ``dst`` before this returns: one queued behind
+            # the helper must be done with ``span`` before this returns: one queued behind
             # other work is cancelled (this thread read every block), a running one awaited
             if not helper.cancel():
                 helper.exception()

@@ -272,7 +272,7 @@ def two_threads(tmp_path, monkeypatch):
     import threading
 
     monkeypatch.setattr(T, "_PARALLEL_LOAD", 2 * T._READ_BYTES)
-    monkeypatch.setattr(T, "_spare_core", lambda: True)
+    monkeypatch.setattr(T, "_use_helper", lambda nbytes: True)
     fs = ThreadFS()
     fs.loader = threading.get_ident()
     with SharedFilesystemStore(str(tmp_path), "t", fs=fs) as store:
@@ -331,29 +331,12 @@ def test_a_failed_load_returns_only_after_the_helper_stopped(two_threads):
     assert len(fs.threads) < value.nbytes // T._READ_BYTES + 1  # the helper stopped early
 
 
-def test_without_a_spare_core_a_large_load_stays_on_one_thread(two_threads, monkeypatch):
+def test_a_large_load_told_to_use_one_thread_stays_on_it(two_threads, monkeypatch):
     store, fs = two_threads
-    monkeypatch.setattr(T, "_spare_core", lambda: False)
+    monkeypatch.setattr(T, "_use_helper", lambda nbytes: False)
     value = _random((1024, 1024), seed=9)
     (ref,) = publish_tensors(store, {"x": value}, submission_id="a")
     ref.load()
     fs.threads.clear()
     assert np.array_equal(ref.load(), value)
     assert set(fs.threads) == {fs.loader} and len(fs.threads) == value.nbytes // T._READ_BYTES
-
-
-def test_a_spare_core_is_judged_from_the_load_average(monkeypatch):
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
-    for load, spare in ((0.2, True), (1.3, True), (1.5, False), (9.0, False)):
-        monkeypatch.setattr(os, "getloadavg", lambda load=load: (load, 0.0, 0.0))
-        assert T._spare_core() is spare
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
-    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
-    assert T._spare_core() is False  # one core: nothing to share the work with
-
-    def unavailable():
-        raise OSError("no load average here")
-
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
-    monkeypatch.setattr(os, "getloadavg", unavailable)
-    assert T._spare_core() is False
