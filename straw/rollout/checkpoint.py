@@ -16,7 +16,9 @@ the queue's live state, the builder's, then LAST a commit marker; then the track
    pending, with their current inputs; the dataset producer's cursor) and
    ``builder_state_<k>.json`` (the builder's backlog of accepted untrained groups, each
    collected but unfinished batch with its groups and mix states, the mix state, and the
-   boundary ``scan_cursor`` S: the source commit log position the checkpoint covers).
+   boundary ``scan_cursor`` S: the source commit log position the checkpoint covers;
+   version ``BUILDER_STATE_VERSION`` = 2 holds the backlog as one list per field, the
+   builder's stored form, read back by ``saved_backlog``, which reads version 1 too).
    Payloads are referenced, not copied: the groups and inputs named are retained under
    the checkpoint's owner ``checkpoint:<queue>:<k>`` (``store.retain``) before the marker
    names them, until ``release(k)``; and the

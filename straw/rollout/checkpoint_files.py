@@ -6,7 +6,8 @@ Layout of a *physical* save directory ``D`` (the job's ``--save``, or a branch o
     D/iter_<k:07d>/...                  the model's own files for step k (the user's save)
     D/latest_checkpointed_iteration.txt the tracker: the newest committed step (an int)
     D/rollout/queue_state_<k>.json      live tasks, the dataset cursor (checkpoint.py)
-    D/rollout/builder_state_<k>.json    the batch builder's backlog and planned batches
+    D/rollout/builder_state_<k>.json    the batch builder's backlog (as columns, version 2)
+                                        and planned batches
     D/rollout/committed_<k>.json        the commit marker, written LAST (RL9)
     D/rollout/branch.json               this branch: its parent {directory, step}, queue
     D/rollout/seeded.json               this branch's queue is seeded and its builder's
