@@ -483,25 +483,31 @@ def check_builder_state(value: Any, path: str) -> dict[str, Any]:
     return check_version(value, path, "builder state", BUILDER_STATE_VERSIONS)
 
 
-def saved_backlog(state: Mapping[str, Any], *, restored_from: int | None = None,
+def saved_backlog(state: Mapping[str, Any], *, path: str = "the builder state file",
+                  restored_from: int | None = None,
                   leave_out: Collection[str] = ()) -> list[Accepted]:
-    """The backlog entries of a builder state file's value (``check_builder_state``d),
-    in their saved order; with ``restored_from``: those whose commit id is not in
-    ``leave_out``, in selection order, as restored entries ranked from ``restored_from``
-    on (``builder.backlog_of_columns``).  A malformed backlog is ``CorruptData``, a
-    reference not of ours ``InvalidReference``/``UnsupportedSchema``."""
+    """The backlog entries of a builder state file's value (``check_builder_state``d;
+    ``path`` names it in errors), in their saved order; with ``restored_from``: those whose
+    commit id is not in ``leave_out``, in selection order, as restored entries ranked from
+    ``restored_from`` on (``builder.backlog_of_columns``).  A malformed backlog is
+    ``CorruptData``, a reference not of ours ``InvalidReference``/``UnsupportedSchema``."""
     value = state["backlog"]
-    if state["version"] == BUILDER_STATE_VERSION:
-        return backlog_of_columns(value, restored_from=restored_from, leave_out=leave_out)
-    # version 1: one object per group
-    if not isinstance(value, list):
-        raise CorruptData(f"the builder state's backlog is not a list of groups: got "
-                          f"{type(value).__name__}")
     try:
-        entries = [Accepted.from_dict(e) for e in value]
-    except (KeyError, TypeError, ValueError) as e:
-        raise CorruptData(f"the builder state's backlog holds a malformed entry: "
-                          f"{type(e).__name__}: {e}") from None
+        if state["version"] == BUILDER_STATE_VERSION:
+            return backlog_of_columns(value, restored_from=restored_from,
+                                      leave_out=leave_out)
+        # version 1: one object per group
+        if not isinstance(value, list):
+            raise CorruptData(f"the backlog is not a list of groups: got "
+                              f"{type(value).__name__}")
+        try:
+            entries = [Accepted.from_dict(e) for e in value]
+        except (KeyError, TypeError, ValueError) as e:
+            raise CorruptData(f"the backlog holds a malformed entry: {type(e).__name__}: "
+                              f"{e}") from None
+    except CorruptData as e:
+        raise CorruptData(f"{path}: {e}; the checkpoint cannot be restored as it is: select "
+                          "another checkpoint") from None
     if restored_from is None:
         return entries
     rest = sorted((e for e in entries if e.commit_id not in leave_out), key=Accepted.order)

@@ -282,11 +282,12 @@ def _seed(resolution: Resolution, store: Any, mix: EnvironmentMix, fs: Filesyste
     # the groups of the planned batches first, in their order (planned again as they were)
     first = restored_backlog([Accepted.from_dict(g) for p in planned for g in p["groups"]])
     in_batches = {e.commit_id for e in first}
+    path = rollout_file(resolution.source, "builder_state", step)
     if resolution.mode == SALVAGE:  # the backlog and the groups accepted later, merged
-        rest = sorted((e for e in [*saved_backlog(b), *later]
+        rest = sorted((e for e in [*saved_backlog(b, path=path), *later]
                        if e.commit_id not in in_batches), key=Accepted.order)
     else:  # in selection order, built at once as the restored entries they become
-        rest = saved_backlog(b, restored_from=len(first), leave_out=in_batches)
+        rest = saved_backlog(b, path=path, restored_from=len(first), leave_out=in_batches)
     mix_state = MixState.from_dict(planned[0]["mix_before"] if planned else b["mix"])
     return tasks, producer, first + rest, mix_state
 

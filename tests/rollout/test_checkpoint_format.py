@@ -13,6 +13,7 @@ import os
 import pytest
 
 from straw import SharedFilesystemStore
+from straw.errors import CorruptData
 from straw.rollout import EnvironmentMix
 from straw.rollout.builder import Accepted, backlog_columns
 from straw.rollout.checkpoint import saved_backlog
@@ -144,3 +145,17 @@ def test_a_save_writes_the_backlog_without_a_dict_per_group(tmp_path, monkeypatc
         assert saved_backlog(value)  # the accepted untrained groups
     finally:
         job.close()
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_damaged_backlog_is_refused_naming_the_file(dirs, version):
+    pool, save, _ = dirs
+    with open(_path(save)) as f:
+        value = json.load(f)
+    damaged = {"commit_id": []} if version == 2 else {"not": "a list"}
+    _rewrite(save, {**value, "version": version, "backlog": damaged})
+    resolution = resolve_checkpoint(save, step=0)
+    with SharedFilesystemStore(pool, "job") as store:
+        with pytest.raises(CorruptData, match=r"builder_state_0.json: .*select another"):
+            open_job(resolution, store, PROMPTS, EnvironmentMix.single(BATCH), dp_size=1,
+                     config=CONFIG)
