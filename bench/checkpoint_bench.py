@@ -187,11 +187,12 @@ def run(history: int, live: int, ready: int, batch: int, rounds: int) -> dict[st
         b.close()
         save = os.path.join(root, "save")
         store = SharedFilesystemStore(root, "job")
-        t = time.perf_counter()
+        # wall and CPU (this process's: the load-robust figure on a shared machine)
+        t, cpu = time.perf_counter(), time.process_time()
         resolution = resolve_checkpoint(save, step=200)
         job = open_job(resolution, store, prompts, EnvironmentMix.single(batch), dp_size=1,
                        config=RolloutConfig(n_samples_per_prompt=1))
-        restore = time.perf_counter() - t
+        restore, restore_cpu = time.perf_counter() - t, time.process_time() - cpu
         restored = job.restored
         job.close()
         store.close()
@@ -202,6 +203,7 @@ def run(history: int, live: int, ready: int, batch: int, rounds: int) -> dict[st
                 "save_small_history_syncs": statistics.median(small_syncs),
                 "save_target_s": SAVE_TARGET, "history_build_s": build,
                 "restore_ready": restored, "restore_s": restore,
+                "restore_cpu_s": restore_cpu,
                 "restore_target_s": RESTORE_TARGET}
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -230,7 +232,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"{out['save_syncs']} syncs a save (small history: "
           f"{out['save_small_history_syncs']})")
     print(f"exact restore of {out['restore_ready']:,} ready groups: {out['restore_s']:.3f} s "
-          f"(target < {RESTORE_TARGET:.0f} s)")
+          f"(CPU {out['restore_cpu_s']:.3f} s; target < {RESTORE_TARGET:.0f} s)")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=2)

@@ -328,7 +328,7 @@ def source_files(sim: SimFS, queue: dict[str, str]) -> dict[str, bytes]:
 def _refs_of(states: Sequence[Any]) -> list[RecordSetRef]:
     q, b = states
     refs = [RecordSetRef.from_dict(t["input_ref"]) for t in q["tasks"] if t["input_ref"]]
-    refs += [Accepted.from_dict(e).ref for e in b["backlog"]]
+    refs += [e.ref for e in checkpoint_mod.saved_backlog(b)]  # its form: its version's
     refs += [Accepted.from_dict(g).ref for p in b["planned"] for g in p["groups"]]
     return refs
 

@@ -102,7 +102,7 @@ import concurrent.futures
 import hashlib
 import json
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -202,7 +202,13 @@ class Accepted:
     def order(self) -> tuple[int, int, int]:
         """Selection order: restored groups first in their restored order, then this
         queue's by oldest weight version (scheduling key), then FIFO."""
-        return (0, 0, self.position) if self.restored else (1, self.key, self.position)
+        return _order(self.restored, self.key, self.position)
+
+
+def _order(restored: bool, key: int, position: int) -> tuple[int, int, int]:
+    """``Accepted.order`` of an entry's fields (also of a stored table's rows, sorted
+    before any entry is built: ``backlog_of_columns``)."""
+    return (0, 0, position) if restored else (1, key, position)
 
 
 class _Untrainable(ValueError):
@@ -233,8 +239,9 @@ _COLUMNS = ("position", "commit_id", "environment", "key", "tokens", "restored",
             "payload_bytes", "ref_tokens")
 
 
-def _backlog_columns(backlog: Sequence[Accepted]) -> dict[str, list[Any]]:
-    """``backlog`` in the stored form: one list per field of ``_COLUMNS``."""
+def backlog_columns(backlog: Sequence[Accepted]) -> dict[str, list[Any]]:
+    """``backlog`` in the stored form: one list per field of ``_COLUMNS`` (also the form
+    of a checkpoint's backlog, ``straw.rollout.checkpoint``)."""
     refs = [e.ref for e in backlog]
     segs = [r.manifest.segment for r in refs]
     return {"position": [e.position for e in backlog],
@@ -255,9 +262,18 @@ def _backlog_columns(backlog: Sequence[Accepted]) -> dict[str, list[Any]]:
             "ref_tokens": [r.tokens for r in refs]}
 
 
-def _backlog_of_columns(value: Any) -> list[Accepted]:
-    """The backlog entries of a stored form's columns, each reference checked as
-    ``RecordSetRef.from_dict`` checks it (``CorruptData`` for a malformed table)."""
+def backlog_of_columns(value: Any, *, restored_from: int | None = None,
+                       leave_out: Collection[str] = ()) -> list[Accepted]:
+    """The backlog entries of a stored form's columns, in their order, each reference
+    checked as ``RecordSetRef.from_dict`` checks it (``CorruptData`` for a malformed
+    table; ``InvalidReference``/``UnsupportedSchema`` for a reference not of ours).
+
+    ``restored_from`` (a restore into another queue, ``straw.rollout.isolated``): instead
+    the rows whose commit id is not in ``leave_out``, in selection order
+    (``Accepted.order``), as restored entries ranked from ``restored_from`` on, which is
+    what ``isolated.restored_backlog`` makes of them (it keeps such entries as they are).
+    The rows are sorted on the columns and each entry built once: parsing 10,000, sorting
+    the entries and building them again for their ranks cost a tenth of a restore."""
     if not isinstance(value, dict) or set(value) != set(_COLUMNS):
         got = sorted(value) if isinstance(value, dict) else type(value).__name__
         raise CorruptData(f"the stored builder state's backlog is not a table of the "
@@ -266,17 +282,32 @@ def _backlog_of_columns(value: Any) -> list[Accepted]:
     if not all(isinstance(c, list) for c in columns) or len({len(c) for c in columns}) > 1:
         raise CorruptData("the stored builder state's backlog columns are not lists of one "
                           "length: the record was edited or damaged")
+    (_, _, _, _, _, _, run_id, path, segment_id, size, checksum, version, algorithm, offset,
+     ordinal, digest, records, payload_bytes, ref_tokens) = columns
     out = []
     try:
-        for (position, commit_id, env, key, tokens, restored, run_id, path, segment_id,
-             size, checksum, version, algorithm, offset, ordinal, digest, records,
-             payload_bytes, ref_tokens) in zip(*columns, strict=True):
-            ref = RecordSetRef(RecordRef(SegmentRef(run_id, path, segment_id, size, checksum,
-                                                    version, algorithm, offset), ordinal),
-                               digest, records, payload_bytes, ref_tokens)
+        # the entries' own fields converted column by column (as from_dict converts them)
+        position, key = list(map(int, columns[0])), list(map(int, columns[3]))
+        commit_id, env = list(map(str, columns[1])), list(map(str, columns[2]))
+        tokens = [tuple(map(int, t)) for t in columns[4]]
+        restored = list(map(bool, columns[5]))
+        rows: Sequence[int] = range(len(position))
+        if restored_from is not None:
+            skip = set(leave_out)
+            rows = sorted((i for i in rows if commit_id[i] not in skip),
+                          key=lambda i: _order(restored[i], key[i], position[i]))
+        for rank, i in enumerate(rows, restored_from or 0):
+            ref = RecordSetRef(RecordRef(SegmentRef(
+                run_id[i], path[i], segment_id[i], size[i], checksum[i], version[i],
+                algorithm[i], offset[i]), ordinal[i]), digest[i], records[i],
+                payload_bytes[i], ref_tokens[i])
             ref.check()  # InvalidReference / UnsupportedSchema, as from_dict raises them
-            out.append(Accepted(int(position), str(commit_id), ref, str(env), int(key),
-                                tuple(map(int, tokens)), bool(restored)))
+            if restored_from is None:
+                out.append(Accepted(position[i], commit_id[i], ref, env[i], key[i],
+                                    tokens[i], restored[i]))
+            else:
+                out.append(Accepted(rank, commit_id[i], ref, env[i], key[i], tokens[i],
+                                    True))
     except (InvalidReference, UnsupportedSchema):
         raise  # a reference that is not one of ours: refused as everywhere else
     except (TypeError, ValueError) as e:
@@ -291,7 +322,7 @@ def read_stored_state(value: Any) -> dict[str, Any]:
     record, or a version 1 one, is returned as it is)."""
     if isinstance(value, dict) and value.get("version") == STORED_VERSION:
         return {**value, "version": STATE_VERSION,
-                "backlog": [e.to_dict() for e in _backlog_of_columns(value.get("backlog"))]}
+                "backlog": [e.to_dict() for e in backlog_of_columns(value.get("backlog"))]}
     return value  # type: ignore[no-any-return]
 
 
@@ -469,7 +500,7 @@ class BatchBuilder:
         if isinstance(state, dict) and state.get("version") == STORED_VERSION:
             # the stored form: its backlog parsed into entries at once (no dicts between)
             state = {**state, "version": STATE_VERSION,
-                     "backlog": _backlog_of_columns(state.get("backlog"))}
+                     "backlog": backlog_of_columns(state.get("backlog"))}
         progress: list[str] = []
         if view.get("progress_ref"):
             value = self._read_json(RecordSetRef.from_dict(view["progress_ref"]),
@@ -534,6 +565,13 @@ class BatchBuilder:
         self._check()
         return {**self._state_fields(), "backlog": [e.to_dict() for e in self._backlog]}
 
+    def state_entries(self) -> tuple[dict[str, Any], tuple[Accepted, ...]]:
+        """``state()`` without its backlog, and the backlog's entries as they are (a
+        checkpoint writes them as columns, ``backlog_columns``, and retains their
+        references: no dict per group to build and parse back)."""
+        self._check()
+        return self._state_fields(), tuple(self._backlog)
+
     def _state_fields(self) -> dict[str, Any]:
         """``state()`` without its backlog (the stored form encodes that apart)."""
         return {"version": STATE_VERSION, "scan_cursor": self._scan_cursor,
@@ -580,7 +618,7 @@ class BatchBuilder:
         and its digest are the same canonical bytes (a restored backlog of 10,000 groups
         was encoded three times)."""
         # the stored form (STORED_VERSION): the backlog as columns, from its entries
-        body = {**state, "version": STORED_VERSION, "backlog": _backlog_columns(backlog)}
+        body = {**state, "version": STORED_VERSION, "backlog": backlog_columns(backlog)}
         encoded = _canonical(body)
         digest = hashlib.sha256(encoded).hexdigest()[:32]  # = _digest(body)
         progress = {"version": 1, "processed_positions": body["processed_positions"],
@@ -1045,6 +1083,6 @@ def _content(records: Sequence[Record], deps: Sequence[RecordSetRef]) -> str:
 
 
 __all__ = ["BatchBuilder", "Accepted", "default_convert", "read_accepted", "lazy_group",
-           "read_stored_state", "STORED_VERSION",
+           "read_stored_state", "STORED_VERSION", "backlog_columns", "backlog_of_columns",
            "COLLECTION_PREFIX",
            "BUILDER_WORKER", "PLAN_SCHEMA", "READY_SCHEMA", "COLLECTION_SCHEMA"]

@@ -16,7 +16,9 @@ the queue's live state, the builder's, then LAST a commit marker; then the track
    pending, with their current inputs; the dataset producer's cursor) and
    ``builder_state_<k>.json`` (the builder's backlog of accepted untrained groups, each
    collected but unfinished batch with its groups and mix states, the mix state, and the
-   boundary ``scan_cursor`` S: the source commit log position the checkpoint covers).
+   boundary ``scan_cursor`` S: the source commit log position the checkpoint covers;
+   version ``BUILDER_STATE_VERSION`` = 2 holds the backlog as one list per field, the
+   builder's stored form, read back by ``saved_backlog``, which reads version 1 too).
    Payloads are referenced, not copied: the groups and inputs named are retained under
    the checkpoint's owner ``checkpoint:<queue>:<k>`` (``store.retain``) before the marker
    names them, until ``release(k)``; and the
@@ -64,22 +66,26 @@ import dataclasses
 import hashlib
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from straw import TaskSpec
+from straw.errors import CorruptData
 from straw.fs import Filesystem
 from straw.refs import Record, RecordSetRef
 
-from .builder import COLLECTION_PREFIX
+from .builder import COLLECTION_PREFIX, Accepted, backlog_columns, backlog_of_columns
 from .checkpoint_errors import BranchChanged, CheckpointExists, ComponentChanged
 from .checkpoint_files import (
+    BUILDER_STATE_VERSION,
+    BUILDER_STATE_VERSIONS,
     CURRENT,
     ROLLOUT,
     SMALL_FILE,
     TRACKER,
     VERSION,
     canonical,
+    check_version,
     discard_staged,
     install_staged,
     model_dir,
@@ -91,6 +97,7 @@ from .checkpoint_files import (
     write_json,
 )
 from .data_source import PRODUCER_ID, PROMPT_PREFIX, cursor_from_producer_state
+from .isolated import restored_backlog
 
 SaveModel = Callable[[str], Mapping[str, Any]]
 OWNER_PREFIX = "checkpoint:"
@@ -335,7 +342,7 @@ class Checkpointer:
         cursor = cursor_from_producer_state(producer)
         limit = cursor.sample_group_index if cursor is not None else 0
         builder.backlog()  # scan the log to its end
-        s1 = builder.state()["scan_cursor"]
+        s1 = builder.state_entries()[0]["scan_cursor"]
         tasks: dict[str, TaskSpec] = {}
         for spec in coord.pending_tasks(task_prefix=PROMPT_PREFIX):
             tasks[spec.task_id] = spec
@@ -345,30 +352,34 @@ class Checkpointer:
                 if status is not None and status["state"] == "leased":
                     tasks[lease.task_id] = TaskSpec.from_dict(status["spec"])
         builder.backlog()
-        state = builder.state()
+        # the backlog as its entries: written as columns, their references retained as
+        # they are (no dict per group built, then parsed back)
+        state, backlog = builder.state_entries()
         scan = state["scan_cursor"]
         for receipt in commits_between(coord, s1, scan):  # accepted meanwhile: in the backlog
             tasks.pop(receipt.task_id, None)
         kept = [t for t in tasks.values()
                 if int(t.metadata.get("group_index", -1)) < limit]
-        planned = self._planned(state, scan)
+        planned = self._planned(state, backlog, scan)
         # each payload once (tasks of one prompt share its input); only live ones: the
         # kept tasks' inputs, the backlog's groups, the planned batches' groups
         refs = dict.fromkeys(t.input_ref for t in kept if t.input_ref is not None)
-        refs.update(dict.fromkeys(
-            RecordSetRef.from_dict(entry["ref"])
-            for entry in [*state["backlog"], *(g for b in planned for g in b["groups"])]))
+        refs.update(dict.fromkeys(e.ref for e in backlog))
+        refs.update(dict.fromkeys(RecordSetRef.from_dict(g["ref"])
+                                  for b in planned for g in b["groups"]))
         queue_state = {"version": VERSION, "step": step, "run_id": self.store.run_id,
                        "pool": self.store.pool_id,
                        "queue": {"namespace": self.namespace, "queue_id": self.queue_id},
                        "producer_state": producer,
                        "tasks": [_task_dict(t) for t in kept]}
-        builder_state = {"version": VERSION, "step": step, "run_id": self.store.run_id,
-                         "consumer_id": builder.consumer_id, "scan_cursor": scan,
-                         "mix": state["mix"], "backlog": state["backlog"], "planned": planned}
+        builder_state = {"version": BUILDER_STATE_VERSION, "step": step,
+                         "run_id": self.store.run_id, "consumer_id": builder.consumer_id,
+                         "scan_cursor": scan, "mix": state["mix"],
+                         "backlog": backlog_columns(backlog), "planned": planned}
         return queue_state, builder_state, list(refs)
 
-    def _planned(self, state: Mapping[str, Any], scan: int) -> list[dict[str, Any]]:
+    def _planned(self, state: Mapping[str, Any], backlog: Sequence[Accepted], scan: int
+                 ) -> list[dict[str, Any]]:
         """The collections of the builder's consumer not finished yet, in commit order:
         each with its groups and mix states (read from the collection records at
         positions from the processed cursor to S: unfinished work only)."""
@@ -379,7 +390,7 @@ class Checkpointer:
         # this queue: it excludes nothing) and the quarantined groups; what is left is
         # the collections and the groups of their batches (unfinished work), so the
         # commits read do not grow with the backlog
-        known = done | {e["position"] for e in state["backlog"] if not e.get("restored")}
+        known = done | {e.position for e in backlog if not e.restored}
         known |= {q["position"] for q in state["quarantined"]}
         out = []
         receipts = [r for lo, hi in gaps(state["processed_cursor"], scan, known)
@@ -465,6 +476,44 @@ def task_from_dict(value: Mapping[str, Any]) -> TaskSpec:
     return TaskSpec.from_dict(value)
 
 
+def check_builder_state(value: Any, path: str) -> dict[str, Any]:
+    """A builder state file's value, of a version this straw reads
+    (``BUILDER_STATE_VERSIONS``: 2, the backlog as columns, or 1, one object per group),
+    else ``UnsupportedCheckpoint`` naming the file, its version and the fix."""
+    return check_version(value, path, "builder state", BUILDER_STATE_VERSIONS)
+
+
+def saved_backlog(state: Mapping[str, Any], *, path: str = "the builder state file",
+                  restored_from: int | None = None,
+                  leave_out: Collection[str] = ()) -> list[Accepted]:
+    """The backlog entries of a builder state file's value (``check_builder_state``d;
+    ``path`` names it in errors), in their saved order; with ``restored_from``: those whose
+    commit id is not in ``leave_out``, in selection order, as restored entries ranked from
+    ``restored_from`` on (``builder.backlog_of_columns``).  A malformed backlog is
+    ``CorruptData``, a reference not of ours ``InvalidReference``/``UnsupportedSchema``."""
+    value = state["backlog"]
+    try:
+        if state["version"] == BUILDER_STATE_VERSION:
+            return backlog_of_columns(value, restored_from=restored_from,
+                                      leave_out=leave_out)
+        # version 1: one object per group
+        if not isinstance(value, list):
+            raise CorruptData(f"the backlog is not a list of groups: got "
+                              f"{type(value).__name__}")
+        try:
+            entries = [Accepted.from_dict(e) for e in value]
+        except (KeyError, TypeError, ValueError) as e:
+            raise CorruptData(f"the backlog holds a malformed entry: {type(e).__name__}: "
+                              f"{e}") from None
+    except CorruptData as e:
+        raise CorruptData(f"{path}: {e}; the checkpoint cannot be restored as it is: select "
+                          "another checkpoint") from None
+    if restored_from is None:
+        return entries
+    rest = sorted((e for e in entries if e.commit_id not in leave_out), key=Accepted.order)
+    return restored_backlog(rest, start=restored_from)
+
+
 def commits_between(coord: Any, start: int, stop: int | None) -> list[Any]:
     """The commit receipts at positions ``start..stop-1`` (None: to the durable end)."""
     out: list[Any] = []
@@ -499,4 +548,5 @@ def json_record(store: Any, ref: RecordSetRef, what: str) -> Any:
 
 
 __all__ = ["Checkpointer", "SaveModel", "checkpoint_owner", "registration_id", "check_step",
-           "task_from_dict", "commits_between", "gaps", "json_record", "OWNER_PREFIX"]
+           "task_from_dict", "commits_between", "gaps", "json_record", "OWNER_PREFIX",
+           "check_builder_state", "saved_backlog"]

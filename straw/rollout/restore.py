@@ -62,7 +62,13 @@ from straw.fs import Filesystem
 from straw.protocol import TaskSpec
 
 from .builder import COLLECTION_PREFIX, Accepted, BatchBuilder, read_accepted
-from .checkpoint import Checkpointer, commits_between, json_record
+from .checkpoint import (
+    Checkpointer,
+    check_builder_state,
+    commits_between,
+    json_record,
+    saved_backlog,
+)
 from .checkpoint_errors import BranchChanged, ForeignPool, ForeignRun, UnsupportedCheckpoint
 from .checkpoint_files import (
     BRANCH,
@@ -81,7 +87,7 @@ from .controller import RolloutController
 from .data_source import PRODUCER_ID, PROMPT_PREFIX, producer_state
 from .data_source import Cursor as DatasetCursor
 from .environments import EnvironmentMix, MixState
-from .isolated import seed_isolated_queue
+from .isolated import restored_backlog, seed_isolated_queue
 from .resolve import EMPTY, EXACT, NEW, RECOVER, SALVAGE, Resolution
 from .savelock import SaveLock
 
@@ -269,15 +275,19 @@ def _seed(resolution: Resolution, store: Any, mix: EnvironmentMix, fs: Filesyste
     tasks = [TaskSpec.from_dict(t) for t in q["tasks"]]
     producer = q["producer_state"]
     planned: list[dict[str, Any]] = list(b["planned"])
-    backlog = [Accepted.from_dict(e) for e in b["backlog"]]
     if resolution.mode == SALVAGE:
         later, planned_later, tasks, producer = _after(store, mix, q["queue"], b["scan_cursor"],
                                                        clock)
-        backlog += later
         planned += planned_later
-    first = [Accepted.from_dict(g) for p in planned for g in p["groups"]]
+    # the groups of the planned batches first, in their order (planned again as they were)
+    first = restored_backlog([Accepted.from_dict(g) for p in planned for g in p["groups"]])
     in_batches = {e.commit_id for e in first}
-    rest = sorted((e for e in backlog if e.commit_id not in in_batches), key=Accepted.order)
+    path = rollout_file(resolution.source, "builder_state", step)
+    if resolution.mode == SALVAGE:  # the backlog and the groups accepted later, merged
+        rest = sorted((e for e in [*saved_backlog(b, path=path), *later]
+                       if e.commit_id not in in_batches), key=Accepted.order)
+    else:  # in selection order, built at once as the restored entries they become
+        rest = saved_backlog(b, path=path, restored_from=len(first), leave_out=in_batches)
     mix_state = MixState.from_dict(planned[0]["mix_before"] if planned else b["mix"])
     return tasks, producer, first + rest, mix_state
 
@@ -291,13 +301,16 @@ def _read_state(fs: Filesystem, resolution: Resolution, kind: str, step: int
     path = rollout_file(resolution.source, kind, step)
     data = resolution.state_files.get(path)
     if data is None:
-        return check_version(read_json(fs, path, kind.replace("_", " ")), path, kind)
-    try:
-        value = json.loads(data)
-    except ValueError as e:
-        raise UnsupportedCheckpoint(f"{kind.replace('_', ' ')} {path} is not JSON ({e}): "
-                                    "it was not written by straw; restore it from a backup "
-                                    "or select another checkpoint") from None
+        value = read_json(fs, path, kind.replace("_", " "))
+    else:
+        try:
+            value = json.loads(data)
+        except ValueError as e:
+            raise UnsupportedCheckpoint(f"{kind.replace('_', ' ')} {path} is not JSON ({e}): "
+                                        "it was not written by straw; restore it from a "
+                                        "backup or select another checkpoint") from None
+    if kind == "builder_state":  # its own version (the backlog's form)
+        return check_builder_state(value, path)
     return check_version(value, path, kind)
 
 

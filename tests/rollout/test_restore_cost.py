@@ -24,9 +24,10 @@ from straw.rollout import restore as restore_module
 from straw.rollout.builder import (
     STORED_VERSION,
     Accepted,
-    _backlog_columns,
+    backlog_columns,
     read_stored_state,
 )
+from straw.rollout.checkpoint import saved_backlog
 from straw.rollout.checkpoint_errors import BranchChanged, UnsupportedCheckpoint
 from straw.rollout.isolated import seed_isolated_queue
 from straw.rollout.resolve import EXACT, resolve_checkpoint
@@ -50,7 +51,7 @@ def dirs(tmp_path):
 
 def _saved_backlog(save: str) -> list[Accepted]:
     with open(os.path.join(save, "rollout", "builder_state_0.json")) as f:
-        return [Accepted.from_dict(e) for e in json.load(f)["backlog"]]
+        return saved_backlog(json.load(f))
 
 
 def test_each_restored_reference_is_checked_once(dirs, monkeypatch):
@@ -295,7 +296,7 @@ def test_a_consumer_state_record_of_the_old_form_is_read(dirs):
             with pytest.raises(CorruptData, match="columns"):
                 read_stored_state(raw)
             stored = {**state, "version": STORED_VERSION,
-                      "backlog": _backlog_columns(accepted)}
+                      "backlog": backlog_columns(accepted)}
             stored["backlog"]["path"] = ["../outside.strw"] * len(accepted)
             save_raw(stored, "edited")
             with pytest.raises(InvalidReference):
