@@ -2248,10 +2248,18 @@ class Coordinator(ProcessBound):
         ready = _usage_of(self._to_ref(b.ref) for k, b in st.batches.items()
                           if b.ref is not None and not st.batch_finished(k) and k not in saved)
         control = sum(1 for t in st.tasks.loaded() if t.status == LEASED and t.control)
+        # a leased task reserves what its spec estimates it will produce (straw-queue's
+        # "with reservations"; control tasks estimate nothing); leased tasks are loaded
+        reserved = [0, 0, 0]
+        for t in self._deadlines:
+            task = st.tasks[t]
+            if task.status == LEASED:
+                for i, n in enumerate(task.estimates):
+                    reserved[i] += n
         return {"accepted_unprocessed": accepted, "train_ready": ready,
-                "bytes": accepted["bytes"] + ready["bytes"],
-                "records": accepted["records"] + ready["records"] + st.leased_count,
-                "tokens": accepted["tokens"] + ready["tokens"],
+                "bytes": accepted["bytes"] + ready["bytes"] + reserved[1],
+                "records": accepted["records"] + ready["records"] + reserved[0],
+                "tokens": accepted["tokens"] + ready["tokens"] + reserved[2],
                 "ready_bytes": ready["bytes"], "inflight": st.leased_count - control,
                 "control_inflight": control}
 
