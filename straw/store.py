@@ -1029,6 +1029,12 @@ class SharedFilesystemStore(ProcessBound):
         (nothing to wait for) from another client's visibility lag."""
         if self.closed or not self.fs.probe(self.catalog.path):
             return None
+        w = self._writer
+        pack = w.pack if w is not None else None
+        if pack is not None and w is not None and w.pack_rel == path:
+            # this store's own open pack: written through this client, so a short or
+            # zeroed read is damage, never another client's visibility lag
+            return PackStatus("own", frozenset(e.offset for e in list(pack.entries)))
         try:
             with self.catalog.locked() as st:
                 info = st.packs.get(path)
