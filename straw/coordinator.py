@@ -108,6 +108,7 @@ from .pack import storage_error
 from .process import OPEN_QUEUE_IN_CHILD, ProcessBound, close_quietly
 from .protocol import (
     INT64,
+    UNBOUNDED,
     AcquireResult,
     Assignment,
     CommitPage,
@@ -215,6 +216,7 @@ class Coordinator(ProcessBound):
         snapshot_every: int = 5_000,
         segment_target_bytes: int = 64 << 20,
         group_wait: float = DEFAULT_GROUP_WAIT,
+        enforce_limits: bool = False,
     ) -> None:
         self._bind_process()
         if not isinstance(store, SharedFilesystemStore):
@@ -240,6 +242,8 @@ class Coordinator(ProcessBound):
         _check_id("consumer_id", consumer_id)
         if limits is not None and not isinstance(limits, Limits):
             raise TypeError(f"limits must be a straw Limits, got {type(limits).__name__}")
+        if not isinstance(enforce_limits, bool):
+            raise TypeError(f"enforce_limits must be a bool, got {type(enforce_limits).__name__}")
         self.store = store
         self.fs = store.fs
         self.queue_id = queue_id
@@ -263,6 +267,10 @@ class Coordinator(ProcessBound):
             raise TypeError(f"clock must be a callable returning seconds or a straw Clock, "
                             f"got {type(clock).__name__}")
         self.limits = limits or Limits()
+        # straw-queue 0.1.6 keeps Limits as fields that reject and throttle nothing, and its
+        # callers pass small values relying on that: the bounds are enforced only with
+        # enforce_limits=True (ours, an addition); otherwise they are carried (``limits``).
+        self._bounds = self.limits if enforce_limits else UNBOUNDED
         self.consumer_id = consumer_id
         self.snapshot_every = snapshot_every
         self.segment_target_bytes = segment_target_bytes
@@ -598,7 +606,7 @@ class Coordinator(ProcessBound):
 
     def _meta(self, metadata: object, where: str) -> Any:
         text = canonical_metadata(metadata, where)
-        if len(text) > self.limits.metadata_bytes:
+        if len(text) > self._bounds.metadata_bytes:
             raise ResourceLimitExceeded(
                 f"{where}.metadata is {len(text)} bytes; the limit is "
                 f"{self.limits.metadata_bytes} (Limits.metadata_bytes)")
@@ -743,7 +751,7 @@ class Coordinator(ProcessBound):
         _check_id("request_id", request_id)
         if isinstance(tasks, TaskSpec) or not isinstance(tasks, Sequence):
             raise TypeError("tasks must be a list of TaskSpec")
-        if len(tasks) > self.limits.max_tasks_per_request:
+        if len(tasks) > self._bounds.max_tasks_per_request:
             raise ResourceLimitExceeded(
                 f"{len(tasks)} tasks in one request; the limit is "
                 f"{self.limits.max_tasks_per_request} (Limits.max_tasks_per_request)")
@@ -787,7 +795,7 @@ class Coordinator(ProcessBound):
                                 f"queue {self.owner}: task id {r[0]!r} already exists "
                                 "(submitted by another request); task ids are new within a "
                                 "queue")
-                    if self.state.pending_count + len(rows) > self.limits.pending_tasks:
+                    if self.state.pending_count + len(rows) > self._bounds.pending_tasks:
                         raise ResourceLimitExceeded(
                             f"queue {self.owner} holds {self.state.pending_count} pending "
                             f"tasks; the limit is {self.limits.pending_tasks} "
@@ -869,7 +877,7 @@ class Coordinator(ProcessBound):
                       ) -> tuple[str, list[Any], dict[str, Any] | None]:
         """acquire's choice (mutex held, expiries journaled): (status, the tasks chosen, the
         lease transaction granting them — for the caller to enqueue — or None)."""
-        lim = self.limits
+        lim = self._bounds
         st = self.state
         held = in_lane = 0
         for t in self._deadlines:
@@ -1139,8 +1147,8 @@ class Coordinator(ProcessBound):
                 "the result's records must name the lease in their metadata: publish them "
                 f"with metadata={{'task_id': {lease.task_id!r}, 'attempt_id': "
                 f"{lease.attempt_id!r}}}")
-        for what, value, limit in (("bytes", nbytes, self.limits.max_result_bytes),
-                                   ("tokens", tokens, self.limits.max_result_tokens)):
+        for what, value, limit in (("bytes", nbytes, self._bounds.max_result_bytes),
+                                   ("tokens", tokens, self._bounds.max_result_tokens)):
             if value > limit:
                 raise ResourceLimitExceeded(
                     f"the result of task {lease.task_id!r} holds {value} payload {what}; the "
@@ -1854,7 +1862,7 @@ class Coordinator(ProcessBound):
                         f"batch {batch_id!r} input position {p} is not an accepted commit "
                         f"({self._durable_commits} durable commits)")
             unfinished = sum(1 for k in self.state.batches if not self.state.batch_finished(k))
-            if unfinished >= self.limits.max_ready_batches:
+            if unfinished >= self._bounds.max_ready_batches:
                 raise ResourceLimitExceeded(
                     f"{unfinished} unfinished batches; the limit is "
                     f"{self.limits.max_ready_batches} (Limits.max_ready_batches)")
@@ -2240,10 +2248,18 @@ class Coordinator(ProcessBound):
         ready = _usage_of(self._to_ref(b.ref) for k, b in st.batches.items()
                           if b.ref is not None and not st.batch_finished(k) and k not in saved)
         control = sum(1 for t in st.tasks.loaded() if t.status == LEASED and t.control)
+        # a leased task reserves what its spec estimates it will produce (straw-queue's
+        # "with reservations"; control tasks estimate nothing); leased tasks are loaded
+        reserved = [0, 0, 0]
+        for t in self._deadlines:
+            task = st.tasks[t]
+            if task.status == LEASED:
+                for i, n in enumerate(task.estimates):
+                    reserved[i] += n
         return {"accepted_unprocessed": accepted, "train_ready": ready,
-                "bytes": accepted["bytes"] + ready["bytes"],
-                "records": accepted["records"] + ready["records"] + st.leased_count,
-                "tokens": accepted["tokens"] + ready["tokens"],
+                "bytes": accepted["bytes"] + ready["bytes"] + reserved[1],
+                "records": accepted["records"] + ready["records"] + reserved[0],
+                "tokens": accepted["tokens"] + ready["tokens"] + reserved[2],
                 "ready_bytes": ready["bytes"], "inflight": st.leased_count - control,
                 "control_inflight": control}
 

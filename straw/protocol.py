@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .checks import check_count
+from .checks import INT64_MAX, check_count
 from .errors import CorruptData, ResourceLimitExceeded
 from .refs import Publication, Record, RecordRef, RecordSetRef, SegmentRef
 
@@ -214,10 +214,11 @@ class CommitPage:
 # --- limits -------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Limits:
-    """Bounds that answer with backpressure or ``ResourceLimitExceeded``.
-
-    straw-queue 0.1.6's fields (it keeps them for compatibility and enforces none); straw
-    enforces those that bound something it tracks:
+    """Bounds that answer with backpressure or ``ResourceLimitExceeded``, enforced by a
+    ``Coordinator(..., enforce_limits=True)`` only: straw-queue 0.1.6 keeps these fields for
+    compatibility and enforces none, and its callers pass small values relying on that, so
+    by default a coordinator carries its limits and enforces none either.  Enforced, they
+    bound:
 
     - ``pending_tasks``: pending tasks in the queue (``submit_tasks`` beyond it is refused);
     - ``inflight_tasks``: leased tasks outside the control lane (``acquire`` answers
@@ -255,6 +256,12 @@ class Limits:
             if f.name == "max_unconsumed_results" and value is None:
                 continue
             check_count(f"Limits.{f.name}", value, minimum=1)
+
+
+# What a coordinator without enforce_limits checks against: nothing it can reach (every
+# count at the largest the journal holds), so one code path serves both modes.
+UNBOUNDED = Limits(**{f.name: INT64_MAX for f in dataclasses.fields(Limits)
+                      if f.name != "max_unconsumed_results"})
 
 
 __all__ = [

@@ -15,12 +15,14 @@ stays damaged through every retry it is ``CorruptData``.
 When the pack is *final* there is no lag to wait for, so nothing is retried: a pack
 whose file ends in a valid SEAL trailer, or that the catalog knows as sealed or
 reclaimed, or that the catalog never heard of (a pack is known to the catalog before its
-file exists) — asked only after a read failed (the store's ``pack_status`` callback),
+file exists), or that the reading store itself is writing (its own writes are visible to
+it) — asked only after a read failed (the store's ``pack_status`` callback),
 then confirmed by one more read through a freshly opened descriptor (close-to-open).  A
 final pack fails at once: ``InvalidReference`` for a reference that cannot be right (no
 publication starts at its offset, its size runs past an intact pack, its pack was
-reclaimed or never written), ``CorruptData`` for damage (a sealed pack truncated or
-zeroed below a published extent, deleted outside straw, a checksum mismatch).
+reclaimed or never written), ``CorruptData`` for damage (a sealed or own pack truncated
+or zeroed below a published extent, a sealed pack deleted outside straw, a checksum
+mismatch); the store's own pack missing is ``StorageUnavailable`` (moved outside straw).
 
 A reference is followed only after ``check_pack_path`` accepted its shape, and its pack
 is opened with ``Filesystem.open_beneath`` from the pool root resolved once when the
@@ -290,7 +292,9 @@ class PackStatus:
     """What the pool's catalog knows of a pack: ``state`` is ``"unknown"`` (never
     opened: a pack is known to the catalog before its file is created), ``"open"``,
     ``"sealed"`` or ``"tombstoned"`` (reclaimed); ``offsets`` are the extents of a sealed
-    pack."""
+    pack.  ``"own"``: the pack the reading store itself is writing, whose bytes went
+    through this client (no visibility lag to wait for); ``offsets``: the extents it
+    wrote there."""
 
     state: str
     offsets: frozenset[int] = frozenset()
@@ -313,7 +317,8 @@ class _Final:
     """A pack whose content cannot change any more (D6: no visibility lag to wait for).
     ``kind``: ``complete`` (the file ends in a valid SEAL trailer; ``offsets`` from its
     index), ``sealed`` (the catalog says so; the file may be damaged), ``reclaimed``
-    (tombstoned), ``unknown`` (the catalog never heard of it and the file is missing)."""
+    (tombstoned), ``unknown`` (the catalog never heard of it and the file is missing),
+    ``own`` (the reading store is its writer: what it wrote is visible to it)."""
 
     kind: str
     offsets: frozenset[int] = frozenset()
@@ -829,7 +834,7 @@ class ReadSession(ProcessBound):
             header = framing.decode_header(buf)
         except CorruptData as e:
             final = self._finality(ref.path)
-            if final is not None and final.kind in ("complete", "sealed") \
+            if final is not None and final.kind in ("complete", "sealed", "own") \
                     and ref.offset not in final.offsets:
                 raise InvalidReference(
                     f"{ref!r}: no publication of sealed pack {ref.path} starts at offset "
@@ -1112,8 +1117,8 @@ class ReadSession(ProcessBound):
             return None
         if status.state == "tombstoned":
             final = _Final("reclaimed")
-        elif status.state == "sealed":
-            final = _Final("sealed", status.offsets)
+        elif status.state in ("sealed", "own"):
+            final = _Final(status.state, status.offsets)
         elif status.state == "unknown" and fd is None:
             final = _Final("unknown")
         else:
@@ -1137,6 +1142,12 @@ class ReadSession(ProcessBound):
             return InvalidReference(
                 f"pack {path} does not exist and was never written (the pool's catalog does "
                 "not know it); the reference is fabricated or belongs to another pool")
+        if lag.kind == "missing" and final.kind == "own":
+            # the writer's own pack: moved or deleted outside straw under a live writer;
+            # nothing says it is gone for good (straw-queue's class too)
+            return StorageUnavailable(
+                f"pack {path}, which this store is writing, is missing: it was moved or "
+                "deleted outside straw. Put it back (or check the filesystem), then retry")
         if lag.kind == "missing":
             return CorruptData(
                 f"sealed pack {path} is missing: it was deleted outside straw (garbage "
@@ -1146,6 +1157,11 @@ class ReadSession(ProcessBound):
             return InvalidReference(
                 f"{where}: no publication of sealed pack {path} fits there ({lag.detail}); "
                 "the reference is edited or stale: use the reference publish returned")
+        if final.kind == "own":
+            return CorruptData(
+                f"{where}: {lag.detail}, but this store wrote pack {path} through this "
+                "client (its own writes are visible to it, so this is damage, not "
+                "visibility lag): it was truncated or overwritten outside straw")
         return CorruptData(
             f"{where}: {lag.detail}, but pack {path} is sealed (its size is final, so this "
             "is damage, not visibility lag); restore it from a replica")

@@ -98,7 +98,7 @@ BUILTIN_CODECS = ("bytes.v1", "json.v1", "tensor.v1", "sample.v1")
 POOL_FORMAT = 1
 DEFAULT_SEGMENT_TARGET = 256 * 1024 * 1024
 DEFAULT_RESERVE = 64 * 1024 * 1024
-DEFAULT_MAX_RECORD_BYTES = 16 * 1024**3  # straw-queue's default; straw enforces it
+DEFAULT_MAX_RECORD_BYTES = 16 * 1024**3  # straw-queue's default; enforced on request
 DEFAULT_MAX_BUFFER_BYTES = 512 * 1024**2
 _PUBLISH_SECONDS_KEPT = 1024
 
@@ -177,7 +177,10 @@ class SharedFilesystemStore(ProcessBound):
     ``visibility_retries``/``visibility_backoff`` (bounded retries when another client's
     data is not visible yet), ``backend`` (a ``straw.backend.FilesystemBackend``: the
     storage profile and deployment declaration, verified against the live mount before
-    anything is written)."""
+    anything is written), ``max_record_bytes`` (a record's largest payload: carried, and
+    enforced (``ResourceLimitExceeded``) only with ``enforce_limits=True``, since
+    straw-queue 0.1.6 documents it as capping nothing), ``max_buffer_bytes`` (accepted;
+    straw copies no payload)."""
 
     _process_state = "its writer lock, open pack, catalog position and open files"
 
@@ -198,6 +201,7 @@ class SharedFilesystemStore(ProcessBound):
         reserve_bytes: int = DEFAULT_RESERVE,
         visibility_retries: int = 8,
         visibility_backoff: float = 0.05,
+        enforce_limits: bool = False,
     ) -> None:
         self._bind_process()
         self.run_id = check_name("run_id", run_id)
@@ -214,6 +218,8 @@ class SharedFilesystemStore(ProcessBound):
         check_seconds("visibility_backoff", visibility_backoff, positive=False)
         if not isinstance(online_gc, bool):
             raise TypeError(f"online_gc must be a bool, got {type(online_gc).__name__}")
+        if not isinstance(enforce_limits, bool):
+            raise TypeError(f"enforce_limits must be a bool, got {type(enforce_limits).__name__}")
         if isinstance(codecs, str):
             raise TypeError("codecs must be an iterable of codec names, not one str")
         extra = set()
@@ -225,6 +231,10 @@ class SharedFilesystemStore(ProcessBound):
         self.root = os.path.abspath(os.fspath(root))
         self.segment_target_bytes = segment_target_bytes
         self.max_record_bytes = max_record_bytes
+        # straw-queue 0.1.6 documents max_record_bytes as a compatibility argument that caps
+        # nothing, and its callers pass small values relying on that: the cap is enforced
+        # only for a store opened with enforce_limits=True (ours, an addition).
+        self.enforce_limits = enforce_limits
         # straw copies no payload (writev of the caller's buffers), so no copy scratch
         # exists to bound: accepted for straw-queue callers, reported by ``metrics``.
         self.max_buffer_bytes = max_buffer_bytes
@@ -641,7 +651,7 @@ class SharedFilesystemStore(ProcessBound):
             tokens = r.tokens or 0
             meta = canonical_metadata(r.metadata, rw)
             view = payload_view(r.payload, rw)
-            if view.nbytes > self.max_record_bytes:
+            if self.enforce_limits and view.nbytes > self.max_record_bytes:
                 raise ResourceLimitExceeded(
                     f"{rw}.payload holds {view.nbytes} bytes, more than max_record_bytes="
                     f"{self.max_record_bytes} of this store; open it with a larger "
@@ -1019,6 +1029,12 @@ class SharedFilesystemStore(ProcessBound):
         (nothing to wait for) from another client's visibility lag."""
         if self.closed or not self.fs.probe(self.catalog.path):
             return None
+        w = self._writer
+        pack = w.pack if w is not None else None
+        if pack is not None and w is not None and w.pack_rel == path:
+            # this store's own open pack: written through this client, so a short or
+            # zeroed read is damage, never another client's visibility lag
+            return PackStatus("own", frozenset(e.offset for e in list(pack.entries)))
         try:
             with self.catalog.locked() as st:
                 info = st.packs.get(path)

@@ -202,7 +202,7 @@ def test_fail_release_yield_cancel(store):
 
 
 def test_statuses_backpressure_and_sealed_input(store):
-    q = _coord(store, limits=Limits(max_leases_per_worker=1))
+    q = _coord(store, limits=Limits(max_leases_per_worker=1), enforce_limits=True)
     q.submit_tasks("r", [TaskSpec("a"), TaskSpec("b")])
     (a,) = q.acquire("w", max_tasks=5).assignments
     assert q.acquire("w").status == "backpressured"

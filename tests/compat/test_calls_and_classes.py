@@ -170,6 +170,37 @@ def test_ready_batch_named_by_a_checkpoint_is_no_longer_ready_bytes(tmp_path):
     store.close()
 
 
+def test_usage_reserves_the_estimates_of_leased_tasks(tmp_path):
+    """usage_with_reservations adds each leased task's estimated records, bytes and
+    tokens (control tasks estimate none) to the accepted results, as straw-queue's; a
+    task that leaves the lease (completed, failed, cancelled) reserves nothing more."""
+    store = SharedFilesystemStore(tmp_path, "calls")
+    q = Coordinator(store, exclusive_owner="test")
+
+    def usage() -> tuple[int, int, int, int, int]:
+        u = q.metrics()["usage_with_reservations"]
+        return u["records"], u["bytes"], u["tokens"], u["inflight"], u["control_inflight"]
+
+    q.submit_tasks("r", [TaskSpec("a", estimated_records=3, estimated_bytes=10,
+                                  estimated_tokens=5),
+                         TaskSpec("b", estimated_bytes=7),
+                         TaskSpec("c", control=True, estimated_records=0)])
+    assert usage() == (0, 0, 0, 0, 0)  # pending tasks reserve nothing
+    (a,) = (x.lease for x in q.acquire("w", 1).assignments)
+    q.acquire("builder", control=True)
+    assert usage() == (3, 10, 5, 1, 1)
+    (b,) = (x.lease for x in q.acquire("w", 1).assignments)
+    assert usage() == (4, 17, 5, 2, 1)
+    out = store.publish([Record("o", b"12", tokens=4, metadata={
+        "task_id": a.task_id, "attempt_id": a.attempt_id})], submission_id="out")
+    q.complete_task(a, submission_id="done", result_ref=out, result_digest=out.digest)
+    assert usage() == (1 + 1, 7 + 2, 4, 1, 1)  # a's result replaces its reservation
+    q.cancel_task("b", request_id="cancel")
+    assert usage() == (1, 2, 4, 0, 1)
+    q.close()
+    store.close()
+
+
 @pytest.mark.parametrize("api", ["write_records", "publish"])
 def test_retry_of_a_reclaimed_result_is_invalid_reference(tmp_path, api):
     """A retry whose original result was garbage collected since gets no reference to

@@ -365,7 +365,7 @@ def test_readers_outlive_leases_until_released(store, queue, clock):
 def test_real_limits_where_a_field_maps(store, clock):
     limits = Limits(pending_tasks=2, inflight_tasks=1, metadata_bytes=64, max_result_bytes=4)
     with Coordinator(store, queue_id="bounded", exclusive_owner=OWNER, limits=limits,
-                     clock=clock) as q:
+                     clock=clock, enforce_limits=True) as q:
         with pytest.raises(ResourceLimitExceeded):
             q.submit_tasks("big", [TaskSpec(f"t{i}") for i in range(3)])
         with pytest.raises(ResourceLimitExceeded):
