@@ -108,7 +108,6 @@ from .pack import storage_error
 from .process import OPEN_QUEUE_IN_CHILD, ProcessBound, close_quietly
 from .protocol import (
     INT64,
-    UNBOUNDED,
     AcquireResult,
     Assignment,
     CommitPage,
@@ -116,6 +115,7 @@ from .protocol import (
     Lease,
     Limits,
     TaskSpec,
+    unenforced,
 )
 from .queue_state import (
     CANCELLED,
@@ -268,9 +268,10 @@ class Coordinator(ProcessBound):
                             f"got {type(clock).__name__}")
         self.limits = limits or Limits()
         # straw-queue 0.1.6 keeps Limits as fields that reject and throttle nothing, and its
-        # callers pass small values relying on that: the bounds are enforced only with
+        # callers pass small values relying on that: its fields are enforced only with
         # enforce_limits=True (ours, an addition); otherwise they are carried (``limits``).
-        self._bounds = self.limits if enforce_limits else UNBOUNDED
+        # straw's own bounds are enforced either way (``protocol.unenforced``).
+        self._bounds = self.limits if enforce_limits else unenforced(self.limits)
         self.consumer_id = consumer_id
         self.snapshot_every = snapshot_every
         self.segment_target_bytes = segment_target_bytes

@@ -214,10 +214,11 @@ class CommitPage:
 # --- limits -------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Limits:
-    """Bounds that answer with backpressure or ``ResourceLimitExceeded``, enforced by a
-    ``Coordinator(..., enforce_limits=True)`` only: straw-queue 0.1.6 keeps these fields for
+    """Bounds that answer with backpressure or ``ResourceLimitExceeded``.  The fields
+    straw-queue 0.1.6 has (``LEGACY_LIMIT_FIELDS``) are enforced by a
+    ``Coordinator(..., enforce_limits=True)`` only: straw-queue keeps them for
     compatibility and enforces none, and its callers pass small values relying on that, so
-    by default a coordinator carries its limits and enforces none either.  Enforced, they
+    by default a coordinator carries them and enforces none either.  Enforced, they
     bound:
 
     - ``pending_tasks``: pending tasks in the queue (``submit_tasks`` beyond it is refused);
@@ -230,7 +231,7 @@ class Limits:
       and carried, not enforced (accepted history is bounded by the consumer's progress and
       retention, not by the queue).
 
-    straw's own bounds follow: ``max_tasks_per_request``, ``max_leases_per_worker``,
+    straw's own bounds, enforced either way: ``max_tasks_per_request``, ``max_leases_per_worker``,
     ``max_unconsumed_results`` (acquire backpressure while the designated consumer lags by
     that many results; None: off) and ``max_ready_batches``.  Defaults of the enforced
     counts are larger than straw-queue's, so no workload it served is refused."""
@@ -258,15 +259,26 @@ class Limits:
             check_count(f"Limits.{f.name}", value, minimum=1)
 
 
-# What a coordinator without enforce_limits checks against: nothing it can reach (every
-# count at the largest the journal holds), so one code path serves both modes.
-UNBOUNDED = Limits(**{f.name: INT64_MAX for f in dataclasses.fields(Limits)
-                      if f.name != "max_unconsumed_results"})
+# straw-queue 0.1.6's own fields (the ones its callers set): a coordinator without
+# enforce_limits carries them and enforces none.  straw's additions
+# (max_tasks_per_request, max_leases_per_worker, max_unconsumed_results,
+# max_ready_batches) are always enforced: no straw-queue caller sets them, and a straw
+# caller who sets one means it.
+LEGACY_LIMIT_FIELDS = ("pending_tasks", "inflight_tasks", "control_tasks", "accepted_records",
+                       "accepted_bytes", "accepted_tokens", "ready_bytes", "max_result_bytes",
+                       "max_result_tokens", "metadata_bytes")
+
+
+def unenforced(limits: Limits) -> Limits:
+    """What a coordinator without enforce_limits checks against: ``limits`` with every
+    straw-queue field at the largest the journal holds (so one code path serves both
+    modes), straw's own bounds as given."""
+    return dataclasses.replace(limits, **{name: INT64_MAX for name in LEGACY_LIMIT_FIELDS})
 
 
 __all__ = [
     "encode", "decode", "digest", "bounded_metadata",
     "TaskSpec", "Lease", "Assignment", "AcquireResult", "CommitReceipt", "CommitPage",
-    "Limits",
+    "Limits", "LEGACY_LIMIT_FIELDS", "unenforced",
     "SegmentRef", "RecordRef", "RecordSetRef", "Record", "Publication",
 ]

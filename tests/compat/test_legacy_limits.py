@@ -12,6 +12,7 @@ import pytest
 
 from straw import Coordinator, Limits, Record, SharedFilesystemStore, TaskSpec
 from straw.errors import ResourceLimitExceeded
+from straw.protocol import LEGACY_LIMIT_FIELDS
 
 OWNER = "this test process owns the only coordinator"
 
@@ -22,8 +23,27 @@ def _result(store, lease, payload, sid):  # type: ignore[no-untyped-def]
 
 
 def _every_limit_one() -> Limits:
-    return Limits(**{f.name: 1 for f in dataclasses.fields(Limits)
-                     if f.name != "max_unconsumed_results"}, max_unconsumed_results=1)
+    """Every field straw-queue's Limits has, at 1 (straw's own bounds at their defaults:
+    no straw-queue caller sets them)."""
+    return Limits(**{name: 1 for name in LEGACY_LIMIT_FIELDS})
+
+
+def test_the_legacy_fields_are_straw_queues():
+    ours = {f.name for f in dataclasses.fields(Limits)}
+    assert set(LEGACY_LIMIT_FIELDS) <= ours
+    assert ours - set(LEGACY_LIMIT_FIELDS) == {
+        "max_tasks_per_request", "max_leases_per_worker", "max_unconsumed_results",
+        "max_ready_batches"}
+
+
+def test_straws_own_bounds_are_enforced_either_way(tmp_path):
+    """A bound straw-queue does not have is straw's addition: whoever sets it means it."""
+    with SharedFilesystemStore(tmp_path, "run") as store:
+        with Coordinator(store, exclusive_owner=OWNER,
+                         limits=Limits(max_tasks_per_request=2, pending_tasks=1)) as q:
+            with pytest.raises(ResourceLimitExceeded, match="max_tasks_per_request"):
+                q.submit_tasks("many", [TaskSpec(f"t{i}") for i in range(3)])
+            q.submit_tasks("two", [TaskSpec("a"), TaskSpec("b")])  # pending_tasks: carried
 
 
 def test_small_limits_are_carried_not_enforced(tmp_path):
