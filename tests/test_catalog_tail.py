@@ -356,3 +356,28 @@ def test_repair_filler_fits_every_region_length():
             assert len(frame) == length
             header, body = fr.decode_frame(frame)
             assert header.group_start == 4096 and _ops_of(body) == ops
+
+
+def test_a_retain_names_each_pack_once_and_older_retains_still_replay(tmp_path):
+    """Catalog version 4: a retain lists its roots grouped by pack (a checkpoint retaining
+    10,000 groups wrote each root's pack path again: 530 KB); a version-3 retain (one
+    [path, offset] pair per root) replays to the same owner."""
+    from straw import Publication
+    from straw.catalog import CatalogState, read_state
+    with _store(tmp_path) as store:
+        refs = store.publish_many([Publication([Record("x", b"y" * 50)]) for _ in range(200)],
+                                  submission_id="many")
+        store.seal()  # the next publication goes to a second pack
+        refs += [_pub(store, "last")]
+        store.retain("ckpt", refs)
+        frame = _transaction(tmp_path / "CATALOG", "retain")
+        retain = next(o for o in _ops(frame) if o["op"] == "retain")
+        assert "roots" not in retain
+        assert [p for p, _ in retain["packs"]] == sorted({r.path for r in refs})
+        assert sum(len(offs) for _, offs in retain["packs"]) == 201
+        want = {(r.path, r.offset) for r in refs}
+        assert set(read_state(store.fs, str(tmp_path)).owners[("run", "ckpt")]) == want
+        old = CatalogState()
+        old.apply({"op": "retain", "run": "run", "owner": "ckpt",
+                   "roots": [[r.path, r.offset] for r in refs]})
+        assert set(old.owners[("run", "ckpt")]) == want
