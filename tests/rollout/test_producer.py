@@ -186,6 +186,17 @@ def failing_calls(client, name, errors):
     return calls
 
 
+def run_until_completed(client, n: int) -> Producer:  # type: ignore[no-untyped-def]
+    """A two-slot producer of ``Finishes`` run until ``n`` groups completed, then stopped."""
+    async def run() -> Producer:
+        producer = Producer(client, Finishes(), slots=2)
+        await producer.start()
+        await until(lambda: producer.counts["completed"] >= n, f"{n} completed groups")
+        await producer.stop()
+        return producer
+    return asyncio.run(run())
+
+
 def test_a_return_meeting_storage_unavailable_is_retried(job):
     """A return refused by StorageUnavailable (another client's visibility lag, say) is
     tried again with backoff; the retry answers the same outcomes (a lost reply included):
@@ -193,15 +204,7 @@ def test_a_return_meeting_storage_unavailable_is_retried(job):
     controller, client, _ = job
     calls = failing_calls(client, "return_groups",
                           [StorageUnavailable("lag"), StorageUnavailable("lag")])
-
-    async def run() -> Producer:
-        producer = Producer(client, Finishes(), slots=2)
-        await producer.start()
-        await until(lambda: producer.counts["completed"] >= 4, "four completed groups")
-        await producer.stop()
-        return producer
-
-    producer = asyncio.run(run())
+    producer = run_until_completed(client, 4)
     assert producer.error is None
     assert producer.counts["storage_retried"] == 2
     assert len(calls) >= 3 and calls[0] == calls[1] == calls[2]  # the same batch again
@@ -215,15 +218,7 @@ def test_a_take_meeting_storage_unavailable_is_retried(job):
     is left behind, the groups are generated and completed."""
     controller, client, _ = job
     failing_calls(client, "take", [StorageUnavailable("lag")])
-
-    async def run() -> Producer:
-        producer = Producer(client, Finishes(), slots=2)
-        await producer.start()
-        await until(lambda: producer.counts["completed"] >= 2, "two completed groups")
-        await producer.stop()
-        return producer
-
-    producer = asyncio.run(run())
+    producer = run_until_completed(client, 2)
     assert producer.error is None and producer.counts["storage_retried"] == 1
     states = controller.coordinator.tasks
     assert not [t for t, st in states.items() if st["state"] == "leased"]
