@@ -22,6 +22,7 @@ needs is no longer usable).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -70,13 +71,19 @@ def open_queue(store: SharedFilesystemStore) -> Coordinator:
     return Coordinator(store, **kw)
 
 
+_RUNS = itertools.count()
+
+
 class ConsumerConformance(RuleBasedStateMachine):
     root: Path
 
     @initialize()
     def setup(self) -> None:
         self.n_run = getattr(self, "n_run", 0) + 1
-        root = ConsumerConformance.root / f"run-{id(self)}"
+        # a fresh directory per example: ``id(self)`` was reused by a later machine once the
+        # earlier one was collected (its queue then existed: UnsafeRecovery, and Hypothesis
+        # saw the same choices behave differently, FlakyStrategyDefinition)
+        root = ConsumerConformance.root / f"run-{next(_RUNS)}"
         self.store = SharedFilesystemStore(str(root), "run", reserve_bytes=0,
                                            visibility_retries=1)
         self.root = root
