@@ -438,6 +438,23 @@ def _to_stat(st: os.stat_result) -> FileStat:
     )
 
 
+_loadavg_fd: int | None = None  # /proc/loadavg, opened once
+
+
+def runnable_threads() -> int | None:
+    """The threads runnable on this machine at this instant (the 4th field of
+    ``/proc/loadavg``, "runnable/total"), or None where the platform does not tell.  A
+    system statistic, not pool data; it is read here because every file straw opens is
+    (the tensor loads ask it before they start a helper thread).  About 4 us."""
+    global _loadavg_fd
+    try:
+        if _loadavg_fd is None:
+            _loadavg_fd = os.open("/proc/loadavg", os.O_RDONLY | os.O_CLOEXEC)
+        return int(os.pread(_loadavg_fd, 128, 0).split()[3].split(b"/")[0])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 class DelegatingFilesystem(Filesystem):
     """A ``Filesystem`` that forwards everything to ``inner``; a subclass overrides what it
     changes: a backend's sync observer (``straw.backend``), qualify's negative controls (they

@@ -115,6 +115,7 @@ from .errors import (
     TensorMismatch,
     UnsupportedSchema,
 )
+from .fs import runnable_threads
 from .process import ProcessBound
 from .reader import ReadSession
 from .refs import Record, RecordInfo, RecordRef, RecordSetRef, payload_view
@@ -241,7 +242,6 @@ class _Modes:
 _WINDOW = 5  # loads per mode whose median is its estimate
 
 
-_loadavg_fd: int | None = None  # /proc/loadavg, opened once (a system file, not the pool's)
 _CPUS = os.cpu_count() or 1  # the machine's CPUs (asked once: the call takes 30 us here)
 
 
@@ -251,14 +251,8 @@ def _core_idle_now() -> bool | None:
     leave one of the CPUs free.  A count at this instant, unlike the load averages,
     which lag by a minute.  None where the platform does not tell (the load measurements
     of ``_HelperPolicy`` then decide alone).  About 4 us, on a loaded machine."""
-    global _loadavg_fd
-    try:
-        if _loadavg_fd is None:
-            _loadavg_fd = os.open("/proc/loadavg", os.O_RDONLY | os.O_CLOEXEC)
-        runnable = int(os.pread(_loadavg_fd, 128, 0).split()[3].split(b"/")[0])
-    except (OSError, IndexError, ValueError):
-        return None
-    return runnable < _CPUS
+    runnable = runnable_threads()
+    return None if runnable is None else runnable < _CPUS
 
 
 class _HelperPolicy:

@@ -13,6 +13,7 @@ import time
 import numpy as np
 import pytest
 
+import straw.fs as straw_fs
 import straw.tensor as T
 from straw import CorruptData, SharedFilesystemStore
 from straw.fs import PosixFS
@@ -72,7 +73,7 @@ def test_no_idle_cpu_now_means_one_thread_and_nothing_measured():
 @pytest.mark.parametrize(("field", "idle"), [(b"1/180", True), (b"2/180", False),
                                              (b"9/400", False), (b"x", None)])
 def test_an_idle_cpu_is_judged_from_the_threads_runnable_now(monkeypatch, field, idle):
-    monkeypatch.setattr(T, "_loadavg_fd", 99)  # (never read: pread is replaced)
+    monkeypatch.setattr(straw_fs, "_loadavg_fd", 99)  # (never read: pread is replaced)
     monkeypatch.setattr(T, "_CPUS", 2)
     monkeypatch.setattr(T.os, "pread", lambda fd, n, at: b"7.95 8.10 8.00 " + field
                         + b" 4242\n")
