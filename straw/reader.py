@@ -927,6 +927,17 @@ class ReadSession(ProcessBound):
                 "opens references only as regular files beneath the pool root, never through "
                 "a symbolic link (it could lead outside the pool)") from None
         with self._lock:
+            if self.closed:  # closed while this thread opened: nothing will close it
+                close_quietly(self.fs, fd)
+                raise Closed("read session is closed; open a new one (store.read_session())")
+            cached = self._fds.get(path)
+            if cached is not None:
+                # another thread missed the cache for this pack at the same time and got
+                # there first: use its descriptor, close ours (replacing it in the cache
+                # would leak the other one, still in use by that thread)
+                close_quietly(self.fs, fd)
+                self._fds.move_to_end(path)
+                return cached
             self._fds[path] = fd
             if len(self._fds) > _FD_CACHE:
                 _, old = self._fds.popitem(last=False)

@@ -27,7 +27,7 @@ A lease lost meanwhile (``StaleAttempt``/``LeaseExpired`` on return: this proces
 slow, the task is someone else's now) is counted and the slot goes on.  A return that
 fails with ``StorageUnavailable`` (the controller could not read the returned group yet:
 another client's visibility lag on a shared filesystem, a storage hiccup) is retried with
-backoff for up to ``RETURN_RETRY_SECONDS`` (a return is safe to retry: the same call
+backoff for up to ``STORAGE_RETRY_SECONDS`` (a return is safe to retry: the same call
 answers the same outcomes; the heartbeat keeps the leases meanwhile, and a pause waits for
 it); a full disk (``QuotaExceeded``) is not.  A take that could not read a group's input
 is retried the same way (a take that fails gives its leases back first).  Any other error
@@ -55,12 +55,12 @@ from .samples import SampleGroup, Stage, classify
 
 IDLE_SECONDS = 0.05  # a take that found nothing is tried again after this long
 MAX_TAKE = 64  # prompt groups leased in one take
-# A return that meets StorageUnavailable is tried again for this long (backoff from
-# RETURN_RETRY_FIRST, doubling, at most 2 s apart): longer than any visibility lag of a
+# A take or a return that meets StorageUnavailable is tried again for this long (backoff from
+# STORAGE_RETRY_FIRST, doubling, at most 2 s apart): longer than any visibility lag of a
 # correctly mounted shared filesystem (JuiceFS's default caches: about 1 s), shorter than a
 # lease (the heartbeat renews it meanwhile), so an outage that lasts stops the producer.
-RETURN_RETRY_SECONDS = 30.0
-RETURN_RETRY_FIRST = 0.1
+STORAGE_RETRY_SECONDS = 30.0
+STORAGE_RETRY_FIRST = 0.1
 
 
 class Producer:
@@ -68,7 +68,7 @@ class Producer:
 
     def __init__(self, client: GenerationClient, generate: GenerateFn, *, slots: int,
                  weight_version: int = 0, idle_seconds: float = IDLE_SECONDS,
-                 return_retry_seconds: float = RETURN_RETRY_SECONDS) -> None:
+                 storage_retry_seconds: float = STORAGE_RETRY_SECONDS) -> None:
         if not isinstance(client, GenerationClient):
             raise TypeError(f"client must be a GenerationClient, got {type(client).__name__}")
         if not callable(generate):
@@ -78,17 +78,17 @@ class Producer:
             raise ValueError(f"slots must be an int >= 1 (prompt groups generated at once), "
                              f"got {slots!r}")
         _check_weight_version(weight_version)
-        if isinstance(return_retry_seconds, bool) \
-                or not isinstance(return_retry_seconds, (int, float)) or return_retry_seconds < 0:
-            raise ValueError(f"return_retry_seconds must be a number >= 0 (how long a return "
+        if isinstance(storage_retry_seconds, bool) \
+                or not isinstance(storage_retry_seconds, (int, float)) or storage_retry_seconds < 0:
+            raise ValueError(f"storage_retry_seconds must be a number >= 0 (how long a take or a return "
                              f"that meets StorageUnavailable is retried), got "
-                             f"{return_retry_seconds!r}")
+                             f"{storage_retry_seconds!r}")
         self.client = client
         self.generate = generate
         self.slots = slots
         self.weight_version = weight_version
         self.idle_seconds = idle_seconds
-        self.return_retry_seconds = return_retry_seconds
+        self.storage_retry_seconds = storage_retry_seconds
         self.counts: Counter[str] = Counter()  # what became of the groups returned
         self.error: BaseException | None = None
         self._threads = concurrent.futures.ThreadPoolExecutor(
@@ -293,11 +293,11 @@ class Producer:
     async def _retrying(self, fn: Callable[[Any], Any], arg: Any) -> Any:
         """``fn(arg)`` (a take or a return: both safe to call again), tried again on
         ``StorageUnavailable`` (not a full disk) with backoff until
-        ``return_retry_seconds`` have passed (module docstring); then, or on any other
+        ``storage_retry_seconds`` have passed (module docstring); then, or on any other
         error, the error is raised."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.return_retry_seconds
-        delay = RETURN_RETRY_FIRST
+        deadline = loop.time() + self.storage_retry_seconds
+        delay = STORAGE_RETRY_FIRST
         while True:
             try:
                 return await self._call(fn, arg)
@@ -316,4 +316,4 @@ def _check_weight_version(version: object) -> None:
         raise ValueError(f"weight_version must be an int >= 0, got {version!r}")
 
 
-__all__ = ["Producer", "IDLE_SECONDS", "RETURN_RETRY_SECONDS"]
+__all__ = ["Producer", "IDLE_SECONDS", "STORAGE_RETRY_SECONDS"]

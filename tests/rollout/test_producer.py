@@ -226,13 +226,13 @@ def test_a_take_meeting_storage_unavailable_is_retried(job):
 
 @pytest.mark.parametrize("error", [QuotaExceeded("disk full"), StorageUnavailable("gone")])
 def test_a_full_disk_or_a_lasting_outage_stops_the_producer(job, error):
-    """A full disk is not retried; an outage longer than return_retry_seconds stops the
+    """A full disk is not retried; an outage longer than storage_retry_seconds stops the
     producer with its error (its leases left to expire: nothing lost)."""
     _, client, _ = job
     failing_calls(client, "return_groups", [error] * 100)
 
     async def run() -> Producer:
-        producer = Producer(client, Finishes(), slots=1, return_retry_seconds=0.3)
+        producer = Producer(client, Finishes(), slots=1, storage_retry_seconds=0.3)
         await producer.start()
         with pytest.raises(RuntimeError, match=type(error).__name__):
             await producer.wait()
@@ -252,5 +252,5 @@ def test_bad_arguments(job):
         Producer(object(), Gated(), slots=1)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="weight_version must be an int >= 0"):
         Producer(client, Gated(), slots=1, weight_version=-1)
-    with pytest.raises(ValueError, match="return_retry_seconds must be a number >= 0"):
-        Producer(client, Gated(), slots=1, return_retry_seconds=-1)
+    with pytest.raises(ValueError, match="storage_retry_seconds must be a number >= 0"):
+        Producer(client, Gated(), slots=1, storage_retry_seconds=-1)
