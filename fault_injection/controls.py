@@ -46,6 +46,7 @@ Catalog controls (caught by the catalog campaign's damaged-tail check,
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -221,16 +222,44 @@ def _compaction_without_suffix() -> contextlib.AbstractContextManager[None]:
     was being written is lost when the catalog is truncated (CS1)."""
     install = catalog.Catalog._install
 
-    def without_suffix(self: catalog.Catalog, x: int, gen: int, name: str, data: bytes
-                       ) -> dict[str, Any]:
-        return install(self, self._offset, gen, name, data)
+    def without_suffix(self: catalog.Catalog, job: Any) -> dict[str, Any]:
+        return install(self, dataclasses.replace(job, x=self._offset))
 
     return _patched(catalog.Catalog, "_install", without_suffix)
+
+
+def _follow_unlisted_view() -> contextlib.AbstractContextManager[None]:
+    """A client follows another's compaction from a view the base frame does not list,
+    applying the whole suffix (CS2's check skipped): a client whose view ended before the
+    snapshot point misses what was appended between its view and that point."""
+    def follow(self: catalog.Catalog, fd: int) -> bool:
+        data = self._read_from(fd, 0)
+        scan = framing.scan_frames(lambda o, n: data[o:o + n], len(data))
+        first = scan.frames[0]
+        frame = data[:first.header.frame_length]
+        ops = catalog._decode_ops(first.body, "catalog")
+        if len(scan.frames) < 2 or ops[0].get("op") != "base":
+            return False
+        for op in ops[1:]:
+            self.state.apply(op)
+        self._head, self._base_end = frame, len(frame)
+        self._gen, self._snap_bytes = ops[0]["gen"], ops[0].get("bytes", 0)
+        self._tail_start, self._tail = 0, frame
+        self._offset = self._group_start = len(frame)
+        return True
+
+    return _patched(catalog.Catalog, "_follow", follow)
 
 
 COMPACTION_CONTROLS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "snapshot-not-durable": _compaction_snapshot_not_durable,
     "compaction-without-suffix": _compaction_without_suffix,
+}
+
+
+# CS2 (a live client's view, not a crash state): caught by tests/test_catalog_follow.py
+FOLLOW_CONTROLS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
+    "follow-unlisted-view": _follow_unlisted_view,
 }
 
 

@@ -80,8 +80,8 @@ class Producer:
         _check_weight_version(weight_version)
         if isinstance(storage_retry_seconds, bool) \
                 or not isinstance(storage_retry_seconds, (int, float)) or storage_retry_seconds < 0:
-            raise ValueError(f"storage_retry_seconds must be a number >= 0 (how long a take or a return "
-                             f"that meets StorageUnavailable is retried), got "
+            raise ValueError(f"storage_retry_seconds must be a number >= 0 (how long a take "
+                             f"or a return that meets StorageUnavailable is retried), got "
                              f"{storage_retry_seconds!r}")
         self.client = client
         self.generate = generate
