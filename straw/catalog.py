@@ -60,15 +60,15 @@ chunks and stops at the clean end (a run of ``_CLEAN_RUN`` zero bytes, or a shor
 size cached by another client may be stale), so the reserved tail costs one small read
 per lock, not a read to EOF.
 
-Snapshots and compaction (CS1; D9's rule applied to the catalog).  A client opens the
-pool from the latest durable snapshot plus the catalog's suffix, so its open costs the
-live state, not the history of owner changes.  The catalog's first frame is then a *base
-frame*: a transaction whose first operation is ``base {gen, snap, digest, bytes, follow}``
-naming a snapshot file ``CATALOG.snap-<gen>-<token>`` beside the catalog
-(``straw.catalog_snapshot``: one frame holding the whole state), followed by the operations
-appended while that snapshot was being written.  ``Catalog.compact`` (run in a background thread once the
-suffix passes ``compact_after`` bytes and 1/``COMPACT_RATIO`` of the snapshot) keeps this
-order, each step durable before the next:
+Snapshots and compaction (CS1; D9's rule applied to the catalog). A client opens the pool
+from the latest durable snapshot plus the catalog's suffix, so its open costs the live
+state, not the history of owner changes. The catalog's first frame is then a *base frame*: a
+transaction whose first operation is ``base {gen, snap, digest, bytes, follow}`` naming a
+snapshot file ``CATALOG.snap-<gen>-<token>`` beside the catalog (``straw.catalog_snapshot``:
+one frame holding the whole state), followed by the operations appended while that snapshot
+was being written. ``Catalog.compact`` (run in a background thread once the suffix passes
+``compact_after`` bytes and 1/``COMPACT_RATIO`` of the snapshot) keeps this order, each step
+durable before the next:
 
 1. under the lock, briefly: note the first frame and the end X of the catalog;
 2. without any lock: rebuild the state at X from the files and write the snapshot
