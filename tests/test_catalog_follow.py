@@ -13,9 +13,11 @@ when it follows."""
 
 from __future__ import annotations
 
+import pathlib
 from typing import Any
 
 import msgpack
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -34,7 +36,18 @@ def _base_op(root: Any) -> dict[str, Any]:
 
 
 def test_a_client_whose_view_the_base_lists_follows_without_the_snapshot(tmp_path):
-    a, b, c = _store(tmp_path, "a"), _store(tmp_path, "b"), _store(tmp_path, "c")
+    _follows(tmp_path, tmp_path)
+
+
+@pytest.mark.juicefs
+def test_a_client_on_another_juicefs_mount_follows(juicefs_dirs: Any) -> None:
+    """The follower (b) reads the new base through its own JuiceFS client."""
+    _follows(pathlib.Path(juicefs_dirs.a), pathlib.Path(juicefs_dirs.b))
+
+
+def _follows(tmp_path: pathlib.Path, other: pathlib.Path) -> None:
+    """a compacts; b's view is listed (it follows), c's is behind the snapshot point."""
+    a, b, c = _store(tmp_path, "a"), _store(other, "b"), _store(tmp_path, "c")
     try:
         x = _pub(a, "x")
         a.retain("keep", [x])
