@@ -96,6 +96,8 @@ def test_quick_catalog_bench_reports_its_figures(tmp_path):
                 "build_s", "fresh_open_cpu_s", "catalog_open_cpu_s"):
         assert _number(doc[key]) and doc[key] > 0, key
     assert doc["generation"] >= 1  # the figures are taken after a compaction
+    after = doc["after_compaction"]
+    assert after["followed"] == 3 and _number(after["first_append_s"])  # CS2
     # the build stopped on the way for the figures at 1,000 tasks, then went on
     assert [m["history"] for m in doc["sizes"]] == [1_000, 2_000]
     assert all(_number(m["fresh_open_s"]) and m["fresh_open_s"] > 0 for m in doc["sizes"])
