@@ -206,9 +206,14 @@ def live(cfg: Config, s: State, lease: Lease, mut: Mutants | None = None) -> boo
     )
 
 
-def task_order(cfg: Config, t: int) -> tuple[int, int, int]:
+def task_order(cfg: Config, s: State, t: int) -> tuple[int, int, int]:
     d = cfg.tasks[t]
-    return (d.priority, d.key, d.fifo)
+    return (d.priority, d.key, _fifo(cfg, s, t))
+
+
+def _fifo(cfg: Config, s: State, t: int) -> int:
+    """The task's FIFO position: the declared one, or the tail position a yield gave it."""
+    return s.tasks[t].fifo if s.tasks[t].fifo >= 0 else cfg.tasks[t].fifo
 
 
 def next_task(cfg: Config, mut: Mutants, s: State, q: int) -> int | None:
@@ -221,8 +226,8 @@ def next_task(cfg: Config, mut: Mutants, s: State, q: int) -> int | None:
     if not pending:
         return None
     if mut.order_ignores_priority:
-        return min(pending, key=lambda t: order_key(0, cfg.tasks[t].key, cfg.tasks[t].fifo))
-    return pending[best_task([task_order(cfg, t) for t in pending])]
+        return min(pending, key=lambda t: order_key(0, cfg.tasks[t].key, _fifo(cfg, s, t)))
+    return pending[best_task([task_order(cfg, s, t) for t in pending])]
 
 
 def _release_input(cfg: Config, mut: Mutants, st: Storage, q: int, e: int) -> Storage:
@@ -782,7 +787,8 @@ def yield_task(cfg: Config, mut: Mutants, s: State, lease: Lease) -> Outcome | N
     rollout); the coordinator retains it under the queue owner, journals the task as PENDING
     with the continuation as its input, and releases the old input (D2).
     Pre: lease held and live; may acknowledge; the task has an unused continuation; lock free.
-    Effect also: task PENDING (a yield does not spend the retry budget)."""
+    Effect also: task PENDING (a yield does not spend the retry budget) at the tail of the
+    queue's FIFO: after every task submitted or yielded before it (Q4)."""
     t = lease.task
     decl = cfg.tasks[t]
     q = decl.queue
@@ -800,7 +806,8 @@ def yield_task(cfg: Config, mut: Mutants, s: State, lease: Lease) -> Outcome | N
     st = _with_roots(st, o, st.roots[o] | {k})
     st = _release_input(cfg, mut, st, q, task.input)
     s = replace(s, storage=st, leases=s.leases - {lease})
-    s = _with_task(s, t, replace(task, input=k, yielded=True))
+    tail = 1 + max([d.fifo for d in cfg.tasks] + [x.fifo for x in s.tasks])
+    s = _with_task(s, t, replace(task, input=k, yielded=True, fifo=tail))
     s = _end_lease(cfg, mut, s, t, spend=False)
     return Outcome(f"yielded ({s.tasks[t].status.value})", s)
 

@@ -107,6 +107,9 @@ class Task:
     holder: int = -1
     expired: bool = False
     input: int = -1
+    # the FIFO position a yield gave the task (the tail of the queue's FIFO); -1: its
+    # declared (submission) position, which release, fail, expiry and recovery keep (Q4)
+    fifo: int = -1
     yielded: bool = False
 
 

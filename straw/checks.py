@@ -64,6 +64,22 @@ def check_count(where: str, value: object, minimum: int = 0) -> int:
     return check_int(where, value, minimum, INT64_MAX)
 
 
+def check_u64(where: str, value: object) -> int:
+    """A usage amount (a record's tokens, a task's estimates): an int in 0..2**64-1, the
+    unsigned range straw-queue accepts (msgpack stores it as it is)."""
+    return check_int(where, value, 0, UINT64_MAX)
+
+
+def check_usage_total(where: str, total: int) -> int:
+    """A sum of usage amounts that is stored or reported (a publication's tokens with its
+    dependencies', a queue's usage): beyond 2**64-1 it is a ``ValueError`` saying
+    "overflow" (straw-queue's word), never a wrapped or truncated value."""
+    if total > UINT64_MAX:
+        raise ValueError(f"{where} is {total}, an unsigned 64-bit accounting overflow "
+                         "(the sum exceeds 2**64-1); use smaller token or byte counts")
+    return total
+
+
 def check_seconds(where: str, value: object, *, positive: bool) -> float:
     """A duration: a finite real number of seconds, > 0 (``positive``) or >= 0; a bool
     is refused (``TypeError``)."""
@@ -79,5 +95,6 @@ def check_seconds(where: str, value: object, *, positive: bool) -> float:
     return seconds
 
 
-__all__ = ["INT64_MIN", "INT64_MAX", "UINT64_MAX", "check_int", "check_count",
+__all__ = ["INT64_MIN", "INT64_MAX", "UINT64_MAX", "check_int", "check_count", "check_u64",
+           "check_usage_total",
            "check_seconds", "short_repr"]

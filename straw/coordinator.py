@@ -86,7 +86,7 @@ from . import holder
 from . import journal as journal_mod
 from .catalog import Announcement, Extent, run_prefix
 from .catalog_roots import RootSet
-from .checks import check_count, check_int, check_seconds, short_repr
+from .checks import check_count, check_int, check_seconds, check_u64, check_usage_total, short_repr
 from .clock import Clock
 from .errors import (
     Closed,
@@ -272,6 +272,7 @@ class Coordinator(ProcessBound):
         # enforce_limits=True (ours, an addition); otherwise they are carried (``limits``).
         # straw's own bounds are enforced either way (``protocol.unenforced``).
         self._bounds = self.limits if enforce_limits else unenforced(self.limits)
+        self._enforce_limits = enforce_limits
         self.consumer_id = consumer_id
         self.snapshot_every = snapshot_every
         self.segment_target_bytes = segment_target_bytes
@@ -828,7 +829,8 @@ class Coordinator(ProcessBound):
             if not isinstance(getattr(spec, name), bool):
                 raise TypeError(f"{w}.{name} must be a bool, got "
                                 f"{type(getattr(spec, name)).__name__}")
-        est = [check_count(f"{w}.estimated_{n}", getattr(spec, f"estimated_{n}"))
+        # unsigned 64-bit, as straw-queue's; sums of them are checked where reported
+        est = [check_u64(f"{w}.estimated_{n}", getattr(spec, f"estimated_{n}"))
                for n in ("records", "bytes", "tokens")]
         if spec.control and any(est):
             raise ValueError(f"{w} is a control task: its estimated_records, estimated_bytes "
@@ -1150,7 +1152,9 @@ class Coordinator(ProcessBound):
                 f"{lease.attempt_id!r}}}")
         for what, value, limit in (("bytes", nbytes, self._bounds.max_result_bytes),
                                    ("tokens", tokens, self._bounds.max_result_tokens)):
-            if value > limit:
+            # unenforced (INT64_MAX, the most a Limits field holds) no result is refused:
+            # a result's usage may reach 2**64-1, as in straw-queue
+            if value > limit and self._enforce_limits:
                 raise ResourceLimitExceeded(
                     f"the result of task {lease.task_id!r} holds {value} payload {what}; the "
                     f"limit is {limit} (Limits.max_result_{what})")
@@ -2257,10 +2261,18 @@ class Coordinator(ProcessBound):
             if task.status == LEASED:
                 for i, n in enumerate(task.estimates):
                     reserved[i] += n
-        return {"accepted_unprocessed": accepted, "train_ready": ready,
-                "bytes": accepted["bytes"] + ready["bytes"] + reserved[1],
-                "records": accepted["records"] + ready["records"] + reserved[0],
-                "tokens": accepted["tokens"] + ready["tokens"] + reserved[2],
+        totals = {"bytes": accepted["bytes"] + ready["bytes"] + reserved[1],
+                  "records": accepted["records"] + ready["records"] + reserved[0],
+                  "tokens": accepted["tokens"] + ready["tokens"] + reserved[2]}
+        # each amount is unsigned 64-bit (straw-queue's accounting), so their sum can
+        # pass 2**64-1: reported as an overflow, never wrapped; only this report
+        # fails, the queue's durable state and every other call are untouched
+        for part, sums in (("accepted_unprocessed", accepted), ("train_ready", ready),
+                           ("", totals)):
+            for k, v in sums.items():
+                check_usage_total(f"usage_with_reservations.{part + '.' if part else ''}{k}",
+                                  v)
+        return {"accepted_unprocessed": accepted, "train_ready": ready, **totals,
                 "ready_bytes": ready["bytes"], "inflight": st.leased_count - control,
                 "control_inflight": control}
 

@@ -64,6 +64,7 @@ import numpy as np
 import xxhash
 
 from . import framing
+from .checks import UINT64_MAX
 from .errors import CorruptData, UnsupportedSchema
 from .fs import Buffer, Filesystem
 
@@ -322,7 +323,10 @@ def write_segment(fs: Filesystem, directory: str, name: str, delta: Delta,
         # the block's usage sums: the coordinator's usage of unprocessed commits then
         # reads the index, not every row
         sums = [sum(x) for x in zip(*map(row_usage, rows), strict=True)]
-        add(msgpack.packb(list(rows), use_bin_type=True), delta.lo + i, "c", sums)
+        # a block whose sums pass 64 bits (results of 2**64-1 tokens each) has none in
+        # the index (msgpack holds 64 bits): its usage is summed from its rows instead
+        extra = [sums] if all(v <= UINT64_MAX for v in sums) else []
+        add(msgpack.packb(list(rows), use_bin_type=True), delta.lo + i, "c", *extra)
     index = msgpack.packb({"v": HISTORY_VERSION, "lo": delta.lo, "hi": hi, "tables": tables,
                            "blooms": blooms}, use_bin_type=True)
     index_frame = framing.encode_frame(framing.KIND_HISTORY, index, group_start=0)

@@ -41,7 +41,8 @@ brackets are absent from journals written before they existed (replay gives them
 defaults: a submit's row ends at ``control``, whose None is the default lane).
 
 Scheduling order is priority desc, key asc, then FIFO = submission position (kept when a
-task returns to pending).
+task returns to pending by release, failure, expiry or recovery; a yield moves the task to
+the tail, in the order of its updates).
 
 Invariants upheld here (ids as in spec/SPEC.md): an accepted result is appended to the
 commit log exactly once per task (a task leaves ``leased`` on completion); a task has at
@@ -638,8 +639,9 @@ class QueueState:
     # --- scheduling ---------------------------------------------------------------------
     def _make_pending(self, task: Task) -> None:
         # FIFO is the submission position, kept when the task comes back (release, fail,
-        # expiry, yield, recovery): among equal priority and key, older work goes first,
-        # and a coordinator crash cannot reorder tasks (spec Q4)
+        # expiry, recovery): among equal priority and key, older work goes first, and a
+        # coordinator crash cannot reorder tasks (spec Q4).  A yield clears it first: the
+        # task takes the next position (the tail), journaled with the yield
         if task.fifo == 0:
             self.fifo += 1
             task.fifo = self.fifo
@@ -794,6 +796,11 @@ class QueueState:
             task = self._end_attempt(tid, attempt, reader_done=True)
             task.input = tuple(inp) if inp else None  # type: ignore[assignment]
             task.priority, task.key, task.metadata = prio, key, meta
+            # a yielded task joins the tail of its (priority, key) FIFO, in the order of
+            # the updates (straw-queue's rule, which its users rely on: the partial
+            # rollouts returned last are continued last among equals); fail, expiry and
+            # release keep the submission position
+            task.fifo = 0
             self._make_pending(task)
         self._request(txn, tuple(u[0] for u in txn["updates"]))
 

@@ -431,7 +431,9 @@ class ReadSession(ProcessBound):
             for rref, info in ext.members:
                 self._member_info(rref, info)
         else:
-            self._read_extent(ref.segment)
+            # every byte is checked, none kept: a large payload passes through a bounded
+            # scratch buffer (a rewind checks results of many MiB in a small process)
+            self._read_extent(ref.segment, keep=False)
         for name, want in (("task_id", task_id), ("attempt_id", attempt_id)):
             if want is None:
                 continue
@@ -710,7 +712,8 @@ class ReadSession(ProcessBound):
             f"{ref!r}: its manifest is ordinal {ext.ref.manifest.ordinal} of the extent, "
             f"not {ref.manifest.ordinal}; the reference is edited")
 
-    def _read_extent(self, seg: SegmentRef) -> tuple[ExtentInfo, list[Record]]:
+    def _read_extent(self, seg: SegmentRef, *, keep: bool = True
+                     ) -> tuple[ExtentInfo, list[Record]]:
         """Read and check a whole extent; its records with ``bytes`` payloads.  Each
         payload is read straight into its own bytes object in chunks, hashed chunk by
         chunk while still in the CPU cache (one pass over memory, no second copy).  A
@@ -729,9 +732,11 @@ class ReadSession(ProcessBound):
         attempt = 0
         final: _Final | None = None
         while True:
-            ok, ext, payloads, parts = self._read_and_hash(seg)
+            ok, ext, payloads, parts = self._read_and_hash(seg, keep=keep)
             if ok:
                 assert ext is not None
+                if not keep:
+                    return ext, []
                 return ext, [Record(i.record_id, p, i.codec, i.metadata, i.tokens or 0)
                              for i, p in zip(ext.local, payloads, strict=True)]
             if final is not None or not _zero_tail(parts, seg.offset, seg.offset + seg.size):
@@ -747,10 +752,14 @@ class ReadSession(ProcessBound):
             attempt += 1
         raise CorruptData(f"{seg.path} offset {seg.offset}: extent body checksum mismatch")
 
-    def _read_and_hash(self, seg: SegmentRef) -> tuple[bool, ExtentInfo | None, list[bytes],
-                                                       list[tuple[int, memoryview]]]:
+    def _read_and_hash(self, seg: SegmentRef, *, keep: bool = True
+                       ) -> tuple[bool, ExtentInfo | None, list[bytes],
+                                  list[tuple[int, memoryview]]]:
         """One pass over an extent: (body checksum matched, its manifest, the payloads,
-        the (file offset, bytes) parts read, for the zero-tail rule)."""
+        the (file offset, bytes) parts read, for the zero-tail rule).  ``keep=False``
+        checks the same bytes but returns no payloads: those beyond the first read go
+        through one scratch buffer of ``_CHUNK`` bytes (memory bounded whatever their
+        size), and each chunk leaves only its last nonzero byte in ``parts``."""
         # A small extent is read whole at once; of a large one only the start (header and
         # manifest, as a rule): its payloads are read straight into their bytes objects, so
         # what the first read holds of them is copied once more, and that must stay small.
@@ -792,14 +801,20 @@ class ReadSession(ProcessBound):
         payloads = []
         pos = seg.offset + framing.HEADER_SIZE + need  # file offset of the next payload
         head_end = seg.offset + first
+        scratch = None if keep else _alloc(min(_CHUNK, max(lengths, default=0)))
         with self._reading():  # fd stays open for this loop
             fd = self._fd(seg.path)
             for n in lengths:
                 if pos + n <= head_end:  # wholly in the first read: a small copy
                     piece = head[pos - seg.offset:pos + n - seg.offset]
                     hasher.update(piece)
-                    payloads.append(bytes(piece))
+                    if keep:
+                        payloads.append(bytes(piece))
                     pos += n
+                    continue
+                if scratch is not None:
+                    pos = self._hash_through(fd, seg, head, head_end, pos, n, hasher,
+                                             scratch, parts)
                     continue
                 data, view = fresh_bytes(n)
                 k = max(0, head_end - pos)  # bytes of it already in the first read
@@ -827,6 +842,38 @@ class ReadSession(ProcessBound):
             assert cached is not None
             return True, cached, payloads, parts
         return True, self._remember(seg, raw, need, header.body_length), payloads, parts
+
+    def _hash_through(self, fd: int, seg: SegmentRef, head: memoryview, head_end: int,
+                      pos: int, n: int, hasher: Any, scratch: memoryview,
+                      parts: list[tuple[int, memoryview]]) -> int:
+        """Hash the payload of ``n`` bytes at file offset ``pos`` (its start may lie in
+        ``head``, the first read) through ``scratch``, keeping nothing of it; returns the
+        offset after it.  For the zero-tail rule each chunk adds its last nonzero byte
+        to ``parts`` (``_zero_tail`` needs only the last nonzero position)."""
+        k = max(0, head_end - pos)  # bytes of it already in the first read
+        if k:
+            hasher.update(head[pos - seg.offset:])
+        done = k
+        while done < n:
+            m = min(len(scratch), n - done)
+            chunk = scratch[:m]
+            try:
+                complete = self.fs.readinto(fd, chunk, pos + done) == m
+            except OSError:
+                complete = False
+            if not complete:  # the slow path reopens and retries (visibility lag)
+                self._read_exact(seg.path, pos + done, m, into=chunk)
+            hasher.update(chunk)
+            if chunk[m - 1]:  # the common case: no scan
+                parts.append((pos + done + m - 1, memoryview(bytes(chunk[m - 1:m]))))
+            else:
+                rev: Any = np.frombuffer(chunk, dtype=np.uint8)[::-1]
+                back = int(np.argmax(rev != 0))
+                if rev[back]:
+                    at = m - 1 - back
+                    parts.append((pos + done + at, memoryview(bytes(chunk[at:at + 1]))))
+            done += m
+        return pos + n
 
     def _check_header(self, ref: SegmentRef | RecordSetRef, buf: Any) -> framing.FrameHeader:
         where = f"{ref.path} offset {ref.offset}"

@@ -238,12 +238,17 @@ def _writer_part(path: str) -> str:
     return path.split("/", 3)[3][:-len(".strw")]
 
 
-def _check_int(where: str, name: str, v: object) -> None:
-    if type(v) is int and 0 <= v <= INT64_MAX:  # the common case, decided at once
+def _check_int(where: str, name: str, v: object, hi: int = INT64_MAX) -> None:
+    if type(v) is int and 0 <= v <= hi:  # the common case, decided at once
         return
-    if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= INT64_MAX:
-        raise InvalidReference(f"{where}: {name} must be an int in 0..2**63-1, got "
+    if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= hi:
+        bound = "2**64-1" if hi == UINT64_MAX else "2**63-1"
+        raise InvalidReference(f"{where}: {name} must be an int in 0..{bound}, got "
                                f"{short_repr(v)}")
+
+
+def _is_u64(v: object) -> bool:
+    return type(v) is int and 0 <= v <= UINT64_MAX
 
 
 def _in_range(a: object, b: object = 0, c: object = 0) -> bool:
@@ -476,13 +481,17 @@ class RecordSetRef:
         if not isinstance(self.manifest, RecordRef):
             raise InvalidReference(f"{self!r}: manifest must be a RecordRef")
         self.manifest.check()
-        if not _in_range(self.records, self.payload_bytes, self.tokens):
+        if not (_in_range(self.records) and _is_u64(self.payload_bytes)
+                and _is_u64(self.tokens)):
             where = f"reference to {self.manifest.segment.path}"
             _check_int(where, "records", self.records)
             # "Invalid result usage": straw-queue's phrase for a bad payload_bytes/tokens
-            # (the usage a result is accounted with), which its callers match.
+            # (the usage a result is accounted with), which its callers match.  Both are
+            # unsigned 64-bit, as straw-queue's (a publication's tokens may reach
+            # 2**64-1; the reader then checks them against the manifest).
             for name in ("payload_bytes", "tokens"):
-                _check_int(f"Invalid result usage in {where}", name, getattr(self, name))
+                _check_int(f"Invalid result usage in {where}", name, getattr(self, name),
+                           UINT64_MAX)
         if not isinstance(self.digest, str) or not _HEX32.match(self.digest):
             raise InvalidReference(f"{self!r}: digest must be 32 lowercase hex digits")
         # not a field: equality, hashing, repr and asdict never see it

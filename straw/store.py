@@ -60,7 +60,7 @@ import xxhash
 from . import framing, holder
 from .backend import FilesystemBackend
 from .catalog import Catalog, Extent
-from .checks import check_count, check_seconds
+from .checks import check_count, check_seconds, check_u64, check_usage_total
 from .clock import Clock, SystemClock
 from .errors import (
     Closed,
@@ -104,6 +104,23 @@ _PUBLISH_SECONDS_KEPT = 1024
 
 _API_CALLS = {"publish": "publish/publish_many", "records": "write_records",
               "record_set": "record_set"}
+
+
+def _check_usage(normalized: list[_Pub]) -> None:
+    """Each publication's payload bytes and tokens, its dependencies' included
+    transitively (what its manifest and reference carry), fit in 64 unsigned bits:
+    ``ValueError`` ("overflow") before anything is written, never a wrapped count (a
+    record's tokens may each be up to 2**64-1, as in straw-queue)."""
+    totals: list[tuple[int, int]] = []
+    for i, n in enumerate(normalized):
+        deps = [totals[d] if isinstance(d, int) else (d.payload_bytes, d.tokens)
+                for d in n.deps]
+        payload_bytes = n.pub_bytes + sum(b for b, _ in deps)
+        tokens = n.pub_tokens + sum(t for _, t in deps)
+        check_usage_total(f"publications[{i}] payload bytes (dependencies included)",
+                          payload_bytes)
+        check_usage_total(f"publications[{i}] tokens (dependencies included)", tokens)
+        totals.append((payload_bytes, tokens))
 
 
 def _ident_tokens(tokens: int) -> int | None:
@@ -498,6 +515,7 @@ class SharedFilesystemStore(ProcessBound):
                 self._check_not_reclaimed(known.refs, submission_id, api)
                 return list(known.refs)
             self._check_dependencies(normalized)
+            _check_usage(normalized)
             refs = self._write(writer, submission_id, normalized, api)
             writer.index[(api, submission_id)] = Submission(digests, tuple(refs), api)
             m = self._metrics
@@ -647,7 +665,7 @@ class SharedFilesystemStore(ProcessBound):
                     f"codecs=({r.codec!r},) (built-ins: {', '.join(BUILTIN_CODECS)})"
                 )
             if r.tokens is not None:  # None means "no token count": stored as 0
-                check_count(f"{rw}.tokens", r.tokens)
+                check_u64(f"{rw}.tokens", r.tokens)  # unsigned, as straw-queue's
             tokens = r.tokens or 0
             meta = canonical_metadata(r.metadata, rw)
             view = payload_view(r.payload, rw)

@@ -52,7 +52,7 @@ def _store(root, **kw) -> SharedFilesystemStore:
         ([Record("a", b"x", metadata={"v": b"raw"})], TypeError, r"is a bytes"),
         ([Record("a", b"x", metadata={1: "int key"})], TypeError, r"keys must be str"),
         ([Record("a", b"x", metadata=["not", "a", "dict"])], TypeError, r"metadata must be a dict"),  # type: ignore[arg-type]
-        ([Record("a", b"x", tokens=-1)], ValueError, r"tokens must be a 64-bit int in 0\.\.2\*\*63-1"),
+        ([Record("a", b"x", tokens=-1)], ValueError, r"tokens must be a 64-bit int in 0\.\.2\*\*64-1"),
         ([Record("a", np.arange(10)[::2])], ValueError, r"not C-contiguous"),
         (["not a record"], TypeError, r"records\[0\] must be a straw.Record"),
         ("abc", TypeError, r"records must be a list"),

@@ -217,9 +217,8 @@ def test_scheduling_order_and_continuations(tmp_path):
         queue.yield_tasks(updates, request_id="return-1")
         queue.yield_tasks(updates, request_id="return-1")  # a lost reply, retried
         order = [t.task_id for t in queue.pending_tasks()]
-        # straw-queue puts a returned task at the tail of its key's FIFO (mid-b, mid-a);
-        # ours keeps its submission position (spec Q4, docs/COMPATIBILITY.md)
-        assert order == ["p:high", "p:mid-old", "p:mid-a", "p:mid-b", "p:low"]
+        # a returned task joins the tail of its key's FIFO (mid-b, then mid-a; spec Q4)
+        assert order == ["p:high", "p:mid-old", "p:mid-b", "p:mid-a", "p:low"]
         back = {t.task_id: t for t in queue.pending_tasks(task_prefix="p:mid-a")}
         assert back["p:mid-a"].input_ref == partial
         assert back["p:mid-a"].metadata == {"stage": "partial"}
