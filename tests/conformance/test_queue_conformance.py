@@ -791,10 +791,10 @@ def test_fencing_skipped_mutant_is_caught() -> None:
 
 
 def test_requeued_task_keeps_its_fifo_position() -> None:
-    """Formerly a disagreement (fixed in the engine): two tasks
-    of equal priority and key; t0 is leased and released. The spec (static submission FIFO,
-    Q4) hands out t0 again; the engine gives a task a new FIFO position whenever it becomes
-    pending again (release, fail, expiry, yield, recovery) and hands out t1."""
+    """Formerly a disagreement (fixed in the engine): two tasks of equal priority and key;
+    t0 is leased and released.  The spec (Q4: the submission FIFO, which only a yield
+    renews) hands out t0 again; the engine then gave a task a new FIFO position whenever it
+    became pending again (release, fail, expiry, recovery) and handed out t1."""
     sim, clock = SimFS(0), ManualClock()
     store = SharedFilesystemStore("/pool", "run", fs=sim, clock=clock, reserve_bytes=0,
                                   visibility_retries=1)
