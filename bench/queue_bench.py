@@ -362,6 +362,9 @@ def main(argv: list[str] | None = None) -> int:
         "many_clients_tasks_per_s": many,
         "many_vs_one": scaling,
         "coordinator_syncs_per_completion": syncs,
+        # CPU ms per completion from "go" to the end (the "combined" entry has its own)
+        "coordinator_cpu_ms_per_completion": fig["plain"]["coord_cpu_ms"],
+        "client_cpu_ms_per_completion": fig["plain"]["client_cpu_ms"],
         "combined": fig["combined"],
         "reopen_s": big["reopen_s"],
         "reopen_tasks": big["tasks"],
