@@ -9,7 +9,9 @@
   process with one serving thread per client, over a pipe carrying only control messages
   (leases, references) as Ray would.  1 and N clients, tasks/s and the ratio, plus
   coordinator syncs (journal + catalog fsync/fdatasync, counted by ``CountingFS`` on the
-  coordinator's store) per completion — group commit;
+  coordinator's store) per completion — group commit; and CPU milliseconds per completion
+  of the coordinator's process and of the client processes, counted from "go" to the end
+  only (what bounds the rate on a machine whose cores are shared);
 * reopening (recovering) a queue with N completed tasks (``--history``, default 100,000;
   ``--history 1000000`` for issue 13's figure, about 15 min to build): seconds, in process
   and from a fresh process (split into the catalog's part, the queue's part and the first
@@ -84,6 +86,7 @@ def _client_process(conn: Connection, root: str, worker: str, combined: bool = F
         payload = os.urandom(256)
         conn.send("ready")
         conn.recv()  # go
+        t0 = os.times()  # this process's CPU from "go" on (its imports and setup excluded)
         done = 0
         conn.send(("acquire", worker))
         lease = conn.recv()
@@ -100,12 +103,15 @@ def _client_process(conn: Connection, root: str, worker: str, combined: bool = F
                 conn.send(("acquire", worker))
                 lease = conn.recv()
             done += 1
-        conn.send(("bye", done))
+        t1 = os.times()
+        conn.send(("bye", done, (t1.user - t0.user) + (t1.system - t0.system)))
 
 
-def _serve(q: Coordinator, conn: Connection, errors: list[BaseException]) -> None:
+def _serve(q: Coordinator, conn: Connection, errors: list[BaseException],
+           client_cpu: list[float]) -> None:
     """The coordinator's side of one client connection (one thread per client).  An error
-    is kept for the caller, and the client is told to stop (``None``) instead of hanging."""
+    is kept for the caller, and the client is told to stop (``None``) instead of hanging.
+    The client's CPU seconds from "go" to its last call go to ``client_cpu``."""
     while True:
         msg = conn.recv()
         try:
@@ -120,7 +126,8 @@ def _serve(q: Coordinator, conn: Connection, errors: list[BaseException]) -> Non
                 _, lease, sub, ref = msg
                 _, got = q.complete_and_acquire(lease, submission_id=sub, result_ref=ref)
                 conn.send(got.assignments[0].lease if got.assignments else None)
-            else:
+            else:  # ("bye", done, cpu seconds)
+                client_cpu.append(msg[2])
                 return
         except Exception as e:  # noqa: BLE001 - reported by clients()
             errors.append(e)
@@ -129,8 +136,12 @@ def _serve(q: Coordinator, conn: Connection, errors: list[BaseException]) -> Non
 
 def clients(root: str, n: int, nclients: int, combined: bool = False) -> dict[str, float]:
     """``nclients`` client processes against one coordinator (this process, one serving
-    thread per client): tasks/s and coordinator syncs per completion.  ``combined``: the
-    clients finish each task with ``complete_and_acquire``."""
+    thread per client): tasks/s, coordinator syncs per completion, and CPU milliseconds
+    per completion of the coordinator's process (``time.process_time``: all its threads,
+    the pipe's unpickling and pickling included) and of the client processes together
+    (each reports its ``os.times`` from "go" to its last call), both counted from "go"
+    to the end only.  ``combined``: the clients finish each task with
+    ``complete_and_acquire``."""
     ctx = mp.get_context("spawn")
     counting = CountingFS(PosixFS())
     coord_store = SharedFilesystemStore(root, "bench", writer_id="coord", fs=counting)
@@ -147,17 +158,20 @@ def clients(root: str, n: int, nclients: int, combined: bool = False) -> dict[st
         if c.recv() != "ready":
             raise RuntimeError("a bench client failed to start")
     errors: list[BaseException] = []
-    threads = [threading.Thread(target=_serve, args=(q, c, errors), daemon=True)
+    client_cpu: list[float] = []
+    threads = [threading.Thread(target=_serve, args=(q, c, errors, client_cpu), daemon=True)
                for c in conns]
     for t in threads:
         t.start()
     before = sum(counting.calls.get(op, 0) for op in SYNCS)
     t0 = time.perf_counter()
+    cpu0 = time.process_time()
     for c in conns:
         c.send("go")
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
+    coord_cpu = time.process_time() - cpu0
     syncs = sum(counting.calls.get(op, 0) for op in SYNCS) - before
     done = q.metrics()["completed"]
     for pr in procs:
@@ -168,7 +182,11 @@ def clients(root: str, n: int, nclients: int, combined: bool = False) -> dict[st
         raise RuntimeError(f"the coordinator failed serving a client: {errors[0]!r}")
     if done != n:
         raise RuntimeError(f"{done} of {n} tasks completed")
-    return {"rate": done / wall, "syncs_per_completion": syncs / done, "completed": done}
+    if len(client_cpu) != nclients:
+        raise RuntimeError(f"{len(client_cpu)} of {nclients} clients reported their CPU")
+    return {"rate": done / wall, "syncs_per_completion": syncs / done, "completed": done,
+            "coordinator_cpu_ms": coord_cpu / done * 1e3,
+            "client_cpu_ms": sum(client_cpu) / done * 1e3}
 
 
 def complete_in_threads(q: Coordinator, work: list[tuple[Any, Any]], threads: int) -> None:
@@ -326,6 +344,13 @@ def main(argv: list[str] | None = None) -> int:
                                          zip(manys[k], singles[k], strict=True)),
             "syncs": statistics.median(m["syncs_per_completion"] for m in manys[k]),
             "syncs_single": statistics.median(m["syncs_per_completion"] for m in singles[k]),
+            # CPU ms per completion from "go" to the end: the coordinator's process (all
+            # its threads) and the client processes together
+            "coord_cpu_ms_single": statistics.median(m["coordinator_cpu_ms"]
+                                                     for m in singles[k]),
+            "coord_cpu_ms": statistics.median(m["coordinator_cpu_ms"] for m in manys[k]),
+            "client_cpu_ms_single": statistics.median(m["client_cpu_ms"] for m in singles[k]),
+            "client_cpu_ms": statistics.median(m["client_cpu_ms"] for m in manys[k]),
         }
     one, single, many = fig["plain"]["one"], fig["plain"]["single"], fig["plain"]["many"]
     scaling, syncs = fig["plain"]["scaling"], fig["plain"]["syncs"]
@@ -337,6 +362,9 @@ def main(argv: list[str] | None = None) -> int:
         "many_clients_tasks_per_s": many,
         "many_vs_one": scaling,
         "coordinator_syncs_per_completion": syncs,
+        # CPU ms per completion from "go" to the end (the "combined" entry has its own)
+        "coordinator_cpu_ms_per_completion": fig["plain"]["coord_cpu_ms"],
+        "client_cpu_ms_per_completion": fig["plain"]["client_cpu_ms"],
         "combined": fig["combined"],
         "reopen_s": big["reopen_s"],
         "reopen_tasks": big["tasks"],
@@ -357,6 +385,10 @@ def main(argv: list[str] | None = None) -> int:
               f"completion), {args.clients} -> {f['many']:.0f} tasks/s ({f['scaling']:.2f}x "
               f"of 1, target >= 3x; {f['syncs']:.2f} coordinator syncs per completion, "
               "target <= 0.7)")
+        print(f"  {'':8s} CPU ms per completion (from go to the end): coordinator process "
+              f"{f['coord_cpu_ms_single']:.2f} at 1 client, {f['coord_cpu_ms']:.2f} at "
+              f"{args.clients}; client processes {f['client_cpu_ms_single']:.2f} at 1, "
+              f"{f['client_cpu_ms']:.2f} at {args.clients}")
     print("  catalog bytes per task: bench.catalog_bench (this build shares one result)")
     print(f"  reopen with {big['tasks']:,} completed tasks (built in {big['build_s']:.0f} s): "
           f"{big['reopen_s']:.3f} s in process; control bytes per task "

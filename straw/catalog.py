@@ -488,6 +488,7 @@ class Catalog(ProcessBound):
         self._size = 0  # the file's size (data + reserved tail) as last seen under the lock
         self._reserving = True  # False once the filesystem said it cannot reserve
         self._lock_fd: int | None = None
+        self._locked_fd: int | None = None  # the catalog opened by the refresh under the lock
         self._mutex = threading.Lock()
         self._pending_lock = threading.Lock()
         self._pending: list[_AdoptRequest] = []
@@ -546,10 +547,17 @@ class Catalog(ProcessBound):
         try:
             yield
         finally:
+            self._drop_locked_fd()
             try:
                 self.fs.unlock(self._lock_fd)
             except OSError:
                 pass
+
+    def _drop_locked_fd(self) -> None:
+        """Close the handle the last refresh under this lock kept for appends."""
+        fd, self._locked_fd = self._locked_fd, None
+        if fd is not None:
+            close_quietly(self.fs, fd)
 
     def _open_lock_file(self) -> int:
         try:
@@ -582,7 +590,9 @@ class Catalog(ProcessBound):
             step = min(step * 2, _MAX_READ)
 
     def _refresh(self) -> None:
+        self._drop_locked_fd()  # a repair refreshes again under the same lock
         fd = self.fs.open(self.path, write=True)
+        kept = False
         try:
             self._size = self.fs.fstat(fd).size
             if self._tail_start and self._head_changed(fd) and not self._follow(fd):
@@ -638,6 +648,10 @@ class Catalog(ProcessBound):
                     # compaction by this client names it to its followers, CS2)
                     self._head = self._write_txn(fd, [{"op": "init", "v": CATALOG_VERSION}])
                     self._base_end = len(self._head)
+            # opened after the lock was taken (close-to-open visibility): the appends made
+            # under this lock reuse it, one open and close per locked section, not two
+            # (an open is a round trip to the metadata server on JuiceFS)
+            self._locked_fd, kept = fd, True
         except framing.DamagedFrame as e:
             raise _CatalogDamaged(self.path, e) from None
         except CorruptData as e:
@@ -645,7 +659,8 @@ class Catalog(ProcessBound):
         except OSError as e:
             raise storage_error(e, f"cannot read catalog {self.path}") from e
         finally:
-            self.fs.close(fd)
+            if not kept:
+                self.fs.close(fd)
 
     def _head_changed(self, fd: int) -> bool:
         """Is the catalog's first frame another one than the one this client replayed?
@@ -850,14 +865,17 @@ class Catalog(ProcessBound):
         as every other client will when it replays it (we hold the lock: nothing else
         was appended since our refresh)."""
         self._check_process()
-        fd = self.fs.open(self.path, write=True)
+        own = self._locked_fd is None  # the refresh under this lock kept its handle
+        fd = self.fs.open(self.path, write=True) if own else self._locked_fd
+        assert fd is not None
         try:
             self._write_txn(fd, ops)
         except OSError as e:
             # the tail may now be torn: the next locker (maybe us) repairs it
             raise storage_error(e, f"catalog append to {self.path} failed") from e
         finally:
-            self.fs.close(fd)
+            if own:
+                self.fs.close(fd)
         for op in ops:
             self.state.apply(op)
         if (self.compact_after is not None and not self._closing and

@@ -309,6 +309,7 @@ class Coordinator(ProcessBound):
         except OSError as e:
             raise storage_error(e, f"cannot create queue directory {self.dir}") from e
         self._lock_fd: int | None = None
+        self._fence_path: tuple[int, str] | None = None  # (epoch, the next epoch's file)
         try:
             self._open(recover, takeover)
         except BaseException:
@@ -467,7 +468,11 @@ class Coordinator(ProcessBound):
     def _fence_check(self) -> None:
         """Raise ``Fenced`` if a newer epoch exists (checked after every sync, before any
         reply: an old coordinator that resumes acknowledges nothing)."""
-        if not self.fs.probe(self._epoch_path(self.epoch + 1)):
+        # the next epoch's path, formatted once per epoch (this runs after every sync)
+        fence = self._fence_path
+        if fence is None or fence[0] != self.epoch:
+            fence = self._fence_path = (self.epoch, self._epoch_path(self.epoch + 1))
+        if not self.fs.probe(fence[1]):
             return
         raise Fenced(f"queue {self.owner}: epoch {self.epoch + 1} exists; coordinator "
                      f"epoch {self.epoch} is fenced")
