@@ -146,8 +146,7 @@ def test_size_classes_are_judged_apart():
 
 class SlowThreadFS(PosixFS):
     """PosixFS whose reads by threads other than ``loader`` take ``helper_delay`` seconds
-    per ``_READ_BYTES`` more (a helper thread on a busy core) and reads by ``loader``
-    ``loader_delay`` more
+    more (a helper thread on a busy core) and reads by ``loader`` ``loader_delay`` more
     (reads that wait, where a second thread pays); records the reading thread of every
     read, and can flip one byte of the reads covering ``flip_at`` (damage)."""
 
@@ -171,9 +170,7 @@ class SlowThreadFS(PosixFS):
         if offset <= self.flip_at < offset + n:
             view[self.flip_at - offset] ^= 0xFF
             self.hit_by.append(me)
-        # (per byte: a read of a smaller block, in a shared span's tail, waits less)
-        time.sleep((self.loader_delay if me == self.loader else self.helper_delay)
-                   * n / T._READ_BYTES)
+        time.sleep(self.loader_delay if me == self.loader else self.helper_delay)
         if me != self.loader:
             self.other_read.set()
         return n
