@@ -28,8 +28,7 @@ descriptor), and each chunk is hashed right after its block lands, while it is s
 the CPU cache: on these machines hashing from the cache takes about a third of the
 copy's time, hashing the same bytes again from memory about two thirds.  One thread
 therefore caps a load at about 0.7 of a memcpy.  A span of 8 MiB or more may be read by two
-threads, each taking the next unread block and hashing it itself (the span's last 2 MiB
-in quarter blocks, so that neither waits long for the other's last block): the reads and the
+threads, each taking the next unread block and hashing it itself: the reads and the
 hashes (``xxhash.xxh3_128``, which releases the GIL; ``xxh3_128_digest`` does not) run
 without the GIL.  That pays on a free second core and costs on a busy one (the threads
 take turns and the GIL changes hands at every block), so the loads decide it by
@@ -365,22 +364,6 @@ def _use_helper(nbytes: int) -> bool | None:
     """Whether a span of ``nbytes`` gets a helper thread (``_helpers.choose``; tests
     replace this to force one way)."""
     return _helpers.choose(nbytes)
-
-
-_TAIL_BYTES = 2 << 20  # a shared span's last bytes, read in blocks of a quarter
-
-
-def _shared_parts(nbytes: int, block: int, chunk: int) -> list[tuple[int, int, int]]:
-    """A span that two threads share, as ``(lo, hi, block size)`` parts: its head in
-    ``block`` blocks, then its last ``_TAIL_BYTES`` or so in blocks a quarter that size
-    (whole chunks, at least one), so that the thread that runs out of blocks first waits
-    for at most a small block of the other's.  (Smaller blocks all along would cost a
-    read call and a hand-out per block: at 256 KiB about 5% of the copy's time.)"""
-    small = max(1, block // 4 // chunk) * chunk
-    head = max(0, (nbytes - _TAIL_BYTES) // block * block)
-    if small >= block or head == 0:
-        return [(0, nbytes, block)]
-    return [(0, head, block), (head, nbytes, small)]
 
 
 def _byte_view(a: Any) -> memoryview:
@@ -1024,20 +1007,13 @@ class TensorRef:
                        block: int) -> None:
         """``_verify_blocks`` of the whole span by this thread and one pool thread, each
         taking the next unread block; returns once the helper is done with ``span``."""
-        parts = _shared_parts(span.nbytes, block, loc[2])
-        shared = [_Blocks(hi - lo, size) for lo, hi, size in parts]
-
-        def run() -> None:  # each thread: the next unread block of the head, then the tail
-            for (lo, hi, size), blocks in zip(parts, shared, strict=True):
-                self._verify_blocks(session, loc, expected, j0 + lo // loc[2],
-                                    span[lo:hi], start + lo, size, blocks)
-
-        helper = _executor().submit(run)
+        blocks = _Blocks(span.nbytes, block)
+        helper = _executor().submit(self._verify_blocks, session, loc, expected, j0,
+                                    span, start, block, blocks)
         try:
-            run()
+            self._verify_blocks(session, loc, expected, j0, span, start, block, blocks)
         except BaseException:
-            for blocks in shared:
-                blocks.stop()  # the helper takes no further block of a load that failed
+            blocks.stop()  # the helper takes no further block of a load that failed
             raise
         finally:
             # the helper must be done with ``span`` before this returns: one queued behind

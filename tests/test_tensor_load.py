@@ -13,7 +13,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import straw.tensor as T
@@ -177,51 +177,6 @@ def test_block_and_chunk_arithmetic(shared, rows, cols, chunk, blocks, data):
         T._READ_BYTES = saved
 
 
-@given(rows=st.integers(1, 80), cols=st.integers(1, 9), chunk=st.integers(1, 200),
-       blocks=st.sampled_from([1, 2, 4, 9]), tail=st.integers(0, 2000), data=st.data())
-@settings(max_examples=60, deadline=None)
-def test_spans_two_threads_share_are_read_head_then_tail(shared, rows, cols, chunk, blocks,
-                                                         tail, data):
-    """A span two threads share: a head of whole blocks, then a tail in blocks of a quarter
-    (whole chunks), every byte read once; a flipped byte anywhere, in the head or the
-    tail, fails exactly the reads touching its chunk."""
-    value = np.random.default_rng(rows * 1000 + cols).integers(
-        -2**15, 2**15, (rows, cols), dtype=np.int16)
-    block = blocks * chunk
-    parts = T._shared_parts(value.nbytes, block, chunk)
-    assert parts[0][0] == 0 and parts[-1][1] == value.nbytes
-    assert all(a[1] == b[0] for a, b in zip(parts, parts[1:], strict=False))
-    assert all(size % chunk == 0 and size <= block for _, _, size in parts)
-    if len(parts) == 2:  # a tail: after whole blocks, at least _TAIL_BYTES, in quarters
-        (_, head, _), (_, _, small) = parts
-        assert head % block == 0 and value.nbytes - head >= tail
-        assert small == max(1, blocks // 4) * chunk < block
-    saved = T._READ_BYTES, T._PARALLEL_LOAD, T._TAIL_BYTES, T._use_helper
-    T._READ_BYTES, T._PARALLEL_LOAD, T._TAIL_BYTES = block, 1, tail
-    T._use_helper = lambda nbytes: True  # every span longer than a block: shared
-    try:
-        _published[0] += 1
-        (ref,) = publish_tensors(shared, {"v": value}, submission_id=f"p{_published[0]}",
-                                 chunk_bytes=chunk)
-        a = data.draw(st.integers(0, rows))
-        b = data.draw(st.integers(a, rows))
-        assert np.array_equal(ref.rows(a, b), value[a:b])
-        assert np.array_equal(ref.load(), value)
-        pos = data.draw(st.integers(0, value.nbytes - 1))
-        _flip_in_file(os.path.join(shared.root, ref.publication.path),
-                      _payload_offset(ref) + pos)
-        bad, row = pos // chunk, cols * 2
-        if a < b and a * row // chunk <= bad <= (b * row - 1) // chunk:
-            with pytest.raises(CorruptData, match=f"chunk {bad} "):
-                ref.rows(a, b)
-        else:
-            assert np.array_equal(ref.rows(a, b), value[a:b])
-        with pytest.raises(CorruptData, match=f"chunk {bad} "):
-            ref.load()
-    finally:
-        T._READ_BYTES, T._PARALLEL_LOAD, T._TAIL_BYTES, T._use_helper = saved
-
-
 def test_out_buffers_that_do_not_fit_are_refused_before_reading(tamper):
     store, fs = tamper
     value = torch.from_numpy(_random((6, 5), seed=4))
@@ -333,10 +288,7 @@ def test_a_large_load_is_read_and_verified_by_two_threads(two_threads):
     fs.rendezvous = True  # the loading thread waits until the helper has read a block
     out = np.empty_like(value)
     assert ref.load(out=out) is out and np.array_equal(out, value)
-    # every block read once: the head in _READ_BYTES blocks, the last 2 MiB in quarters
-    assert T._shared_parts(value.nbytes, T._READ_BYTES, T.CHUNK_BYTES) == [
-        (0, 2 * MiB, MiB), (2 * MiB, 4 * MiB, MiB // 4)]
-    assert len(set(fs.threads)) == 2 and len(fs.threads) == 2 + 8
+    assert len(set(fs.threads)) == 2 and len(fs.threads) == value.nbytes // T._READ_BYTES
     fs.rendezvous, fs.other_read = False, type(fs.other_read)()
     assert np.array_equal(ref.rows(1, 1023), value[1:1023])
 
