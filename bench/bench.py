@@ -246,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     print_table(tensor_figures)
     print(tensor_bench.NOTE)
     print(tensor_bench.cpu_line(rounds))
+    print(tensor_bench.split_line(rounds))
     calls = rounds[-1]["publish_small"]["calls"] or {}
     per = ", ".join(f"{k} {fmt(v / p['small_count'])}" for k, v in calls.items())
     print(f"\nsteady-state filesystem calls per {human_bytes(p['small_size'])} publication "

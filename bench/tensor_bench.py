@@ -158,6 +158,34 @@ def cpu_line(rounds: list[dict[str, Any]]) -> str:
             "other processes hold the cores): " + "; ".join(parts) + helped)
 
 
+def _split_med(loads: list[dict[str, Any]], prefix: str) -> str:
+    """The median wall-clock and CPU-time ratios to memcpy of one load figure."""
+    wall = summary([x[f"{prefix}vs_memcpy"] for x in loads])["median"]
+    cpu = [x[f"{prefix}cpu_vs_memcpy"] for x in loads
+           if x.get(f"{prefix}cpu_vs_memcpy") is not None]
+    return f"{fmt(wall)} ({fmt(summary(cpu)['median']) if cpu else '-'} CPU)"
+
+
+def split_line(rounds: list[dict[str, Any]]) -> str:
+    """Where ``load(out=x)``'s time goes on one thread (medians over rounds of each figure
+    against its own alternating memcpy): straw's load method in bare loops into the same
+    buffer (``tensor_workloads._Bare``): the preads alone (the copy out of the page cache),
+    the preads with each chunk hashed as its block lands (the method's floor), then what
+    the library adds (its ``load(out=x)`` over the bare loop)."""
+    parts = []
+    for kind in KINDS:
+        ld = [rd[f"tensor_{kind}_load"] for rd in rounds]
+        if not all("bare_vs_memcpy" in x for x in ld):
+            return ""
+        over = summary([x["out_mib_s"] / x["bare_mib_s"] for x in ld])["median"]
+        parts.append(f"{kind}: preads alone {_split_med(ld, 'preads_')}, preads + hash "
+                     f"{_split_med(ld, 'bare_')}, load(out=x) {_split_med(ld, 'out_')}, "
+                     f"{fmt(over)} of the bare loop's MiB/s")
+    return ("where a one-thread load's time goes, x memcpy alternating (in CPU time): the "
+            "page-cache copy, then with its chunks hashed in cache, in bare loops; then "
+            "load(out=x): " + "; ".join(parts))
+
+
 def round_line(rd: dict[str, Any]) -> str:
     """A progress fragment for one round of ``just bench``."""
     parts = []

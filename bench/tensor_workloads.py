@@ -24,7 +24,10 @@ about the ``tensor.v1`` codec (straw has it built in).
   memcpy, where the MiB/s ratios say how long it took.  ``two_threads`` (and ``out_``,
   ``rows_``): the share of the timed calls' spans of 8 MiB or more that straw read with a
   second thread (``straw.tensor._helpers``, which decides it from present signals; None
-  for straw-queue).
+  for straw-queue).  For straw, ``preads_`` and ``bare_`` (the same fields): its
+  one-thread load method in bare loops into ``load(out=x)``'s buffer (``_Bare``: the
+  preads alone, then with every chunk hashed as its block lands), timed the same way, so
+  that a load's time splits into the copy, the hash and what the library adds.
 * ``tensor_slice``: ``ref[i:i + 1]`` one-row reads at seeded random rows of one tensor
   (after 20 untimed reads); median and p90 latency in ms.
 """
@@ -151,6 +154,45 @@ def _alternating(memcpy: _Memcpy, calls: list[Any], passes: int
     return times, copies, helped / spans if spans else None
 
 
+class _Bare:
+    """straw's one-thread load method in a bare loop (straw only: the pack is found through
+    its read session): ``preads`` reads the payload into ``out`` in the load's blocks
+    (``straw.tensor._READ_BYTES``, one descriptor opened ahead, as the session holds one),
+    ``preads_hashed`` also hashes each checksum chunk right after its block lands and
+    compares it with the published digest, as ``load()`` does on one thread.  Timed against
+    the same alternating memcpy as ``load(out=x)`` (the same buffer), they split a load's
+    time into the copy from the page cache, the hash, and what the library adds."""
+
+    def __init__(self, ref: Any, out: Any) -> None:
+        import xxhash
+
+        tensor = importlib.import_module("straw.tensor")
+        session = ref._session()
+        digests, path, self.origin, self.chunk = ref._checked(session)
+        self.digests = [digests[i:i + 16] for i in range(0, len(digests), 16)]
+        self.fd = os.open(os.path.join(session.root, path), os.O_RDONLY | os.O_CLOEXEC)
+        self.view = memoryview(out.reshape(-1).view(importlib.import_module("torch").uint8)
+                               .numpy()).cast("B")
+        self.block = max(1, tensor._READ_BYTES // self.chunk) * self.chunk
+        self.digest = xxhash.xxh3_128_digest
+
+    def preads(self) -> None:
+        view, fd, origin = self.view, self.fd, self.origin
+        for lo in range(0, view.nbytes, self.block):
+            os.preadv(fd, [view[lo:lo + self.block]], origin + lo)
+
+    def preads_hashed(self) -> None:
+        view, fd, origin, c, digest = self.view, self.fd, self.origin, self.chunk, self.digest
+        for lo in range(0, view.nbytes, self.block):
+            os.preadv(fd, [view[lo:lo + self.block]], origin + lo)
+            for pos in range(lo, min(lo + self.block, view.nbytes), c):
+                if digest(view[pos:pos + c]) != self.digests[pos // c]:
+                    raise AssertionError("bare loop: a chunk fails its checksum")
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
 def tensor_load(impl: Any, root: str, *, shape: tuple[int, ...], dtype: str, count: int = 2,
                 passes: int = 5) -> dict[str, Any]:
     import torch
@@ -161,6 +203,7 @@ def tensor_load(impl: Any, root: str, *, shape: tuple[int, ...], dtype: str, cou
     row = nbytes // shape[0]
     memcpy = _Memcpy()
     store = _store(impl, root)
+    bare: list[_Bare] = []
     try:
         refs = [publish(store, {"x": t}, submission_id=f"l-{i}")[0]
                 for i, t in enumerate(data)]
@@ -186,6 +229,14 @@ def tensor_load(impl: Any, root: str, *, shape: tuple[int, ...], dtype: str, cou
         if with_out:
             kinds.append(("out_", [lambda ref=ref: ref.load(out=out) for ref in refs],
                           nbytes))
+            # where load(out=x)'s time goes: its method in bare loops into the same buffer
+            bare = [_Bare(ref, out) for ref in refs]
+            for b in bare:  # (the bare loop checks what it reads, as a load does)
+                b.preads_hashed()
+                if not torch.equal(out, data[bare.index(b)]):
+                    raise AssertionError(f"{impl.name}: the bare loop read other bytes")
+            kinds += [("preads_", [b.preads for b in bare], nbytes),
+                      ("bare_", [b.preads_hashed for b in bare], nbytes)]
         for prefix, calls, size in kinds:
             timed, copied, two_threads = _alternating(memcpy, calls, passes)
             times = [w for w, _ in timed]
@@ -202,6 +253,8 @@ def tensor_load(impl: Any, root: str, *, shape: tuple[int, ...], dtype: str, cou
                            f"{prefix}per_call_s": times,
                            f"{prefix}two_threads": two_threads})
     finally:
+        for b in bare:
+            b.close()
         store.close()
         shutil.rmtree(root, ignore_errors=True)
     return result

@@ -51,6 +51,12 @@ def test_quick_bench_completes_and_reports_every_figure(tmp_path):
     assert len(doc["rounds"]) == doc["params"]["rounds"] == 1
     for fig in doc["figures"].values():  # the table names every figure
         assert fig["label"] in proc.stdout
+    # where a tensor load's time goes: the bare loops of its method, against memcpy
+    assert "where a one-thread load's time goes" in proc.stdout
+    for kind in ("f32", "i32"):
+        load = doc["rounds"][0][f"tensor_{kind}_load"]
+        for prefix in ("preads_", "bare_"):
+            assert _number(load[f"{prefix}vs_memcpy"]) and load[f"{prefix}vs_memcpy"] > 0
     # the temp pool is removed afterwards
     assert not any((tmp_path / "work").iterdir())
 
