@@ -25,6 +25,10 @@ the object store's (target >= 0.8).  On a loaded machine throughput follows the 
 CPU seconds per batch of the whole cluster (every process of the local cluster: driver,
 raylets, actors; from ``/proc``, Linux) do much less, so they are reported too, per side,
 with their ratio (how much more CPU straw spends on a batch).
+The same readings split by process give CPU ms per group of each part: the
+``driver``, straw's ``controller`` actor (coordinator, data source, batch builder), the
+``generation`` actors of either side, and ``ray`` (raylets, GCS, idle workers, agents),
+from the title Ray gives each actor's process: where each side's CPU goes.
 
 The kill: each side is stopped abruptly (every actor and the driver's state gone, as when
 the job's driver process is SIGKILLed) once the next batch is half full, then started
@@ -92,9 +96,31 @@ class ObjectStoreGenerator:
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def tree_cpu() -> float | None:
-    """CPU seconds (user + system) of this process and every live descendant (the
-    local cluster's processes), or None without ``/proc``."""
+def _role(pid: int) -> str:
+    """Which part of the pipeline process ``pid`` is: ``driver`` (this process),
+    ``controller`` (straw's controller actor: coordinator, data source, builder),
+    ``generation`` (the generation actors of either side) or ``ray`` (raylets, GCS, idle
+    workers, agents), from the title Ray gives an actor's process (``ray::Class...``)."""
+    if pid == os.getpid():
+        return "driver"
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            title = f.read().split(b"\0", 1)[0].decode(errors="replace")
+    except OSError:
+        return "ray"
+    if title.startswith("ray::ControllerWorker"):
+        return "controller"
+    if title.startswith(("ray::GenerationWorker", "ray::ObjectStoreGenerator")):
+        return "generation"
+    return "ray"
+
+
+ROLES = ("driver", "controller", "generation", "ray")
+
+
+def tree_cpu_pids() -> dict[int, tuple[float, str]] | None:
+    """CPU seconds (user + system) and role of this process and of every live descendant
+    (the local cluster's processes), by pid, or None without ``/proc``."""
     try:
         names = os.listdir("/proc")
     except OSError:
@@ -111,16 +137,47 @@ def tree_cpu() -> float | None:
             continue
         children.setdefault(int(fields[1]), []).append(int(name))
         cpu[int(name)] = (int(fields[11]) + int(fields[12])) / _TICK
-    total, todo = 0.0, [os.getpid()]
+    out: dict[int, tuple[float, str]] = {}
+    todo = [os.getpid()]
     while todo:
         pid = todo.pop()
-        total += cpu.get(pid, 0.0)
+        if pid in cpu:
+            out[pid] = (cpu[pid], _role(pid))
         todo += children.get(pid, [])
-    return total
+    return out
+
+
+def tree_cpu() -> float | None:
+    """CPU seconds (user + system) of this process and every live descendant (the
+    local cluster's processes), or None without ``/proc``."""
+    pids = tree_cpu_pids()
+    return None if pids is None else sum(c for c, _ in pids.values())
 
 
 def _per_batch(c0: float | None, c1: float | None, batches: int) -> float | None:
     return None if c0 is None or c1 is None else (c1 - c0) / batches
+
+
+def _cluster_per_batch(p0: dict[int, tuple[float, str]] | None,
+                       p1: dict[int, tuple[float, str]] | None, batches: int) -> float | None:
+    """The whole cluster's CPU seconds per batch between two ``tree_cpu_pids`` readings
+    (per process, as ``_ms_per_group``)."""
+    if p0 is None or p1 is None:
+        return None
+    return sum(c - p0.get(pid, (0.0, r))[0] for pid, (c, r) in p1.items()) / batches
+
+
+def _ms_per_group(p0: dict[int, tuple[float, str]] | None,
+                  p1: dict[int, tuple[float, str]] | None, groups: int
+                  ) -> dict[str, float] | None:
+    """CPU ms per group by role between two ``tree_cpu_pids`` readings (a process that
+    started in between counts from 0; one that exited in between is not counted)."""
+    if p0 is None or p1 is None or groups <= 0:
+        return None
+    spent = dict.fromkeys(ROLES, 0.0)
+    for pid, (cpu, role) in p1.items():
+        spent[role] += cpu - p0.get(pid, (0.0, role))[0]
+    return {r: round(1000 * v / groups, 3) for r, v in spent.items()}
 
 
 def train(samples: list[Any]) -> int:
@@ -143,7 +200,8 @@ def object_store_run(nodes: list[str], args: argparse.Namespace, batches: int, *
     next_gid, trained, lost, generated = 0, 0, 0, 0
     inflight: dict[Any, int] = {}
     buffer: list[SampleGroup] = []
-    t0, c0 = None, None
+    t0: float | None = None
+    c0: dict[int, tuple[float, str]] | None = None
     killed = False
     while trained < batches:
         while len(inflight) < slots:
@@ -167,12 +225,13 @@ def object_store_run(nodes: list[str], args: argparse.Namespace, batches: int, *
             train([s.tokens for g in batch for s in g])
             trained += 1
             if trained == 1:
-                t0, c0 = time.perf_counter(), tree_cpu()
-    elapsed, c1 = time.perf_counter() - (t0 or 0), tree_cpu()
+                t0, c0 = time.perf_counter(), tree_cpu_pids()
+    elapsed, c1 = time.perf_counter() - (t0 or 0), tree_cpu_pids()
     for a in actors:
         ray.kill(a, no_restart=True)
     return {"groups_per_s": (batches - 1) * args.batch_groups / elapsed,
-            "cpu_s_per_batch": _per_batch(c0, c1, batches - 1),
+            "cpu_s_per_batch": _cluster_per_batch(c0, c1, batches - 1),
+            "cpu_ms_per_group": _ms_per_group(c0, c1, (batches - 1) * args.batch_groups),
             "generated": generated, "lost_groups": lost,
             "regenerated_groups": lost}
 
@@ -225,14 +284,15 @@ def straw_run(root: str, run: str, nodes: list[str], args: argparse.Namespace, b
             job.finish_batch(refs[0].batch_id)
             trained += 1
             if trained == 1:
-                t0, c0 = time.perf_counter(), tree_cpu()
-        elapsed, c1 = time.perf_counter() - (t0 or 0), tree_cpu()
+                t0, c0 = time.perf_counter(), tree_cpu_pids()
+        elapsed, c1 = time.perf_counter() - (t0 or 0), tree_cpu_pids()
         accepted = len(job.accepted())
     finally:
         job.close(force=True)
         store.close()
     return {"groups_per_s": (batches - 1) * args.batch_groups / elapsed,
-            "cpu_s_per_batch": _per_batch(c0, c1, batches - 1),
+            "cpu_s_per_batch": _cluster_per_batch(c0, c1, batches - 1),
+            "cpu_ms_per_group": _ms_per_group(c0, c1, (batches - 1) * args.batch_groups),
             "accepted": accepted, "lost_groups": lost, "regenerated_groups": regenerated,
             "survived_kill": waiting}
 
@@ -273,6 +333,7 @@ def main(argv: list[str] | None = None) -> int:
                        if n["Alive"] and any(k.startswith("gen") for k in n["Resources"]))
         rates: dict[str, list[float]] = {"object_store": [], "straw": []}
         cpus: dict[str, list[float]] = {"object_store": [], "straw": []}
+        roles: dict[str, list[dict[str, float]]] = {"object_store": [], "straw": []}
         for r in range(args.rounds):
             os_side = object_store_run(nodes, args, args.batches)
             st = straw_run(os.path.join(base, "pool"), f"run{r}", nodes, args, args.batches)
@@ -280,6 +341,8 @@ def main(argv: list[str] | None = None) -> int:
                 rates[side].append(got["groups_per_s"])
                 if got["cpu_s_per_batch"] is not None:
                     cpus[side].append(got["cpu_s_per_batch"])
+                if got["cpu_ms_per_group"] is not None:
+                    roles[side].append(got["cpu_ms_per_group"])
             print(f"round {r}: object store {os_side['groups_per_s']:.1f} groups/s, "
                   f"straw {st['groups_per_s']:.1f} groups/s; cluster CPU s per batch: "
                   f"object store {_fmt(os_side['cpu_s_per_batch'])}, straw "
@@ -289,6 +352,10 @@ def main(argv: list[str] | None = None) -> int:
         st_kill = straw_run(os.path.join(base, "pool"), "kill", nodes, args, 3, kill_at=half)
         med = {k: statistics.median(v) for k, v in rates.items()}
         cpu_med = {k: statistics.median(v) if v else None for k, v in cpus.items()}
+        # CPU ms per group of each part of the pipeline (median over the rounds): where
+        # each side spends what the cluster's figure sums
+        role_med = {side: {r: statistics.median(d[r] for d in ds) for r in ROLES} if ds
+                    else None for side, ds in roles.items()}
         cpu_ratio = (cpu_med["straw"] / cpu_med["object_store"]
                      if cpu_med["straw"] and cpu_med["object_store"] else None)
         doc = {"cpus": os.cpu_count(), "nodes": 2, "batch_groups": args.batch_groups,
@@ -298,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
                "ratio_straw_over_object_store": med["straw"] / med["object_store"],
                "cpu_s_per_batch": cpus, "cpu_median": cpu_med,
                "cpu_ratio_straw_over_object_store": cpu_ratio,
+               "cpu_ms_per_group": roles, "cpu_ms_per_group_median": role_med,
                "kill": {"object_store": os_kill, "straw": st_kill}}
         print(f"median groups/s: object store {med['object_store']:.1f}, straw "
               f"{med['straw']:.1f}, ratio {doc['ratio_straw_over_object_store']:.2f} "
@@ -305,6 +373,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"median cluster CPU s per batch: object store {_fmt(cpu_med['object_store'])}, "
               f"straw {_fmt(cpu_med['straw'])}, straw/object store "
               f"{_fmt(cpu_ratio, '.2f')} (load-robust: what each side spends on a batch)")
+        for side, med_roles in role_med.items():
+            if med_roles is not None:
+                print(f"median CPU ms per group, {side.replace('_', ' ')}: " + ", ".join(
+                    f"{r} {med_roles[r]:.3f}" for r in ROLES) +
+                      f" (total {sum(med_roles.values()):.3f})")
         print(f"kill of the whole job with half a batch accepted: object store lost "
               f"{os_kill['lost_groups']} groups (generated again); straw lost "
               f"{st_kill['lost_groups']}, regenerated {st_kill['regenerated_groups']}, "

@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Any
 
@@ -87,6 +88,43 @@ def worker(root: str, url: str, token: str, name: str, mode: str, seconds: float
                       "cpu": cpu, "syncs": syncs}), flush=True)
 
 
+class _CpuSplit:
+    """CPU seconds of the controller's calls, by part: each wrapped call adds the CPU time
+    of the thread that ran it (``time.thread_time``), so nested and concurrent calls are
+    counted where they run."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.seconds: dict[str, float] = {}
+
+    def wrap(self, name: str, fn: Any) -> Any:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent = time.thread_time() - t0
+                with self.lock:
+                    self.seconds[name] = self.seconds.get(name, 0.0) + spent
+        return timed
+
+
+def _split_controller(controller: RolloutController) -> _CpuSplit:
+    """Instrument ``controller`` (this bench's own instance) for the split of its CPU:
+    ``take`` (acquire and refills: the prompts' encoding, publication and queue
+    transaction), ``complete_task`` (the coordinator's completions, on complete_many's
+    threads), ``complete_many`` (the call's own checks and hand-offs, its completions
+    excluded: they run on other threads) and ``yield``; the rest of the process's CPU is
+    the serving (HTTP, JSON, the wire's decoding and encoding, heartbeats)."""
+    split = _CpuSplit()
+    coordinator = controller.coordinator
+    coordinator.complete_task = split.wrap(  # type: ignore[method-assign]
+        "complete_task", coordinator.complete_task)
+    for name in ("take", "complete_many", "yield_groups"):
+        setattr(controller, name, split.wrap(name, getattr(controller, name)))
+    return split
+
+
 def run(n: int, mode: str, seconds: float, base: str) -> dict[str, Any]:
     root = tempfile.mkdtemp(prefix=f"rollout-{mode}-{n}-", dir=base)
     try:
@@ -94,6 +132,7 @@ def run(n: int, mode: str, seconds: float, base: str) -> dict[str, Any]:
         prompts = [f"prompt {i}: " + "x" * 120 for i in range(4096)]
         controller = RolloutController(store, prompts,
                                        config=RolloutConfig(n_samples_per_prompt=SAMPLES))
+        split = _split_controller(controller)
         token = secrets.token_hex(16)
         server = start(controller, ("127.0.0.1", 0), token=token)
         try:
@@ -105,6 +144,7 @@ def run(n: int, mode: str, seconds: float, base: str) -> dict[str, Any]:
             for p in procs:
                 assert p.stdout is not None and p.stdout.readline().strip() == "ready"
             cpu0 = time.process_time()  # the controller's: its serving threads and refills
+            split.seconds.clear()  # (start-up excluded)
             syncs0 = store.backend.metrics["syncs"]  # its store's: queue, catalog, inputs
             for p in procs:
                 assert p.stdin is not None
@@ -130,6 +170,11 @@ def run(n: int, mode: str, seconds: float, base: str) -> dict[str, Any]:
                 # CPU per group: the controller's (one process: it bounds the total) and
                 # the generation processes' (they scale with processes and cores)
                 "controller_cpu_ms_per_group": round(1000 * controller_cpu / groups, 2),
+                # ... and where it goes (the serving is what the calls below leave)
+                "controller_split_ms_per_group": {
+                    **{k: round(1000 * v / groups, 3) for k, v in sorted(split.seconds.items())},
+                    "serving": round(1000 * (controller_cpu - sum(split.seconds.values()))
+                                     / groups, 3)},
                 "client_cpu_ms_per_group": round(
                     1000 * sum(r["cpu"] for r in results) / groups, 2),
                 # durable steps per group (load-robust, unlike the rates): the controller's
@@ -172,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{fig['client_cpu_ms_per_group']} ms; syncs per group: controller "
                   f"{fig['controller_syncs_per_group']}, clients "
                   f"{fig['client_syncs_per_group']}; {fig['empty_takes']} empty takes)")
+            print(f"  {'':8s} controller CPU ms per group: " + ", ".join(
+                f"{k} {v}" for k, v in fig["controller_split_ms_per_group"].items()))
         lo, hi = min(args.processes), max(args.processes)
         if lo != hi and rates[lo]:
             ratio = rates[hi] / rates[lo]

@@ -357,10 +357,73 @@ def sample_records(sample: Any, *, registry: Registry | None = None,
     ``tokens`` as its token count), then one ``tensor.v1`` record per distinct tensor;
     and the publications its ``TensorRef``s name, which a publication of these records
     must depend on.  (``encode_sample`` publishes exactly these.)"""
-    enc = _Encoder(_registry(registry))
+    reg = _registry(registry)
+    body = _plain_body(sample, reg)
+    if body is not None:  # msgpack-ready as it is: no tensors, no dependencies
+        return [Record("sample", body, CODEC, {"format": FORMAT, "tensors": 0}, tokens)], []
+    enc = _Encoder(reg)
     body = msgpack.packb(enc.enc(sample, "sample", 0), use_bin_type=True)
     meta = {"format": FORMAT, "tensors": len(enc.tensors)}
     return [Record("sample", body, CODEC, meta, tokens), *enc.tensors], list(enc.deps)
+
+
+# the values msgpack packs exactly as ``_Encoder.enc`` returns them (ints only within
+# msgpack's range: it hands the others to ``default``, which sends them to the walk)
+_AS_IS = frozenset({type(None), bool, int, float, str, bytes})
+_AS_IS_OR_NESTED = _AS_IS | {list, dict}
+
+
+class _NotPlain(Exception):
+    """A value the fast path leaves to ``_Encoder`` (raised by msgpack's ``default``)."""
+
+
+def _not_plain(value: Any) -> Any:
+    raise _NotPlain
+
+
+def _is_plain(x: Any, depth: int) -> bool:
+    """``x`` (a list or dict) holds only what ``_AS_IS`` lists, in lists and dicts, with
+    no container at ``MAX_DEPTH`` or deeper (so no cycle: a cycle is infinitely deep).
+    Type checks run over ``map(type, ...)``: C loops, no call per value."""
+    if depth >= MAX_DEPTH:
+        return False
+    if type(x) is dict:
+        if not _AS_IS.issuperset(map(type, x)):  # keys (a tuple key is a marker array)
+            return False
+        values: Any = x.values()
+    else:
+        values = x
+    kinds = set(map(type, values))
+    if kinds <= _AS_IS:
+        return True
+    if not kinds <= _AS_IS_OR_NESTED:
+        return False
+    for v in values:
+        t = type(v)
+        if t is list:  # a list of plain values (token buffer pair, version span) inline
+            if depth + 1 >= MAX_DEPTH or not (_AS_IS.issuperset(map(type, v))
+                                              or _is_plain(v, depth + 1)):
+                return False
+        elif t is dict and not _is_plain(v, depth + 1):
+            return False
+    return True
+
+
+def _plain_body(sample: Any, reg: Registry) -> bytes | None:
+    """Record 0's bytes for a sample of plain values in lists and dicts (a rollout group,
+    most JSON-like samples), packed by msgpack at once: the same bytes ``_Encoder``'s walk
+    gives (it returns such values as they are), without its call per container and value
+    (~6x faster for a group of 8 samples).  None: the walk is needed (tuples, tensors,
+    custom types, big ints, bytearray, depth, cycles; or a registry that encodes list or
+    dict itself)."""
+    if type(sample) not in (list, dict) or reg.encoder(list) is not None \
+            or reg.encoder(dict) is not None or not _is_plain(sample, 0):
+        return None
+    try:
+        # strict_types: a tuple or a subclass goes to ``default`` (not packed as its base)
+        return msgpack.packb(sample, use_bin_type=True, strict_types=True, default=_not_plain)
+    except (_NotPlain, OverflowError):
+        return None
 
 
 def encode_sample(store: Any, sample: Any, *, submission_id: str,

@@ -9,6 +9,8 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from straw import CorruptData, Record, SharedFilesystemStore, UnsupportedSchema
 from straw.codec import decode_sample, encode_sample, sample_from_records, sample_records
@@ -81,3 +83,69 @@ def test_tensor_from_record_refuses_damage():
         tensor_from_record(dataclasses.replace(rec, metadata={**rec.metadata, "shape": [99]}))
     with pytest.raises(UnsupportedSchema, match="not a tensor.v1 record"):
         tensor_from_record(Record("t", b"", "bytes.v1"))
+
+
+# --- the fast path of plain samples ---------------------------------------------------
+def _walked(value, registry=None):
+    """Record 0's bytes as the full walk (``_Encoder``) makes them."""
+    import msgpack
+
+    from straw.codec import DEFAULT_REGISTRY, _Encoder
+    enc = _Encoder(DEFAULT_REGISTRY if registry is None else registry)
+    return msgpack.packb(enc.enc(value, "sample", 0), use_bin_type=True)
+
+
+_plain_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats()
+    | st.text(max_size=8) | st.binary(max_size=8),
+    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(
+        st.text(max_size=4) | st.integers(-5, 5) | st.binary(max_size=3), kids, max_size=4),
+    max_leaves=20)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_plain_values, max_size=3) | st.dictionaries(st.text(max_size=4),
+                                                               _plain_values, max_size=4))
+def test_plain_samples_pack_at_once_with_the_walks_bytes(value):
+    from straw.codec import DEFAULT_REGISTRY, _plain_body
+    body = _plain_body(value, DEFAULT_REGISTRY)
+    assert body is not None  # taken: lists, dicts and plain values only
+    assert body == _walked(value)
+    (record,), deps = sample_records(value, tokens=3)
+    assert bytes(record.payload) == body and deps == [] and record.tokens == 3
+    assert record.metadata == {"format": 1, "tensors": 0}
+    assert _walked(sample_from_records([record])) == body  # decodes to the same (NaN too)
+
+
+def test_what_plain_packing_cannot_say_goes_through_the_walk():
+    from straw.codec import DEFAULT_REGISTRY, MAX_DEPTH, Registry, _plain_body
+
+    class Text(str):
+        pass
+
+    deep: list = []
+    for _ in range(MAX_DEPTH):
+        deep = [deep]
+    loop: list = [1]
+    loop.append(loop)
+    walked_only = [
+        {"a": (1, 2)}, [{(1, 2): "tuple key"}], [2**64], {"n": -(2**63) - 1},
+        [bytearray(b"x")], [np.int64(3)],
+        {"t": np.zeros(2)}, 5, "text", (1,),
+    ]
+    for value in walked_only:
+        assert _plain_body(value, DEFAULT_REGISTRY) is None, value
+        (rec, *_), _ = sample_records(value)
+        assert bytes(rec.payload) == _walked(value)  # the walk's own encoding
+    for value, error, cls in ((deep, "deeper", ValueError), (loop, "cycle", ValueError),
+                              ({"m": memoryview(b"x")}, "memoryview", TypeError),
+                              ([Text("s")], "Text", TypeError)):  # exact types only
+        assert _plain_body(value, DEFAULT_REGISTRY) is None  # (msgpack would pack these)
+        with pytest.raises(cls, match=error):
+            sample_records(value)
+    # a registry that encodes list itself: every list goes through its encoder
+    reg = Registry()
+    reg.register(list, "test.list", 1, lambda x: {"items": tuple(x)}, lambda v: list(v))
+    assert _plain_body([1, 2], reg) is None
+    (rec,), _ = sample_records([1, 2], registry=reg)
+    assert bytes(rec.payload) == _walked([1, 2], reg) != _walked([1, 2])

@@ -49,6 +49,8 @@ SUBMITTED_PROMPT_KEY = 0
 def numeric_version(version: object) -> int | None:
     """The int value of a numeric version (``str(v)``: ASCII digits after at most one
     leading ``'-'``), else None.  ``True``/``False`` are not versions."""
+    if type(version) is int:  # what engines report: its text's value is itself
+        return version
     if version is None or isinstance(version, bool):
         return None
     text = str(version)
