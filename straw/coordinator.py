@@ -99,6 +99,7 @@ from .errors import (
     ResourceLimitExceeded,
     StaleAttempt,
     StorageUnavailable,
+    StrawError,
     UnsafeRecovery,
     UnsupportedSchema,
 )
@@ -1027,6 +1028,116 @@ class Coordinator(ProcessBound):
         self._complete_seconds.append(time.perf_counter() - started)
         assert got is not None
         return self._receipt(self.state.submissions[submission_id]), got
+
+    def complete_tasks(self, items: Sequence[Mapping[str, Any]]
+                       ) -> list[CommitReceipt | StrawError]:
+        """straw's addition: ``complete_task`` of many leased attempts in ONE journal frame
+        and one catalog adoption (a controller returning a call of 64 groups pays one
+        durable step for them, not 64 shared among threads).  Each item is a dict of
+        ``complete_task``'s keywords (``lease``, ``submission_id``, ``result_ref``,
+        optional ``result_digest``).  Returns one outcome per item, in order: its receipt,
+        or the ``StrawError`` that refused it (``StaleAttempt``, ``LeaseExpired``,
+        ``InvalidReference``, ``IdempotencyConflict``, ...), exactly as ``complete_task``
+        would answer it alone; a refused item does not stop the others.  The accepted
+        completions are one frame: a crash keeps all of them or none, and a retry of the
+        call (same submission ids) returns the same receipts.  A malformed item is a
+        ``TypeError``/``ValueError`` for the whole call, before anything is written; a
+        storage error is raised for the whole call (nothing was journaled: retry it)."""
+        self._check_process()
+        if isinstance(items, Mapping) or not isinstance(items, Sequence):
+            raise TypeError("items must be a list of dicts with 'lease', 'submission_id' and "
+                            "'result_ref' (optional 'result_digest')")
+        args = []
+        for i, item in enumerate(items):
+            if not isinstance(item, Mapping) or not {"lease", "submission_id",
+                                                     "result_ref"} <= set(item):
+                raise TypeError(f"items[{i}] must be a dict with 'lease', 'submission_id' "
+                                f"and 'result_ref'")
+            extra = set(item) - {"lease", "submission_id", "result_ref", "result_digest"}
+            if extra:
+                raise TypeError(f"items[{i}] has unknown keys {sorted(extra)}")
+            lease, ref, key = self._completion_args(item["lease"], item["submission_id"],
+                                                    item["result_ref"], item.get("result_digest"))
+            args.append((item["submission_id"], lease, ref, key))
+        if not args:
+            return []
+        started = time.perf_counter()
+        outcomes: list[CommitReceipt | StrawError | None] = [None] * len(args)
+        with self.journal.incoming(), self.store.catalog.adopting_soon() as announced:
+            seq, adopted = self._complete_batch(args, outcomes, announced)
+        self._wait(seq, adopted)
+        out: list[CommitReceipt | StrawError] = []
+        for (sub, _, _, _), o in zip(args, outcomes, strict=True):
+            out.append(o if o is not None else self._receipt(self.state.submissions[sub]))
+        if any(o is None for o in outcomes):
+            self._complete_seconds.append(time.perf_counter() - started)
+        return out
+
+    def _complete_batch(self, args: list[tuple[str, Lease, RecordSetRef, list[Any]]],
+                        outcomes: list[CommitReceipt | StrawError | None],
+                        announced: Announcement) -> tuple[int, list[Extent]]:
+        """complete_tasks up to the enqueue (the steps of ``_complete`` for many items):
+        fills ``outcomes`` with the receipts of retries and the errors of refused items
+        (None: accepted in this call's frame); returns (sequence number, extents adopted)."""
+        todo: list[tuple[int, Lease, str, RecordSetRef, list[Any], bool]] = []
+        with self._mutex:
+            self._check_usable()
+            for i, (sub, lease, ref, key) in enumerate(args):
+                try:
+                    done = self._completed_receipt(sub, key)
+                    if done is None:
+                        allow = self._check_lease(lease, allow_expired=True).allow_empty
+                except StrawError as e:
+                    outcomes[i] = e
+                    continue
+                if done is not None:
+                    outcomes[i] = done
+                else:
+                    todo.append((i, lease, sub, ref, key, allow))
+        checked = []
+        for i, lease, sub, ref, key, allow in todo:
+            try:
+                if key[2] != ref.digest:
+                    raise InvalidReference(f"result_digest {key[2]!r} differs from the "
+                                           f"reference's digest {ref.digest!r}")
+                self._check_result(ref, lease, allow)
+            except (StorageUnavailable, Closed):  # QuotaExceeded too
+                raise  # not this item's fault: the whole call, nothing journaled
+            except StrawError as e:
+                outcomes[i] = e
+                continue
+            checked.append((i, lease, sub, ref, key))
+        adopted = self._adopt([c[3] for c in checked], announced)
+        seq = self._last_seq
+        try:
+            with self._mutex:
+                self._check_usable()
+                txns = []
+                for i, lease, sub, ref, key in checked:
+                    try:
+                        done = self._completed_receipt(sub, key)
+                        if done is not None:  # a concurrent call (or an earlier item)
+                            outcomes[i] = done
+                            continue
+                        task = self._check_lease(lease)
+                    except StrawError as e:
+                        outcomes[i] = e
+                        continue
+                    txn = {"t": "complete", "task": task.task_id, "attempt": lease.generation,
+                           "sub": sub, "result": list(_ref_tuple(ref)), "digest": ref.digest,
+                           "epoch": self.epoch, "meta": {"worker": lease.worker_id}}
+                    self.state.apply(txn)  # journal order = apply order (one frame)
+                    self._deadlines.pop(task.task_id, None)
+                    txns.append(txn)
+                if txns:
+                    seq = self.journal.enqueue_many(
+                        [msgpack.packb(t, use_bin_type=True) for t in txns])
+                    self._last_seq = seq
+                    self._seq_commits[seq] = len(self.state.commits)
+                    self._since_snapshot += len(txns)
+        finally:
+            self._done_adopting(adopted)
+        return seq, adopted
 
     def _completion_args(self, lease: object, submission_id: object, result_ref: object,
                          result_digest: object) -> tuple[Lease, RecordSetRef, list[Any]]:

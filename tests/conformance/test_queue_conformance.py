@@ -537,6 +537,52 @@ class QueueConformance(RuleBasedStateMachine):
         self._lease_ended(w, err is None, done, f"complete {sid}")
 
     @precondition(lambda self: self._holders())
+    @rule(crash=crashes)
+    def complete_tasks(self, crash: Crash) -> None:
+        """straw's batch completion: every holder's completion in one call (one journal
+        frame): the spec's ``complete`` of each item the engine accepts, in the items'
+        order, and ``abandon`` of each it refuses (StaleAttempt, LeaseExpired); a crash
+        keeps all of the accepted ones or none."""
+        ws = self._holders()
+        STEPS["complete_tasks"] += 1
+        items, done = [], []
+        for w in ws:
+            h = self.held[w]
+            h.result = self._publish_result(h)
+            items.append({"lease": h.engine, "submission_id": sid_of(h.spec),
+                          "result_ref": h.result})
+        crashed, res, err = self._engine_call(lambda: self.coord.complete_tasks(items), crash)
+        if crashed:
+            for w in ws:  # the items the spec accepts: the frame holds all of them or none
+                h = self.held[w]
+                step: list[Step] = [("complete", (h.spec, False)),
+                                    ("release_reads", (w, h.spec.task))]
+                if self._seq(self._seq(self.s, done) or self.s, step) is not None:
+                    done += step
+            if self.resolve([[], done], "complete_tasks") == 1:
+                for item in items:
+                    sid = item["submission_id"]
+                    if self.coord.lookup_submission(sid) is not None:
+                        self.receipts[sid] = self.coord.lookup_submission(sid)
+            return
+        if err is not None:
+            raise Disagreement(f"complete_tasks failed: {err!r}")
+        for w, item, out in zip(ws, items, res, strict=True):
+            h, sid = self.held[w], item["submission_id"]
+            if isinstance(out, (LeaseExpired, StaleAttempt)):
+                self._lease_ended(w, False, [("complete", (h.spec, True))],
+                                  f"complete_tasks {sid}")
+                continue
+            if isinstance(out, BaseException):
+                raise Disagreement(f"complete_tasks {sid} refused: {out!r}")
+            self.receipts[sid] = out
+            if out.position != len(self.s.commits) or out.submission_id != sid:
+                raise Disagreement(f"receipt {out} for {sid}")
+            self._lease_ended(w, True, [("complete", (h.spec, True)),
+                                        ("release_reads", (w, h.spec.task))],
+                              f"complete_tasks {sid}")
+
+    @precondition(lambda self: self._holders())
     @rule(w=st.integers(0, 1), lost=st.booleans(), crash=crashes)
     def complete_and_acquire(self, w: int, lost: bool, crash: Crash) -> None:
         """straw's combined call: the commit and the next grant in one journal frame (spec
@@ -821,3 +867,4 @@ def test_machine_catches_a_broken_recovery(monkeypatch: pytest.MonkeyPatch) -> N
         report_multiple_bugs=False)
     with pytest.raises(Disagreement):
         QueueConformance.TestCase().runTest()
+

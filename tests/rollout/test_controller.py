@@ -105,24 +105,26 @@ def completed_items(store, assignments, tag="g"):
     return items
 
 
-def test_complete_many_answers_each_item_in_order_whatever_the_threads(tmp_path):
-    # items are completed on COMPLETE_THREADS threads in runs: the outcomes still come
-    # back one per item, in order, a stale lease's error at its own place
+def test_complete_many_answers_each_item_in_order_in_one_journal_frame(tmp_path):
+    # the call is one Coordinator.complete_tasks (one journal frame, one catalog
+    # adoption): the outcomes come back one per item, in order, a stale lease's error at
+    # its own place, and the accepted ones cost one frame
     from straw import StaleAttempt
     from straw.protocol import CommitReceipt
-    from straw.rollout.controller import COMPLETE_THREADS
 
     store, c = open_controller(tmp_path, n=1, prompts=[(i,) for i in range(64)])
     try:
         taken = c.take("w", 40).assignments
         n = len(taken)
-        assert n > COMPLETE_THREADS
+        assert n > 16
         items = completed_items(store, taken)
         for i, item in enumerate(items):
             if i % 3 == 0:  # stale: another attempt's token
                 lease = item["lease"]
                 item["lease"] = dataclasses.replace(lease, token="0" * len(lease.token))
+        frames = c.coordinator.journal._m["frames"]
         out = c.complete_many(items)
+        assert c.coordinator.journal._m["frames"] - frames == 1
         assert len(out) == n
         for i, (item, o) in enumerate(zip(items, out, strict=True)):
             if i % 3 == 0:
@@ -130,43 +132,7 @@ def test_complete_many_answers_each_item_in_order_whatever_the_threads(tmp_path)
             else:
                 assert isinstance(o, CommitReceipt) and o.task_id == item["lease"].task_id
                 assert o.result_ref == item["result_ref"]
-    finally:
-        c.close()
-        store.close()
-
-
-def test_concurrent_callers_complete_at_the_same_time(tmp_path, monkeypatch):
-    # every caller's completions run at once (COMPLETE_CALLS callers of COMPLETE_THREADS
-    # runs each): a pool of COMPLETE_THREADS alone queued the second caller's behind the
-    # first's, so 8 generation processes' completions could not share the same syncs.
-    # The barrier lets a completion go on only when every run of both calls is in flight.
-    import threading
-
-    import straw.rollout.controller as controller_module
-
-    monkeypatch.setattr(controller_module, "COMPLETE_THREADS", 2)
-    monkeypatch.setattr(controller_module, "COMPLETE_CALLS", 2)
-    store, c = open_controller(tmp_path, n=1, prompts=[(i,) for i in range(8)])
-    try:
-        calls = [completed_items(store, c.take(w, 2).assignments, tag=w) for w in ("a", "b")]
-        barrier = threading.Barrier(4, timeout=30)
-        real = c.coordinator.complete_task
-
-        def complete_task(*args, **kw):
-            barrier.wait()  # BrokenBarrierError if the 4 runs are not in flight together
-            return real(*args, **kw)
-
-        monkeypatch.setattr(c.coordinator, "complete_task", complete_task)
-        out: dict[int, list] = {}
-        callers = [threading.Thread(target=lambda i=i: out.__setitem__(
-            i, c.complete_many(calls[i]))) for i in range(2)]
-        for t in callers:
-            t.start()
-        for t in callers:
-            t.join()
-        from straw.protocol import CommitReceipt
-        assert sorted(out) == [0, 1]
-        assert all(isinstance(o, CommitReceipt) for i in out for o in out[i]), out
+        assert c.complete_many(items[1:3]) == out[1:3]  # a retry: the same receipts
     finally:
         c.close()
         store.close()

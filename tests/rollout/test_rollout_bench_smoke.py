@@ -34,7 +34,7 @@ def test_short_rollout_bench_reports_rates_cpu_its_split_and_syncs_per_group(tmp
         # the controller's CPU split by call: its take (and refills), its completions (or
         # returns) and the serving; together the controller's CPU per group
         split = f["controller_split_ms_per_group"]
-        calls = {"take", "complete_task", "complete_many"} if f["mode"] == "complete" \
+        calls = {"take", "complete_tasks", "complete_many"} if f["mode"] == "complete" \
             else {"take", "yield_groups"}
         assert set(split) == calls | {"serving"}, split
         assert all(split[k] > 0 for k in calls), split
