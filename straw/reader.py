@@ -825,12 +825,7 @@ class ReadSession(ProcessBound):
                 while done < n:
                     m = min(_CHUNK, n - done)
                     chunk = view[done:done + m]
-                    try:
-                        complete = self.fs.readinto(fd, chunk, pos + done) == m
-                    except OSError:
-                        complete = False
-                    if not complete:  # the slow path reopens and retries (visibility lag)
-                        self._read_exact(seg.path, pos + done, m, into=chunk)
+                    self._fill(fd, seg.path, chunk, pos + done)
                     hasher.update(chunk)
                     done += m
                 parts.append((pos + k, view[k:]))
@@ -842,6 +837,16 @@ class ReadSession(ProcessBound):
             assert cached is not None
             return True, cached, payloads, parts
         return True, self._remember(seg, raw, need, header.body_length), payloads, parts
+
+    def _fill(self, fd: int, path: str, chunk: memoryview, offset: int) -> None:
+        """``chunk`` from ``offset`` of the pack through ``fd``; a short read or an error
+        takes the slow path, which reopens and retries (visibility lag)."""
+        try:
+            complete = self.fs.readinto(fd, chunk, offset) == len(chunk)
+        except OSError:
+            complete = False
+        if not complete:
+            self._read_exact(path, offset, len(chunk), into=chunk)
 
     def _hash_through(self, fd: int, seg: SegmentRef, head: memoryview, head_end: int,
                       pos: int, n: int, hasher: Any, scratch: memoryview,
@@ -857,12 +862,7 @@ class ReadSession(ProcessBound):
         while done < n:
             m = min(len(scratch), n - done)
             chunk = scratch[:m]
-            try:
-                complete = self.fs.readinto(fd, chunk, pos + done) == m
-            except OSError:
-                complete = False
-            if not complete:  # the slow path reopens and retries (visibility lag)
-                self._read_exact(seg.path, pos + done, m, into=chunk)
+            self._fill(fd, seg.path, chunk, pos + done)
             hasher.update(chunk)
             if chunk[m - 1]:  # the common case: no scan
                 parts.append((pos + done + m - 1, memoryview(bytes(chunk[m - 1:m]))))
