@@ -1073,6 +1073,14 @@ class Coordinator(ProcessBound):
             self._complete_seconds.append(time.perf_counter() - started)
         return out
 
+    def _completion_txn(self, task_id: str, lease: Lease, submission_id: str,
+                        ref: RecordSetRef) -> dict[str, Any]:
+        """The journal transaction of an accepted completion (complete_task's and each
+        accepted item of complete_tasks')."""
+        return {"t": "complete", "task": task_id, "attempt": lease.generation,
+                "sub": submission_id, "result": list(_ref_tuple(ref)), "digest": ref.digest,
+                "epoch": self.epoch, "meta": {"worker": lease.worker_id}}
+
     def _complete_batch(self, args: list[tuple[str, Lease, RecordSetRef, list[Any]]],
                         outcomes: list[CommitReceipt | StrawError | None],
                         announced: Announcement) -> tuple[int, list[Extent]]:
@@ -1123,9 +1131,7 @@ class Coordinator(ProcessBound):
                     except StrawError as e:
                         outcomes[i] = e
                         continue
-                    txn = {"t": "complete", "task": task.task_id, "attempt": lease.generation,
-                           "sub": sub, "result": list(_ref_tuple(ref)), "digest": ref.digest,
-                           "epoch": self.epoch, "meta": {"worker": lease.worker_id}}
+                    txn = self._completion_txn(task.task_id, lease, sub, ref)
                     self.state.apply(txn)  # journal order = apply order (one frame)
                     self._deadlines.pop(task.task_id, None)
                     txns.append(txn)
@@ -1183,10 +1189,7 @@ class Coordinator(ProcessBound):
                 done = self._completed_receipt(submission_id, key)
                 if done is None:
                     task = self._check_lease(lease)
-                    txn = {"t": "complete", "task": task.task_id, "attempt": lease.generation,
-                           "sub": submission_id, "result": list(_ref_tuple(ref)),
-                           "digest": ref.digest, "epoch": self.epoch,
-                           "meta": {"worker": lease.worker_id}}
+                    txn = self._completion_txn(task.task_id, lease, submission_id, ref)
                     if then_acquire is None:
                         seq = self._enqueue(txn)
                         self._deadlines.pop(task.task_id, None)
