@@ -232,7 +232,8 @@ def test_the_manifest_check_runs_once_per_reference_and_session(tamper, monkeypa
 
 class ThreadFS(TamperFS):
     """TamperFS that records which thread made each read, can hold the first read of the
-    loading thread until another thread has read a block (``rendezvous``), and can slow
+    loading thread until another thread has read a block and the other thread's first read
+    until the loading thread has begun one (``rendezvous``), and can slow
     every read down (``delay``) while counting the reads in flight."""
 
     def __init__(self) -> None:
@@ -242,6 +243,7 @@ class ThreadFS(TamperFS):
         self.threads: list[int] = []
         self.rendezvous = False
         self.other_read = threading.Event()
+        self.loader_read = threading.Event()
         self.delay = 0.0
         self.inflight = 0
         self.guard = threading.Lock()
@@ -256,7 +258,13 @@ class ThreadFS(TamperFS):
             self.inflight += 1
         try:
             if self.rendezvous and me == self.loader:
+                self.loader_read.set()
                 assert self.other_read.wait(10), "no second thread read a block"
+            elif self.rendezvous:
+                # the helper waits for the loader's first read too: alone, it could take
+                # every block before the loader claims one (a CI run saw the helper read
+                # all 4 blocks of a load, the loader none)
+                assert self.loader_read.wait(10), "the loading thread read no block"
             n = super().readinto(fd, buffer, offset)
             if me != self.loader:
                 self.other_read.set()
