@@ -41,6 +41,7 @@ from straw.fs import PosixFS
 from straw.protocol import Limits, TaskSpec
 
 from .counting import CountingFS
+from .report import scaling_bounds
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SYNCS = ("fsync", "fdatasync", "fsync_dir")
@@ -352,6 +353,8 @@ def main(argv: list[str] | None = None) -> int:
             "client_cpu_ms_single": statistics.median(m["client_cpu_ms"] for m in singles[k]),
             "client_cpu_ms": statistics.median(m["client_cpu_ms"] for m in manys[k]),
         }
+        fig[k].update(scaling_bounds(fig[k]["single"], fig[k]["coord_cpu_ms"],
+                                     fig[k]["client_cpu_ms"], os.cpu_count() or 1))
     one, single, many = fig["plain"]["one"], fig["plain"]["single"], fig["plain"]["many"]
     scaling, syncs = fig["plain"]["scaling"], fig["plain"]["syncs"]
     res: dict[str, Any] = {
@@ -389,6 +392,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{f['coord_cpu_ms_single']:.2f} at 1 client, {f['coord_cpu_ms']:.2f} at "
               f"{args.clients}; client processes {f['client_cpu_ms_single']:.2f} at 1, "
               f"{f['client_cpu_ms']:.2f} at {args.clients}")
+        print(f"  {'':8s} ceiling of the ratio on this machine: {f['cores_bound']:.2f}x with "
+              f"its {f['cores']:.0f} cores busy at that CPU per completion, "
+              f"{f['coordinator_bound']:.2f}x with the coordinator's one thread busy "
+              "(1-client wall time per completion over those CPU figures)")
     print("  catalog bytes per task: bench.catalog_bench (this build shares one result)")
     print(f"  reopen with {big['tasks']:,} completed tasks (built in {big['build_s']:.0f} s): "
           f"{big['reopen_s']:.3f} s in process; control bytes per task "

@@ -115,3 +115,20 @@ def write_json(path: str, doc: dict[str, Any]) -> None:
         json.dump(doc, f, indent=2)
         f.write("\n")
     print(f"wrote {path}")
+
+
+def scaling_bounds(single_rate: float, coord_cpu_ms: float, client_cpu_ms: float,
+                   cores: int) -> dict[str, float]:
+    """The best "N clients over 1" ratio this machine allows, from figures of one run
+    (the queue bench's client processes, the rollout bench's generation processes).
+
+    One client waits for each reply, so its rate is ``single_rate`` (1 / wall time per
+    completion, sync waits included).  N clients can do no better than all ``cores`` busy
+    with the CPU a completion costs at N clients (coordinator + clients, ms), nor better
+    than the coordinator's one interpreter thread (its GIL) running flat out.  Either bound
+    over the one-client rate is a ceiling on the ratio, whatever the code does: when it is
+    below the target, the target needs more cores or less CPU per completion."""
+    wall_single_ms = 1e3 / single_rate
+    return {"cores": float(cores),
+            "cores_bound": cores * wall_single_ms / (coord_cpu_ms + client_cpu_ms),
+            "coordinator_bound": wall_single_ms / coord_cpu_ms}

@@ -36,6 +36,8 @@ from straw.rollout.controller import RolloutController
 from straw.rollout.generation import GenerationClient
 from straw.rollout.remote import RemoteController, start
 
+from .report import scaling_bounds
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLES, TOKENS, PROMPT_TOKENS, GROUPS_PER_CALL = 8, 512, 32, 64
 
@@ -234,7 +236,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {mode:8s} projected on {hi + 1}+ free cores: {projected:.0f} groups/s "
                   f"({projected / rates[lo]:.2f}x; the controller saturates at "
                   f"{bound:.0f} groups/s)")
+            many = next(f for f in figures if f.get("processes") == hi and f["mode"] == mode)
+            ceiling = scaling_bounds(rates[lo], many["controller_cpu_ms_per_group"],
+                                     many["client_cpu_ms_per_group"], os.cpu_count() or 1)
+            print(f"  {mode:8s} ceiling of {hi} vs {lo} on this machine: "
+                  f"{ceiling['cores_bound']:.2f}x with its {os.cpu_count()} cores busy at the "
+                  f"CPU per group of {hi}, {ceiling['coordinator_bound']:.2f}x with the "
+                  f"controller busy ({lo}-process wall time per group over those CPU figures)")
             figures.append({"mode": mode, "ratio": round(ratio, 2), "target": 3.0,
+                            "ceiling_on_these_cores": round(ceiling["cores_bound"], 2),
                             "pass": ratio >= 3, "projected_ratio_on_free_cores":
                             round(projected / rates[lo], 2)})
     if args.json:

@@ -9,6 +9,7 @@ import math
 import pytest
 
 from bench import queue_bench as qb
+from bench.report import scaling_bounds
 
 
 @pytest.mark.parametrize("combined", [False, True])
@@ -23,3 +24,17 @@ def test_clients_report_cpu_per_completion_of_both_sides(tmp_path, combined):
     # clients together take a few tens of ms
     assert m["client_cpu_ms"] * 30 < 500
     assert m["syncs_per_completion"] > 0
+
+
+def test_scaling_bounds_are_the_cores_and_the_coordinator_thread_ceilings():
+    # one client at 500 completions/s waits 2 ms per completion; at N clients a completion
+    # costs 0.5 ms of coordinator CPU and 0.5 ms of client CPU: 2 cores finish at most
+    # 2000/s (4x), the coordinator's one thread at most 2000/s too (4x); 4 cores: 8x, 4x
+    b = scaling_bounds(500.0, 0.5, 0.5, 2)
+    assert b["cores_bound"] == pytest.approx(4.0)
+    assert b["coordinator_bound"] == pytest.approx(4.0)
+    b = scaling_bounds(500.0, 0.5, 0.5, 4)
+    assert b["cores_bound"] == pytest.approx(8.0)
+    assert b["coordinator_bound"] == pytest.approx(4.0)
+    # a dearer coordinator lowers only its own ceiling
+    assert scaling_bounds(500.0, 1.0, 0.5, 8)["coordinator_bound"] == pytest.approx(2.0)
