@@ -47,9 +47,9 @@ from spec.state import initial_state
 
 CONFIG_SETS: dict[str, tuple[str, ...]] = {
     "small": ("gc-small", "queue-small", "order-small", "share", "consume", "restore", "catalog",
-              "history"),
+              "history", "release-closure"),
     "full": ("gc-full", "queue-full", "order-full", "share", "consume", "restore", "catalog",
-             "history"),
+             "history", "release-closure"),
 }
 
 # Where each mutant is expected to be caught first (the other configurations are tried after).
@@ -64,6 +64,7 @@ MUTANT_HOME: dict[str, str] = {
     "interrupted_collection_abandoned": "gc",
     "journal_before_retain": "queue",
     "staging_released_before_journal": "queue",
+    "release_closure_unchecked": "release",
     "release_removes_shared_root": "share",
     "pin_dropped_on_expiry": "queue",
     "checkpoint_rewind_without_readopt": "share",

@@ -28,6 +28,7 @@ from spec.helpers import (
     order_key,
     release_threshold,
     sparse_released,
+    staged_closure,
     unreachable_sealed_packs,
 )
 from spec.mutants import Mutants
@@ -351,20 +352,25 @@ def release(cfg: Config, mut: Mutants, s: State, owner: int) -> Outcome | None:
 
 
 def release_publications(cfg: Config, mut: Mutants, s: State, e: int) -> Outcome | None:
-    """release_publications([e]): drop e's staging protection.
+    """release_publications([e]): drop the staging of e and of what e depends on, transitively
+    (straw-queue's rule): every staged extent reachable from e through staged extents (an
+    unstaged one's dependencies went with its own staging).
 
-    Pre: e staged and durable. For a producer input: every submit naming it is acknowledged,
-    i.e. its journal entry is durable (D2). Effect: e no longer staged."""
+    Pre: e staged and durable. For every producer input among the dropped extents: every
+    submit naming it is acknowledged, i.e. its journal entry is durable (D2/R1). Effect: the
+    dropped extents are no longer staged. Mutant release_closure_unchecked checks e only."""
     st = s.storage
     if e not in st.staged or st.extents[e] != ExtentStatus.DURABLE:
         return None
+    dropped = staged_closure(e, st.staged, cfg.edges())
+    checked = {e} if mut.release_closure_unchecked else dropped
     for t, decl in enumerate(cfg.tasks):
-        if decl.input == e:
+        if decl.input in checked:
             req = s.requests[t]
             done = req.sent if mut.staging_released_before_journal else req.acked
             if not done:
                 return None
-    return Outcome("ok", replace(s, storage=replace(st, staged=st.staged - {e})))
+    return Outcome("ok", replace(s, storage=replace(st, staged=st.staged - dropped)))
 
 
 def pin(cfg: Config, mut: Mutants, s: State, reader: str, e: int) -> Outcome | None:

@@ -329,8 +329,28 @@ LARGE = Config(
     consumer_queues=(0, 1),
 )
 
+# --- release_publications over dependencies: the producer's published m0 depends on the
+# task input i0, so releasing m0 drops i0's staging too, which must wait for t0's submit.
+
+RELEASE_CLOSURE = Config(
+    name="release-closure",
+    packs=("p0", "p1"),
+    pack_writer=("prod", "work"),
+    extents=(_x("i0", 0), _x("m0", 0, 0), _x("r0", 1)),
+    preloaded=(0, 1),
+    queues=("q0",),
+    tasks=(TaskDecl("t0", 0, input=0, result=2, priority=0, key=0, fifo=0),),
+    workers=("w0",),
+    max_attempts=1,
+    max_epoch=2,
+    max_crashes=1,
+    gc=True,
+    worker_crashes=False,
+    cancel=False,
+)
+
 CONFIGS: dict[str, Config] = {
     c.name: c
     for c in (GC_SMALL, GC_FULL, QUEUE_SMALL, QUEUE_FULL, ORDER_SMALL, ORDER_FULL, SHARE, CONSUME,
-              RESTORE, CATALOG, HISTORY, LARGE)
+              RESTORE, CATALOG, HISTORY, LARGE, RELEASE_CLOSURE)
 }

@@ -128,6 +128,27 @@ def dependency_closure(roots: frozenset[int], edges: tuple[tuple[int, int], ...]
     return frozenset(seen)
 
 
+def staged_closure(e: int, staged: frozenset[int],
+                   edges: tuple[tuple[int, int], ...]) -> frozenset[int]:
+    """e and every staged extent reachable from it through staged extents (what
+    release_publications([e]) unstages).
+
+    pre: e in staged
+    post: e in __return__
+    post: __return__ <= staged
+    post: all(d in __return__ for (x, d) in edges if x in __return__ and d in staged)
+    """
+    seen = {e}
+    frontier = [e]
+    while frontier:
+        x = frontier.pop()
+        for src, d in edges:
+            if src == x and d in staged and d not in seen:
+                seen.add(d)
+                frontier.append(d)
+    return frozenset(seen)
+
+
 def _has_parent(x: int, within: frozenset[int], edges: tuple[tuple[int, int], ...]) -> bool:
     """Some extent in `within` depends on x."""
     return any(e in within and d == x for (e, d) in edges)

@@ -39,6 +39,9 @@ class Mutants:
     journal_before_retain: bool = False
     # D2: the producer drops staging once the submission is sent, before the journal is durable.
     staging_released_before_journal: bool = False
+    # R1: release_publications drops its dependencies' staging too, but only checks that the
+    # submits naming the released publication itself were acknowledged.
+    release_closure_unchecked: bool = False
     # D2: finishing a task removes its input from every owner, not just the queue's owner.
     release_removes_shared_root: bool = False
     # D5: lease expiry also drops the worker's read pin.

@@ -114,7 +114,8 @@ Operations (the state they build is ``CatalogState``)::
                                           epoch seen for that owner (D8), so a paused old
                                           coordinator can never remove what a newer one
                                           needs
-    unstage  {extents}                    release_publications: staging dropped
+    unstage  {extents}                    release_publications: staging dropped (the named
+                                          publications and their staged dependencies)
     tombstone {paths}                     durable mark before unlink (D3)
     unlinked {paths}                      the files are gone
     repaired {at, lost, side}             an operator's repair: the damaged frame at ``at``
@@ -435,6 +436,16 @@ class CatalogState:
     def is_tombstoned(self, path: str) -> bool:
         info = self.packs.get(path)
         return info is not None and info.tombstoned
+
+    def may_be_staged(self, e: Extent) -> bool:
+        """Whether ``e`` can still hold staging: not unstaged, its pack not tombstoned and,
+        once sealed, holding it.  A pack this state does not know yet (a client's view is
+        a catalog prefix) may: ``Catalog.unstage`` decides on the current state."""
+        info = self.packs.get(e[0])
+        if info is None:
+            return True
+        return not info.tombstoned and e[1] not in info.unstaged and (
+            info.state == "open" or e[1] in info.offsets)
 
     def adds_retention(self, op: dict[str, Any]) -> bool:
         """Could ``op`` make more extents live (or create a pack)?  Those appends need the
@@ -1365,18 +1376,17 @@ class Catalog(ProcessBound):
                     raise
             return req.finish()
 
-    def unstage(self, extents: Iterable[Extent]) -> int:
+    def unstage(self, extents: Iterable[Extent], dependencies: Iterable[Extent] = ()) -> int:
+        """release_publications: drop the staging of ``extents`` and ``dependencies`` (their
+        staged closure, ``SharedFilesystemStore.staged_dependencies``) in one transaction.
+        Returns how many of ``extents`` were still staged."""
         with self.locked() as st:
-            todo = []
-            for p, o in sorted(set(extents)):
-                info = st.packs.get(p)
-                if info is not None and (info.tombstoned or o in info.unstaged or
-                                         (info.state == "sealed" and o not in info.offsets)):
-                    continue
-                todo.append([p, o])
-            if todo:
-                self.append([{"op": "unstage", "extents": todo}])
-            return len(todo)
+            named = [[p, o] for p, o in sorted(set(extents)) if st.may_be_staged((p, o))]
+            deps = [[p, o] for p, o in sorted(set(dependencies) - set(extents))
+                    if st.may_be_staged((p, o))]
+            if named or deps:
+                self.append([{"op": "unstage", "extents": named + deps}])
+            return len(named)
 
     def collect(self) -> dict[str, Any]:
         """One collection of this run's packs: tombstone what nothing (of any run) reaches,

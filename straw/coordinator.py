@@ -133,6 +133,7 @@ from .refs import (
     NAME_RE,
     Record,
     RecordSetRef,
+    SegmentRef,
     canonical_metadata,
     record_sets_in,
     ref_from_tuple,
@@ -286,7 +287,9 @@ class Coordinator(ProcessBound):
         self._deadlines: dict[str, float] = {}
         self._rooted = RootSet()  # the queue owner's roots as this coordinator knows them
         self._adding: Counter[Extent] = Counter()
-        self._unstage: set[Extent] = set()
+        # adopted extents whose staging (and their dependencies', SPEC
+        # release_publications) the next collection drops, with their segments to read
+        self._unstage: dict[Extent, SegmentRef] = {}
         # (retirement cursor, commits, sparse) of a recovered journal whose results'
         # staging the next collection drops (see _open)
         self._recovered_results: tuple[int, int, frozenset[int]] | None = None
@@ -417,7 +420,9 @@ class Coordinator(ProcessBound):
         # million), and an open must cost the live state (issue 13).  Their positions are
         # recorded now, so the collection unstages exactly what this journal named.
         # (membership in the root set, not a set of it: it holds every unretired result)
-        self._unstage = {e for r in self.state.live_refs(self.consumer_id, results=False)
+        run = self.store.run_id
+        self._unstage = {e: ref_from_tuple(run, r).segment
+                         for r in self.state.live_refs(self.consumer_id, results=False)
                          if (e := (r[0], r[1])) in self._rooted}
         self._recovered_results = (
             self.state.retirement_cursor(self.consumer_id), len(self.state.commits),
@@ -488,18 +493,18 @@ class Coordinator(ProcessBound):
                          f"{self._broken!r}; open a new one with recover=True")
 
     def _adopt(self, refs: Iterable[RecordSetRef],
-               announced: Announcement | None = None) -> list[Extent]:
+               announced: Announcement | None = None) -> dict[Extent, SegmentRef]:
         """D2: retain data under the queue owner before any transaction naming it is
         journaled; each reference must name a publication (``InvalidReference``
         otherwise: the queue never roots a fabricated one).  Returns the extents this call
-        registered as in flight (release them with ``_done_adopting``)."""
+        registered as in flight (release them with ``_done_adopting``), with their segments."""
         refs = list(refs)
         # each distinct reference once (D2 unchanged: an equal reference names the same
         # extent, size and checksum, so its answer is the same): tasks seeded by a
         # restore often share one prompt input, a read each was a tenth of the seed
         for ref in dict.fromkeys(refs):
             self.store.check_published(ref, f"queue {self.owner}")
-        todo = list(dict.fromkeys((r.path, r.offset) for r in refs))
+        todo = {(r.path, r.offset): r.segment for r in refs}
         with self._mutex:
             self._check_usable()
             for e in todo:
@@ -535,7 +540,7 @@ class Coordinator(ProcessBound):
         self._since_snapshot += 1
         return seq
 
-    def _wait(self, seq: int, adopted: Iterable[Extent] = ()) -> None:
+    def _wait(self, seq: int, adopted: Mapping[Extent, SegmentRef] | None = None) -> None:
         try:
             self.journal.wait(seq)
         except BaseException as e:
@@ -545,7 +550,7 @@ class Coordinator(ProcessBound):
             for s in done:
                 self._durable_commits = max(self._durable_commits, self._seq_commits.pop(s))
             # staging of data the queue adopted can go once the entry is durable (D2)
-            self._unstage.update(adopted)
+            self._unstage.update(adopted or {})
             snap = self._since_snapshot >= self.snapshot_every
         if snap:
             # this caller's transaction is already durable: a failed snapshot must not be
@@ -1083,7 +1088,7 @@ class Coordinator(ProcessBound):
 
     def _complete_batch(self, args: list[tuple[str, Lease, RecordSetRef, list[Any]]],
                         outcomes: list[CommitReceipt | StrawError | None],
-                        announced: Announcement) -> tuple[int, list[Extent]]:
+                        announced: Announcement) -> tuple[int, dict[Extent, SegmentRef]]:
         """complete_tasks up to the enqueue (the steps of ``_complete`` for many items):
         fills ``outcomes`` with the receipts of retries and the errors of refused items
         (None: accepted in this call's frame); returns (sequence number, extents adopted)."""
@@ -1166,7 +1171,8 @@ class Coordinator(ProcessBound):
     def _complete(self, lease: Lease, submission_id: str, ref: RecordSetRef,
                   key: list[Any], announced: Announcement,
                   then_acquire: tuple[int, bool] | None = None,
-                  ) -> tuple[int, CommitReceipt | None, list[Extent], AcquireResult | None]:
+                  ) -> tuple[int, CommitReceipt | None, dict[Extent, SegmentRef],
+                             AcquireResult | None]:
         """complete_task up to the enqueue: (sequence number to wait for, the original
         receipt of a retry or None, the extents adopted, and — with ``then_acquire``
         (max_tasks, control) — the acquire result whose grant shares the commit's frame)."""
@@ -1176,7 +1182,7 @@ class Coordinator(ProcessBound):
             if done is None:
                 allow_empty = self._check_lease(lease, allow_expired=True).allow_empty
         if done is not None:
-            return self._last_seq, done, [], None
+            return self._last_seq, done, {}, None
         if key[2] != ref.digest:
             raise InvalidReference(f"result_digest {key[2]!r} differs from the "
                                    f"reference's digest {ref.digest!r}")
@@ -1911,7 +1917,8 @@ class Coordinator(ProcessBound):
         answers ``("seq", seq)``.  Missing history is checked (every byte) and retained
         with ``refs`` before the final step; if a collection released more meanwhile,
         that is retained too.  Returns the reply of a retry, else None once durable."""
-        adopted: list[Extent] = []
+        adopted: list[Extent] = []  # one entry per _adopt registration (_done_adopting)
+        segs: dict[Extent, SegmentRef] = {}
         pending = list(refs)
         final = False
         try:
@@ -1922,13 +1929,15 @@ class Coordinator(ProcessBound):
                 if kind != "need":
                     break
                 self._verify_history(value)  # outside the mutex: it reads every byte
-                adopted += self._adopt([*pending, *value])
+                got = self._adopt([*pending, *value])
+                adopted += got
+                segs.update(got)
                 pending, final = [], True
         finally:
             self._done_adopting(adopted)
         if kind == "done":
             return value
-        self._wait(value, adopted)
+        self._wait(value, segs)
         return None
 
     def _commit_save(self, consumer_id: str, token: str, save: _Save,
@@ -2184,19 +2193,29 @@ class Coordinator(ProcessBound):
         self._check_process()
         with self._mutex:
             self._check_usable()
-            live = self._live_extents() | set(self._adding)
             if self._recovered_results is not None:  # see _open
                 cursor, stop, sparse = self._recovered_results
                 named = self.state.live_results(self.consumer_id, stop, (cursor, sparse))
-                self._unstage |= {e for r in named if (e := (r[0], r[1])) in self._rooted}
+                run = self.store.run_id
+                self._unstage.update((e, ref_from_tuple(run, r).segment) for r in named
+                                     if (e := (r[0], r[1])) in self._rooted)
                 self._recovered_results = None
-            unstage = set(self._unstage)
+            unstage = dict(self._unstage)
+        # SPEC release_publications: the adopted data's staged dependencies go with its
+        # staging (straw-queue's rule: a result's tensors need no release of their own);
+        # they stay live through the adopted data while the queue still roots it.  Read
+        # outside the mutex (manifests; the walk only ever finds more to unstage)
+        deps = self.store.staged_dependencies(unstage.values())
+        with self._mutex:
+            self._check_usable()
+            live = self._live_extents() | set(self._adding)
             # the mutex is held across the catalog update so no adoption interleaves
             if not self.store.catalog.adopt(self.owner, self.epoch, replace=live,
-                                            unstage=unstage):
+                                            unstage=set(unstage) | deps):
                 self._fail(Fenced(f"queue {self.owner}: a newer coordinator owns it"))
             self._rooted = RootSet(live)
-            self._unstage -= unstage
+            for e in unstage:
+                self._unstage.pop(e, None)
             self._released = (self.state.retirement_cursor(self.consumer_id),
                               self.state.retired_sparse(self.consumer_id))
         result = self.store.collect_garbage()

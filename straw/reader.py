@@ -462,6 +462,19 @@ class ReadSession(ProcessBound):
         self._match(ref, ext)
         return ext.manifest
 
+    def needs(self, seg: SegmentRef) -> list[SegmentRef]:
+        """The publications that ``seg``'s publication needs, from its checked manifest:
+        its dependencies and, for a record set, the publications holding its records
+        (each once; the publication itself is left out)."""
+        self._check_process()
+        seg = self._canonical(seg)
+        self._check_ref(seg)
+        m = self._extent(seg).manifest
+        out = {(d.path, d.offset): d.segment for d in m.dependencies}
+        out.update(((r.segment.path, r.segment.offset), r.segment) for r in m.record_refs)
+        out.pop((seg.path, seg.offset), None)
+        return list(out.values())
+
     def envelope(self, record_ref: RecordRef) -> dict[str, Any]:
         """straw-queue's record envelope dict (``record_id``, ``codec``, ``metadata``,
         ``tokens``, ``length``, ``checksum``, ``version``) from the checked manifest; the

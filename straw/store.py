@@ -753,10 +753,47 @@ class SharedFilesystemStore(ProcessBound):
         return self.catalog.release(owner)
 
     def release_publications(self, refs: Iterable[RecordSetRef]) -> int:
-        """Drop the staging protection of fresh publications (adopt them with ``retain``
-        first if they must live on).  Returns how many were still staged."""
+        """Drop the staging protection of fresh publications and of what they depend on,
+        transitively (straw-queue's rule: releasing a result releases the tensors it
+        references; retain first what must live on, and release only after every submit
+        naming any of them was acknowledged: SPEC ``release_publications``).  A dependency
+        that another staged publication, an owner or a pin still reaches stays protected
+        through it.  Returns how many of ``refs`` were still staged."""
         self._check_open()
-        return self.catalog.unstage(self._extents(refs, "refs"))
+        checked = self._checked(refs, "refs")
+        named = [(r.segment.path, r.segment.offset) for r in checked]
+        deps = self.staged_dependencies([r.segment for r in checked])
+        return self.catalog.unstage(named, dependencies=deps)
+
+    def staged_dependencies(self, segs: Iterable[SegmentRef]) -> set[Extent]:
+        """The extents of this run that ``segs`` depend on, transitively, and that may
+        still be staged (``segs`` themselves left out): what dropping their staging drops
+        too.  The walk reads checked manifests (cached by the session) and stops at an
+        extent already unstaged (its own dependencies went with it), at another run's
+        (its staging is that run's) and at one it cannot read: that branch keeps its
+        staging, which only ever keeps data longer."""
+        self._check_process()
+        st = self.catalog.state
+        start = {(s.path, s.offset) for s in segs}
+        todo = list(segs)
+        seen: set[Extent] = set()
+        out: set[Extent] = set()
+        while todo:
+            seg = todo.pop()
+            e = (seg.path, seg.offset)
+            if e in seen or seg.run_id != self.run_id:
+                continue
+            seen.add(e)
+            if not st.may_be_staged(e):
+                continue  # (a named one too: what it needs went when it was unstaged)
+            try:
+                needs = self._session.needs(seg)
+            except (StrawError, OSError):
+                continue
+            if e not in start:
+                out.add(e)
+            todo.extend(needs)
+        return out
 
     def pin(self, refs: Iterable[RecordSetRef | RecordRef], *, owner: str | None = None
             ) -> Pin:
