@@ -29,6 +29,14 @@ if TYPE_CHECKING:
 PIECE = 1 << 20  # a chunk is read and hashed this much at a time
 
 
+def checked_span(length: int, start: int, stop: int, chunk_bytes: int) -> int:
+    """Bytes ``read_range`` reads and checks for [start, stop): every chunk it touches,
+    whole (what a trace reports as ``checked_bytes``)."""
+    if stop <= start:
+        return 0
+    return min(length, -(-stop // chunk_bytes) * chunk_bytes) - start // chunk_bytes * chunk_bytes
+
+
 def read_range(session: ReadSession, record_ref: RecordRef, start: int, stop: int, *,
                chunk_bytes: int, checksums: Sequence[str]) -> bytearray:
     """Bytes [start, stop) of a record: ``checksums[k]`` is the hex hash of payload bytes

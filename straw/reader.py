@@ -74,7 +74,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from . import framing, ranges
+from . import framing, ranges, tracing
 from .clock import Clock
 from .errors import (
     Closed,
@@ -410,7 +410,12 @@ class ReadSession(ProcessBound):
         self._match(ref, ext)
         if ext.members:
             return self._read_members(ext)
+        started = self.clock.now() if tracing.enabled() else None
         _, records = self._read_extent(ref.segment)
+        if started is not None:  # straw-queue traces one "read" per record
+            share = (self.clock.now() - started) / max(1, len(records))
+            for r in records:
+                tracing.emit("read", root=self.root, size=len(r.payload), seconds=share)
         return iter(records)
 
     def _read_members(self, ext: ExtentInfo) -> Iterator[Record]:
@@ -561,12 +566,16 @@ class ReadSession(ProcessBound):
             ext = self._extent(record_ref.segment)
             return Record(info.record_id, _manifest_json(ext.manifest), info.codec, {}, 0)
         path, offset = where
+        started = self.clock.now() if tracing.enabled() else None
         data, view = fresh_bytes(info.length)
         self._read_exact(path, offset, info.length, into=view)
         if framing.hash_buffers([view]).hex() != info.checksum:
             raise CorruptData(
                 f"record {info.record_id!r} at {path} offset {offset}: payload checksum "
                 "mismatch")
+        if started is not None:
+            tracing.emit("read", root=self.root, size=info.length,
+                         seconds=self.clock.now() - started)
         return Record(info.record_id, data, info.codec, info.metadata, info.tokens or 0)
 
     def read_payload_range(self, record_ref: RecordRef, start: int, stop: int,
@@ -599,8 +608,12 @@ class ReadSession(ProcessBound):
         SHA-256 or xxh3-128): every chunk the range touches is read and checked whole
         (``straw.ranges``); a mismatch is ``CorruptData``."""
         self._check_process()
-        return ranges.read_range(self, record_ref, start, stop, chunk_bytes=chunk_bytes,
-                                 checksums=checksums)
+        started = self.clock.now() if tracing.enabled() else None
+        out = ranges.read_range(self, record_ref, start, stop, chunk_bytes=chunk_bytes,
+                                checksums=checksums)
+        if started is not None:
+            self._trace_range(record_ref, start, stop, chunk_bytes, started)
+        return out
 
     def read_tensor_range(self, record_ref: RecordRef, start: int, stop: int, *,
                           expected: Mapping[str, Any] | None = None
@@ -610,10 +623,23 @@ class ReadSession(ProcessBound):
         (``{"dtype", "shape", "length"}``, any subset) must match the envelope before
         any payload is read, else ``CorruptData``."""
         self._check_process()
+        started = self.clock.now() if tracing.enabled() else None
         info, _, _ = self.payload_location(record_ref)
         chunk_bytes, sums = ranges.tensor_chunks(info, expected)
-        return envelope_dict(info), ranges.read_range(
-            self, record_ref, start, stop, chunk_bytes=chunk_bytes, checksums=sums)
+        out = ranges.read_range(self, record_ref, start, stop, chunk_bytes=chunk_bytes,
+                                checksums=sums)
+        if started is not None:
+            self._trace_range(record_ref, start, stop, chunk_bytes, started)
+        return envelope_dict(info), out
+
+    def _trace_range(self, record_ref: RecordRef, start: int, stop: int, chunk_bytes: int,
+                     started: float) -> None:
+        """straw-queue's ``read_range`` trace event: the range's bytes and the bytes of
+        the whole chunks checked for it."""
+        info, _ = self._locate(record_ref)
+        tracing.emit("read_range", root=self.root, size=stop - start,
+                     checked_bytes=ranges.checked_span(info.length, start, stop, chunk_bytes),
+                     seconds=self.clock.now() - started)
 
     # --- extents ----------------------------------------------------------------------
     def extent(self, seg: SegmentRef) -> ExtentInfo:

@@ -57,7 +57,7 @@ from typing import Any
 import msgpack
 import xxhash
 
-from . import framing, holder
+from . import framing, holder, tracing
 from .backend import FilesystemBackend
 from .catalog import Catalog, Extent
 from .checks import check_count, check_seconds, check_u64, check_usage_total
@@ -455,7 +455,18 @@ class SharedFilesystemStore(ProcessBound):
         normalized: list[_Pub] = []
         for i, p in enumerate(publications):
             normalized.append(self._normalize(p, i, earlier=[n.digest for n in normalized]))
-        return self._publish(normalized, submission_id, "publish")
+        started = self.clock.now() if tracing.enabled() else None
+        refs = self._publish(normalized, submission_id, "publish")
+        if started is not None and refs:
+            self._trace_write(refs[0].segment, [r for p in publications for r in p.records],
+                              started)
+        return refs
+
+    def _trace_write(self, seg: SegmentRef, records: Sequence[Record], started: float
+                     ) -> None:
+        """straw-queue's ``write`` trace event (``straw.tracing``): no payload byte."""
+        tracing.emit("write", root=self.root, size=seg.size, records=records,
+                     seconds=self.clock.now() - started)
 
     def write_records(self, records: Sequence[Record], *, submission_id: str
                       ) -> tuple[RecordRef, ...]:
@@ -465,8 +476,11 @@ class SharedFilesystemStore(ProcessBound):
         (of them, or of a record set naming them) or a durable owner takes over."""
         self._check_process()
         self._check_submission_id(submission_id)
-        (ref,) = self._publish([self._normalize(Publication(records), 0, "write_records")],
-                               submission_id, "records")
+        normalized = [self._normalize(Publication(records), 0, "write_records")]
+        started = self.clock.now() if tracing.enabled() else None
+        (ref,) = self._publish(normalized, submission_id, "records")
+        if started is not None:
+            self._trace_write(ref.segment, records, started)
         return tuple(RecordRef(ref.segment, i) for i in range(ref.records))
 
     def record_set(self, refs: Sequence[RecordRef], *, submission_id: str,

@@ -107,6 +107,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
+from . import tracing
 from .checks import check_count, short_repr
 from .errors import (
     CorruptData,
@@ -117,6 +118,7 @@ from .errors import (
 )
 from .fs import runnable_threads
 from .process import ProcessBound
+from .ranges import checked_span
 from .reader import ReadSession
 from .refs import Record, RecordInfo, RecordRef, RecordSetRef, payload_view
 from .tensor_format import (
@@ -1151,12 +1153,16 @@ class TensorRef:
         else:
             row = math.prod(self.shape[1:]) * self.itemsize
             shape, start, stop = (rows, *self.shape[1:]), row0 * row, (row0 + rows) * row
+        began = session.clock.now() if tracing.enabled() else None
         if out is not None:
-            view = self._out_view(out, shape)
-            self._read_into(session, where, start, stop, view)
-            return out
-        result, view = self._alloc(shape, self._want_torch(framework), pin_memory)
+            result, view = out, self._out_view(out, shape)
+        else:
+            result, view = self._alloc(shape, self._want_torch(framework), pin_memory)
         self._read_into(session, where, start, stop, view)
+        if began is not None:  # straw-queue's load and slices trace as a read_range
+            tracing.emit("read_range", root=session.root, size=stop - start,
+                         checked_bytes=checked_span(self.nbytes, start, stop, where[3]),
+                         seconds=session.clock.now() - began)
         return result
 
     def load(self, *, pin_memory: bool = False, out: Any = None,

@@ -10,6 +10,7 @@ references or leases (dicts are rebuilt the straw-queue way: ``Lease(**d)``,
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import math
 import os
@@ -410,6 +411,50 @@ def test_benchmark_profile_from_traces(tmp_path, monkeypatch):
     empty.mkdir()
     with pytest.raises(ValueError, match="no publication"):
         benchmark.main(["profile", "--trace", str(empty), "--output", str(out)])
+
+
+def test_store_traces_its_writes_and_reads_for_a_profile(tmp_path, monkeypatch):
+    """A job run with STRAW_TRACE_DIR leaves straw-queue's events (one ``write`` per
+    publish/publish_many/write_records call, one ``read`` per record, ``read_range``
+    with the checked chunk bytes), which ``benchmark profile`` turns into a profile."""
+    import numpy as np
+
+    from straw import benchmark
+    from straw.tensor import publish_tensors
+    trace = tmp_path / "trace"
+    monkeypatch.setenv("STRAW_TRACE_DIR", str(trace))
+    with SharedFilesystemStore(tmp_path / "pool", "traced") as store:
+        ref = store.publish([Record("a", b"x" * 1000, metadata={"secret": "s3"}),
+                             Record("b", b"y" * 2000)], submission_id="p")
+        refs = store.write_records([Record("c", b"z" * 500)], submission_id="w")
+        assert [bytes(r.payload) for r in store.read(ref)] == [b"x" * 1000, b"y" * 2000]
+        assert store.read_record(refs[0]).payload == b"z" * 500
+        (t,) = publish_tensors(store, {"t": np.arange(1 << 17, dtype=np.int32)},
+                               submission_id="t")
+        store.read_tensor_range(t.record_ref, 8, 16)
+        assert t.load(framework="numpy")[5] == 5
+        store.read_range(refs[0], 10, 20, chunk_bytes=256,
+                         checksums=[hashlib.sha256(b"z" * 256).hexdigest(),
+                                    hashlib.sha256(b"z" * 244).hexdigest()])
+    (f,) = trace.iterdir()
+    text = f.read_text()
+    assert "s3" not in text and "xxxx" not in text  # no metadata value, no payload byte
+    events = [json.loads(line) for line in text.splitlines()]
+    assert [e["op"] for e in events] == ["write", "write", "read", "read", "read", "write",
+                                         "read_range", "read_range", "read_range"]
+    assert events[0]["bytes"] == ref.segment.size
+    assert [r["bytes"] for r in events[0]["records"]] == [1000, 2000]
+    assert [e["bytes"] for e in events[2:5]] == [1000, 2000, 500]
+    assert events[5]["records"][0]["dtype"] == "int32"
+    # 8 bytes of the tensor's first 256 KiB chunk; 10 bytes of the first 256-byte chunk
+    assert (events[6]["bytes"], events[6]["checked_bytes"]) == (8, 1 << 18)
+    assert (events[7]["bytes"], events[7]["checked_bytes"]) == (1 << 19, 1 << 19)  # load
+    assert (events[8]["bytes"], events[8]["checked_bytes"]) == (10, 256)
+    assert {e["root"] for e in events} == {str(tmp_path / "pool")}
+    out = tmp_path / "profile.json"
+    benchmark.main(["profile", "--trace", str(trace), "--output", str(out)])
+    prof = json.loads(out.read_text())
+    assert prof["publications"][:2] == [[1000, 2000], [500]]
 
 
 def test_benchmark_local_run_reads_back_everything_written(tmp_path, capsys):
