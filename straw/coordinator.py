@@ -290,6 +290,10 @@ class Coordinator(ProcessBound):
         # adopted extents whose staging (and their dependencies', SPEC
         # release_publications) the next collection drops, with their segments to read
         self._unstage: dict[Extent, SegmentRef] = {}
+        # what some of them need (dependencies, a record set's members), recorded when
+        # their manifests were checked (a result's, at completion), so the collection's
+        # walk reads only the dependencies
+        self._unstage_needs: dict[Extent, list[SegmentRef]] = {}
         # (retirement cursor, commits, sparse) of a recovered journal whose results'
         # staging the next collection drops (see _open)
         self._recovered_results: tuple[int, int, frozenset[int]] | None = None
@@ -505,6 +509,8 @@ class Coordinator(ProcessBound):
         for ref in dict.fromkeys(refs):
             self.store.check_published(ref, f"queue {self.owner}")
         todo = {(r.path, r.offset): r.segment for r in refs}
+        needs = {e: n for e, seg in todo.items()
+                 if (n := self.store.cached_needs(seg)) is not None}
         with self._mutex:
             self._check_usable()
             for e in todo:
@@ -522,6 +528,9 @@ class Coordinator(ProcessBound):
                 self._fail(Fenced(f"queue {self.owner}: a newer coordinator owns it"))
             with self._mutex:
                 self._rooted.update(new)
+        if needs:
+            with self._mutex:
+                self._unstage_needs.update(needs)
         return todo
 
     def _done_adopting(self, extents: Iterable[Extent]) -> None:
@@ -2201,11 +2210,12 @@ class Coordinator(ProcessBound):
                                      if (e := (r[0], r[1])) in self._rooted)
                 self._recovered_results = None
             unstage = dict(self._unstage)
+            known = {e: self._unstage_needs[e] for e in unstage if e in self._unstage_needs}
         # SPEC release_publications: the adopted data's staged dependencies go with its
         # staging (straw-queue's rule: a result's tensors need no release of their own);
         # they stay live through the adopted data while the queue still roots it.  Read
         # outside the mutex (manifests; the walk only ever finds more to unstage)
-        deps = self.store.staged_dependencies(unstage.values())
+        deps = self.store.staged_dependencies(unstage.values(), known)
         with self._mutex:
             self._check_usable()
             live = self._live_extents() | set(self._adding)
@@ -2216,6 +2226,9 @@ class Coordinator(ProcessBound):
             self._rooted = RootSet(live)
             for e in unstage:
                 self._unstage.pop(e, None)
+            # (and of adoptions that were never journaled: a refused completion)
+            self._unstage_needs = {e: n for e, n in self._unstage_needs.items()
+                                   if e in self._unstage or e in self._adding}
             self._released = (self.state.retirement_cursor(self.consumer_id),
                               self.state.retired_sparse(self.consumer_id))
         result = self.store.collect_garbage()

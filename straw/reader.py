@@ -324,6 +324,14 @@ class _Final:
     offsets: frozenset[int] = frozenset()
 
 
+
+def _needs(seg: SegmentRef, m: Manifest) -> list[SegmentRef]:
+    """The publications a manifest's extent needs (``ReadSession.needs``)."""
+    out = {(d.path, d.offset): d.segment for d in m.dependencies}
+    out.update(((r.segment.path, r.segment.offset), r.segment) for r in m.record_refs)
+    out.pop((seg.path, seg.offset), None)
+    return list(out.values())
+
 class ReadSession(ProcessBound):
     """Checked reads with a cache of open packs and authenticated manifests."""
 
@@ -474,11 +482,14 @@ class ReadSession(ProcessBound):
         self._check_process()
         seg = self._canonical(seg)
         self._check_ref(seg)
-        m = self._extent(seg).manifest
-        out = {(d.path, d.offset): d.segment for d in m.dependencies}
-        out.update(((r.segment.path, r.segment.offset), r.segment) for r in m.record_refs)
-        out.pop((seg.path, seg.offset), None)
-        return list(out.values())
+        return _needs(seg, self._extent(seg).manifest)
+
+    def cached_needs(self, seg: SegmentRef) -> list[SegmentRef] | None:
+        """``needs`` if this session holds the checked manifest already (no I/O), else
+        None (a canonical, checked reference: e.g. one whose manifest was just checked)."""
+        self._check_process()
+        ext = self._extents.get(seg)
+        return None if ext is None else _needs(seg, ext.manifest)
 
     def envelope(self, record_ref: RecordRef) -> dict[str, Any]:
         """straw-queue's record envelope dict (``record_id``, ``codec``, ``metadata``,

@@ -779,15 +779,19 @@ class SharedFilesystemStore(ProcessBound):
         deps = self.staged_dependencies([r.segment for r in checked])
         return self.catalog.unstage(named, dependencies=deps)
 
-    def staged_dependencies(self, segs: Iterable[SegmentRef]) -> set[Extent]:
+    def staged_dependencies(self, segs: Iterable[SegmentRef],
+                            known: Mapping[Extent, Sequence[SegmentRef]] | None = None
+                            ) -> set[Extent]:
         """The extents of this run that ``segs`` depend on, transitively, and that may
         still be staged (``segs`` themselves left out): what dropping their staging drops
-        too.  The walk reads checked manifests (cached by the session) and stops at an
-        extent already unstaged (its own dependencies went with it), at another run's
-        (its staging is that run's) and at one it cannot read: that branch keeps its
-        staging, which only ever keeps data longer."""
+        too.  The walk reads checked manifests (cached by the session; ``known``: what
+        some of ``segs`` need, recorded when their manifests were checked, so they are not
+        read again) and stops at an extent already unstaged (its own dependencies went
+        with it), at another run's (its staging is that run's) and at one it cannot read:
+        that branch keeps its staging, which only ever keeps data longer."""
         self._check_process()
         st = self.catalog.state
+        known = known or {}
         start = {(s.path, s.offset) for s in segs}
         todo = list(segs)
         seen: set[Extent] = set()
@@ -800,14 +804,22 @@ class SharedFilesystemStore(ProcessBound):
             seen.add(e)
             if not st.may_be_staged(e):
                 continue  # (a named one too: what it needs went when it was unstaged)
-            try:
-                needs = self._session.needs(seg)
-            except (StrawError, OSError):
-                continue
+            needs = known.get(e)
+            if needs is None:
+                try:
+                    needs = self._session.needs(seg)
+                except (StrawError, OSError):
+                    continue
             if e not in start:
                 out.add(e)
             todo.extend(needs)
         return out
+
+    def cached_needs(self, seg: SegmentRef) -> list[SegmentRef] | None:
+        """What ``seg``'s publication needs if the store's session checked its manifest
+        already (no I/O), else None (``ReadSession.cached_needs``)."""
+        self._check_process()
+        return self._session.cached_needs(seg)
 
     def pin(self, refs: Iterable[RecordSetRef | RecordRef], *, owner: str | None = None
             ) -> Pin:
