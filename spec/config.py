@@ -14,7 +14,7 @@ Configurations used by the explorer, tests and the Hypothesis machine are define
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -332,21 +332,13 @@ LARGE = Config(
 # --- release_publications over dependencies: the producer's published m0 depends on the
 # task input i0, so releasing m0 drops i0's staging too, which must wait for t0's submit.
 
-RELEASE_CLOSURE = Config(
+RELEASE_CLOSURE = replace(
+    RESTORE,
     name="release-closure",
-    packs=("p0", "p1"),
-    pack_writer=("prod", "work"),
     extents=(_x("i0", 0), _x("m0", 0, 0), _x("r0", 1)),
     preloaded=(0, 1),
-    queues=("q0",),
     tasks=(TaskDecl("t0", 0, input=0, result=2, priority=0, key=0, fifo=0),),
-    workers=("w0",),
-    max_attempts=1,
-    max_epoch=2,
-    max_crashes=1,
-    gc=True,
-    worker_crashes=False,
-    cancel=False,
+    consumer_queues=(),
 )
 
 CONFIGS: dict[str, Config] = {
