@@ -154,6 +154,12 @@ def queue_dir(root: str, run_id: str, namespace: str, queue_id: str) -> str:
     return os.path.join(root, "runs", run_id, "queues", namespace, queue_id)
 
 
+# adopted extents: each one's segment and, when its checked manifest was at hand (a result's,
+# at completion), what it needs (``ReadSession.needs``), so a collection's walk over the
+# dependencies (SPEC release_publications) does not read it again
+_Adopted = dict[Extent, tuple[SegmentRef, list[SegmentRef] | None]]
+
+
 def _ref_tuple(ref: RecordSetRef) -> RefTuple:
     return ref_to_tuple(ref)  # the one stored form (straw.refs)
 
@@ -288,12 +294,8 @@ class Coordinator(ProcessBound):
         self._rooted = RootSet()  # the queue owner's roots as this coordinator knows them
         self._adding: Counter[Extent] = Counter()
         # adopted extents whose staging (and their dependencies', SPEC
-        # release_publications) the next collection drops, with their segments to read
-        self._unstage: dict[Extent, SegmentRef] = {}
-        # what some of them need (dependencies, a record set's members), recorded when
-        # their manifests were checked (a result's, at completion), so the collection's
-        # walk reads only the dependencies
-        self._unstage_needs: dict[Extent, list[SegmentRef]] = {}
+        # release_publications) the next collection drops (``_Adopted``)
+        self._unstage: _Adopted = {}
         # (retirement cursor, commits, sparse) of a recovered journal whose results'
         # staging the next collection drops (see _open)
         self._recovered_results: tuple[int, int, frozenset[int]] | None = None
@@ -425,7 +427,7 @@ class Coordinator(ProcessBound):
         # recorded now, so the collection unstages exactly what this journal named.
         # (membership in the root set, not a set of it: it holds every unretired result)
         run = self.store.run_id
-        self._unstage = {e: ref_from_tuple(run, r).segment
+        self._unstage = {e: (ref_from_tuple(run, r).segment, None)
                          for r in self.state.live_refs(self.consumer_id, results=False)
                          if (e := (r[0], r[1])) in self._rooted}
         self._recovered_results = (
@@ -497,20 +499,19 @@ class Coordinator(ProcessBound):
                          f"{self._broken!r}; open a new one with recover=True")
 
     def _adopt(self, refs: Iterable[RecordSetRef],
-               announced: Announcement | None = None) -> dict[Extent, SegmentRef]:
+               announced: Announcement | None = None) -> _Adopted:
         """D2: retain data under the queue owner before any transaction naming it is
         journaled; each reference must name a publication (``InvalidReference``
         otherwise: the queue never roots a fabricated one).  Returns the extents this call
-        registered as in flight (release them with ``_done_adopting``), with their segments."""
+        registered as in flight (release them with ``_done_adopting``), as ``_Adopted``."""
         refs = list(refs)
         # each distinct reference once (D2 unchanged: an equal reference names the same
         # extent, size and checksum, so its answer is the same): tasks seeded by a
         # restore often share one prompt input, a read each was a tenth of the seed
         for ref in dict.fromkeys(refs):
             self.store.check_published(ref, f"queue {self.owner}")
-        todo = {(r.path, r.offset): r.segment for r in refs}
-        needs = {e: n for e, seg in todo.items()
-                 if (n := self.store.cached_needs(seg)) is not None}
+        todo: _Adopted = {(r.path, r.offset): (r.segment, self.store.cached_needs(r.segment))
+                          for r in refs}
         with self._mutex:
             self._check_usable()
             for e in todo:
@@ -528,9 +529,6 @@ class Coordinator(ProcessBound):
                 self._fail(Fenced(f"queue {self.owner}: a newer coordinator owns it"))
             with self._mutex:
                 self._rooted.update(new)
-        if needs:
-            with self._mutex:
-                self._unstage_needs.update(needs)
         return todo
 
     def _done_adopting(self, extents: Iterable[Extent]) -> None:
@@ -549,7 +547,7 @@ class Coordinator(ProcessBound):
         self._since_snapshot += 1
         return seq
 
-    def _wait(self, seq: int, adopted: Mapping[Extent, SegmentRef] | None = None) -> None:
+    def _wait(self, seq: int, adopted: _Adopted | None = None) -> None:
         try:
             self.journal.wait(seq)
         except BaseException as e:
@@ -1097,7 +1095,7 @@ class Coordinator(ProcessBound):
 
     def _complete_batch(self, args: list[tuple[str, Lease, RecordSetRef, list[Any]]],
                         outcomes: list[CommitReceipt | StrawError | None],
-                        announced: Announcement) -> tuple[int, dict[Extent, SegmentRef]]:
+                        announced: Announcement) -> tuple[int, _Adopted]:
         """complete_tasks up to the enqueue (the steps of ``_complete`` for many items):
         fills ``outcomes`` with the receipts of retries and the errors of refused items
         (None: accepted in this call's frame); returns (sequence number, extents adopted)."""
@@ -1180,7 +1178,7 @@ class Coordinator(ProcessBound):
     def _complete(self, lease: Lease, submission_id: str, ref: RecordSetRef,
                   key: list[Any], announced: Announcement,
                   then_acquire: tuple[int, bool] | None = None,
-                  ) -> tuple[int, CommitReceipt | None, dict[Extent, SegmentRef],
+                  ) -> tuple[int, CommitReceipt | None, _Adopted,
                              AcquireResult | None]:
         """complete_task up to the enqueue: (sequence number to wait for, the original
         receipt of a retry or None, the extents adopted, and — with ``then_acquire``
@@ -1927,7 +1925,7 @@ class Coordinator(ProcessBound):
         with ``refs`` before the final step; if a collection released more meanwhile,
         that is retained too.  Returns the reply of a retry, else None once durable."""
         adopted: list[Extent] = []  # one entry per _adopt registration (_done_adopting)
-        segs: dict[Extent, SegmentRef] = {}
+        segs: _Adopted = {}
         pending = list(refs)
         final = False
         try:
@@ -2206,16 +2204,17 @@ class Coordinator(ProcessBound):
                 cursor, stop, sparse = self._recovered_results
                 named = self.state.live_results(self.consumer_id, stop, (cursor, sparse))
                 run = self.store.run_id
-                self._unstage.update((e, ref_from_tuple(run, r).segment) for r in named
+                self._unstage.update((e, (ref_from_tuple(run, r).segment, None)) for r in named
                                      if (e := (r[0], r[1])) in self._rooted)
                 self._recovered_results = None
             unstage = dict(self._unstage)
-            known = {e: self._unstage_needs[e] for e in unstage if e in self._unstage_needs}
         # SPEC release_publications: the adopted data's staged dependencies go with its
         # staging (straw-queue's rule: a result's tensors need no release of their own);
         # they stay live through the adopted data while the queue still roots it.  Read
         # outside the mutex (manifests; the walk only ever finds more to unstage)
-        deps = self.store.staged_dependencies(unstage.values(), known)
+        deps = self.store.staged_dependencies(
+            [seg for seg, _ in unstage.values()],
+            {e: needs for e, (_, needs) in unstage.items() if needs is not None})
         with self._mutex:
             self._check_usable()
             live = self._live_extents() | set(self._adding)
@@ -2226,9 +2225,6 @@ class Coordinator(ProcessBound):
             self._rooted = RootSet(live)
             for e in unstage:
                 self._unstage.pop(e, None)
-            # (and of adoptions that were never journaled: a refused completion)
-            self._unstage_needs = {e: n for e, n in self._unstage_needs.items()
-                                   if e in self._unstage or e in self._adding}
             self._released = (self.state.retirement_cursor(self.consumer_id),
                               self.state.retired_sparse(self.consumer_id))
         result = self.store.collect_garbage()

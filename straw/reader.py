@@ -324,13 +324,13 @@ class _Final:
     offsets: frozenset[int] = frozenset()
 
 
-
 def _needs(seg: SegmentRef, m: Manifest) -> list[SegmentRef]:
     """The publications a manifest's extent needs (``ReadSession.needs``)."""
     out = {(d.path, d.offset): d.segment for d in m.dependencies}
     out.update(((r.segment.path, r.segment.offset), r.segment) for r in m.record_refs)
     out.pop((seg.path, seg.offset), None)
     return list(out.values())
+
 
 class ReadSession(ProcessBound):
     """Checked reads with a cache of open packs and authenticated manifests."""
