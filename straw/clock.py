@@ -18,6 +18,10 @@ class SystemClock:
     def now(self) -> float:
         return time.time()
 
+    def __call__(self) -> float:
+        """straw-queue's coordinator clock is a callable returning seconds: so is ours."""
+        return self.now()
+
     def sleep(self, seconds: float) -> None:
         time.sleep(seconds)
 
@@ -29,6 +33,9 @@ class ManualClock:
         self.t = start
 
     def now(self) -> float:
+        return self.t
+
+    def __call__(self) -> float:
         return self.t
 
     def sleep(self, seconds: float) -> None:

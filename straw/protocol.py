@@ -61,7 +61,8 @@ def decode(value: bytes | bytearray | memoryview | str) -> Any:
             value = bytes(value).decode("utf-8")
         return json.loads(value, parse_constant=_no_constant)
     except (ValueError, UnicodeError, RecursionError) as e:
-        raise CorruptData(f"not valid JSON ({e})") from e
+        # straw-queue's phrase first: its callers match on it
+        raise CorruptData(f"Invalid JSON metadata: not valid JSON ({e})") from e
 
 
 def digest(value: Any) -> str:
@@ -69,12 +70,13 @@ def digest(value: Any) -> str:
     return hashlib.sha256(encode(value)).hexdigest()
 
 
-def bounded_metadata(value: Any, limit: int) -> bytes:
-    """``encode(value)``, refused with ``ResourceLimitExceeded`` when longer than ``limit``
-    bytes (straw-queue 0.1.6 ignores the limit; straw keeps it a limit)."""
+def bounded_metadata(value: Any, limit: int, *, enforce: bool = False) -> bytes:
+    """``encode(value)``.  straw-queue 0.1.6 ignores ``limit`` (its callers pass small
+    ones relying on that), so by default we do too; ``enforce=True`` (ours) refuses with
+    ``ResourceLimitExceeded`` an encoding longer than ``limit`` bytes."""
     check_count("limit", limit, minimum=1)
     data = encode(value)
-    if len(data) > limit:
+    if enforce and len(data) > limit:
         raise ResourceLimitExceeded(f"metadata is {len(data)} bytes of JSON; the limit is "
                                     f"{limit}")
     return data
@@ -234,11 +236,12 @@ class Limits:
     straw's own bounds, enforced either way: ``max_tasks_per_request``, ``max_leases_per_worker``,
     ``max_unconsumed_results`` (acquire backpressure while the designated consumer lags by
     that many results; None: off) and ``max_ready_batches``.  Defaults of the enforced
-    counts are larger than straw-queue's, so no workload it served is refused."""
+    counts are straw-queue's (a caller comparing or printing ``Limits()`` sees its
+    values); enforcing them is a caller's choice, so a caller who enforces sets them."""
 
-    pending_tasks: int = 1_000_000
-    inflight_tasks: int = 1_000_000
-    control_tasks: int = 1024
+    pending_tasks: int = 10_000
+    inflight_tasks: int = 256
+    control_tasks: int = 1
     accepted_records: int = 100_000
     accepted_bytes: int = 64 * 1024**3
     accepted_tokens: int = 100_000_000
@@ -256,7 +259,10 @@ class Limits:
             value = getattr(self, f.name)
             if f.name == "max_unconsumed_results" and value is None:
                 continue
-            check_count(f"Limits.{f.name}", value, minimum=1)
+            try:
+                check_count(f"Limits.{f.name}", value, minimum=1)
+            except ValueError as e:  # straw-queue's phrase first: its callers match on it
+                raise ValueError(f"Queue limits must be positive: {e}") from None
 
 
 # straw-queue 0.1.6's own fields (the ones its callers set): a coordinator without

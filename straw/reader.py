@@ -339,11 +339,14 @@ class ReadSession(ProcessBound):
 
     def __init__(self, fs: Filesystem, root: str, run_id: str, clock: Clock, *,
                  visibility_retries: int = 8, visibility_backoff: float = 0.05,
-                 pack_status: PackStatusFn | None = None, pool_id: str | None = None
-                 ) -> None:
+                 pack_status: PackStatusFn | None = None, pool_id: str | None = None,
+                 backend: Any = None) -> None:
         self._bind_process()
         self.fs = fs
         self.root = root
+        # the store's ``straw.backend.FilesystemBackend`` (straw-queue's session carries
+        # it); reads go through ``fs``, which the backend already wrapped
+        self.backend = backend
         # the pool's identity (``SharedFilesystemStore.pool_id``), when the opener knows
         # it: a TensorRef compares it with its own before reading (two pools may hold
         # the same run id, and a reference followed into the wrong one finds nothing)
@@ -491,12 +494,12 @@ class ReadSession(ProcessBound):
         ext = self._extents.get(seg)
         return None if ext is None else _needs(seg, ext.manifest)
 
-    def envelope(self, record_ref: RecordRef) -> dict[str, Any]:
+    def envelope(self, ref: RecordRef) -> dict[str, Any]:
         """straw-queue's record envelope dict (``record_id``, ``codec``, ``metadata``,
         ``tokens``, ``length``, ``checksum``, ``version``) from the checked manifest; the
         manifest ordinal's envelope describes the manifest record (``read_record``)."""
         self._check_process()
-        info, _ = self._locate(record_ref)
+        info, _ = self._locate(ref)
         return envelope_dict(info)
 
     def check_published(self, ref: RecordSetRef | SegmentRef) -> None:
@@ -566,15 +569,15 @@ class ReadSession(ProcessBound):
             out[i] = header.kind == framing.KIND_EXTENT and header.frame_length == seg.size \
                 and header.body_hash.hex() == seg.checksum
 
-    def read_record(self, record_ref: RecordRef) -> Record:
+    def read_record(self, ref: RecordRef) -> Record:
         """One record, reading and checking only its extent's manifest and that record.
         The manifest ordinal (see ``straw.refs``) reads back as a record too, as in
         straw-queue: id ``manifest:<digest>``, codec ``record-set.v2``, the manifest dict
         as canonical JSON, checked against the extent like every record."""
         self._check_process()
-        info, where = self._locate(record_ref)
+        info, where = self._locate(ref)
         if where is None:  # the manifest
-            ext = self._extent(record_ref.segment)
+            ext = self._extent(ref.segment)
             return Record(info.record_id, _manifest_json(ext.manifest), info.codec, {}, 0)
         path, offset = where
         started = self.clock.now() if tracing.enabled() else None
@@ -612,7 +615,7 @@ class ReadSession(ProcessBound):
             raise InvalidReference(f"{record_ref!r} names a manifest, not a payload record")
         return info, where[0], where[1]
 
-    def read_range(self, record_ref: RecordRef, start: int, stop: int, *, chunk_bytes: int,
+    def read_range(self, ref: RecordRef, start: int, stop: int, *, chunk_bytes: int,
                    checksums: Sequence[str]) -> bytearray:
         """Bytes [start, stop) of a record, checked against the caller's chunk checksums
         (``checksums[k]`` hashes payload bytes [k*chunk_bytes, (k+1)*chunk_bytes), hex
@@ -620,13 +623,13 @@ class ReadSession(ProcessBound):
         (``straw.ranges``); a mismatch is ``CorruptData``."""
         self._check_process()
         started = self.clock.now() if tracing.enabled() else None
-        out = ranges.read_range(self, record_ref, start, stop, chunk_bytes=chunk_bytes,
+        out = ranges.read_range(self, ref, start, stop, chunk_bytes=chunk_bytes,
                                 checksums=checksums)
         if started is not None:
-            self._trace_range(record_ref, start, stop, chunk_bytes, started)
+            self._trace_range(ref, start, stop, chunk_bytes, started)
         return out
 
-    def read_tensor_range(self, record_ref: RecordRef, start: int, stop: int, *,
+    def read_tensor_range(self, ref: RecordRef, start: int, stop: int, *,
                           expected: Mapping[str, Any] | None = None
                           ) -> tuple[dict[str, Any], bytearray]:
         """``(envelope, bytes [start, stop))`` of a ``tensor.v1`` record, checked against
@@ -635,12 +638,12 @@ class ReadSession(ProcessBound):
         any payload is read, else ``CorruptData``."""
         self._check_process()
         started = self.clock.now() if tracing.enabled() else None
-        info, _, _ = self.payload_location(record_ref)
+        info, _, _ = self.payload_location(ref)
         chunk_bytes, sums = ranges.tensor_chunks(info, expected)
-        out = ranges.read_range(self, record_ref, start, stop, chunk_bytes=chunk_bytes,
+        out = ranges.read_range(self, ref, start, stop, chunk_bytes=chunk_bytes,
                                 checksums=sums)
         if started is not None:
-            self._trace_range(record_ref, start, stop, chunk_bytes, started)
+            self._trace_range(ref, start, stop, chunk_bytes, started)
         return envelope_dict(info), out
 
     def _trace_range(self, record_ref: RecordRef, start: int, stop: int, chunk_bytes: int,

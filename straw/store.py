@@ -266,7 +266,8 @@ class SharedFilesystemStore(ProcessBound):
         self._session = ReadSession(self.fs, self.root, self.run_id, self.clock,
                                     visibility_retries=visibility_retries,
                                     visibility_backoff=visibility_backoff,
-                                    pack_status=self._pack_status, pool_id=self.pool_id)
+                                    pack_status=self._pack_status, pool_id=self.pool_id,
+                                    backend=self.backend)
         self._writer: WriterIncarnation | None = None
         self._write_lock = threading.Lock()
         self.catalog = Catalog(self.fs, self.root, self.run_id)  # owners belong to the run
@@ -936,10 +937,10 @@ class SharedFilesystemStore(ProcessBound):
         self._check_process()
         return self._session.read(ref)
 
-    def read_record(self, record_ref: RecordRef) -> Record:
+    def read_record(self, ref: RecordRef) -> Record:
         """One record (the manifest ordinal reads back as the manifest record)."""
         self._check_process()
-        return self._session.read_record(record_ref)
+        return self._session.read_record(ref)
 
     def manifest(self, ref: RecordSetRef) -> dict[str, Any]:
         """straw-queue's manifest dict: ``version``, ``digest``, ``records`` (RecordRef
@@ -966,7 +967,8 @@ class SharedFilesystemStore(ProcessBound):
         retries, backoff = self._visibility
         return ReadSession(self.fs, self.root, self.run_id, self.clock,
                            visibility_retries=retries, visibility_backoff=backoff,
-                           pack_status=self._pack_status, pool_id=self.pool_id)
+                           pack_status=self._pack_status, pool_id=self.pool_id,
+                           backend=self.backend)
 
     def check_published(self, ref: RecordSetRef | RecordRef | SegmentRef,
                         where: str = "ref") -> None:
@@ -979,7 +981,7 @@ class SharedFilesystemStore(ProcessBound):
         except InvalidReference as e:  # the same class (an ExtentMismatch stays one)
             raise type(e)(f"{where}: {e}") from None
 
-    def inspect_segment(self, segment_ref: SegmentRef, *, verify_payload: bool = False
+    def inspect_segment(self, ref: SegmentRef, *, verify_payload: bool = False
                         ) -> dict[str, Any]:
         """straw-queue's description of one extent: ``version``, ``run_id``,
         ``segment_id`` and ``records``: per record its ``envelope`` (``envelope_dict``)
@@ -987,27 +989,27 @@ class SharedFilesystemStore(ProcessBound):
         last.  The manifest is always checked; ``verify_payload`` checks the whole extent
         (``CorruptData`` if damaged)."""
         self._check_process()
-        if not isinstance(segment_ref, SegmentRef):
+        if not isinstance(ref, SegmentRef):
             raise TypeError(f"inspect_segment takes a SegmentRef (e.g. ref.manifest.segment "
-                            f"or record_ref.segment), got {type(segment_ref).__name__}")
-        segment_ref = self._session._canonical(segment_ref)
-        ext = self._session.extent(segment_ref)  # checks the reference first
+                            f"or record_ref.segment), got {type(ref).__name__}")
+        ref = self._session._canonical(ref)
+        ext = self._session.extent(ref)  # checks the reference first
         if verify_payload:
-            self._session._read_extent(segment_ref)
-        records = [{"offset": off - segment_ref.offset, "envelope": envelope_dict(info)}
+            self._session._read_extent(ref)
+        records = [{"offset": off - ref.offset, "envelope": envelope_dict(info)}
                    for info, off in zip(ext.local, ext.offsets, strict=True)]
         # our manifest sits before the payloads (straw-queue's after them): its offset
         records.append({"offset": framing.HEADER_SIZE + EXTENT_PREFIX.size,
                         "envelope": envelope_dict(ext.manifest_info)})
-        return {"version": 1, "run_id": segment_ref.run_id,
-                "segment_id": segment_ref.segment_id, "records": records}
+        return {"version": 1, "run_id": ref.run_id,
+                "segment_id": ref.segment_id, "records": records}
 
-    def read_range(self, record_ref: RecordRef, start: int, stop: int, *, chunk_bytes: int,
+    def read_range(self, ref: RecordRef, start: int, stop: int, *, chunk_bytes: int,
                    checksums: Sequence[str]) -> bytearray:
         """Bytes [start, stop) of a record, checked against the caller's chunk checksums
         (``ReadSession.read_range``), through the store's read session."""
         self._check_process()
-        return self._session.read_range(record_ref, start, stop, chunk_bytes=chunk_bytes,
+        return self._session.read_range(ref, start, stop, chunk_bytes=chunk_bytes,
                                         checksums=checksums)
 
     def read_tensor_range(self, ref: RecordRef, start: int, stop: int, *,

@@ -132,6 +132,13 @@ from .tensor_format import (
     MAX_DIMS as MAX_DIMS,
 )
 
+# straw-queue 0.1.6's names for the limits its tensor helpers open a store with: a
+# tensor's largest payload (our store's default record cap, enforced on request) and the
+# copy buffer of one publication.  Ours read and publish in bounded chunks whatever the
+# size; the names are kept for callers that pass them on to a store.
+MAX_TENSOR_BYTES = 16 * 1024**3
+MAX_PUBLICATION_BYTES = 16 * 1024**2
+
 _READ_BYTES = 1 << 20  # one read call covers this much (whole chunks), hashed chunk by chunk
 _PARALLEL_MIN = 8 << 20  # publish: chunk checksums of this much data on several threads
 _PARALLEL_LOAD = 8 << 20  # reads: a span of this much is read and verified by two threads
