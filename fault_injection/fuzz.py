@@ -152,8 +152,9 @@ def check_read(store: SharedFilesystemStore, refs: Sequence[RecordSetRef],
     return n
 
 
-def _entry_refs(entry: dict[str, Any]) -> list[RecordSetRef]:
-    return [RecordSetRef.from_dict(d) for d in entry["refs"]]
+def _entry_refs(entry: dict[str, Any]) -> tuple[RecordSetRef, ...]:
+    # a tuple, as publish_many and lookup_submission return them
+    return tuple(RecordSetRef.from_dict(d) for d in entry["refs"])
 
 
 def _entry_dep(entries_by_seq: dict[int, dict[str, Any]], seq: int) -> RecordSetRef | None:

@@ -64,7 +64,7 @@ class AckRecord:
     acknowledged (submission id -> refs, recorded when the call returned)."""
 
     attempts: dict[str, list[Publication]] = field(default_factory=dict)
-    acks: dict[str, list[RecordSetRef]] = field(default_factory=dict)
+    acks: dict[str, tuple[RecordSetRef, ...]] = field(default_factory=dict)
     # released and not retained (marked just BEFORE the releasing call): garbage
     # collection may reclaim them, so they are not checked any more
     collectable: set[str] = field(default_factory=set)
@@ -88,7 +88,7 @@ class Driver:
                      pubs: list[Publication]) -> list[RecordSetRef]:
         self.log.attempts.setdefault(sid, pubs)
         refs = store.publish_many(pubs, submission_id=sid)
-        self.log.acks[sid] = list(refs)  # acknowledged: the call returned
+        self.log.acks[sid] = tuple(refs)  # acknowledged: the call returned
         return refs
 
     def publish(self, store: SharedFilesystemStore, sid: str, records: list[Record],

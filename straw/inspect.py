@@ -87,6 +87,7 @@ def inspect_run(root: str | os.PathLike[str], *, fs: Filesystem | None = None
                    if (m := PACK_PATH_RE.match(p)) is not None}
                   | set(_listdir(fs, os.path.join(root, "runs"))))
     tail = _incomplete_tail(data)
+    digest = hashlib.sha256(data).hexdigest()
     return {
         "version": REPORT_VERSION,
         "root": root,
@@ -100,7 +101,8 @@ def inspect_run(root: str | os.PathLike[str], *, fs: Filesystem | None = None
         "unfinished_tombstones": st.tombstoned_not_unlinked(),
         "retained_dependency_errors": failures,
         "incomplete_journal_tail_bytes": tail,  # the catalog is the pool's GC journal
-        "catalog_sha256": hashlib.sha256(data).hexdigest(),
+        "catalog_sha256": digest,
+        "journal_sha256": digest,  # straw-queue's key: our GC journal is the catalog
         "deletion_allowed": not failures and not tail,
         "requires_stopped_run": True,
         "pool": view,

@@ -446,9 +446,10 @@ class SharedFilesystemStore(ProcessBound):
                                  submission_id=submission_id)[0]
 
     def publish_many(self, publications: Sequence[Publication], *,
-                     submission_id: str) -> list[RecordSetRef]:
-        """Several publications in one durable write, one reference each.  A dependency
-        is a ``RecordSetRef`` or the index of an earlier publication of this call."""
+                     submission_id: str) -> tuple[RecordSetRef, ...]:
+        """Several publications in one durable write, one reference each (a tuple, as
+        straw-queue returns).  A dependency is a ``RecordSetRef`` or the index of an
+        earlier publication of this call."""
         self._check_process()
         self._check_submission_id(submission_id)
         if isinstance(publications, (str, bytes)) or not isinstance(publications, Sequence):
@@ -461,7 +462,7 @@ class SharedFilesystemStore(ProcessBound):
         if started is not None and refs:
             self._trace_write(refs[0].segment, [r for p in publications for r in p.records],
                               started)
-        return refs
+        return tuple(refs)
 
     def _trace_write(self, seg: SegmentRef, records: Sequence[Record], started: float
                      ) -> None:
@@ -557,10 +558,11 @@ class SharedFilesystemStore(ProcessBound):
                 "garbage collection has reclaimed since; retain a result before releasing "
                 "it if it must live on, or publish again under a new submission_id")
 
-    def lookup_submission(self, submission_id: str) -> list[RecordSetRef] | None:
+    def lookup_submission(self, submission_id: str) -> tuple[RecordSetRef, ...] | None:
         """The references published under ``submission_id`` by this writer id (across its
-        restarts), or None (through publish/publish_many if it was, else through
-        record_set, else write_records: ``publication_receipt`` asks for one)."""
+        restarts; a tuple, as ``publish_many`` returns them), or None (through
+        publish/publish_many if it was, else through record_set, else write_records:
+        ``publication_receipt`` asks for one)."""
         self._check_process()
         self._check_submission_id(submission_id)
         with self._write_lock:
@@ -569,7 +571,7 @@ class SharedFilesystemStore(ProcessBound):
             known = next((index[k] for k in (("publish", submission_id),
                                              ("record_set", submission_id),
                                              ("records", submission_id)) if k in index), None)
-        return list(known.refs) if known else None
+        return tuple(known.refs) if known else None
 
     def _write(self, writer: WriterIncarnation, submission_id: str,
                normalized: list[_Pub], api: str) -> list[RecordSetRef]:

@@ -123,7 +123,7 @@ def _check_everything_reads_back(root: Any, acked: dict[str, dict[str, Any]]) ->
         with _store(root, writer_id) as s:
             for sid, (ref, text) in subs.items():
                 assert bytes(next(s.read(ref)).payload) == text.encode(), (writer_id, sid)
-                assert s.lookup_submission(sid) == [ref], (writer_id, sid)
+                assert s.lookup_submission(sid) == (ref,), (writer_id, sid)
     with _store(root, "checker") as s:
         assert "kept" in s.owners()
         s.collect_garbage()  # replays the whole catalog and acts on it

@@ -61,6 +61,6 @@ def test_publish_on_one_mount_read_on_the_other_while_appending(juicefs_dirs, re
             assert bytes(next(reader.read(ref)).payload) == _payload(i)
     # a restarted writer on the *other* client finds the originals by submission id
     with SharedFilesystemStore(juicefs_dirs.b, "run", writer_id="w") as again:
-        assert again.lookup_submission("s0") == [seen[0]]
+        assert again.lookup_submission("s0") == (seen[0],)
         assert again.publish([Record("r", _payload(5), metadata={"i": 5})],
                              submission_id="s5") == seen[5]

@@ -111,7 +111,7 @@ def test_idempotent_retry_conflict_and_restart(tmp_path):
         open_ref = store.publish([Record("o", b"open pack")], submission_id="s2")
     # after the writer restarts (new incarnation), lookups and retries still find them
     with _store(tmp_path) as store:
-        assert store.lookup_submission("s1") == [ref]
+        assert store.lookup_submission("s1") == (ref,)
         assert store.lookup_submission("m") == batch
         assert store.publish(recs, submission_id="s1") == ref
         assert store.publish_many([Publication([Record("p", b"0")]),

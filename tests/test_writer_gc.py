@@ -87,10 +87,10 @@ def test_unsealed_pack_with_corrupt_extent_is_sealed_and_reported(tmp_path, capl
     again = None
     for restart in range(2):  # every restart, not only the first
         with SharedFilesystemStore(str(tmp_path), "run", writer_id="w") as store:
-            assert store.lookup_submission("s1") == [refs["s1"]]  # before the damage
+            assert store.lookup_submission("s1") == (refs["s1"],)  # before the damage
             # damaged: not indexed (then found where its retry published it)
-            assert store.lookup_submission("s2") == (None if again is None else [again])
-            assert store.lookup_submission("s3") == [refs["s3"]]  # resumed at its group
+            assert store.lookup_submission("s2") == (None if again is None else (again,))
+            assert store.lookup_submission("s3") == (refs["s3"],)  # resumed at its group
             damaged = store.writer_info()["damaged"]
             assert [(d["pack"], d["offset"]) for d in damaged] == [(pack, refs["s2"].offset)]
             assert "synced extent damaged" in damaged[0]["reason"]
@@ -113,7 +113,7 @@ def test_damaged_final_group_is_reported_not_indexed(tmp_path, caplog):
     _flip(tmp_path / pack, refs["s2"].offset + refs["s2"].size - 10)  # complete, last group
     caplog.set_level(logging.WARNING, logger="straw")
     with SharedFilesystemStore(str(tmp_path), "run", writer_id="w") as store:
-        assert store.lookup_submission("s1") == [refs["s1"]]
+        assert store.lookup_submission("s1") == (refs["s1"],)
         assert store.lookup_submission("s2") is None
         damaged = store.writer_info()["damaged"]
         assert [(d["pack"], d["offset"]) for d in damaged] == [(pack, refs["s2"].offset)]
@@ -185,7 +185,7 @@ def test_full_disk_publication_failures_leak_no_packs(small_tmpfs):
         for ref in published + [after]:
             assert store.read(ref)
     with SharedFilesystemStore(root, "run", writer_id="w") as store:
-        assert store.lookup_submission("after") == [after]
+        assert store.lookup_submission("after") == (after,)
         assert store.lookup_submission("fail0") is None
 
 
@@ -286,8 +286,8 @@ def test_dead_writer_open_pack_is_sealed_and_collected(tmp_path):
         assert bytes(next(alive.read(live)).payload) == b"l"
     # the killed writer id restarts and still finds what was not reclaimed (D7)
     with SharedFilesystemStore(root, "run", writer_id="kept") as kept_again:
-        assert kept_again.lookup_submission("k1") == [kept["k1"]]
-        assert kept_again.lookup_submission("k2") == [kept["k2"]]
+        assert kept_again.lookup_submission("k1") == (kept["k1"],)
+        assert kept_again.lookup_submission("k2") == (kept["k2"],)
         kept_again.release("keep")
         assert kept["k1"].path in kept_again.collect_garbage()["tombstoned"]
     with SharedFilesystemStore(root, "run", writer_id="dead") as dead_again:
@@ -309,7 +309,7 @@ def test_pack_abandoned_after_failed_sync_is_sealed_and_collected(tmp_path):
         store.release_publications([ok])
         assert store.collect_garbage()["tombstoned"] == [ok.path]
     with SharedFilesystemStore(str(tmp_path), "run", writer_id="w") as store:
-        assert store.lookup_submission("b") == [again]
+        assert store.lookup_submission("b") == (again,)
 
 
 def test_starting_writer_waits_for_a_collection_holding_its_lock(tmp_path):
@@ -377,5 +377,5 @@ def test_writer_that_lost_its_lock_writes_nothing_into_a_pack_sealed_on_its_beha
         size = os.path.getsize(tmp_path / first.path)
     assert os.path.getsize(tmp_path / first.path) == size  # no seal written on close either
     with SharedFilesystemStore(root, "run", writer_id="w") as again:
-        assert again.lookup_submission("a") == [first]
+        assert again.lookup_submission("a") == (first,)
         assert again.lookup_submission("b") is None

@@ -353,7 +353,7 @@ class RolloutArchive:
                                "chunks": len(published) + len(pending)}).encode()
             pending.append(Publication([Record("archive", head, "json.v1")],
                                        (*published, *range(len(pending)))))
-            refs = published + store.publish_many(pending, submission_id=submission)
+            refs = [*published, *store.publish_many(pending, submission_id=submission)]
         except BaseException:
             if published:  # unreferenced: let the collector have them
                 store.release_publications(published)

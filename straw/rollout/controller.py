@@ -242,7 +242,7 @@ class RolloutController:
         self.source.commit(refill)
         self.refills += 1
 
-    def _publish_inputs(self, refill: Refill) -> list[RecordSetRef]:
+    def _publish_inputs(self, refill: Refill) -> tuple[RecordSetRef, ...]:
         pubs = []
         for tid, group in zip(refill.task_ids, refill.groups, strict=True):
             records, deps = group_records(group)

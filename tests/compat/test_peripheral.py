@@ -286,6 +286,9 @@ def test_inspect_run_reports_retained_and_orphan_packs(tmp_path):
     assert report["unaccepted_sealed"] == [_path(orphan)]
     assert report["partial"] == [] and report["retained_dependency_errors"] == []
     assert report["deletion_allowed"] is True
+    # straw-queue's key for the digest of what the report was computed from
+    assert report["journal_sha256"] == report["catalog_sha256"]
+    assert len(report["journal_sha256"]) == 64
     assert inspect_run(tmp_path / "pool") == report  # read-only: the same report again
     from straw.pool_view import NotAPool
     with pytest.raises(NotAPool):

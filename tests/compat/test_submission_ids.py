@@ -26,7 +26,7 @@ def test_one_request_id_through_each_call_and_their_retries(tmp_path):
         assert (refs, subset, summary) == _request(store)  # every retry: its own answer
         with pytest.raises(IdempotencyConflict, match="through record_set"):
             store.record_set(list(refs), submission_id="req-1")  # other content, same call
-        assert store.lookup_submission("req-1") == [summary]
+        assert store.lookup_submission("req-1") == (summary,)
 
 
 def test_each_calls_receipt_survives_a_writer_restart(tmp_path):
