@@ -22,8 +22,9 @@ file.  The machine-relative benchmarks of straw itself are ``straw bench`` and
 
 ``--online-gc`` (as in straw-queue) collects while the run goes: a thread of the
 orchestrator runs the coordinator's ``collect_garbage`` every ``--gc-interval`` seconds
-(ours; straw-queue's period is 5 s) while the worker publishes and reads.  Nothing is
-acknowledged meanwhile, so those passes must keep every result.  Once all readers
+(ours, default 1 s: straw-queue's fixed 5 s outlasts a short run) while the worker
+publishes and reads.  Nothing is acknowledged meanwhile, so those passes must keep
+every result.  Once all readers
 finished, the orchestrator saves the designated consumer's (``training``) progress past
 every commit, which acknowledges every result read, and runs a last collection; the run
 fails unless that collection left none of the workers' packs on disk.  The report then
@@ -588,7 +589,7 @@ def _parser() -> argparse.ArgumentParser:
             r.add_argument("--max-gib", type=float, default=64)
             r.add_argument("--bind", default="0.0.0.0")
             r.add_argument("--timeout", type=int, default=1800)
-            r.add_argument("--gc-interval", type=float, default=5.0,
+            r.add_argument("--gc-interval", type=float, default=1.0,
                            help="seconds between --online-gc's concurrent collections")
         else:
             r.add_argument("--address", required=True)
