@@ -17,9 +17,21 @@ model of routed-expert and top-k tensors per sample (``--tokens``, ``--samples``
 Differences from straw-queue's: workers run on this machine only (``--hosts`` over SSH is
 refused; start ``worker`` yourself on other hosts, with ``STRAW_RPC_TOKEN`` set, to spread
 them), the token reaches the worker in its environment (``STRAW_RPC_TOKEN``), not in a
-file, and ``--online-gc`` is refused (our retention is always on; ``straw gc`` and
-``collect_garbage`` reclaim).  The machine-relative benchmarks of straw itself are
-``straw bench`` and ``just bench``.
+file.  The machine-relative benchmarks of straw itself are ``straw bench`` and
+``just bench``.
+
+``--online-gc`` (as in straw-queue) collects while the run goes: a thread of the
+orchestrator runs the coordinator's ``collect_garbage`` every ``--gc-interval`` seconds
+(ours, default 1 s: straw-queue's fixed 5 s outlasts a short run) while the worker
+publishes and reads.  Nothing is acknowledged meanwhile, so those passes must keep
+every result.  Once all readers
+finished, the orchestrator saves the designated consumer's (``training``) progress past
+every commit, which acknowledges every result read, and runs a last collection; the run
+fails unless that collection left none of the workers' packs on disk.  The report then
+has ``gc`` (what the last collection returned), ``gc_seconds`` (acknowledging plus the
+last collection), ``concurrent_gc_passes`` (each pass's counts) and, ours,
+``concurrent_gc_pass_count``, ``concurrent_gc_seconds`` and ``worker_packs`` (before and
+after the last collection).
 """
 
 from __future__ import annotations
@@ -292,6 +304,100 @@ def _plan(args: argparse.Namespace, sizes: list[list[int]]) -> int:
     return count
 
 
+class _ConcurrentGC:
+    """``--online-gc``'s collector: a thread running ``coordinator.collect_garbage()``
+    every ``interval`` seconds until ``stop``; a pass that fails ends the thread and is
+    raised by ``stop`` (the run then fails, as its other checks do)."""
+
+    def __init__(self, coordinator: Any, interval: float) -> None:
+        self.coordinator, self.interval = coordinator, interval
+        self.passes: list[dict[str, Any]] = []
+        self.seconds = 0.0
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="benchmark-online-gc",
+                                        daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            t0 = time.monotonic()
+            try:
+                result = self.coordinator.collect_garbage()
+            except BaseException as e:  # raised in the orchestrator by stop()
+                self.error = e
+                return
+            took = time.monotonic() - t0
+            self.seconds += took
+            # the counts only: the path lists would grow the report with every pass
+            self.passes.append({**{k: v for k, v in result.items() if isinstance(v, int)},
+                                "seconds": took})
+
+    def stop_quietly(self) -> None:
+        """End the thread without raising (a run that already failed)."""
+        self._stop.set()
+        self._thread.join()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        if self.error is not None:
+            raise RuntimeError(f"a concurrent --online-gc collection (pass "
+                               f"{len(self.passes) + 1}) failed: {self.error!r}") \
+                from self.error
+
+
+def _worker_packs(pool: str) -> list[str]:
+    """The pack files the benchmark's worker stores (writer ids ``bench-...``) hold in
+    ``pool`` now; the orchestrator's own pack (the consumer's progress) is not theirs."""
+    writers = os.path.join(pool, "runs", "benchmark", "writers")
+    return sorted(p for p, _ in _files(writers) if p.endswith(".strw") and
+                  os.path.relpath(p, writers).split(os.sep)[0].startswith("bench-"))
+
+
+def _acknowledge_reads(coordinator: Any, store: Any, commits: int) -> None:
+    """Acknowledge every result the readers read: the designated consumer's progress
+    (``processed_cursor``) past all ``commits`` is what releases results in our queue
+    (``collect_garbage`` then retires their roots)."""
+    from . import Record
+    consumer = coordinator.consumer_id
+    token = coordinator.open_consumer(consumer,
+                                      exclusive_owner="the benchmark orchestrator, after "
+                                                      "all benchmark readers finished")
+    body = {"version": 1, "processed_positions": [], "finished_batches": []}
+    progress = store.publish([Record("progress", json.dumps(body).encode(), "json.v1")],
+                             submission_id="benchmark-readers-finished")
+    coordinator.save_consumer_state(consumer, token=token,
+                                    request_id="benchmark-readers-finished",
+                                    state_ref=progress, progress_ref=progress,
+                                    fetch_cursor=commits, processed_cursor=commits)
+    coordinator.close_consumer(consumer, token)
+
+
+def _final_collection(coordinator: Any, store: Any, pool: str,
+                      commits: int) -> dict[str, Any]:
+    """``--online-gc`` after the readers: acknowledge, collect, and check that no pack
+    of the workers is left.  Returns the report's gc keys."""
+    started = time.monotonic()
+    before = _worker_packs(pool)
+    _acknowledge_reads(coordinator, store, commits)
+    result = coordinator.collect_garbage()
+    left = _worker_packs(pool)
+    out = {"gc": result, "gc_seconds": time.monotonic() - started,
+           "worker_packs": {"before_last_gc": len(before), "after_last_gc": len(left)}}
+    if not before:
+        raise AssertionError(f"--online-gc: the pool {pool} holds no pack of the workers "
+                             "before the last collection (a concurrent pass reclaimed "
+                             "results nobody had acknowledged, or nothing was written)")
+    if left:
+        raise AssertionError(
+            f"--online-gc: the last collection left {len(left)} of the workers' "
+            f"{len(before)} packs in {pool} (e.g. {left[0]}) after every result was "
+            f"acknowledged: something still keeps them (retained {result.get('retained_packs')}"
+            f" packs, owners {result.get('owners')}); see `straw gc` / `straw inspect`")
+    return out
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """One local run; returns (and writes to ``--report``) the report."""
     from . import Coordinator, SharedFilesystemStore, TaskSpec, rpc
@@ -299,13 +405,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise ValueError("straw.benchmark runs its worker on this machine (--local); to "
                          "spread workers over hosts start `python -m straw.benchmark worker` "
                          f"on each with {TOKEN_ENV} set")
-    if args.online_gc:
-        raise ValueError("--online-gc: straw's retention is always on; reclaim with "
-                         "`straw gc POOL` or Coordinator.collect_garbage()")
     if min(args.writers, args.readers, args.timeout, args.max_files, args.segment_mib,
-           args.publications_per_task) <= 0:
-        raise ValueError("writers, readers, timeout, max-files, segment-mib and "
-                         "publications-per-task must be positive")
+           args.publications_per_task, args.gc_interval) <= 0:
+        raise ValueError("writers, readers, timeout, max-files, segment-mib, "
+                         "publications-per-task and gc-interval must be positive")
     if args.fanout != 1:
         raise ValueError("--fanout must be 1 with one host")
     if not 0 < args.gib <= args.max_gib:
@@ -332,6 +435,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     host = args.advertise_host or ("127.0.0.1" if args.bind in ("", "0.0.0.0") else args.bind)
     endpoint = f"http://{host}:{server.address[1]}"
     completed, process, output = False, None, []
+    collector: _ConcurrentGC | None = None
     try:
         for w in range(args.writers):
             for start in range(0, count, TASK_CHUNK):
@@ -361,12 +465,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                  daemon=True)
         drain.start()
         deadline = time.monotonic() + args.timeout
+        if args.online_gc:
+            collector = _ConcurrentGC(coordinator, args.gc_interval)
         while True:
             try:
                 process.wait(timeout=1)
                 break
             except subprocess.TimeoutExpired:
                 pass
+            if collector is not None and collector.error is not None:
+                collector.stop()  # raises the failed pass's error now, not at the end
             files = _files(root)
             if len(files) > args.max_files or sum(s for _, s in files) > args.max_gib * 2**30:
                 raise RuntimeError("the benchmark exceeded its storage budget "
@@ -374,6 +482,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the worker did not finish within --timeout {args.timeout}s")
         drain.join(30)
+        if collector is not None:  # the worker's readers have all finished
+            collector.stop()
         if process.returncode:
             log = b"".join(output).decode(errors="replace")
             raise RuntimeError(f"the worker failed (exit {process.returncode}):\n{log[-4000:]}")
@@ -386,7 +496,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                  f"{args.writers * count} planned tasks")
         if read != written:
             raise AssertionError(f"read back {read} bytes of the {written} written")
-        files = _files(os.path.join(root, "queue"))
+        files = _files(os.path.join(root, "queue"))  # the run's footprint, before gc
+        gc: dict[str, Any] = {}
+        if collector is not None:
+            gc = _final_collection(coordinator, store, os.path.join(root, "queue"),
+                                   publications)
+            gc.update(concurrent_gc_passes=collector.passes,
+                      concurrent_gc_pass_count=len(collector.passes),
+                      concurrent_gc_seconds=collector.seconds)
         duration = max(w["seconds"] for w in workers)
         report = {
             "version": 1, "status": "passed", "hosts": ["localhost"], "workers": workers,
@@ -402,14 +519,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "profile_source": "measured trace" if args.profile else
                               "explicit record sizes" if args.record_bytes else
                               "routed-expert and top-k size model",
+            **gc,
         }
         write_report(os.path.join(root, "report.json"), report)
         write_report(report_path, report)
         print(json.dumps({k: v for k, v in report.items()
-                          if k not in ("workers", "coordinator", "parameters")}, indent=2))
+                          if k not in ("workers", "coordinator", "parameters",
+                                       "concurrent_gc_passes")}, indent=2))
         completed = True
         return report
     finally:
+        if collector is not None:
+            collector.stop_quietly()
         fs.write_file_durable(os.path.join(root, "STOP"), b"")
         if process is not None and process.poll() is None:
             try:
@@ -439,7 +560,11 @@ def _parser() -> argparse.ArgumentParser:
     for name in ("run", "worker"):
         r = sub.add_parser(name)
         r.add_argument("--root", required=True)
-        r.add_argument("--online-gc", action="store_true", help="refused (see the docs)")
+        r.add_argument("--online-gc", action="store_true",
+                       help="collect garbage while the run goes, then acknowledge every "
+                            "result read and fail unless the last collection reclaims "
+                            "every pack the workers wrote" if name == "run" else
+                            "accepted for straw-queue (the orchestrator collects)")
         workload = r.add_mutually_exclusive_group()
         workload.add_argument("--profile", help="JSON workload from the profile command")
         workload.add_argument("--record-bytes", nargs="+", type=int,
@@ -464,6 +589,8 @@ def _parser() -> argparse.ArgumentParser:
             r.add_argument("--max-gib", type=float, default=64)
             r.add_argument("--bind", default="0.0.0.0")
             r.add_argument("--timeout", type=int, default=1800)
+            r.add_argument("--gc-interval", type=float, default=1.0,
+                           help="seconds between --online-gc's concurrent collections")
         else:
             r.add_argument("--address", required=True)
             r.add_argument("--index", type=int, required=True)
