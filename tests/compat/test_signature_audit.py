@@ -170,3 +170,34 @@ def test_tensor_limits_keep_straw_queue_names_and_values():
     from straw import tensor
     assert tensor.MAX_TENSOR_BYTES == 16 * 1024**3
     assert tensor.MAX_PUBLICATION_BYTES == 16 * 1024**2
+
+
+def test_values_and_messages_a_straw_queue_caller_relies_on(tmp_path):
+    import dataclasses
+
+    from straw import Coordinator, Limits, Record, SharedFilesystemStore
+    from straw.errors import CorruptData, ResourceLimitExceeded
+    from straw.protocol import bounded_metadata, decode, encode
+
+    # straw-queue's defaults for its own fields; ours keep theirs
+    assert (Limits().pending_tasks, Limits().inflight_tasks, Limits().control_tasks) == (
+        10_000, 256, 1)
+    for f in dataclasses.fields(Limits):
+        if f.name != "max_unconsumed_results":
+            with pytest.raises(ValueError, match=f"^Queue limits must be positive: Limits.{f.name}"):
+                Limits(**{f.name: 0})
+    with pytest.raises(CorruptData, match="^Invalid JSON metadata"):
+        decode(b"{not json")
+    big = {"k": "v" * 100}
+    assert bounded_metadata(big, 8) == encode(big)  # straw-queue ignores the limit
+    with pytest.raises(ResourceLimitExceeded):
+        bounded_metadata(big, 8, enforce=True)
+    with SharedFilesystemStore(tmp_path, "values") as store:
+        ref = store.publish([Record("a", b"x")], submission_id="a")
+        assert isinstance(store.publish_many([], submission_id="none"), tuple)
+        with store.read_session() as reader:
+            assert reader.backend is store.backend and reader.run_id == "values"
+            assert reader.read_record(ref=store.validate(ref)[0]).payload == b"x"
+        assert store.inspect_segment(ref=ref.manifest.segment)["run_id"] == "values"
+        with Coordinator(store) as queue:
+            assert isinstance(queue.clock(), float)
