@@ -368,7 +368,7 @@ def test_a_retain_names_each_pack_once_and_older_retains_still_replay(tmp_path):
         refs = store.publish_many([Publication([Record("x", b"y" * 50)]) for _ in range(200)],
                                   submission_id="many")
         store.seal()  # the next publication goes to a second pack
-        refs += [_pub(store, "last")]
+        refs = [*refs, _pub(store, "last")]
         store.retain("ckpt", refs)
         frame = _transaction(tmp_path / "CATALOG", "retain")
         retain = next(o for o in _ops(frame) if o["op"] == "retain")
