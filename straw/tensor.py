@@ -13,8 +13,9 @@ Record layout (``tensor.v1``)::
               tensor; a non-contiguous or CUDA tensor is made contiguous on the CPU first,
               autograd history is dropped)
     metadata  {"dtype": name, "shape": [...], "source": "torch"|"numpy", "kind": name,
-               "chunk_bytes": C, "chunks": hex}   hex = the xxh3-128 of every C-byte chunk
-              of the payload (the last one may be shorter), 32 hex digits each; "kind"
+               "chunk_bytes": C, "chunks": [hex, ...]}   the xxh3-128 of every C-byte
+              chunk of the payload in order (the last chunk may be shorter), 32 hex digits
+              each (an earlier straw's records concatenate them in one str: still read); "kind"
               (the tensor's name, or null; absent in records of an earlier straw, whose
               record id was the name) is carried, not checked
     record id "<record_prefix or submission_id>:<name>" (straw-queue's)
@@ -127,6 +128,7 @@ from .tensor_format import (
     DTYPES,
     SOURCES,
     _check_meta,
+    checksum_list,
 )
 from .tensor_format import (
     MAX_DIMS as MAX_DIMS,
@@ -500,8 +502,21 @@ def _tensor_bytes(value: object, where: str) -> tuple[np.ndarray, str, tuple[int
                     "tensor (np.asarray(x) for Python numbers and lists)")
 
 
-def chunk_checksums(data: np.ndarray, chunk_bytes: int = CHUNK_BYTES) -> str:
-    """The hex xxh3-128 of every ``chunk_bytes`` chunk of ``data``, concatenated."""
+def _granularity(chunk_bytes: int | None) -> int:
+    """The checksum granularity of a new record: ``chunk_bytes`` if given, else this
+    module's ``CHUNK_BYTES`` as it is at the call (read then, not bound at import, so that
+    a caller who sets ``straw.tensor.CHUNK_BYTES`` changes the policy of the records made
+    after, as straw-queue's callers do; a record keeps the granularity it was made with
+    in its metadata, so readers never depend on the module's value)."""
+    size = CHUNK_BYTES if chunk_bytes is None else chunk_bytes
+    check_count("chunk_bytes", size, minimum=1)
+    return size
+
+
+def chunk_checksums(data: np.ndarray, chunk_bytes: int | None = None) -> str:
+    """The hex xxh3-128 of every ``chunk_bytes`` chunk (default ``CHUNK_BYTES``) of
+    ``data``, concatenated."""
+    chunk_bytes = _granularity(chunk_bytes)
     mv = _byte_view(data)
     n = mv.nbytes
     count = -(-n // chunk_bytes)
@@ -518,7 +533,7 @@ def chunk_checksums(data: np.ndarray, chunk_bytes: int = CHUNK_BYTES) -> str:
 
 
 def tensor_record(value: object, identity: str, *, kind: str | None = None,
-                  chunk_bytes: int = CHUNK_BYTES, where: str | None = None) -> Record:
+                  chunk_bytes: int | None = None, where: str | None = None) -> Record:
     """The ``tensor.v1`` record of one tensor, with record id ``identity`` and, in its
     metadata, ``kind`` (the tensor's name in its publication; ``publish_tensors`` sets it
     to the mapping's key).  Its payload is a view of the tensor (no copy)."""
@@ -532,10 +547,11 @@ def tensor_record(value: object, identity: str, *, kind: str | None = None,
     if kind is not None and (not isinstance(kind, str) or not kind):
         raise TypeError(f"tensor_record: kind must be a non-empty str or None, got "
                         f"{short_repr(kind)}")
-    check_count("chunk_bytes", chunk_bytes, minimum=1)
+    chunk_bytes = _granularity(chunk_bytes)
     flat, dtype, shape, source = _tensor_bytes(value, where or f"tensor {identity!r}")
     meta = {"dtype": dtype, "shape": list(shape), "source": source, "kind": kind,
-            "chunk_bytes": chunk_bytes, "chunks": chunk_checksums(flat, chunk_bytes)}
+            "chunk_bytes": chunk_bytes,
+            "chunks": checksum_list(chunk_checksums(flat, chunk_bytes))}
     return Record(identity, flat, CODEC, meta)
 
 
@@ -559,13 +575,13 @@ def tensor_from_record(record: Record, *, where: str | None = None) -> np.ndarra
 def publish_tensors(store: Any, tensors: Mapping[str, Any], *, submission_id: str,
                     record_prefix: str | None = None,
                     dependencies: Sequence[RecordSetRef] = (),
-                    chunk_bytes: int = CHUNK_BYTES) -> tuple[TensorRef, ...]:
+                    chunk_bytes: int | None = None) -> tuple[TensorRef, ...]:
     """Publish ``{name: tensor}`` as one publication; one ``TensorRef`` per tensor in the
     mapping's order, bound to ``store``.  Record ids are ``f"{record_prefix or
     submission_id}:{name}"`` and each ref's ``kind`` is its ``name`` (straw-queue's
     layout).  Idempotent per ``submission_id`` (D7).  ``chunk_bytes`` is the checksum
-    granularity (default ``CHUNK_BYTES``)."""
-    check_count("chunk_bytes", chunk_bytes, minimum=1)
+    granularity (default ``CHUNK_BYTES`` at the call)."""
+    chunk_bytes = _granularity(chunk_bytes)
     if not isinstance(tensors, Mapping):
         raise TypeError(f"tensors must be a mapping of name to tensor, got "
                         f"{type(tensors).__name__}")

@@ -21,8 +21,17 @@ MAX_DIMS = 64
 _HEX = 32  # hex digits per chunk checksum
 
 
+def checksum_list(hex_digests: str) -> list[str]:
+    """The metadata's ``chunks``: one hex checksum per chunk, in order (as straw-queue
+    lists its per-chunk digests, so ``len(metadata["chunks"])`` counts the chunks)."""
+    return [hex_digests[i:i + _HEX] for i in range(0, len(hex_digests), _HEX)]
+
+
 def _check_meta(meta: Mapping[str, Any], length: int, where: str) -> tuple[str, tuple[int, ...],
                                                                           str, int, str]:
+    """The checked ``(dtype, shape, source, chunk_bytes, chunks)`` of a record's metadata;
+    ``chunks`` as one string of concatenated hex checksums, whether the record lists them
+    (this straw) or concatenates them (records of an earlier straw)."""
     try:
         dtype, shape, source = meta["dtype"], meta["shape"], meta["source"]
         chunk_bytes, chunks = meta["chunk_bytes"], meta["chunks"]
@@ -37,6 +46,8 @@ def _check_meta(meta: Mapping[str, Any], length: int, where: str) -> tuple[str, 
     if (not isinstance(shape, list) or len(shape) > MAX_DIMS
             or any(not isinstance(d, int) or isinstance(d, bool) or d < 0 for d in shape)):
         raise UnsupportedSchema(f"{where}: tensor shape {shape!r} is not a list of sizes")
+    if isinstance(chunks, list) and all(isinstance(c, str) and len(c) == _HEX for c in chunks):
+        chunks = "".join(chunks)  # one checksum per chunk (straw-queue's shape)
     if not isinstance(chunk_bytes, int) or chunk_bytes <= 0 or not isinstance(chunks, str):
         raise UnsupportedSchema(f"{where}: bad chunk_bytes/chunks in tensor metadata")
     if math.prod(shape) * DTYPES[dtype] != length:

@@ -16,7 +16,13 @@ import torch
 
 from straw import Record, RecordRef, RecordSetRef, SharedFilesystemStore
 from straw.clock import ManualClock
-from straw.errors import CorruptData, InvalidReference, TensorMismatch, UnsupportedSchema
+from straw.errors import (
+    CorruptData,
+    IdempotencyConflict,
+    InvalidReference,
+    TensorMismatch,
+    UnsupportedSchema,
+)
 from straw.tensor import TensorRef, publish_tensors, tensor_record
 
 CODECS = ("bytes.v1", "json.v1", "tensor.v1")
@@ -246,3 +252,53 @@ def test_an_older_pools_marker_gets_one_id_under_its_lock(tmp_path):
     legacy = dataclasses.replace(old, pool_id=None)
     with _store(tmp_path) as s:
         assert torch.equal(legacy.load(reader=s), torch.arange(4))
+
+
+def test_chunk_bytes_set_on_the_module_is_the_policy_of_records_made_after(tmp_path,
+                                                                           monkeypatch):
+    """straw-queue's callers change the checksum granularity by setting
+    ``straw.tensor.CHUNK_BYTES``: it is read at each call, and a record keeps the one it
+    was made with (a retry under another policy is new content)."""
+    import straw.tensor as tensor
+
+    value = torch.arange(1025, dtype=torch.uint8)
+    with _store(tmp_path) as store:
+        monkeypatch.setattr(tensor, "CHUNK_BYTES", 34)
+        made = tensor_record(value, "same:value", kind="value")
+        assert made.metadata["chunk_bytes"] == 34
+        # one hex checksum per chunk, listed (straw-queue's shape of the field)
+        assert len(made.metadata["chunks"]) == -(-1025 // 34)
+        assert all(len(c) == 32 for c in made.metadata["chunks"])
+        (ref,) = publish_tensors(store, {"value": value}, submission_id="same")
+        monkeypatch.setattr(tensor, "CHUNK_BYTES", 17)
+        with pytest.raises(IdempotencyConflict):
+            publish_tensors(store, {"value": value}, submission_id="same")
+        # the original records still name the same publication; reads use the record's
+        # own granularity, whatever the module says now
+        assert store.publish([made], submission_id="same") == ref.blob_set
+        assert torch.equal(ref[31:37], value[31:37])
+        assert torch.equal(ref.load(), value)
+        # an explicit chunk_bytes wins over the module's
+        assert tensor_record(value, "x", chunk_bytes=512).metadata["chunk_bytes"] == 512
+
+
+def test_a_record_whose_checksums_are_one_string_is_still_read(tmp_path):
+    """Records of an earlier straw concatenate the chunk checksums in one str."""
+    import xxhash
+
+    value = np.arange(300, dtype=np.int32)
+    raw = value.view(np.uint8)
+    chunks = "".join(xxhash.xxh3_128_hexdigest(raw[i:i + 512]) for i in range(0, raw.nbytes, 512))
+    meta = {"dtype": "int32", "shape": [300], "source": "numpy", "kind": "v",
+            "chunk_bytes": 512, "chunks": chunks}
+    with _store(tmp_path) as store:
+        pub = store.publish([Record("old:v", raw.tobytes(), "tensor.v1", meta)],
+                            submission_id="old")
+        ref = TensorRef.from_record_set(store, pub)
+        assert np.array_equal(ref.load(framework="numpy"), value)
+        assert np.array_equal(ref.rows(100, 200).numpy(), value[100:200])
+        bad = dict(meta, chunks="0" * len(chunks))
+        pub = store.publish([Record("bad:v", raw.tobytes(), "tensor.v1", bad)],
+                            submission_id="bad")
+        with pytest.raises(CorruptData):
+            TensorRef.from_record_set(store, pub).load()
