@@ -95,6 +95,10 @@ from .refs import (
 from .writer import RETIRED, Submission, WriterIncarnation
 
 BUILTIN_CODECS = ("bytes.v1", "json.v1", "tensor.v1", "sample.v1")
+# straw-queue's manifest codecs, which every straw-queue store accepts for callers' own
+# records too: labels here (straw never interprets a stored record by them; our manifests
+# are extents, and a manifest ordinal reads back labelled "record-set.v2")
+MANIFEST_CODECS = ("record-set.v1", "record-set.v2")
 POOL_FORMAT = 1
 DEFAULT_SEGMENT_TARGET = 256 * 1024 * 1024
 DEFAULT_RESERVE = 64 * 1024 * 1024
@@ -242,7 +246,7 @@ class SharedFilesystemStore(ProcessBound):
         extra = set()
         for c in codecs:
             extra.add(check_name("codec name", c))
-        self.codecs = frozenset(BUILTIN_CODECS) | extra
+        self.codecs = frozenset(BUILTIN_CODECS) | frozenset(MANIFEST_CODECS) | extra
         self.fs = fs or PosixFS()
         self.clock = clock or SystemClock()
         self.root = os.path.abspath(os.fspath(root))
@@ -765,8 +769,10 @@ class SharedFilesystemStore(ProcessBound):
         if not isinstance(owner, str):
             raise TypeError(f"owner must be a str, got {type(owner).__name__}")
         if owner.startswith(RESERVED_OWNER_PREFIXES) and not owner.startswith(PIN_OWNER_PREFIX):
-            raise ValueError(f"owner {owner!r} belongs to straw itself (a queue's owner: "
-                             "release its data through the coordinator)")
+            # "reserved": straw-queue's word, which its callers match
+            raise ValueError(f"owner {owner!r} uses a reserved prefix: it belongs to straw "
+                             "itself (a queue's owner: release its data through the "
+                             "coordinator)")
         return self.catalog.release(owner)
 
     def release_publications(self, refs: Iterable[RecordSetRef]) -> int:

@@ -92,6 +92,29 @@ def test_closed_objects_raise_runtime_error_and_value_error(tmp_path):
             store.publish([Record("s", b"y")], submission_id="s")
 
 
+@pytest.mark.parametrize("operation", ["release", "retain"])
+def test_a_queue_owner_is_reserved_to_the_public_owner_calls(tmp_path, operation):
+    """A queue's owner name cannot be released or replaced through the store: the
+    ValueError says "reserved", and the data stays protected."""
+    from straw.protocol import digest
+
+    store = SharedFilesystemStore(tmp_path, "phrases", online_gc=True)
+    ref = store.publish([Record("r", b"data")], submission_id="source")
+    queue = Coordinator(store, exclusive_owner="phrases-test")
+    queue.submit_tasks("task", [TaskSpec("t", input_ref=ref)])
+    store.release_publications([ref])
+    owner = f"queue:{digest('phrases-test')}:{digest(dataclasses.asdict(ref))}"
+    with pytest.raises(ValueError, match="reserved"):
+        if operation == "release":
+            store.release(owner)
+        else:
+            store.retain(owner, [])
+    assert queue.collect_garbage()["reclaimed_files"] == 0
+    assert next(store.read(ref)).payload == b"data"
+    queue.close()
+    store.close()
+
+
 def test_forked_child_is_told_the_object_cannot_be_reused_after_fork(tmp_path):
     store = SharedFilesystemStore(tmp_path, "phrases")
     ref = store.publish([Record("r", b"x")], submission_id="r")

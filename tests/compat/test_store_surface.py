@@ -14,6 +14,7 @@ from straw import Publication, Record, RecordRef, RecordSetRef, SharedFilesystem
 from straw.errors import (
     CorruptData,
     InvalidReference,
+    UnknownCodec,
     WriterBusy,
     WriterFenced,
 )
@@ -120,6 +121,21 @@ def test_manifest_ordinal_reads_back_as_the_manifest_record(tmp_path):
         assert json.loads(rec.payload) == store.manifest(ref)
         with pytest.raises(InvalidReference, match="no ordinal 2"):
             store.read_record(RecordRef(ref.segment, 2))
+
+
+def test_a_callers_record_may_use_straw_queues_manifest_codecs(tmp_path):
+    """straw-queue accepts record-set.v1/v2 as codecs in every store; they label a
+    caller's record and change nothing about how it is stored or read."""
+    payload = json.dumps({"records": [], "dependencies": []}).encode()
+    with SharedFilesystemStore(tmp_path, "run") as store:
+        refs = [store.publish([Record(f"node-{v}", payload, f"record-set.{v}")],
+                              submission_id=v) for v in ("v1", "v2")]
+        for v, ref in zip(("v1", "v2"), refs, strict=True):
+            (rec,) = store.read(ref)
+            assert (rec.record_id, rec.codec, rec.payload) == (f"node-{v}", f"record-set.{v}",
+                                                               payload)
+        with pytest.raises(UnknownCodec, match="record-set.v3"):
+            store.publish([Record("x", payload, "record-set.v3")], submission_id="v3")
 
 
 def test_inspect_segment_describes_the_extent_and_verifies_payloads(tmp_path):
