@@ -1441,8 +1441,11 @@ class Catalog(ProcessBound):
             live = st.live_packs()
             retained = sorted(p for p in live if p.startswith(prefix) and
                               not st.packs.get(p, PackInfo()).tombstoned)
-            owners = sorted(st.run_owners(run) if run is not None else
-                            (f"{r}/{name}" for r, name in st.owners))
+            # owners keeping something alive (straw-queue's count): a queue's owner
+            # stays in the catalog, empty, once its tasks hold no input any more
+            owners = sorted(name for name, roots in st.run_owners(run).items() if len(roots)
+                            ) if run is not None else sorted(
+                f"{r}/{name}" for (r, name), roots in st.owners.items() if len(roots))
             return {
                 # straw-queue's counts
                 "reclaimed_files": len(gone),

@@ -852,7 +852,9 @@ class SharedFilesystemStore(ProcessBound):
         of the reclaimed packs, so that the reclaimed bytes are free when this returns.
         Returns straw-queue's counts (``reclaimed_files``, ``reclaimed_bytes``,
         ``tombstones``: packs tombstoned now, ``retained_packs``, ``open_packs``,
-        ``owners``: this run's) and, in addition, the tombstoned paths (``tombstoned``),
+        ``owners``: this run's owners that hold something; an owner left empty, such as a
+        queue's once its tasks hold no input, is not counted) and, in addition, the
+        tombstoned paths (``tombstoned``),
         interrupted collections it finished (``finished_interrupted``), the retained
         packs' paths (``retained_pack_paths``) and owners' names (``owner_names``), the
         packs sealed for dead writers (``sealed_for_dead_writers``) and the damage their

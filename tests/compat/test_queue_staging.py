@@ -41,3 +41,29 @@ def test_a_recovered_queue_keeps_the_staging_of_what_it_never_journaled(tmp_path
         # the producer's own staging of what it never handed over stays: its decision
         assert next(store.read(fresh)).payload == b"b"
         q.close()
+
+
+def test_collection_counts_only_owners_that_hold_something(tmp_path):
+    """``owners`` counts what keeps data alive: a queue's owner holds its tasks' inputs,
+    and once every task is cancelled it holds nothing and is not counted (straw-queue's
+    queue owners are per input, so it reports 0 there too)."""
+    with SharedFilesystemStore(tmp_path, "run") as store, \
+            Coordinator(store, exclusive_owner="test") as queue:
+        refs = []
+        for i in range(3):
+            ref = store.publish([Record(str(i), b"data")], submission_id=str(i))
+            queue.submit_tasks(str(i), [TaskSpec(str(i), input_ref=ref)])
+            refs.append(ref)
+        store.seal()
+        got = queue.collect_garbage()
+        assert (got["owners"], got["reclaimed_files"]) == (1, 0)
+        for i in range(3):
+            queue.cancel_task(str(i), request_id=f"cancel-{i}")
+        store.retain("keep", [refs[0]])
+        assert queue.collect_garbage()["owners"] == 1
+        assert store.collect_garbage()["owner_names"] == ["keep"]
+        assert next(store.read(refs[0])).payload == b"data"
+        store.release("keep")
+        got = store.collect_garbage()
+        assert (got["owners"], got["owner_names"], got["reclaimed_files"]) == (0, [], 1)
+        assert list(tmp_path.rglob("*.strw")) == []
