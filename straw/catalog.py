@@ -1446,6 +1446,13 @@ class Catalog(ProcessBound):
             owners = sorted(name for name, roots in st.run_owners(run).items() if len(roots)
                             ) if run is not None else sorted(
                 f"{r}/{name}" for (r, name), roots in st.owners.items() if len(roots))
+            # ... and the publications still staged in sealed packs, each its own root
+            # as in straw-queue (whose catalog keeps one staging owner per publication).
+            # Counted per pack (extents less those no longer staged: an extent leaves
+            # staging at most once), not extent by extent: online GC runs this often.
+            staged = sum(max(0, len(i.offsets) - len(i.unstaged))
+                         for p, i in st.packs.items()
+                         if p.startswith(prefix) and i.state == "sealed" and not i.tombstoned)
             return {
                 # straw-queue's counts
                 "reclaimed_files": len(gone),
@@ -1454,7 +1461,7 @@ class Catalog(ProcessBound):
                 "retained_packs": len(retained),
                 "open_packs": sum(1 for p, i in st.packs.items() if p.startswith(prefix)
                                   and i.state == "open" and not i.tombstoned),
-                "owners": len(owners),
+                "owners": len(owners) + staged,
                 # and what they count
                 "tombstoned": victims,
                 "finished_interrupted": unfinished,

@@ -852,8 +852,9 @@ class SharedFilesystemStore(ProcessBound):
         of the reclaimed packs, so that the reclaimed bytes are free when this returns.
         Returns straw-queue's counts (``reclaimed_files``, ``reclaimed_bytes``,
         ``tombstones``: packs tombstoned now, ``retained_packs``, ``open_packs``,
-        ``owners``: this run's owners that hold something; an owner left empty, such as a
-        queue's once its tasks hold no input, is not counted) and, in addition, the
+        ``owners``: this run's roots, as straw-queue counts them: named owners that hold
+        something (a queue's, once its tasks hold no input, does not) and publications
+        still staged in sealed packs) and, in addition, the
         tombstoned paths (``tombstoned``),
         interrupted collections it finished (``finished_interrupted``), the retained
         packs' paths (``retained_pack_paths``) and owners' names (``owner_names``), the

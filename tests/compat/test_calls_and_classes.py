@@ -223,4 +223,11 @@ def test_retry_of_a_reclaimed_result_is_invalid_reference(tmp_path, api):
         store.release_publications(list(other) if api == "write_records" else [other])
         store.release("app:kept")
         store.collect_garbage()
+        # "kept" is still staged (never released): one root, and its bytes stay
+        assert store.collect_garbage()["owners"] == 1
+        if api == "write_records":
+            assert store.read_record(kept[0]).payload == b"kept"
+        else:
+            assert next(store.read(kept)).payload == b"kept"
+        store.release_publications(list(kept) if api == "write_records" else [kept])
         assert store.collect_garbage()["owners"] == 0

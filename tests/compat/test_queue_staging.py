@@ -67,3 +67,20 @@ def test_collection_counts_only_owners_that_hold_something(tmp_path):
         got = store.collect_garbage()
         assert (got["owners"], got["owner_names"], got["reclaimed_files"]) == (0, [], 1)
         assert list(tmp_path.rglob("*.strw")) == []
+
+
+def test_each_publication_still_staged_in_a_sealed_pack_counts_as_an_owner(tmp_path):
+    """straw-queue keeps one staging owner per publication until it is released (or a
+    queue adopts it); ``owners`` counts them."""
+    with SharedFilesystemStore(tmp_path, "run") as store:
+        refs = [store.publish([Record(str(i), b"x")], submission_id=str(i)) for i in range(3)]
+        store.seal()
+        assert store.collect_garbage()["owners"] == 3
+        store.release_publications(refs[:2])
+        store.retain("app", refs[:1])
+        got = store.collect_garbage()
+        assert (got["owners"], got["owner_names"], got["reclaimed_files"]) == (2, ["app"], 0)
+        store.release_publications(refs[2:])
+        store.release("app")
+        got = store.collect_garbage()
+        assert (got["owners"], got["reclaimed_files"]) == (0, 1)
