@@ -46,6 +46,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import logging
 import os
 import socket
 import threading
@@ -57,7 +58,7 @@ from typing import Any
 import msgpack
 import xxhash
 
-from . import framing, holder, tracing
+from . import framing, holder, holds, tracing
 from .backend import FilesystemBackend
 from .catalog import Catalog, Extent
 from .checks import check_count, check_seconds, check_u64, check_usage_total
@@ -93,6 +94,8 @@ from .refs import (
     payload_view,
 )
 from .writer import RETIRED, Submission, WriterIncarnation
+
+log = logging.getLogger("straw")
 
 BUILTIN_CODECS = ("bytes.v1", "json.v1", "tensor.v1", "sample.v1")
 # straw-queue's manifest codecs, which every straw-queue store accepts for callers' own
@@ -273,6 +276,9 @@ class SharedFilesystemStore(ProcessBound):
                                     pack_status=self._pack_status, pool_id=self.pool_id,
                                     backend=self.backend)
         self._writer: WriterIncarnation | None = None
+        # this writer id's preparation holds (``straw.holds``): its own failed requests'
+        # and its predecessors' (loaded when the writer starts)
+        self._holds: set[str] = set()
         self._write_lock = threading.Lock()
         self.catalog = Catalog(self.fs, self.root, self.run_id)  # owners belong to the run
         self._metrics: dict[str, Any] = {"payload_bytes": 0, "records": 0, "segments": 0,
@@ -423,6 +429,7 @@ class SharedFilesystemStore(ProcessBound):
         try:
             with self._write_lock:
                 if self._writer is not None:
+                    self._drop_holds()
                     self._writer.close()
                     self._writer = None
         finally:
@@ -459,10 +466,17 @@ class SharedFilesystemStore(ProcessBound):
         if isinstance(publications, (str, bytes)) or not isinstance(publications, Sequence):
             raise TypeError("publications must be a list of straw.Publication")
         normalized: list[_Pub] = []
-        for i, p in enumerate(publications):
-            normalized.append(self._normalize(p, i, earlier=[n.digest for n in normalized]))
-        started = self.clock.now() if tracing.enabled() else None
-        refs = self._publish(normalized, submission_id, "publish")
+        try:
+            for i, p in enumerate(publications):
+                normalized.append(self._normalize(p, i,
+                                                  earlier=[n.digest for n in normalized]))
+            started = self.clock.now() if tracing.enabled() else None
+            refs = self._publish(normalized, submission_id, "publish")
+        except Exception as e:
+            self._hold_dependencies(e, "publish", submission_id,
+                                    [d for p in publications if isinstance(p, Publication)
+                                     for d in _sequence(p.dependencies)])
+            raise
         if started is not None and refs:
             self._trace_write(refs[0].segment, [r for p in publications for r in p.records],
                               started)
@@ -498,13 +512,27 @@ class SharedFilesystemStore(ProcessBound):
         publication of the same records and dependencies has."""
         self._check_process()
         self._check_submission_id(submission_id)
+        try:
+            return self._record_set(refs, submission_id, dependencies)
+        except Exception as e:
+            self._hold_dependencies(e, "record_set", submission_id,
+                                    [*_sequence(refs), *_sequence(dependencies)])
+            raise
+
+    def _record_set(self, refs: Sequence[RecordRef], submission_id: str,
+                    dependencies: Sequence[RecordSetRef]) -> RecordSetRef:
         if isinstance(refs, (RecordRef, str, bytes)) or not isinstance(refs, Sequence):
             raise TypeError("refs must be a list of RecordRef")
         members = []
+        seen: dict[RecordRef, int] = {}
         for i, r in enumerate(refs):
             if not isinstance(r, RecordRef):
                 raise TypeError(f"refs[{i}] must be a RecordRef, got {type(r).__name__}")
             r = self._session._canonical(r)
+            if r in seen:  # as a publication's record ids must be unique (straw-queue's)
+                raise InvalidReference(f"refs[{i}] names the record refs[{seen[r]}] names; "
+                                       "a record set names each record once")
+            seen[r] = i
             r.check()
             if r.segment.run_id != self.run_id:
                 raise InvalidReference(f"refs[{i}] belongs to run {r.segment.run_id!r}; "
@@ -538,6 +566,8 @@ class SharedFilesystemStore(ProcessBound):
             _check_usage(normalized)
             refs = self._write(writer, submission_id, normalized, api)
             writer.index[(api, submission_id)] = Submission(digests, tuple(refs), api)
+            if self._holds:  # a retry that succeeded: its edges hold what its hold held
+                self._drop_holds({holds.hold_owner(self.writer_id, api, submission_id)})
             m = self._metrics
             m["payload_bytes"] += sum(n.own_bytes for n in normalized)
             m["records"] += sum(len(n.recs) for n in normalized)
@@ -630,7 +660,55 @@ class SharedFilesystemStore(ProcessBound):
                 segment_target_bytes=self.segment_target_bytes,
                 reserve_bytes=self.reserve_bytes,
             )
+            # a predecessor's holds are this incarnation's now (it may be the retrier)
+            self._holds = holds.holds_of(self.catalog, self.writer_id)
         return self._writer
+
+    # --- preparation holds (straw.holds) ----------------------------------------------
+    def _hold_dependencies(self, error: Exception, api: str, submission_id: str,
+                           deps: Sequence[Any]) -> None:
+        """A request that failed before its publication was durable: retain its valid
+        dependencies under its own hold, so that its retry still finds them.  Best effort
+        (the caller raises ``error`` whatever happens here)."""
+        if isinstance(error, IdempotencyConflict) or self.closed or \
+                self._in_forked_child():
+            return  # a conflict's submission id is taken: no retry of it can publish
+        extents = []
+        for d in deps:
+            if not isinstance(d, (RecordSetRef, RecordRef)):
+                continue
+            try:
+                self.check_published(d, "dependency")
+            except (StrawError, ValueError, TypeError):
+                continue  # not a publication of this pool: nothing to protect
+            extents.append((d.segment.path, d.segment.offset))
+        if not extents:
+            return
+        owner = holds.hold_owner(self.writer_id, api, submission_id)
+        try:
+            with self._write_lock:
+                if self.closed:
+                    return
+                self._ensure_writer()  # its lock tells collections the holder is alive
+                self.catalog.retain(owner, extents)
+                self._holds.add(owner)
+        except (StrawError, OSError) as e:
+            log.warning("straw: cannot hold the dependencies of failed request %r of "
+                        "writer %r: %s", submission_id, self.writer_id, e)
+
+    def _drop_holds(self, owners: set[str] | None = None) -> None:
+        """Release this writer's holds ``owners`` (all of them by default).  Called
+        under the write lock."""
+        chosen = set(self._holds) if owners is None else owners & self._holds
+        if not chosen:
+            return
+        try:
+            holds.release_all(self.catalog, chosen)
+        except (StrawError, OSError) as e:
+            # left for the next close, or a collection once this writer is gone
+            log.warning("straw: cannot release holds %s: %s", sorted(chosen), e)
+            return
+        self._holds -= chosen
 
     def _check_open(self) -> None:
         self._check_process()  # first: a forked child is refused before any lock
@@ -867,6 +945,8 @@ class SharedFilesystemStore(ProcessBound):
                 self._writer.seal_if_full()  # no later publication would add to it
         on_behalf, damaged = seal_dead_writers(self.fs, self.root, self.catalog, self.clock,
                                               run=self.run_id)
+        holds.release_holds_of_dead_writers(self.fs, self.root, self.catalog, self.clock,
+                                            live_writer=self.writer_id)
         result = self.catalog.collect()
         drop_reclaimed(self._session.real_root,
                        result["tombstoned"] + result["finished_interrupted"])
@@ -1083,6 +1163,8 @@ class SharedFilesystemStore(ProcessBound):
             self.fs.write_file_durable(os.path.join(writer_dir, RETIRED), json.dumps(
                 {"retired_by": self.writer_id, "at": self.clock.now()}).encode())
             self.catalog.seal_if_open(history.packs, prefix=f"{rel_dir}/")
+            # its failed requests will never be retried: their holds go (both policies)
+            holds.release_all(self.catalog, holds.holds_of(self.catalog, writer_id))
         if policy == "abandon":
             return []
         staged: list[Any] = []
@@ -1207,6 +1289,13 @@ def check_owner(owner: object) -> str:
             "straw's own queue and pin owners); choose another name"
         )
     return owner
+
+
+def _sequence(value: Any) -> Sequence[Any]:
+    """``value`` as a sequence to look through for dependencies, or () if it is none."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        return ()
+    return value
 
 
 def _listed(refs: Any) -> Any:

@@ -1,0 +1,123 @@
+"""Preparation holds: the dependencies of a failed publication stay protected for its
+retry (straw-queue's documented behaviour, which its callers rely on).
+
+A publication names its dependencies; once it is durable, its extent's edges retain them
+(D4).  If the call fails before that (a record it refuses, an unknown codec, a full disk),
+nothing retains them yet, and a source that releases them meanwhile could see them
+collected before the caller retries.  So a failed call retains its valid dependencies
+under a hold owner of its own, one per request::
+
+    publication:hold:<writer_id>:<32 hex of sha256(api NUL submission_id)>
+
+(under straw's reserved ``publication:`` prefix: no application name meets it).  A hold
+is dropped
+
+* when the same request (writer id, api, submission id) later succeeds: its extent's edges
+  hold the dependencies from then on;
+* when the store holding that writer closes, or the writer id is retired
+  (``retire_writer``): a hold is for the retry, and a closed writer retries nothing;
+* by a collection, when the writer is dead (its ``LOCK`` is free: a live store holds it
+  while it has holds, because a hold is only taken through its writer).
+
+A restarted incarnation of the writer id keeps its predecessor's holds (it may be the one
+that retries) and drops them when it closes.  Taking a hold is best effort on an error
+path: if it fails too (say the disk is full), the original error is raised as it was and
+the retry is as unprotected as it was before holds existed.
+
+In the model (``spec/``) a hold is an owner like any other: it is taken with ``retain``
+and dropped with ``release``; nothing here changes what those operations do.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+
+from . import holder
+from .catalog import Catalog
+from .clock import Clock
+from .errors import StrawError
+from .fs import Filesystem
+
+log = logging.getLogger("straw")
+
+HOLD_PREFIX = "publication:hold:"
+
+
+def hold_owner(writer_id: str, api: str, submission_id: str) -> str:
+    """The owner name of the hold of one request of writer ``writer_id``."""
+    key = hashlib.sha256(f"{api}\0{submission_id}".encode()).hexdigest()[:32]
+    return f"{HOLD_PREFIX}{writer_id}:{key}"
+
+
+def writer_prefix(writer_id: str) -> str:
+    """The prefix of every hold of writer ``writer_id``."""
+    return f"{HOLD_PREFIX}{writer_id}:"
+
+
+def writer_of(owner: str) -> str | None:
+    """The writer id a hold owner belongs to; None if ``owner`` is not a hold."""
+    if not owner.startswith(HOLD_PREFIX):
+        return None
+    writer_id, sep, _ = owner[len(HOLD_PREFIX):].rpartition(":")
+    return writer_id if sep and writer_id else None
+
+
+def _run(catalog: Catalog) -> str:
+    assert catalog.run_id is not None, "holds belong to a run: a store's catalog"
+    return catalog.run_id
+
+
+def holds_of(catalog: Catalog, writer_id: str) -> set[str]:
+    """The holds of writer ``writer_id`` in the catalog's run."""
+    prefix = writer_prefix(writer_id)
+    with catalog.locked() as st:
+        return {name for name in st.run_owners(_run(catalog)) if name.startswith(prefix)}
+
+
+def release_all(catalog: Catalog, owners: set[str]) -> None:
+    """Drop the holds ``owners`` (each its own catalog transaction: holds are rare)."""
+    for owner in sorted(owners):
+        catalog.release(owner)
+
+
+def release_holds_of_dead_writers(fs: Filesystem, root: str, catalog: Catalog, clock: Clock,
+                                  *, live_writer: str) -> list[str]:
+    """Drop the holds of every writer of the catalog's run whose ``LOCK`` is free (dead:
+    a store holds its writer's lock while it has holds) or that never had a directory;
+    ``live_writer`` (the calling store's own) is skipped.  Holding the lock meanwhile
+    keeps that writer id from starting.  Best effort per writer.  Returns the holds
+    dropped."""
+    run = _run(catalog)
+    with catalog.locked() as st:
+        names = [n for n in st.run_owners(run) if n.startswith(HOLD_PREFIX)]
+    by_writer: dict[str, set[str]] = {}
+    for name in names:
+        writer_id = writer_of(name)
+        if writer_id is not None and writer_id != live_writer:
+            by_writer.setdefault(writer_id, set()).add(name)
+    dropped: list[str] = []
+    for writer_id, owners in sorted(by_writer.items()):
+        writer_dir = os.path.join(root, "runs", run, "writers", writer_id)
+        try:
+            if not fs.exists(writer_dir):
+                release_all(catalog, owners)
+            else:
+                fd, _ = holder.take(fs, os.path.join(writer_dir, "LOCK"), clock,
+                                    purpose=holder.COLLECTING)
+                if fd is None:
+                    continue  # alive: its store drops its holds itself
+                try:
+                    release_all(catalog, owners)
+                finally:
+                    holder.release(fs, fd)
+        except (StrawError, OSError) as e:
+            log.warning("straw: cannot drop the holds of dead writer %s: %s", writer_id, e)
+            continue
+        dropped.extend(sorted(owners))
+    return dropped
+
+
+__all__ = ["HOLD_PREFIX", "hold_owner", "holds_of", "release_all",
+           "release_holds_of_dead_writers", "writer_of", "writer_prefix"]
