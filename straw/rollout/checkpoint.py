@@ -70,7 +70,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from straw import TaskSpec
-from straw.errors import CorruptData
+from straw.errors import CorruptData, IdempotencyConflict
 from straw.fs import Filesystem
 from straw.refs import Record, RecordSetRef
 
@@ -422,7 +422,16 @@ class Checkpointer:
         ref = self.store.publish([Record("checkpoint", data, "json.v1")],
                                  submission_id=f"{reg}:{hashlib.sha256(data).hexdigest()[:32]}",
                                  dependencies=[state_ref])
-        self.controller.coordinator.register_checkpoint(reg, ref, cursor=scan)
+        coordinator = self.controller.coordinator
+        try:
+            coordinator.register_checkpoint(reg, ref, cursor=scan)
+        except IdempotencyConflict:
+            # A save of this step that was killed after its registration and before its
+            # marker (``save`` found no marker) left that registration on the queue: no
+            # marker names it, so nothing can restore it (RL9).  The resumed job saves the
+            # step again with the state it has now: the orphan goes, this one registers.
+            coordinator.release_checkpoint(reg)
+            coordinator.register_checkpoint(reg, ref, cursor=scan)
         return [ref, state_ref]
 
     # --- release ----------------------------------------------------------------------------

@@ -12,7 +12,14 @@ import os
 import pytest
 
 from straw.fs import DelegatingFilesystem, PosixFS
-from straw.rollout.checkpoint import Checkpointer, checkpoint_owner, gaps, saved_backlog
+from straw.refs import Record
+from straw.rollout.checkpoint import (
+    Checkpointer,
+    checkpoint_owner,
+    gaps,
+    registration_id,
+    saved_backlog,
+)
 from straw.rollout.checkpoint_errors import CheckpointExists, ComponentChanged
 
 from .ckpt_job import Job, model_saver
@@ -162,6 +169,35 @@ def test_a_failed_rollout_save_leaves_no_marker_and_releases_its_owner(dirs, mon
         monkeypatch.setattr(ck, "_register", real)
         job.save(0)
         assert owner in job.store.owners()
+    finally:
+        job.close()
+
+
+def test_a_registration_left_by_a_save_killed_before_its_marker_is_replaced(dirs):
+    """A save killed between its queue registration and its marker leaves the
+    registration; the resumed job's save of that step (other state by then) replaces it
+    instead of failing with IdempotencyConflict (found by the job fuzz)."""
+    pool, save = dirs
+    job = Job(pool, save)
+    try:
+        job.train()
+        ck = job.job.checkpointer
+        coordinator = job.job.controller.coordinator
+        reg = registration_id(ck.namespace, ck.queue_id, 0)
+        # what the killed save registered: another builder state, no marker
+        state = job.store.publish([Record("builder-checkpoint", b"{}", "json.v1")],
+                                  submission_id="stale-state")
+        stale = job.store.publish([Record("checkpoint", json.dumps(
+            {"version": 1, "checkpoint_id": reg, "consumer_state": state.to_dict(),
+             "batch_ids": [], "training_dependencies": []}).encode(), "json.v1")],
+            submission_id="stale", dependencies=[state])
+        coordinator.register_checkpoint(reg, stale, cursor=0)
+        job.generate()
+        job.save(0)
+        d = job.resolution.directory
+        assert os.path.exists(os.path.join(d, "rollout", "committed_0.json"))
+        assert list(coordinator.checkpoints) == [reg]
+        assert coordinator.checkpoints[reg]["checkpoint_ref"] != stale.to_dict()
     finally:
         job.close()
 
