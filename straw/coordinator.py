@@ -507,9 +507,11 @@ class Coordinator(ProcessBound):
         refs = list(refs)
         # each distinct reference once (D2 unchanged: an equal reference names the same
         # extent, size and checksum, so its answer is the same): tasks seeded by a
-        # restore often share one prompt input, a read each was a tenth of the seed
-        for ref in dict.fromkeys(refs):
-            self.store.check_published(ref, f"queue {self.owner}")
+        # restore often share one prompt input, a read each was a tenth of the seed;
+        # their frame headers are confirmed in bulk, one read per run of neighbouring
+        # extents (a refill's fresh inputs), and what that does not confirm is checked
+        # one by one, with the same error as before
+        self.store.check_published_many(list(dict.fromkeys(refs)), f"queue {self.owner}")
         todo: _Adopted = {(r.path, r.offset): (r.segment, self.store.cached_needs(r.segment))
                           for r in refs}
         with self._mutex:

@@ -417,17 +417,38 @@ class ReadSession(ProcessBound):
         self._check_process()
         ref = self._canonical(ref)
         self._check_ref(ref)
-        ext = self._extent(ref.segment)
-        self._match(ref, ext)
-        if ext.members:
-            return self._read_members(ext)
         started = self.clock.now() if tracing.enabled() else None
-        _, records = self._read_extent(ref.segment)
+        whole = self._small_extent_at_once(ref.segment)
+        if whole is not None:
+            ext, records = whole
+            self._match(ref, ext)
+            if ext.members:
+                return self._read_members(ext)
+        else:
+            ext = self._extent(ref.segment)
+            self._match(ref, ext)
+            if ext.members:
+                return self._read_members(ext)
+            started = self.clock.now() if tracing.enabled() else None
+            _, records = self._read_extent(ref.segment)
         if started is not None:  # straw-queue traces one "read" per record
             share = (self.clock.now() - started) / max(1, len(records))
             for r in records:
                 tracing.emit("read", root=self.root, size=len(r.payload), seconds=share)
         return iter(records)
+
+    def _small_extent_at_once(self, seg: SegmentRef) -> tuple[ExtentInfo, list[Record]] | None:
+        """A small extent whose manifest this session has not checked yet, read and
+        checked in ONE pass (``_read_extent``: header against the reference, manifest,
+        body hash; its manifest is then cached), instead of a read for the manifest and a
+        second one for the whole body (a generation client's take reads every prompt
+        input so).  None when that does not apply (a large extent, or one checked
+        already).  A fault fails this pass as it fails the two-step path (the same checks
+        and error classes: a reference that does not match is ``InvalidReference``,
+        damage ``CorruptData``, D6), with no second attempt."""
+        if seg.size > _CHUNK or seg in self._extents:
+            return None
+        return self._read_extent(seg)
 
     def _read_members(self, ext: ExtentInfo) -> Iterator[Record]:
         for rref, _ in ext.members:

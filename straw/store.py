@@ -1072,6 +1072,21 @@ class SharedFilesystemStore(ProcessBound):
         except InvalidReference as e:  # the same class (an ExtentMismatch stays one)
             raise type(e)(f"{where}: {e}") from None
 
+    def check_published_many(self, refs: Sequence[RecordSetRef | RecordRef], where: str
+                             ) -> None:
+        """``check_published(ref, where)`` for each of ``refs`` (structurally checked and of
+        this run, as a coordinator's arguments are), their frame headers confirmed in
+        bulk (``ReadSession.confirm_published``: one read per run of neighbouring extents,
+        none for a manifest checked already); what that does not confirm is checked one by
+        one by ``check_published``, which raises the same error, naming ``where``, as
+        before.  A refill's 64 fresh prompt inputs cost a read or two, not 64."""
+        self._check_process()
+        canonical = [self._session._canonical(r) for r in refs]
+        for r, ok in zip(refs, self._session.confirm_published([c.segment for c in canonical]),
+                         strict=True):
+            if not ok:
+                self.check_published(r, where)
+
     def inspect_segment(self, ref: SegmentRef, *, verify_payload: bool = False
                         ) -> dict[str, Any]:
         """straw-queue's description of one extent: ``version``, ``run_id``,

@@ -81,17 +81,40 @@ def test_tasks_sharing_one_input_confirm_it_once(tmp_path, monkeypatch):
     with _store(tmp_path, writer_id="w") as store:
         ref = store.publish([Record("prompt", b"p")], submission_id="prompt")
         asked: list[object] = []
-        real = store.check_published
+        real = store.check_published_many
 
-        def counting(r, where="ref"):  # type: ignore[no-untyped-def]
-            asked.append(r)
-            real(r, where)
+        def counting(refs, where):  # type: ignore[no-untyped-def]
+            asked.extend(refs)
+            real(refs, where)
 
-        monkeypatch.setattr(store, "check_published", counting)
+        monkeypatch.setattr(store, "check_published_many", counting)
         coord = Coordinator(store, queue_id="q", namespace="t")
         try:
             coord.submit_tasks("seed", [TaskSpec(f"t{i}", input_ref=ref) for i in range(50)])
             assert asked == [ref]
             assert len(coord.pending_tasks()) == 50
+        finally:
+            coord.close()
+
+
+def test_a_queue_confirms_fresh_inputs_in_bulk(tmp_path):
+    """D2's check of a refill's fresh inputs (neighbours in one pack, no manifest read
+    yet): their frame headers in a read or two, not one read each; a reference that
+    names no publication is still refused, naming the queue, and nothing is submitted."""
+    refs = _refs(tmp_path)
+    fs = CountingFS(PosixFS())
+    with _store(tmp_path, fs=fs, writer_id="q") as store:  # a fresh session: none cached
+        coord = Coordinator(store, queue_id="q", namespace="t")
+        try:
+            before = fs.snapshot()
+            coord.submit_tasks("seed", [TaskSpec(f"t{i}", input_ref=r)
+                                        for i, r in enumerate(refs)])
+            reads = fs.delta(before).get("readinto", 0)
+            assert reads <= 3, f"{reads} reads to confirm {N} inputs of one pack"
+            assert len(coord.pending_tasks()) == N
+            bad = edited(refs[3], offset=refs[3].offset + 8)
+            with pytest.raises((InvalidReference, ExtentMismatch), match="queue"):
+                coord.submit_tasks("bad", [TaskSpec("u", input_ref=bad)])
+            assert coord.task_status("u") is None
         finally:
             coord.close()
