@@ -33,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+from collections.abc import Iterable
 
 from . import holder
 from .catalog import Catalog
@@ -83,15 +84,15 @@ def release_all(catalog: Catalog, owners: set[str]) -> None:
 
 
 def release_holds_of_dead_writers(fs: Filesystem, root: str, catalog: Catalog, clock: Clock,
-                                  *, live_writer: str) -> list[str]:
-    """Drop the holds of every writer of the catalog's run whose ``LOCK`` is free (dead:
-    a store holds its writer's lock while it has holds) or that never had a directory;
-    ``live_writer`` (the calling store's own) is skipped.  Holding the lock meanwhile
-    keeps that writer id from starting.  Best effort per writer.  Returns the holds
-    dropped."""
+                                  owners: Iterable[str], *, live_writer: str) -> list[str]:
+    """Drop the holds among ``owners`` (this run's owner names, as a collection just
+    listed them: no catalog read of its own when there are none) of every writer whose
+    ``LOCK`` is free (dead: a store holds its writer's lock while it has holds) or that
+    never had a directory; ``live_writer`` (the calling store's own) is skipped.  Holding
+    the lock meanwhile keeps that writer id from starting.  Best effort per writer.
+    Returns the holds dropped (their dependencies go at the next collection)."""
     run = _run(catalog)
-    with catalog.locked() as st:
-        names = [n for n in st.run_owners(run) if n.startswith(HOLD_PREFIX)]
+    names = [n for n in owners if n.startswith(HOLD_PREFIX)]
     by_writer: dict[str, set[str]] = {}
     for name in names:
         writer_id = writer_of(name)

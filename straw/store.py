@@ -945,9 +945,9 @@ class SharedFilesystemStore(ProcessBound):
                 self._writer.seal_if_full()  # no later publication would add to it
         on_behalf, damaged = seal_dead_writers(self.fs, self.root, self.catalog, self.clock,
                                               run=self.run_id)
-        holds.release_holds_of_dead_writers(self.fs, self.root, self.catalog, self.clock,
-                                            live_writer=self.writer_id)
         result = self.catalog.collect()
+        holds.release_holds_of_dead_writers(self.fs, self.root, self.catalog, self.clock,
+                                            result["owner_names"], live_writer=self.writer_id)
         drop_reclaimed(self._session.real_root,
                        result["tombstoned"] + result["finished_interrupted"])
         result["sealed_for_dead_writers"] = on_behalf
