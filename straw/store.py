@@ -932,12 +932,12 @@ class SharedFilesystemStore(ProcessBound):
         ``tombstones``: packs tombstoned now, ``retained_packs``, ``open_packs``,
         ``owners``: this run's roots, as straw-queue counts them: named owners that hold
         something (a queue's, once its tasks hold no input, does not) and publications
-        still staged in sealed packs) and, in addition, the
-        tombstoned paths (``tombstoned``),
-        interrupted collections it finished (``finished_interrupted``), the retained
-        packs' paths (``retained_pack_paths``) and owners' names (``owner_names``), the
-        packs sealed for dead writers (``sealed_for_dead_writers``) and the damage their
-        recovery found (``damaged``)."""
+        still staged in sealed packs) and, in addition, the tombstoned paths
+        (``tombstoned``), interrupted collections it finished (``finished_interrupted``),
+        the retained packs' paths (``retained_pack_paths``) and owners' names
+        (``owner_names``), the packs sealed for dead writers (``sealed_for_dead_writers``)
+        and the damage their recovery found (``damaged``).  It also drops the preparation
+        holds of writers it finds dead (``straw.holds``)."""
         self._check_open()
         with self._write_lock:
             if self._writer is not None:
