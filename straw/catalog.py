@@ -1443,9 +1443,9 @@ class Catalog(ProcessBound):
                               not st.packs.get(p, PackInfo()).tombstoned)
             # owners keeping something alive (straw-queue's count): a queue's owner
             # stays in the catalog, empty, once its tasks hold no input any more
-            owners = sorted(name for name, roots in st.run_owners(run).items() if len(roots)
-                            ) if run is not None else sorted(
-                f"{r}/{name}" for (r, name), roots in st.owners.items() if len(roots))
+            named = st.run_owners(run).items() if run is not None else (
+                (f"{r}/{name}", roots) for (r, name), roots in st.owners.items())
+            owners = sorted(name for name, roots in named if len(roots))
             # ... and the publications still staged in sealed packs, each its own root
             # as in straw-queue (whose catalog keeps one staging owner per publication).
             # Counted per pack (extents less those no longer staged: an extent leaves

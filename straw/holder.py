@@ -4,9 +4,11 @@ process gets ("in use by host H pid P since T").  The lock dies with its process
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
+from collections.abc import Iterator
 
 from .clock import Clock
 from .fs import Filesystem
@@ -59,3 +61,16 @@ def release(fs: Filesystem, fd: int | None) -> None:
             fs.close(fd)
         except OSError:
             pass
+
+
+@contextlib.contextmanager
+def if_dead(fs: Filesystem, writer_dir: str, clock: Clock) -> Iterator[bool]:
+    """Hold the ``LOCK`` of the writer at ``writer_dir`` for the block if it is free (the
+    writer is dead: a live one holds it from start to close), naming ``COLLECTING`` so
+    that the writer id starting meanwhile waits; yields whether it is held (False: the
+    writer is alive, or another collection holds it right now)."""
+    fd, _ = take(fs, os.path.join(writer_dir, "LOCK"), clock, purpose=COLLECTING)
+    try:
+        yield fd is not None
+    finally:
+        release(fs, fd)

@@ -105,14 +105,10 @@ def release_holds_of_dead_writers(fs: Filesystem, root: str, catalog: Catalog, c
             if not fs.exists(writer_dir):
                 release_all(catalog, owners)
             else:
-                fd, _ = holder.take(fs, os.path.join(writer_dir, "LOCK"), clock,
-                                    purpose=holder.COLLECTING)
-                if fd is None:
-                    continue  # alive: its store drops its holds itself
-                try:
+                with holder.if_dead(fs, writer_dir, clock) as dead:
+                    if not dead:
+                        continue  # alive: its store drops its holds itself
                     release_all(catalog, owners)
-                finally:
-                    holder.release(fs, fd)
         except (StrawError, OSError) as e:
             log.warning("straw: cannot drop the holds of dead writer %s: %s", writer_id, e)
             continue

@@ -419,16 +419,13 @@ class ReadSession(ProcessBound):
         self._check_ref(ref)
         started = self.clock.now() if tracing.enabled() else None
         whole = self._small_extent_at_once(ref.segment)
+        ext = whole[0] if whole is not None else self._extent(ref.segment)
+        self._match(ref, ext)
+        if ext.members:
+            return self._read_members(ext)
         if whole is not None:
-            ext, records = whole
-            self._match(ref, ext)
-            if ext.members:
-                return self._read_members(ext)
-        else:
-            ext = self._extent(ref.segment)
-            self._match(ref, ext)
-            if ext.members:
-                return self._read_members(ext)
+            records = whole[1]
+        else:  # the body after the manifest: the read straw-queue's trace times
             started = self.clock.now() if tracing.enabled() else None
             _, records = self._read_extent(ref.segment)
         if started is not None:  # straw-queue traces one "read" per record

@@ -230,22 +230,15 @@ def seal_dead_writers(fs: Filesystem, root: str, catalog: Catalog, clock: Clock,
     for rel_dir, run_id in sorted(writers.items()):
         writer_dir = os.path.join(root, rel_dir)
         try:
-            fd, _ = holder.take(fs, os.path.join(writer_dir, "LOCK"), clock,
-                                purpose=holder.COLLECTING)
-        except StrawError as e:
-            log.warning("straw: cannot check writer %s: %s", rel_dir, e)
-            continue
-        if fd is None:
-            continue  # alive (or another collection is sealing it right now)
-        try:
-            history = recover_writer(fs, root, run_id, rel_dir, catalog,
-                                     incarnations(fs, writer_dir))
-            catalog.seal_if_open(history.packs, prefix=f"{rel_dir}/")
+            with holder.if_dead(fs, writer_dir, clock) as dead:
+                if not dead:
+                    continue  # alive (or another collection is sealing it right now)
+                history = recover_writer(fs, root, run_id, rel_dir, catalog,
+                                         incarnations(fs, writer_dir))
+                catalog.seal_if_open(history.packs, prefix=f"{rel_dir}/")
         except (StrawError, OSError) as e:
             log.warning("straw: cannot seal the open packs of dead writer %s: %s", rel_dir, e)
             continue
-        finally:
-            holder.release(fs, fd)
         sealed.extend(p for p in open_packs if p.startswith(f"{rel_dir}/"))
         damaged.extend(history.damaged)
     return sealed, damaged
