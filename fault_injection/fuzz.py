@@ -415,6 +415,7 @@ def _forked_child_main(store: SharedFilesystemStore, root: str, acks: str, logdi
                                               submission_id=f"{child_id}-inherited"),
         "lookup_submission": lambda: store.lookup_submission(f"{writer_id}-0"),
         "read": lambda: store.read(_entry_refs(last)[0]) if last else store.seal(),
+        "close": store.close,  # refused too; touches nothing of the parent's
     }
     for name, call in inherited.items():
         try:
@@ -427,7 +428,6 @@ def _forked_child_main(store: SharedFilesystemStore, root: str, acks: str, logdi
             return 4
         _report(logdir, child_id, f"inherited store: {name} worked in the forked child")
         return 4
-    store.close()  # harmless in the child: touches nothing of the parent's
     budget = random.Random(f"{seed}:{child_id}:budget").randint(*FORK_BUDGET)
     return _writer_loop(root, acks, logdir, child_id, seed, run, budget=budget)
 

@@ -46,10 +46,10 @@ from spec.mutants import CORRECT, MUTANT_NAMES, mutant
 from spec.state import initial_state
 
 CONFIG_SETS: dict[str, tuple[str, ...]] = {
-    "small": ("gc-small", "queue-small", "order-small", "share", "consume", "restore", "catalog",
-              "history", "release-closure"),
-    "full": ("gc-full", "queue-full", "order-full", "share", "consume", "restore", "catalog",
-             "history", "release-closure"),
+    "small": ("gc-small", "queue-small", "queue-preempt", "order-small", "share", "consume",
+              "restore", "catalog", "history", "release-closure"),
+    "full": ("gc-full", "queue-full", "queue-preempt", "order-full", "share", "consume",
+             "restore", "catalog", "history", "release-closure"),
 }
 
 # Where each mutant is expected to be caught first (the other configurations are tried after).
@@ -82,6 +82,7 @@ MUTANT_HOME: dict[str, str] = {
     "order_ignores_priority": "order",
     "expired_task_never_requeued": "queue",
     "retire_spends_no_budget": "queue",
+    "recovery_spends_no_budget": "queue",
     "request_retry_refused": "queue",
     "catalog_truncated_before_snapshot_durable": "catalog",
     "compaction_drops_suffix": "catalog",

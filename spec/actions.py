@@ -935,10 +935,11 @@ def coord_resume(cfg: Config, mut: Mutants, s: State, q: int) -> Outcome | None:
 def coord_recover(cfg: Config, mut: Mutants, s: State, q: int) -> Outcome | None:
     """A new coordinator takes the queue lock and recovers (D9): new epoch = durable + 1, made
     durable before service; state = snapshot + journal; the new epoch's journal record revokes
-    every lease of an older epoch: each leased task returns to PENDING keeping its attempt
-    counter (the next lease gets a higher attempt number) and without spending its retry
-    budget; read pins stay (D5); the queue owner's roots are reset to exactly what the journal
-    names (retained-but-unjournaled data is dropped).
+    every lease of an older epoch: each leased task keeps its attempt counter (the next lease
+    gets a higher attempt number) and, under `recovery_spends_budget`, spends one unit of its
+    retry budget like an expiry (Q6: PENDING, or FAILED when the budget is exhausted); without
+    it the task returns to PENDING unspent; read pins stay (D5); the queue owner's roots are
+    reset to exactly what the journal names (retained-but-unjournaled data is dropped).
     Pre: no coordinator serving; durable < max_epoch."""
     c = s.coords[q]
     if c.serving is not None or c.durable >= cfg.max_epoch:
@@ -962,7 +963,9 @@ def coord_recover(cfg: Config, mut: Mutants, s: State, q: int) -> Outcome | None
                 st = replace(s.storage, pins=s.storage.pins - lost)
                 s = replace(s, storage=st)
                 task = replace(task, attempt=task.attempt - 1)
-            s = _with_task(s, t, replace(task, status=TaskStatus.PENDING, expired=False))
+                s = _with_task(s, t, task)
+            spend = cfg.recovery_spends_budget and not mut.recovery_spends_no_budget
+            s = _end_lease(cfg, mut, s, t, spend=spend)
     o = cfg.queue_owner(q)
     s = replace(s, storage=_with_roots(s.storage, o, journal_named(cfg, s, q)))
     return Outcome(f"serving e{new}", s)

@@ -67,6 +67,11 @@ class Config:
     cancel: bool = True
     compaction: int = 0  # catalog compactions modelled (snapshot generations; 0: none)
     history: int = 0  # queue history segment generations modelled (H1; 0: none)
+    # Q6: does a recovery's revocation of an older epoch's leases spend their tasks' retry
+    # budget?  True is straw-queue's rule and the engine's default (a leased attempt was
+    # made, so max_attempts=1 means at most one); the rollout layer runs its queue with
+    # False, so that a job preempted every day does not fail its in-flight prompts.
+    recovery_spends_budget: bool = True
 
     # ----- derived names -----------------------------------------------------------------
     @property
@@ -201,6 +206,9 @@ QUEUE_FULL = Config(
     max_pauses=1,
     consumer_queues=(0,),
 )
+
+# the same queue under the rollout layer's policy: recovery revokes leases without spending
+QUEUE_PREEMPT = replace(QUEUE_SMALL, name="queue-preempt", recovery_spends_budget=False)
 
 # --- scheduling order: two tasks whose priority order and key order disagree (Q4) ----------
 
@@ -343,6 +351,6 @@ RELEASE_CLOSURE = replace(
 
 CONFIGS: dict[str, Config] = {
     c.name: c
-    for c in (GC_SMALL, GC_FULL, QUEUE_SMALL, QUEUE_FULL, ORDER_SMALL, ORDER_FULL, SHARE, CONSUME,
-              RESTORE, CATALOG, HISTORY, LARGE, RELEASE_CLOSURE)
+    for c in (GC_SMALL, GC_FULL, QUEUE_SMALL, QUEUE_FULL, QUEUE_PREEMPT, ORDER_SMALL, ORDER_FULL,
+              SHARE, CONSUME, RESTORE, CATALOG, HISTORY, LARGE, RELEASE_CLOSURE)
 }

@@ -295,8 +295,10 @@ BUDGET_SPENDING_ACTIONS = frozenset({"fail", "requeue_expired", "retire_worker"}
 def q6_revocations_spend_budget(cfg: Config, s: State, a: Action, s2: State) -> str | None:
     """Q6: a lease that ends by failure, expiry or its worker's retirement spends one unit of
     its task's retry budget (so a task whose workers keep failing or dying ends FAILED
-    instead of being retried forever); no other action spends it."""
-    spends = a.name in BUDGET_SPENDING_ACTIONS
+    instead of being retried forever), and so does its revocation by a recovery under the
+    spending policy (`recovery_spends_budget`); no other action spends it."""
+    spends = a.name in BUDGET_SPENDING_ACTIONS or (
+        a.name == "coord_recover" and cfg.recovery_spends_budget)
     for t, (tk, tk2) in enumerate(zip(s.tasks, s2.tasks, strict=True)):
         ended = tk.status == TaskStatus.LEASED and tk2.status in (
             TaskStatus.PENDING, TaskStatus.FAILED)

@@ -83,6 +83,9 @@ class Mutants:
     # Q6: retire_worker revokes the retired worker's leases without spending their budget
     # (a task whose workers keep dying would be retried forever).
     retire_spends_no_budget: bool = False
+    # Q6: coord_recover revokes the older epoch's leases without spending their budget
+    # although the configuration's policy spends it (recovery_spends_budget).
+    recovery_spends_no_budget: bool = False
     # Q7: a retried request (fail_task after a lost reply) is checked against the lease before
     # its request id, so a fail that took effect is answered StaleAttempt.
     request_retry_refused: bool = False

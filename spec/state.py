@@ -8,7 +8,8 @@ Durable versus volatile: pack contents, tombstones, owner roots, staging, pins, 
 table, commit log, coordinator epoch and consumer/checkpoint records are durable (they survive
 crashes). Volatile: extents in state VOLATILE (written, not fsynced), the collector's lock and
 plan, a coordinator's serving epoch (process memory), and what clients hold (leases, reads).
-Lease grants are journaled (durable): recovery revokes them but remembers their attempt numbers.
+Lease grants are journaled (durable): recovery revokes them but remembers their attempt numbers
+(and, under the spending policy, counts each revocation against the task's retry budget).
 
 Invariants on these variables are in `spec/invariants.py`; the transitions in `spec/actions.py`.
 """

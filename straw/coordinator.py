@@ -58,8 +58,8 @@ Fork safety (``straw.process``).  A coordinator belongs to the process that open
 epoch lock, its journal and its in-memory queue state are the parent's after a fork (the
 child's copy of the lock descriptor shares the parent's open file description: it would
 not keep the child out, and its unlock would release the parent's lock).  In a forked
-child every method raises ``ForkedProcess`` before taking any lock; ``close()`` only
-closes the child's copies of the descriptors.  Opening a coordinator in a child on a
+child every method, ``close()`` too, raises ``ForkedProcess`` before taking any lock
+(``__exit__`` there does not raise; ``straw.process``).  Opening a coordinator in a child on a
 store the child inherited is refused before anything is created (a new epoch file would
 fence the parent).
 """
@@ -200,7 +200,16 @@ class Coordinator(ProcessBound):
     lock itself enforces exclusivity either way); ``clock`` is a callable returning seconds
     (it times lease deadlines, which live in memory) or a ``straw.clock.Clock`` (then it
     also stamps the journal).  straw's additions: ``takeover`` (fence a paused holder),
-    ``consumer_id``, ``snapshot_every``, ``segment_target_bytes``, ``group_wait``."""
+    ``consumer_id``, ``snapshot_every``, ``segment_target_bytes``, ``group_wait``,
+    ``recovery_spends_budget``.
+
+    A recovery (``recover=True``, ``takeover=True``) revokes every lease of the older
+    epoch.  With ``recovery_spends_budget`` (the default, straw-queue's rule) each
+    revocation spends one unit of its task's ``max_attempts``, like an expiry: a leased
+    attempt was made, so ``max_attempts=1`` means at most one, and a task leased across
+    ``max_attempts`` coordinator crashes ends ``failed``.  ``False`` returns revoked tasks
+    to pending unspent (the rollout layer's choice: a job preempted every day must not
+    fail its in-flight prompts).  The policy is journaled with the new epoch (spec Q6)."""
 
     _process_state = "its epoch lock, journal and queue state"
     _process_remedy = OPEN_QUEUE_IN_CHILD
@@ -225,6 +234,7 @@ class Coordinator(ProcessBound):
         segment_target_bytes: int = 64 << 20,
         group_wait: float = DEFAULT_GROUP_WAIT,
         enforce_limits: bool = False,
+        recovery_spends_budget: bool = True,
     ) -> None:
         self._bind_process()
         if not isinstance(store, SharedFilesystemStore):
@@ -250,8 +260,11 @@ class Coordinator(ProcessBound):
         _check_id("consumer_id", consumer_id)
         if limits is not None and not isinstance(limits, Limits):
             raise TypeError(f"limits must be a straw Limits, got {type(limits).__name__}")
-        if not isinstance(enforce_limits, bool):
-            raise TypeError(f"enforce_limits must be a bool, got {type(enforce_limits).__name__}")
+        for flag, setting in (("enforce_limits", enforce_limits),
+                              ("recovery_spends_budget", recovery_spends_budget)):
+            if not isinstance(setting, bool):
+                raise TypeError(f"{flag} must be a bool, got {type(setting).__name__}")
+        self.recovery_spends_budget = recovery_spends_budget
         self.store = store
         self.fs = store.fs
         self.queue_id = queue_id
@@ -407,7 +420,8 @@ class Coordinator(ProcessBound):
         )
         self._mark_started()
         # D9: revoke older leases, durably, before serving anyone
-        self._commit_now({"t": "epoch", "epoch": self.epoch})
+        self._commit_now({"t": "epoch", "epoch": self.epoch,
+                          "spend": self.recovery_spends_budget})
         self._durable_commits = len(self.state.commits)
         # Claim the queue owner for our epoch (older coordinators' catalog updates are
         # ignored from now on).  Its roots already cover the recovered state: everything a
@@ -2427,15 +2441,14 @@ class Coordinator(ProcessBound):
 
     def close(self) -> None:
         """Stop serving (leases stay until a recovery revokes them).  Idempotent.  In a
-        forked child it does not raise and only closes the child's copies of the
-        descriptors (the epoch lock and the journal are the parent's)."""
+        forked child it raises ``ForkedProcess`` and touches nothing (the epoch lock and
+        the journal are the parent's; ``__exit__`` there does not raise)."""
         if self._closed:
             return
-        self._closed = True
         if self._in_forked_child():
-            self._drop_inherited()
-            self.journal.close()  # child-safe: closes only its copy too
-            return
+            self.journal.close()  # child-safe: closes only its copy
+            self._refuse_close_in_child()
+        self._closed = True
         try:
             self.journal.close()
         finally:
@@ -2444,9 +2457,6 @@ class Coordinator(ProcessBound):
     def __enter__(self) -> Coordinator:
         self._check_process()
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def replay(recovered: journal_mod.Recovered, fs: Filesystem | None = None,

@@ -63,8 +63,14 @@ class ProcessBound:
 
     Subclasses call ``_bind_process()`` first thing in ``__init__``, call
     ``_check_process()`` first thing in every public method (before any lock), make
-    ``close()`` do only ``_drop_inherited()`` when ``_in_forked_child()``, and describe
-    themselves for the error message (``_process_subject`` and the two texts)."""
+    ``close()`` call ``_refuse_close_in_child()`` when ``_in_forked_child()``, and describe
+    themselves for the error message (``_process_subject`` and the two texts).
+
+    ``close()`` in a forked child raises ``ForkedProcess`` (straw-queue's rule: the object
+    is the parent's, closing it there is a mistake worth hearing about) after dropping the
+    child's copies of the descriptors, which the fork already did.  ``__exit__`` in a
+    child does not raise: a child leaving an inherited ``with`` block (``sys.exit`` in a
+    forked worker) must exit with its own status, not a ``ForkedProcess`` traceback."""
 
     # what the parent owns (for the message), and what the user should do instead
     _process_state = "its open files and locks"
@@ -91,6 +97,19 @@ class ProcessBound:
 
     def _process_subject(self) -> str:
         return type(self).__name__
+
+    def _refuse_close_in_child(self) -> None:
+        self._drop_inherited()
+        raise ForkedProcess(self._forked_message())
+
+    def __exit__(self, *exc: object) -> None:
+        if self._in_forked_child():
+            self._drop_inherited()  # touches nothing of the parent's; see the class text
+            return
+        self.close()
+
+    def close(self) -> None:  # pragma: no cover - every subclass defines its own
+        raise NotImplementedError
 
     def _drop_inherited(self) -> None:
         """In a forked child: close the child's copies of this object's descriptors and

@@ -28,7 +28,7 @@ Transactions (``t`` is the type)::
     ckpt     id, ref, cursor, batches, digest   /   ckpt_release id
     (cons_open, of journals written before consumer tokens became per-coordinator, is
     replayed as a no-op)
-    epoch    epoch                                           (recovery: leases revoked)
+    epoch    epoch [, spend]                                 (recovery: leases revoked)
 
 References are stored as tuples ``(path, offset, size, checksum, digest, records)``.
 
@@ -831,6 +831,18 @@ class QueueState:
                     (txn["attempt"] is None or k[2] == txn["attempt"])]:
             self._drop_read(key)
 
+    def _revoke(self, task: Task, error: Any) -> None:
+        """A lease revoked by its worker's retirement or a recovery that spends: one
+        unit of the task's budget, like an expiry (Q6); the reader's protection stays
+        (D5) until its reads are released."""
+        self._end_attempt(task.task_id, task.attempt, reader_done=False)
+        task.failures += 1
+        task.last_error = error
+        if task.failures >= task.max_attempts:
+            task.status = FAILED
+        else:
+            self._make_pending(task)
+
     def _t_retire(self, txn: dict[str, Any]) -> None:
         """The worker is confirmed stopped: its reads end and, with ``revoke``, its
         leases too (each spends one unit of the task's budget, like an expiry)."""
@@ -841,22 +853,22 @@ class QueueState:
             return
         for task in list(self.tasks.loaded()):  # leased tasks are loaded
             if task.status == LEASED and task.lease is not None and task.lease[1] == worker:
-                self._end_attempt(task.task_id, task.attempt, reader_done=False)
-                task.failures += 1
-                task.last_error = {"category": "WorkerLost"}
-                if task.failures >= task.max_attempts:
-                    task.status = FAILED
-                else:
-                    self._make_pending(task)
+                self._revoke(task, {"category": "WorkerLost"})
 
     def _t_epoch(self, txn: dict[str, Any]) -> None:
-        """A new coordinator epoch: every lease of an older epoch is revoked (the task
-        returns to pending without spending its budget); read roots stay (D5, D9)."""
+        """A new coordinator epoch: every lease of an older epoch is revoked; with
+        ``spend`` (journaled with the epoch: the recovering coordinator's policy; epochs
+        of an earlier straw have none) each spends one unit of its task's budget (Q6),
+        otherwise the task returns to pending unspent; read roots stay (D5, D9)."""
         self.epoch = txn["epoch"]
         if self.leased_count == 0:
             return
         for task in list(self.tasks.loaded()):  # leased tasks are loaded
-            if task.status == LEASED:
+            if task.status != LEASED:
+                continue
+            if txn.get("spend"):
+                self._revoke(task, "lease revoked by coordinator recovery")
+            else:
                 self._leave(task)
                 self._make_pending(task)
 

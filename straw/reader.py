@@ -52,9 +52,8 @@ Reclaimed means freed: a cached descriptor keeps an unlinked pack's bytes alloca
 The hot read path gains no syscall: one clock read per cache use.
 
 A session belongs to the process that opened it (``straw.process``): in a forked child
-every read raises ``ForkedProcess`` before touching a file or taking a lock, ``close()``
-only closes the child's copies of the cached descriptors, and the fork itself already
-closed them.
+every read and ``close()`` raise ``ForkedProcess`` before touching a file or taking a
+lock; the fork itself already closed the child's copies of the cached descriptors.
 """
 
 from __future__ import annotations
@@ -387,16 +386,11 @@ class ReadSession(ProcessBound):
         self._check_process()
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def close(self) -> None:
-        """Close the cached files.  In a forked child: only the child's copies, taking no
-        lock (``straw.process``)."""
+        """Close the cached files.  In a forked child: ``ForkedProcess``, taking no lock
+        (the child's copies are closed already; ``straw.process``)."""
         if self._in_forked_child():
-            self._drop_inherited()
-            self.closed = True
-            return
+            self._refuse_close_in_child()
         with self._lock:
             for fd in self._fds.values():
                 self._retire(fd)

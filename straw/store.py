@@ -35,10 +35,10 @@ Fork safety (``straw.process``).  A store belongs to the process that opened it.
 forked child every method raises ``ForkedProcess`` before it takes a lock or touches a
 file: the writer lock, the open pack and the catalog position are the parent's, and
 using them would overwrite the parent's publications and corrupt the catalog.
-``close()``/``__exit__`` in a child do not raise and touch nothing of the parent's (no
-seal, no unlock, no write); the child's copies of the descriptors are closed already at
-the fork.  A store opened in the child (with its own ``writer_id`` if it publishes)
-works normally.
+``close()`` in a child raises ``ForkedProcess`` too and ``__exit__`` there does not raise;
+neither touches anything of the parent's (no seal, no unlock, no write); the child's copies
+of the descriptors are closed already at the fork.  A store opened in the child (with its
+own ``writer_id`` if it publishes) works normally.
 """
 
 from __future__ import annotations
@@ -413,19 +413,16 @@ class SharedFilesystemStore(ProcessBound):
         self._check_process()
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def close(self) -> None:
         """Seal the open pack, release the writer, close files.  Idempotent.  In a forked
-        child it does not raise and only closes the child's copies of the descriptors:
-        the pack, the writer lock and the catalog are the parent's."""
+        child it raises ``ForkedProcess`` and touches nothing of the parent's (the pack,
+        the writer lock and the catalog are the parent's; ``__exit__`` there does not
+        raise: ``straw.process``)."""
         if self.closed:
             return
-        self.closed = True
         if self._in_forked_child():
-            self._drop_inherited()  # no lock taken: another thread may have held it
-            return
+            self._refuse_close_in_child()  # no lock taken: another thread may have held it
+        self.closed = True
         try:
             with self._write_lock:
                 if self._writer is not None:

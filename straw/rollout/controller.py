@@ -166,10 +166,14 @@ class RolloutController:
                                self.config.lease_seconds)
             self.coordinator = coordinator
         else:
+            # a resume revokes the dead job's leases without spending their budget: a job
+            # preempted every day must not turn its in-flight prompts into failed tasks
+            # (their generation is lost, not wrong; expiry and fail still spend it)
             self.coordinator = Coordinator(store, queue_id=queue_id, namespace=namespace,
                                            exclusive_owner=exclusive_owner, recover=recover,
                                            takeover=takeover, clock=clock,
-                                           lease_seconds=self.config.lease_seconds)
+                                           lease_seconds=self.config.lease_seconds,
+                                           recovery_spends_budget=False)
         self._producer = threading.Lock()  # one refill at a time
         self._state = threading.Lock()  # serving version and staleness tally
         self._serving: int | str = serving

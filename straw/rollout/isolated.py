@@ -97,7 +97,7 @@ def seed_isolated_queue(store: Any, *, namespace: str, queue_id: str,
     kwargs: dict[str, Any] = {} if lease_seconds is None else {"lease_seconds": lease_seconds}
     try:
         coord = Coordinator(store, queue_id=queue_id, namespace=namespace, clock=clock,
-                            **kwargs)
+                            recovery_spends_budget=False, **kwargs)  # as the controller's
     except UnsafeRecovery as e:  # the queue exists: this branch started before
         store.release(owner)
         raise BranchStarted(f"queue {namespace}/{queue_id} exists: this branch was started "

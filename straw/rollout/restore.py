@@ -319,8 +319,9 @@ def _after(store: Any, mix: EnvironmentMix, queue: Mapping[str, str], scan: int,
     """What the dead run's queue holds after the checkpoint's boundary ``scan``: groups
     accepted from there on, the batches collected from there on, its live prompt tasks
     and its dataset producer state."""
+    # a salvage reads the dead run's live prompts: its revoked leases must not fail them
     coord = Coordinator(store, queue_id=queue["queue_id"], namespace=queue["namespace"],
-                        recover=True, clock=clock)
+                        recover=True, clock=clock, recovery_spends_budget=False)
     try:
         accepted: list[Accepted] = []
         planned: list[dict[str, Any]] = []

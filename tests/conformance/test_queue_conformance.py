@@ -43,7 +43,8 @@ import itertools
 import os
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import pytest
@@ -851,6 +852,38 @@ def test_requeued_task_keeps_its_fifo_position() -> None:
     (b,) = q.acquire("w").assignments
     q.close()
     assert b.lease.task_id == "t0"
+
+
+def _under_the_rollout_policy(monkeypatch: pytest.MonkeyPatch, *, engine: bool,
+                              spec: bool) -> None:
+    """Run the machine with recovery_spends_budget=False in the engine and/or the spec
+    (the rollout layer's policy, spec configuration queue-preempt)."""
+    import tests.conformance.test_queue_conformance as me
+
+    if spec:
+        monkeypatch.setattr(me, "CFG", replace(CFG, recovery_spends_budget=False))
+    if engine:
+        monkeypatch.setattr(me, "Coordinator", partial(Coordinator, recovery_spends_budget=False))
+
+
+def test_queue_conformance_under_the_rollout_policy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Q6 under the policy that spends no budget at recovery: the engine's revocations
+    agree with the spec's."""
+    _under_the_rollout_policy(monkeypatch, engine=True, spec=True)
+    QueueConformance.TestCase.settings = settings(PROFILES["ci"], max_examples=150)
+    QueueConformance.TestCase().runTest()
+
+
+def test_machine_tells_the_recovery_policies_apart(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Negative control: an engine that spends no budget at recovery, checked against the
+    spending spec, is caught (a task leased across recoveries fails in one, not the
+    other)."""
+    _under_the_rollout_policy(monkeypatch, engine=True, spec=False)
+    QueueConformance.TestCase.settings = settings(
+        PROFILES["ci"], max_examples=400, database=None, phases=(Phase.generate,),
+        report_multiple_bugs=False)
+    with pytest.raises(Disagreement):
+        QueueConformance.TestCase().runTest()
 
 
 def test_machine_catches_a_broken_recovery(monkeypatch: pytest.MonkeyPatch) -> None:
