@@ -122,9 +122,11 @@ def incarnations(fs: Filesystem, writer_dir: str) -> list[int]:
 
 
 def recover_writer(fs: Filesystem, root: str, run_id: str, rel_dir: str, catalog: Catalog,
-                   incs: Sequence[int]) -> WriterHistory:
+                   incs: Sequence[int], *, live: bool = False) -> WriterHistory:
     """Rebuild the submission index of the incarnations ``incs`` of the writer at
-    ``rel_dir`` (the caller holds its LOCK)."""
+    ``rel_dir`` (the caller holds its LOCK).  ``live``: the writer is running and the
+    caller only reads what it acknowledged (a receipt): nothing is synced, and an
+    unfinished tail is the write in flight, not damage (``damaged`` stays empty)."""
     prefix = f"{rel_dir}/"
     with catalog.locked() as st:
         known = {p: (i.state, i.offsets, i.tombstoned) for p, i in st.packs.items()
@@ -149,7 +151,9 @@ def recover_writer(fs: Filesystem, root: str, run_id: str, rel_dir: str, catalog
             state, offsets, tombstoned = known.get(rel, ("open", frozenset(), False))
             if tombstoned:
                 continue  # reclaimed: never handed out again (D3)
-            entries, was_sealed, damage = _pack_entries(fs, root, rel)
+            entries, was_sealed, damage = _pack_entries(fs, root, rel, live=live)
+            if live:
+                damage = []  # the tail of a pack being appended to
             unsealed |= not was_sealed
             if state == "sealed" and not was_sealed:
                 entries = [e for e in entries if e.offset in offsets]
@@ -161,7 +165,7 @@ def recover_writer(fs: Filesystem, root: str, run_id: str, rel_dir: str, catalog
             per_pack[rel] = entries
             for e in entries:
                 found.setdefault((e.api, e.submission_id), []).append((rel, e))
-        if unsealed:
+        if unsealed and not live:
             fs.fsync_dir(inc_dir)
     index: dict[tuple[str, str], Submission] = {}
     for sub, items in found.items():
@@ -179,12 +183,13 @@ def recover_writer(fs: Filesystem, root: str, run_id: str, rel_dir: str, catalog
     return WriterHistory(index, packs, damaged)
 
 
-def _pack_entries(fs: Filesystem, root: str, rel: str
+def _pack_entries(fs: Filesystem, root: str, rel: str, *, live: bool = False
                   ) -> tuple[list[ExtentEntry], bool, list[tuple[int, str]]]:
-    """The trusted extents of one pack, whether its file is sealed, and its damage."""
+    """The trusted extents of one pack, whether its file is sealed, and its damage
+    (``live``: read only, synced by nobody; see recover_writer)."""
     path = os.path.join(root, rel)
     try:
-        fd = fs.open(path, write=True)
+        fd = fs.open(path, write=not live)
     except OSError as e:
         raise storage_error(e, f"cannot open earlier pack {path}") from e
     try:
@@ -196,7 +201,7 @@ def _pack_entries(fs: Filesystem, root: str, rel: str
             scan = scan_pack(fs, fd, size)
         except CorruptData as e:
             raise CorruptData(f"pack {path}: {e}") from None
-        if not scan.sealed:
+        if not scan.sealed and not live:
             # D1: a killed predecessor may have written without syncing; make what we
             # are about to trust durable first.
             fs.fsync(fd)

@@ -65,6 +65,7 @@ from .checks import check_count, check_seconds, check_u64, check_usage_total
 from .clock import Clock, SystemClock
 from .errors import (
     Closed,
+    CorruptData,
     IdempotencyConflict,
     InvalidReference,
     LocalDependencyOrder,
@@ -1129,9 +1130,11 @@ class SharedFilesystemStore(ProcessBound):
         """What writer ``writer_id`` of this run published under ``submission_id`` through
         ``api`` (``"records"``: write_records, ``"record_set"``, ``"publish"``:
         publish/publish_many), e.g. after a lost reply; None if nothing was.  Reads only:
-        it renews no protection (an old result may be collected already).  Another live
-        store holding that writer raises ``WriterBusy``; a retired writer can still be
-        asked."""
+        it renews no protection (an old result may be collected already).  A writer whose
+        store is open elsewhere is read without its lock: what it acknowledged is
+        returned; if nothing is found ``WriterBusy`` is raised, since the request may
+        still be in flight there (ask again once that store closed).  A retired writer
+        can still be asked."""
         self._check_process()
         check_name("writer_id", writer_id)
         if api not in _API_CALLS:
@@ -1144,12 +1147,34 @@ class SharedFilesystemStore(ProcessBound):
                 if self._writer is not None:
                     known = self._writer.index.get((api, submission_id))
                     return _receipt(known, api)
-        with self._other_writer(writer_id) as (rel_dir, writer_dir):
-            if not self.fs.exists(writer_dir):
-                return None
-            history = recover_writer(self.fs, self.root, self.run_id, rel_dir, self.catalog,
-                                     incarnations(self.fs, writer_dir))
+        try:
+            with self._other_writer(writer_id) as (rel_dir, writer_dir):
+                if not self.fs.exists(writer_dir):
+                    return None
+                history = recover_writer(self.fs, self.root, self.run_id, rel_dir,
+                                         self.catalog, incarnations(self.fs, writer_dir))
+        except WriterBusy as busy:
+            return _receipt(self._live_writer_receipt(writer_id, api, submission_id, busy),
+                            api)
         return _receipt(history.index.get((api, submission_id)), api)
+
+    def _live_writer_receipt(self, writer_id: str, api: str, submission_id: str,
+                             busy: WriterBusy) -> Submission:
+        """A live writer's acknowledged publication: durable and immutable in its packs,
+        so reading it needs no lock; its absence proves nothing (``busy`` is raised)."""
+        rel_dir = f"runs/{self.run_id}/writers/{writer_id}"
+        try:
+            history = recover_writer(self.fs, self.root, self.run_id, rel_dir, self.catalog,
+                                     incarnations(self.fs, os.path.join(self.root, rel_dir)),
+                                     live=True)
+        except CorruptData:
+            raise busy from None  # a frame being written: cannot tell yet
+        known = history.index.get((api, submission_id))
+        if known is None:
+            raise WriterBusy(f"{busy}: it has published nothing durable under {api} "
+                             f"submission {submission_id!r} yet, and the request may still "
+                             "be in flight there") from None
+        return known
 
     def retire_writer(self, writer_id: str, *, policy: str = "recover"
                       ) -> list[RecordSetRef] | list[Any]:

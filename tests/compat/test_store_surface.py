@@ -193,8 +193,16 @@ def test_publication_receipt_after_a_lost_reply(tmp_path):
     (rec,) = writer.write_records([Record("r", b"y")], submission_id="rec-1")
     # ...the reply is lost; a peer asks for the receipt
     with SharedFilesystemStore(tmp_path, "run") as peer:
-        with pytest.raises(WriterBusy):  # the writer is live
-            peer.publication_receipt(writer_id, api="publish", submission_id="pub-1")
+        # the writer is live: what it acknowledged is read without its lock...
+        assert peer.publication_receipt(writer_id, api="publish",
+                                        submission_id="pub-1") == [ref]
+        assert peer.publication_receipt(writer_id, api="records",
+                                        submission_id="rec-1") == [rec]
+        # ...but its absence proves nothing while the writer may still publish it
+        with pytest.raises(WriterBusy, match="may still be in flight"):
+            peer.publication_receipt(writer_id, api="publish", submission_id="never")
+        with pytest.raises(WriterBusy):
+            peer.publication_receipt(writer_id, api="record_set", submission_id="pub-1")
         assert writer.publication_receipt(writer_id, api="publish",
                                           submission_id="pub-1") == [ref]
         writer.close()
@@ -343,3 +351,18 @@ def test_collection_leaves_a_pack_below_its_target_open(tmp_path):
         assert result["reclaimed_files"] == 0 and result["open_packs"] == 1
         b = store.publish([Record("b", b"y")], submission_id="b")
         assert b.manifest.segment.path == a.manifest.segment.path  # same pack, appended
+
+
+def test_a_live_writers_receipt_is_read_while_it_keeps_publishing(tmp_path):
+    """Reading a live writer's packs without its lock while it appends to its open pack:
+    each acknowledged publication is found."""
+    with SharedFilesystemStore(tmp_path, "run", segment_target_bytes=1 << 20) as writer, \
+            SharedFilesystemStore(tmp_path, "run") as peer:
+        refs = []
+        for i in range(40):
+            refs.append(writer.publish([Record("a", bytes([i]) * (i * 997))],
+                                       submission_id=f"pub-{i}"))
+            asked = i // 2
+            assert peer.publication_receipt(writer.writer_id, api="publish",
+                                            submission_id=f"pub-{asked}") == [refs[asked]]
+        assert len({r.path for r in refs}) == 1  # all in the writer's open pack
