@@ -21,6 +21,14 @@ coordinator, writer and reader is stopped and the pool is exactly as the report 
 given describes (nothing changed in between), with no unresolved damage.
 
 Inspection is read-only (``straw.pool_view``): no lock, no file created, nothing appended.
+
+Both refuse (``UnsafeRecovery``) a pool managed by online GC, one a store opened with
+``online_gc=True`` (its ``ONLINE_GC`` marker), as straw-queue's offline inspector refuses a
+pool with a shared catalog: such a pool's stores collect their own garbage
+(``collect_garbage``); ``straw inspect`` and ``straw gc`` serve every pool.  The marker is
+asked for with a fresh lookup each time (never a cached ``stat``): cleanup checks it again
+even with a report made before the marker appeared; an error other than its absence
+refuses too, since the layout cannot be established.
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ from .catalog import CATALOG_NAME, read_state
 from .errors import StrawError, UnsafeRecovery
 from .fs import Filesystem, PosixFS
 from .refs import PACK_PATH_RE
+from .store import ONLINE_GC_MARKER
 
 REPORT_VERSION = 1
 
@@ -65,6 +74,7 @@ def inspect_run(root: str | os.PathLike[str], *, fs: Filesystem | None = None
     fs = fs or PosixFS()
     root = os.path.abspath(os.fspath(root))
     view = pool_view.inspect(root, fs)  # checks the marker; read-only
+    _refuse_online_gc(fs, root)
     data = _catalog_bytes(fs, root)
     st = read_state(fs, root)
     failures: list[dict[str, Any]] = [
@@ -109,6 +119,23 @@ def inspect_run(root: str | os.PathLike[str], *, fs: Filesystem | None = None
     }
 
 
+def _refuse_online_gc(fs: Filesystem, root: str) -> None:
+    """UnsafeRecovery unless the pool is provably not managed by online GC (see the
+    module docstring)."""
+    marker = os.path.join(root, ONLINE_GC_MARKER)
+    try:
+        managed = fs.probe(marker)
+    except OSError as e:
+        raise UnsafeRecovery(f"Cannot establish standalone storage layout: {marker}: {e}; "
+                             "nothing inspected or deleted") from e
+    if managed:
+        raise UnsafeRecovery(
+            f"pool {root} is managed by online GC through its shared catalog (a store "
+            "opened it with online_gc=True): offline inspection and cleanup are for pools "
+            "without it. Collect with SharedFilesystemStore(root, run_id, "
+            "online_gc=True).collect_garbage(), or look with `straw inspect`")
+
+
 def _listdir(fs: Filesystem, path: str) -> list[str]:
     try:
         return fs.listdir(path)
@@ -123,9 +150,9 @@ def cleanup_orphans(root: str | os.PathLike[str], report: dict[str, Any], *,
     pool's garbage collection; returns the pack paths deleted.
 
     Refused with ``UnsafeRecovery`` unless ``all_participants_stopped`` is True, the pool
-    is unchanged since ``report`` was made, and the report allows deletion (no damaged
-    queue, no owner reaching a reclaimed pack, no torn catalog tail, no unconfirmed
-    repair)."""
+    is not managed by online GC (checked again now), it is unchanged since ``report`` was
+    made, and the report allows deletion (no damaged queue, no owner reaching a reclaimed
+    pack, no torn catalog tail, no unconfirmed repair)."""
     if not all_participants_stopped:
         raise UnsafeRecovery(
             "offline cleanup needs every coordinator, writer and reader of the pool stopped: "

@@ -3,6 +3,7 @@ checked, from any client of the pool.
 
 Pool layout::
 
+    <root>/ONLINE_GC             present once a store opened the pool with online_gc=True
     <root>/POOL                  format marker (UnsupportedSchema if newer) and the
                                  pool's id (``pool_id``, written once by its creator)
     <root>/runs/<run_id>/...     writers, their incarnations and packs (straw.writer),
@@ -157,6 +158,10 @@ class _Pub:
 
 
 
+# created in the pool root by a store opened with online_gc=True (``_mark_online_gc``)
+ONLINE_GC_MARKER = "ONLINE_GC"
+
+
 def _marker_body(info: Mapping[str, Any]) -> bytes:
     """The pool marker: ``info`` (an older marker's fields, kept) with the format, version
     and a new pool id."""
@@ -264,13 +269,15 @@ class SharedFilesystemStore(ProcessBound):
         # exists to bound: accepted for straw-queue callers, reported by ``metrics``.
         self.max_buffer_bytes = max_buffer_bytes
         # Retention and collection always work (owners are durable in the catalog);
-        # online_gc is accepted for straw-queue callers and changes nothing.
+        # online_gc only marks the pool as managed by online GC (ONLINE_GC, below)
         self.online_gc = online_gc
         self.reserve_bytes = reserve_bytes
         self._visibility = (visibility_retries, visibility_backoff)
         self.backend = self._check_backend(backend)
         self.fs = self.backend.filesystem(self.fs)  # its sync hook and count (fault, metrics)
         self._init_pool()
+        if online_gc:
+            self._mark_online_gc()
         self._session = ReadSession(self.fs, self.root, self.run_id, self.clock,
                                     visibility_retries=visibility_retries,
                                     visibility_backoff=visibility_backoff,
@@ -306,6 +313,20 @@ class SharedFilesystemStore(ProcessBound):
         return m
 
     # --- pool ---------------------------------------------------------------------------
+    def _mark_online_gc(self) -> None:
+        """A pool a store opened with ``online_gc=True`` is managed by online GC, as
+        straw-queue's is once its shared catalog exists: the offline tools of
+        ``straw.inspect`` refuse it from then on (its stores collect their garbage
+        themselves).  The marker is written once, durably, and never removed."""
+        path = os.path.join(self.root, ONLINE_GC_MARKER)
+        try:
+            if not self.fs.probe(path):
+                self.fs.write_file_durable(path, b"opened with online_gc=True: straw.inspect's "
+                                           b"offline inspection and cleanup refuse this pool\n")
+        except OSError as e:
+            raise storage_error(e, f"cannot mark pool {self.root} as managed by online GC "
+                                f"({path})") from e
+
     def _check_backend(self, backend: object) -> FilesystemBackend:
         """The declared deployment, checked against the live mount before the pool is
         touched (``DeploymentMismatch``: nothing written)."""

@@ -317,6 +317,47 @@ def test_cleanup_orphans_only_when_stopped_and_unchanged(tmp_path):
     assert inspect_run(root)["unaccepted_sealed"] == []
 
 
+def test_offline_tools_refuse_a_pool_managed_by_online_gc(tmp_path):
+    """straw-queue's offline inspector refuses a pool with a shared catalog; ours refuses
+    one a store opened with online_gc=True, even given a report made before, and its
+    retained data stays readable and collected by the stores."""
+    from straw.inspect import cleanup_orphans, inspect_run
+    root = tmp_path / "pool"
+    kept, orphan = _pool_with_an_orphan(root)
+    report = inspect_run(root)  # not managed yet
+    with SharedFilesystemStore(root, "run", writer_id="gc", online_gc=True) as managed:
+        with pytest.raises(UnsafeRecovery, match="managed by online GC through its shared "
+                                                 "catalog"):
+            inspect_run(root)  # while its store is live...
+    for call in (lambda: inspect_run(root),  # ...and once it stopped
+                 lambda: cleanup_orphans(root, report, all_participants_stopped=True)):
+        with pytest.raises(UnsafeRecovery, match="catalog"):
+            call()
+    assert (root / _path(orphan)).exists()  # nothing deleted
+    with SharedFilesystemStore(root, "run", writer_id="gc", online_gc=True) as managed:
+        assert _payload(managed, kept) == b"accepted"
+        assert managed.collect_garbage()["reclaimed_files"] == 1  # the orphan, online
+    assert not (root / _path(orphan)).exists()
+
+
+def test_offline_tools_refuse_when_the_layout_cannot_be_established(tmp_path, monkeypatch):
+    from straw.fs import PosixFS
+    from straw.inspect import inspect_run
+    root = tmp_path / "pool"
+    _pool_with_an_orphan(root)
+    probe = PosixFS.probe
+
+    def unreadable(self, path):
+        if path.endswith("ONLINE_GC"):
+            raise PermissionError(13, "Permission denied", path)
+        return probe(self, path)
+
+    monkeypatch.setattr(PosixFS, "probe", unreadable)
+    with pytest.raises(UnsafeRecovery, match="Cannot establish standalone") as caught:
+        inspect_run(root)
+    assert isinstance(caught.value.__cause__, PermissionError)
+
+
 def test_inspect_main_prints_the_report(tmp_path, capsys):
     from straw.inspect import main
     _pool_with_an_orphan(tmp_path / "pool")
