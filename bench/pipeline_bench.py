@@ -275,9 +275,8 @@ def straw_run(root: str, run: str, nodes: list[str], args: argparse.Namespace, b
                     lost = len(before - set(after))
                     if sum(job.backlog().values()) < waiting:
                         lost += waiting - sum(job.backlog().values())
-            refs = job.next_batch(trained)
+            refs = job.next_batch(trained, timeout=1.0)  # waits in the controller
             if refs is None:
-                time.sleep(0.01)
                 continue
             shard = refs[0].load(store, rank=0)
             train([s["tokens"] for s in shard.samples])

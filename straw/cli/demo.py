@@ -317,9 +317,8 @@ def _drive(root: str, logdir: str, phase: int, s: Settings, log: AckLog,
                             [job.where(w.worker_id)["pid"] for w in job.workers]})
         step = started["next_rollout_id"]
         while step < s.steps:
-            refs = job.next_batch(step)
+            refs = job.next_batch(step, timeout=1.0)  # waits while the actors fill it
             if refs is None:
-                time.sleep(0.02)  # the actors are still filling the batch
                 continue
             train_step(store, job, policy, refs, step, phase, log)
             if (step + 1) % s.checkpoint_every == 0:

@@ -5,7 +5,7 @@ driver (issue 17, items 1-3).
 
     job = RayRollout(root, "job", prompts, generate, concurrency=16,
                      config=RolloutConfig(n_samples_per_prompt=2), batch_groups=64)
-    refs = job.next_batch(0)          # RankBatchRef per rank (None until the batch is full)
+    refs = job.next_batch(0, timeout=60)  # RankBatchRef per rank (None: not full in time)
     job.pause()                       # before the weight update: in-flight work durable
     ...update weights...
     job.resume(1)                     # generation goes on under version 1
@@ -188,10 +188,13 @@ class RayRollout:
         except ray.exceptions.RayActorError as e:
             raise controller_lost(self.name, e) from e
 
-    def next_batch(self, rollout_id: int | str) -> list[RankBatchRef] | None:
+    def next_batch(self, rollout_id: int | str, *, timeout: float = 0.0
+                   ) -> list[RankBatchRef] | None:
         """The builder's next batch (``BatchBuilder.next_batch``): a ``RankBatchRef`` per
-        rank, or None while too few groups are accepted."""
-        return self._call("next_batch", rollout_id)  # type: ignore[no-any-return]
+        rank, or None while too few groups are accepted.  ``timeout``: wait up to that
+        many seconds for the batch to fill, in the controller (one call, woken as
+        groups are accepted: no polling loop of calls)."""
+        return self._call("next_batch", rollout_id, timeout)  # type: ignore[no-any-return]
 
     def finish_batch(self, batch_id: str) -> None:
         """After training on the batch: acknowledges its inputs (RL4)."""

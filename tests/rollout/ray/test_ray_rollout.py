@@ -123,9 +123,8 @@ def batches(job: RayRollout, store: SharedFilesystemStore, count: int, start: in
     rid = start
     while len(out) < count:
         assert time.monotonic() < deadline, f"only {len(out)} of {count} batches built"
-        refs = job.next_batch(rid)
+        refs = job.next_batch(rid, timeout=1.0)
         if refs is None:
-            time.sleep(0.1)
             continue
         for r in refs:
             assert len(pickle.dumps(r)) < 1024  # only a reference crosses Ray
