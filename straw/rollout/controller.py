@@ -30,7 +30,8 @@ this.
 The controller also tracks the weight version now served (``serving_version``, set by the
 trainer's weight update with ``set_serving_version``) and the staleness of what it accepts
 (``staleness_metrics``: the clients send each accepted sample's staleness against the
-serving version they applied).
+serving version their staleness bound applied or, without a bound, the versions its
+tokens were generated under, measured here against the version served at acceptance).
 
 Example (in one process; ``generation.GenerationClient`` is the worker side)::
 
@@ -80,7 +81,20 @@ from straw.refs import Record, RecordSetRef
 from .codec import group_records
 from .config import RolloutConfig
 from .data_source import PRODUCER_ID, PROMPT_PREFIX, DataSource, Refill, cursor_from_producer_state
-from .scheduling import SUBMITTED_PROMPT_KEY, StalenessTally
+from .scheduling import SUBMITTED_PROMPT_KEY, StalenessTally, staleness_of_span
+
+
+def _checked_span(span: Any, where: str) -> list[int] | None:
+    """A ``scheduling.version_span`` as a client sent it: None, ``[]`` or ``[oldest,
+    newest]`` (ints, oldest <= newest)."""
+    if span is None:
+        return None
+    if isinstance(span, (str, bytes)) or not isinstance(span, Sequence) \
+            or len(span) not in (0, 2) or any(type(v) is not int for v in span) \
+            or (span and span[0] > span[1]):
+        raise TypeError(f"{where} must be None, [] or [oldest, newest] (ints), got {span!r}")
+    return list(span)
+
 
 # a lost reply of the refill transaction (IndeterminateCommit, or ConnectionError when a
 # remote coordinator stands in) is retried with the same request id this many times
@@ -310,7 +324,9 @@ class RolloutController:
     def complete_many(self, items: Sequence[Mapping[str, Any]]
                       ) -> list[CommitReceipt | StrawError]:
         """Accept ready groups: each item ``{"lease", "result_ref", "staleness"}`` (the
-        group's per-sample staleness, None for unknown) is completed with submission id
+        group's per-sample staleness, None for unknown) or ``{"lease", "result_ref",
+        "versions"}`` (per sample, its ``scheduling.version_span``: staleness is measured
+        against the serving version now) is completed with submission id
         ``result:<attempt_id>`` (a retry returns the same receipt; other content under
         the attempt is ``IdempotencyConflict``).  All of them are one journal frame
         (``Coordinator.complete_tasks``); one outcome per item: its receipt, or the straw
@@ -321,12 +337,18 @@ class RolloutController:
         for i, item in enumerate(items):
             if not isinstance(item, Mapping) or not {"lease", "result_ref"} <= set(item):
                 raise TypeError(f"items[{i}] must be a dict with 'lease' and 'result_ref'")
-            values = item.get("staleness") or ()
+            if "staleness" in item and "versions" in item:
+                raise TypeError(f"items[{i}] gives 'staleness' and 'versions': give one")
+            key = "versions" if "versions" in item else "staleness"
+            values = item.get(key) or ()
             if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
-                raise TypeError(f"items[{i}]['staleness'] must be a list of int or None")
+                raise TypeError(f"items[{i}][{key!r}] must be a list (one entry a sample)")
+            if key == "versions":
+                values = [_checked_span(span, f"items[{i}]['versions'][{j}]")
+                          for j, span in enumerate(values)]
             if not isinstance(item["lease"], Lease):
                 raise TypeError(f"lease must be a Lease, got {type(item['lease']).__name__}")
-            checked.append((item["lease"], item["result_ref"], list(values)))
+            checked.append((item["lease"], item["result_ref"], key, list(values)))
         if not checked:
             return []
         # one journal frame and one catalog adoption for the whole call (the core's batch
@@ -334,11 +356,13 @@ class RolloutController:
         # CPU per group, most of it per-call overhead
         outcomes = self.coordinator.complete_tasks([
             {"lease": lease, "submission_id": "result:" + lease.attempt_id,
-             "result_ref": ref, "result_digest": ref.digest} for lease, ref, _ in checked])
-        accepted = [values for (_, _, values), o in zip(checked, outcomes, strict=True)
-                    if isinstance(o, CommitReceipt)]
+             "result_ref": ref, "result_digest": ref.digest} for lease, ref, _, _ in checked])
+        accepted = [(key, values) for (_, _, key, values), o
+                    in zip(checked, outcomes, strict=True) if isinstance(o, CommitReceipt)]
         with self._state:
-            for values in accepted:
+            for key, values in accepted:
+                if key == "versions":  # measured against the version served now
+                    values = [staleness_of_span(span, self._serving) for span in values]
                 self._staleness.add(values)
         return outcomes
 

@@ -87,6 +87,7 @@ from .scheduling import (
     restart_from_prompt,
     scheduling_key,
     staleness,
+    version_span,
 )
 
 HEARTBEAT_BATCH = 128
@@ -122,7 +123,12 @@ class _Plan:
     action: str
     reason: str = ""
     ref: RecordSetRef | None = None
+    # what complete_many measures the group's staleness from: with a bound, the per-sample
+    # staleness against the version the bound was applied with; without one, each
+    # sample's version_span, measured by the controller against the version it serves
+    # when it accepts the group (no round trip here to learn it)
     staleness: list[int | None] = dataclasses.field(default_factory=list)
+    versions: list[list[int] | None] | None = None
 
 
 class GenerationClient:
@@ -292,6 +298,13 @@ class GenerationClient:
                              "took, with their indices")
         return tid, lease, spec
 
+    def _serving(self) -> object:
+        """The serving version a staleness bound is applied with (a call to the
+        controller); None without a bound: nothing here needs it then (``_Plan``)."""
+        if self.config.staleness_bound is None:
+            return None
+        return self.controller.serving_version
+
     def _plans(self, groups: Sequence[SampleGroup], current: object) -> list[_Plan]:
         """Decide what becomes of each group; raises on bad input, before any change."""
         plans: list[_Plan] = []
@@ -313,6 +326,9 @@ class GenerationClient:
             elif verdict.decision is Decision.REQUEUE:
                 plans.append(_Plan(tid, lease, restart_from_prompt(g), REQUEUED,
                                    verdict.reason))
+            elif classify(g) is Stage.READY and bound is None:
+                plans.append(_Plan(tid, lease, g, COMPLETED,
+                                   versions=[version_span(s) for s in g]))
             elif classify(g) is Stage.READY:
                 plans.append(_Plan(tid, lease, g, COMPLETED, staleness=[
                     staleness(s, current) for s in g]))
@@ -360,8 +376,7 @@ class GenerationClient:
         groups = list(groups)
         if not groups:
             return []
-        current = self.controller.serving_version
-        plans = self._plans(groups, current)
+        plans = self._plans(groups, self._serving())
         self._publish([p for p in plans if p.action in (COMPLETED, RETURNED, REQUEUED)])
         out: dict[str, Returned] = {}
         errors: list[BaseException] = []
@@ -415,7 +430,10 @@ class GenerationClient:
         if not plans:
             return
         outcomes = self.controller.complete_many([
-            {"lease": p.lease, "result_ref": p.ref, "staleness": p.staleness} for p in plans])
+            {"lease": p.lease, "result_ref": p.ref, "staleness": p.staleness}
+            if p.versions is None else
+            {"lease": p.lease, "result_ref": p.ref, "versions": p.versions}
+            for p in plans])
         for p, o in zip(plans, outcomes, strict=True):
             if isinstance(o, BaseException):
                 self._failed(p, o, errors)
@@ -459,8 +477,7 @@ class GenerationClient:
         is returned."""
         self._check_usable()
         groups = list(groups)
-        current = self.controller.serving_version
-        for i, p in enumerate(self._plans(groups, current)):
+        for i, p in enumerate(self._plans(groups, self._serving())):
             if p.action != COMPLETED:
                 why = p.reason or ("it is not ready (every sample completed or truncated, "
                                    "with a reward)")

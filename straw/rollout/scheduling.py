@@ -97,16 +97,39 @@ def acquisition_order(entries: Sequence[tuple[int, int]]) -> list[int]:
 # --- staleness --------------------------------------------------------------------------
 
 
+def version_span(sample: Sample) -> list[int] | None:
+    """What a sample's staleness is measured from: ``[]`` without response tokens (its
+    staleness is 0), ``[oldest, newest]`` of its generated tokens' numeric versions, or
+    None when a version is missing or not numeric (unknown).  A generation client sends
+    this when no staleness bound is set, and the controller measures it against the
+    version it serves when it accepts the group (``staleness_of_span``): the client
+    needs no round trip to learn the serving version."""
+    if sample.response_length == 0:
+        return []
+    versions = [numeric_version(v) for v in sample.weight_versions]
+    if not versions or any(v is None for v in versions):
+        return None
+    known = [v for v in versions if v is not None]
+    return [min(known), max(known)]
+
+
+def staleness_of_span(span: Sequence[int] | None, current: object) -> int | None:
+    """Staleness of a ``version_span`` against serving version ``current``: 0 for ``[]``;
+    None when unknown (no span, a non-numeric ``current``, or a token newer than it)."""
+    if span is None:
+        return None
+    if not span:
+        return 0
+    now = numeric_version(current)
+    if now is None or span[1] > now:
+        return None
+    return now - span[0]
+
+
 def staleness(sample: Sample, current: object) -> int | None:
     """Current serving version - the oldest version of the sample's generated tokens; 0
     without response tokens; None when unknown (see the module docstring)."""
-    if sample.response_length == 0:
-        return 0
-    now = numeric_version(current)
-    versions = [numeric_version(v) for v in sample.weight_versions]
-    if now is None or not versions or any(v is None or v > now for v in versions):
-        return None
-    return now - min(v for v in versions if v is not None)
+    return staleness_of_span(version_span(sample), current)
 
 
 class StalenessTally:

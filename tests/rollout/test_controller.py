@@ -392,3 +392,33 @@ def test_the_module_example_runs(tmp_path, monkeypatch):
     namespace: dict = {}
     exec(compile(textwrap.dedent(example.strip("\n")), "example", "exec"), namespace)
     assert [r.action for r in namespace["returned"]] == ["completed", "completed"]
+
+
+def test_complete_many_measures_version_spans_against_the_serving_version(tmp_path):
+    # an item may carry each sample's version span instead of its staleness: [] (no
+    # response tokens: 0), [oldest, newest] (serving - oldest; unknown if newest is
+    # ahead of the serving version) or None (unknown); malformed spans are refused
+    store, c = open_controller(tmp_path, n=2, prompts=[(i,) for i in range(8)])
+    try:
+        c.set_serving_version(5)
+        items = completed_items(store, c.take("w", 4).assignments, "v")
+        assert len(items) == 4
+        for span in ([1, "2"], [3, 2], [1, 2, 3], "ab"):
+            bad = {**items[0], "versions": [span, []]}
+            bad.pop("staleness")
+            with pytest.raises(TypeError, match=r"items\[0\]\['versions'\]"):
+                c.complete_many([bad])
+        with pytest.raises(TypeError, match="give one"):
+            c.complete_many([{**items[0], "versions": [[], []]}])
+        spans = [[[], [2, 4]], [None, [5, 5]], [[1, 6], [0, 5]], [[3, 3], [4, 5]]]
+        for item, s in zip(items, spans, strict=True):
+            item.pop("staleness")
+            item["versions"] = s
+        outcomes = c.complete_many(items)
+        assert all(not isinstance(o, BaseException) for o in outcomes)
+        # staleness: 0, 3 | unknown, 0 | unknown (6 > 5), 5 | 2, 1
+        assert c.staleness_metrics() == {"staleness/mean": 11 / 6, "staleness/max": 5.0,
+                                         "staleness/unknown_count": 2.0}
+    finally:
+        c.close()
+        store.close()

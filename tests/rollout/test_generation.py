@@ -488,3 +488,23 @@ def test_a_remote_controller_carries_leases_receipts_and_errors(tmp_path):
         controller.close()
         for s in (store, *stores):
             s.close()
+
+
+def test_without_a_bound_the_controller_measures_staleness_at_acceptance(job, monkeypatch):
+    # no bound: the client sends each sample's version span and does not ask the serving
+    # version (a round trip per return on Ray); the controller measures the span against
+    # the version it serves when it accepts the group
+    from straw.rollout.controller import RolloutController
+
+    start, make, _ = job
+    controller = start()
+    controller.set_serving_version(6)
+    client = make("g0")
+    (g,) = client.take(1)
+    asked = []
+    monkeypatch.setattr(RolloutController, "serving_version",
+                        property(lambda self: asked.append(1) or self._serving))
+    out = client.return_groups([generated(g, 2, 4)])
+    assert [r.action for r in out] == ["completed"] and asked == []
+    assert controller.staleness_metrics() == {"staleness/mean": 2.0, "staleness/max": 2.0,
+                                              "staleness/unknown_count": 0.0}

@@ -26,6 +26,8 @@ from straw.rollout.scheduling import (
     scheduling_key,
     staleness,
     staleness_metrics,
+    staleness_of_span,
+    version_span,
 )
 
 
@@ -113,6 +115,18 @@ def test_staleness_of_samples():
     assert staleness(gen([3, 8]), 7) is None  # a version newer than the serving one
     assert staleness(gen([3]), "latest") is None  # serving version not numeric
     assert staleness(fresh(), None) == 0
+
+
+def test_version_span_is_what_staleness_is_measured_from():
+    # a client without a bound sends the span; the controller measures it later against
+    # the version it serves then: the same answer as staleness() at that version
+    assert version_span(gen([3, 5])) == [3, 5]
+    assert version_span(gen(["3", 4])) == [3, 4]
+    assert version_span(fresh()) == []
+    assert version_span(gen(None)) is None and version_span(gen([3, "x"])) is None
+    assert staleness_of_span([3, 5], 7) == 4 and staleness_of_span([3, 8], 7) is None
+    assert staleness_of_span([], "latest") == 0 and staleness_of_span(None, 7) is None
+    assert staleness_of_span([3, 3], "latest") is None
 
 
 def test_staleness_metrics():
