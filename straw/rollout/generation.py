@@ -326,14 +326,14 @@ class GenerationClient:
             elif verdict.decision is Decision.REQUEUE:
                 plans.append(_Plan(tid, lease, restart_from_prompt(g), REQUEUED,
                                    verdict.reason))
-            elif classify(g) is Stage.READY and bound is None:
+            elif classify(g) is not Stage.READY:
+                plans.append(_Plan(tid, lease, g, RETURNED))
+            elif bound is None:
                 plans.append(_Plan(tid, lease, g, COMPLETED,
                                    versions=[version_span(s) for s in g]))
-            elif classify(g) is Stage.READY:
+            else:
                 plans.append(_Plan(tid, lease, g, COMPLETED, staleness=[
                     staleness(s, current) for s in g]))
-            else:
-                plans.append(_Plan(tid, lease, g, RETURNED))
         return plans
 
     def _publish(self, plans: Sequence[_Plan]) -> None:
