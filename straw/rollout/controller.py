@@ -61,8 +61,10 @@ Example (in one process; ``generation.GenerationClient`` is the worker side)::
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -99,6 +101,9 @@ def _checked_span(span: Any, where: str) -> list[int] | None:
 # a lost reply of the refill transaction (IndeterminateCommit, or ConnectionError when a
 # remote coordinator stands in) is retried with the same request id this many times
 SUBMIT_ATTEMPTS = 3
+# takes remembered per worker for retries under their request id (a generation client has
+# at most two in flight: its own take and one folded into a return)
+TAKES_KEPT = 4
 
 
 def named_records(records: Sequence[Record], **names: str) -> list[Record]:
@@ -112,6 +117,18 @@ def check_worker_id(worker_id: object) -> str:
     if not isinstance(worker_id, str) or not worker_id:
         raise ValueError(f"worker_id must be a non-empty str, got {worker_id!r}")
     return worker_id
+
+
+def check_take(worker_id: object, count: object, request_id: object, *,
+               required: bool = False) -> None:
+    """The arguments of a take checked (``required``: a request id must be given)."""
+    check_worker_id(worker_id)
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ValueError(f"count must be an int >= 1 (prompt groups), got {count!r}")
+    if (required or request_id is not None) and \
+            (not isinstance(request_id, str) or not request_id):
+        raise ValueError(f"request_id must be a non-empty str (a retry after a lost reply "
+                         f"gives the same one), got {request_id!r}")
 
 
 def _check_handed_over(coord: Any, store: Any, queue_id: str, namespace: bool | str,
@@ -192,7 +209,10 @@ class RolloutController:
         self._state = threading.Lock()  # serving version and staleness tally
         self._serving: int | str = serving
         self._staleness = StalenessTally()
-        self._takes: dict[str, tuple[str, AcquireResult]] = {}  # worker -> its last take
+        # worker -> its last TAKES_KEPT takes by request id: a client may have two in
+        # flight (its own take and one folded into a return, complete_and_take)
+        self._takes: dict[str, OrderedDict[str, AcquireResult]] = {}
+        self._taker: concurrent.futures.ThreadPoolExecutor | None = None  # complete_and_take
         self.refills = 0
         try:  # resume the cursor the queue holds (None: a new queue starts at the start)
             self.source.reset(cursor_from_producer_state(
@@ -209,24 +229,24 @@ class RolloutController:
         the leases and the input references; the status is the queue's (``acquired``,
         ``empty`` when a refill could not be leased right away, ``backpressured``, ...).
 
-        ``request_id`` makes a retry after a lost reply safe: the worker's last take with
-        the same id returns the same result (leasing nothing more), for as long as this
-        controller lives (a new one revokes every lease anyway)."""
-        check_worker_id(worker_id)
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise ValueError(f"count must be an int >= 1 (prompt groups), got {count!r}")
+        ``request_id`` makes a retry after a lost reply safe: one of the worker's last
+        ``TAKES_KEPT`` takes with the same id returns the same result (leasing nothing
+        more), for as long as this controller lives (a new one revokes every lease
+        anyway)."""
+        check_take(worker_id, count, request_id)
         if request_id is not None:
-            if not isinstance(request_id, str) or not request_id:
-                raise ValueError(f"request_id must be None or a non-empty str, got "
-                                 f"{request_id!r}")
             with self._state:
-                last = self._takes.get(worker_id)
-            if last is not None and last[0] == request_id:
-                return last[1]  # the reply of this request was lost: the same leases
+                kept = self._takes.get(worker_id)
+                last = None if kept is None else kept.get(request_id)
+            if last is not None:
+                return last  # the reply of this request was lost: the same leases
         got = self._take(worker_id, count)
         if request_id is not None:
             with self._state:
-                self._takes[worker_id] = (request_id, got)
+                kept = self._takes.setdefault(worker_id, OrderedDict())
+                kept[request_id] = got
+                while len(kept) > TAKES_KEPT:
+                    kept.popitem(last=False)
         return got
 
     def _take(self, worker_id: str, count: int) -> AcquireResult:
@@ -375,6 +395,31 @@ class RolloutController:
             raise out
         return out
 
+    def complete_and_take(self, items: Sequence[Mapping[str, Any]], worker_id: str,
+                          count: int, *, request_id: str
+                          ) -> tuple[list[CommitReceipt | StrawError], AcquireResult]:
+        """``complete_many(items)`` and ``take(worker_id, count, request_id=...)`` in one
+        call: a generation client returning finished groups leases the next ones in the
+        same round trip.  The two run at once (the take on the controller's own thread),
+        so their journal entries share a group commit: the call waits for about one
+        durable write, not two in a row.  Each half keeps its retry rule: a retry answers
+        the same receipts and, under the same request id, the same leases; so when one
+        half raises, the other's result stands (the leases of a take whose completions
+        failed are answered again to the retry that follows, or expire)."""
+        check_take(worker_id, count, request_id, required=True)
+        with self._state:
+            if self._taker is None:
+                self._taker = concurrent.futures.ThreadPoolExecutor(
+                    1, thread_name_prefix="straw.rollout take")
+            taker = self._taker
+        took = taker.submit(self.take, worker_id, count, request_id=request_id)
+        try:
+            outcomes = self.complete_many(items)
+        except BaseException:
+            concurrent.futures.wait([took])  # its leases stay recorded for the retry
+            raise
+        return outcomes, took.result()
+
     def yield_groups(self, updates: Sequence[Mapping[str, Any]], *, request_id: str) -> str:
         """Return partial and fresh groups to pending with their new inputs, priority and
         scheduling key (``Coordinator.yield_tasks``: one transaction, no retry spent)."""
@@ -405,6 +450,10 @@ class RolloutController:
     # --- lifecycle ----------------------------------------------------------------------
     def close(self) -> None:
         """Close the coordinator (the store is the caller's)."""
+        with self._state:
+            taker, self._taker = self._taker, None
+        if taker is not None:
+            taker.shutdown(wait=True)
         self.coordinator.close()
 
     def __enter__(self) -> RolloutController:

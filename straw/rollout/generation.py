@@ -71,7 +71,7 @@ from straw import (
     StaleAttempt,
     StrawError,
 )
-from straw.protocol import CommitReceipt, Lease, TaskSpec, digest, encode
+from straw.protocol import AcquireResult, Assignment, CommitReceipt, Lease, TaskSpec, digest, encode
 from straw.refs import Record, RecordSetRef, payload_view
 
 from .codec import group_from_records, group_records
@@ -160,7 +160,7 @@ class GenerationClient:
         self.renewals = 0
         self._incarnation = uuid.uuid4().hex[:12]  # take request ids: this client's own
         self._takes = 0
-        self._take_request: str | None = None
+        self._take_requests: dict[str, str] = {}  # channel -> its pending take's request id
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         if heartbeat:
@@ -227,20 +227,34 @@ class GenerationClient:
             due = self.clock.now() + interval
 
     # --- taking -------------------------------------------------------------------------
+    def _take_id(self, channel: str) -> str:
+        """The request id of ``channel``'s take (``take`` or ``return``): kept until its
+        reply arrives, so a take whose reply was lost is retried under the same id."""
+        with self._lock:
+            rid = self._take_requests.get(channel)
+            if rid is None:
+                self._takes += 1
+                rid = self._take_requests[channel] = \
+                    f"take:{self._incarnation}:{self._takes}"
+            return rid
+
+    def _answered(self, channel: str) -> None:
+        with self._lock:
+            self._take_requests.pop(channel, None)
+
     def take(self, count: int) -> list[SampleGroup]:
         """Lease up to ``count`` prompt groups and read their inputs (module docstring).
         Fewer (or none: ``last_status`` says why) when the queue has no more now."""
         self._check_usable()
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise ValueError(f"count must be an int >= 1 (prompt groups), got {count!r}")
-        with self._lock:  # a take whose reply was lost is retried under the same id
-            if self._take_request is None:
-                self._takes += 1
-                self._take_request = f"take:{self._incarnation}:{self._takes}"
-            request_id = self._take_request
-        got = self.controller.take(self.worker_id, count, request_id=request_id)
-        with self._lock:
-            self._take_request = None
+        _check_count(count)
+        got = self.controller.take(self.worker_id, count, request_id=self._take_id("take"))
+        self._answered("take")
+        return self._inputs(got)
+
+    def _inputs(self, got: AcquireResult) -> list[SampleGroup]:
+        """Hold the leases of ``got`` and read their inputs (one read session); if that
+        fails, the leases are given back unspent (the tasks stay pending) and the error
+        raised."""
         self.last_status = got.status
         assignments = list(got.assignments)
         with self._lock:
@@ -260,18 +274,21 @@ class GenerationClient:
                                           f"{group.group_index}: not this task's group")
                     groups.append(group)
         except BaseException:
-            # nothing is lost: give the leases back unspent, the tasks stay pending
-            with self._lock:
-                for a in assignments:
-                    self._leases.pop(a.lease.task_id, None)
-            if assignments:
-                self.controller.release([a.lease for a in assignments], request_id=(
-                    "release:" + digest(sorted(a.lease.attempt_id for a in assignments))))
+            self._give_back(assignments)
             raise
         with self._lock:
             for a, g in zip(assignments, groups, strict=True):
                 self._taken[a.task.task_id] = (a.task, g)
         return groups
+
+    def _give_back(self, assignments: Sequence[Assignment]) -> None:
+        """Release leases just taken, unspent (nothing was done under them)."""
+        with self._lock:
+            for a in assignments:
+                self._leases.pop(a.lease.task_id, None)
+        if assignments:
+            self.controller.release([a.lease for a in assignments], request_id=(
+                "release:" + digest(sorted(a.lease.attempt_id for a in assignments))))
 
     # --- returning ----------------------------------------------------------------------
     def _lease_for(self, group: object, where: str) -> tuple[str, Lease, TaskSpec]:
@@ -372,11 +389,23 @@ class GenerationClient:
         per group, in order.  A group the queue refuses (``StaleAttempt``: its lease is
         gone) raises that error once the others are returned; retrying the same call
         returns the same outcomes (a completed group's receipt again)."""
+        returned, _ = self.return_and_take(groups, 0)
+        return returned
+
+    def return_and_take(self, groups: Iterable[SampleGroup], count: int
+                        ) -> tuple[list[Returned], list[SampleGroup]]:
+        """``return_groups(groups)``, then ``take(count)`` (``count`` 0: no take): with
+        ready groups among them, the take rides the call that completes them
+        (``complete_and_take``: one controller round trip instead of two).  The returns
+        keep their rules and retries; the take keeps its request id until answered.  If
+        the returns raise (a stale lease) or the inputs cannot be read, the groups just
+        leased are given back unspent before the error is raised: a retry returns the
+        same outcomes and takes again."""
         self._check_usable()
+        if count != 0:
+            _check_count(count)
         groups = list(groups)
-        if not groups:
-            return []
-        plans = self._plans(groups, self._serving())
+        plans = self._plans(groups, self._serving()) if groups else []
         self._publish([p for p in plans if p.action in (COMPLETED, RETURNED, REQUEUED)])
         out: dict[str, Returned] = {}
         errors: list[BaseException] = []
@@ -384,11 +413,22 @@ class GenerationClient:
         for p in plans:
             if p.action == REJECTED:
                 self._reject(p, "Stale", out, errors)
-        self._complete([p for p in plans if p.action == COMPLETED], out, errors)
-        self._yield([p for p in plans if p.action in (RETURNED, REQUEUED)], out, errors)
-        if errors:
-            raise errors[0]
-        return [out[p.task_id] for p in plans]
+        got = self._complete([p for p in plans if p.action == COMPLETED], out, errors,
+                             take=count)
+        try:
+            self._yield([p for p in plans if p.action in (RETURNED, REQUEUED)], out, errors)
+            if errors:
+                raise errors[0]
+        except BaseException:
+            if got is not None:  # not handed to the caller: unspent back to the queue
+                self._give_back(got.assignments)
+            raise
+        returned = [out[p.task_id] for p in plans]
+        if not count:
+            return returned, []
+        if got is None:  # nothing completed to ride on: a take of its own
+            return returned, self.take(count)
+        return returned, self._inputs(got)
 
     def _failed(self, p: _Plan, e: BaseException, errors: list[BaseException]) -> None:
         if isinstance(e, (StaleAttempt, LeaseExpired)):
@@ -426,20 +466,29 @@ class GenerationClient:
         out[p.task_id] = Returned(p.task_id, REJECTED, classify(p.group), reason=p.reason)
 
     def _complete(self, plans: list[_Plan], out: dict[str, Returned],
-                  errors: list[BaseException]) -> None:
+                  errors: list[BaseException], *, take: int = 0) -> AcquireResult | None:
+        """Complete ``plans``; with ``take``, lease that many groups in the same call
+        (its result; None when nothing was completed, so nothing taken)."""
         if not plans:
-            return
-        outcomes = self.controller.complete_many([
-            {"lease": p.lease, "result_ref": p.ref, "staleness": p.staleness}
-            if p.versions is None else
-            {"lease": p.lease, "result_ref": p.ref, "versions": p.versions}
-            for p in plans])
+            return None
+        items = [{"lease": p.lease, "result_ref": p.ref, "staleness": p.staleness}
+                 if p.versions is None else
+                 {"lease": p.lease, "result_ref": p.ref, "versions": p.versions}
+                 for p in plans]
+        got = None
+        if take:
+            outcomes, got = self.controller.complete_and_take(
+                items, self.worker_id, take, request_id=self._take_id("return"))
+            self._answered("return")
+        else:
+            outcomes = self.controller.complete_many(items)
         for p, o in zip(plans, outcomes, strict=True):
             if isinstance(o, BaseException):
                 self._failed(p, o, errors)
             else:
                 self._end(p.task_id)
                 out[p.task_id] = Returned(p.task_id, COMPLETED, Stage.READY, receipt=o)
+        return got
 
     def _update(self, p: _Plan) -> dict[str, Any]:
         with self._lock:
@@ -551,6 +600,11 @@ class GenerationClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _check_count(count: object) -> None:
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ValueError(f"count must be an int >= 1 (prompt groups), got {count!r}")
 
 
 def _content_digest(records: Sequence[Record], deps: Sequence[RecordSetRef]) -> str:

@@ -10,9 +10,13 @@ the Ray generation actor (``straw.rollout.ray``) runs one, and so can any proces
 2. generate on it (``generate(group, weight_version=v, abort=event)``, the protocol of
    ``straw.rollout.generate``), the result checked by ``check_generated``; a group that is
    already ready (a continuation whose samples are all finished) is not generated again;
-3. return it (``client.return_groups``): ready groups are completed (a receipt), partial
-   ones yielded as the task's durable continuation; the groups finished meanwhile go back
-   in one call (one publication, one group commit of their completions).
+3. return it (``client.return_and_take``): ready groups are completed (a receipt),
+   partial ones yielded as the task's durable continuation; the groups finished meanwhile
+   go back in one call (one publication, one group commit of their completions), which
+   also leases the groups for the slots waiting then (the slots that finished them): a
+   take riding the completion's round trip (``complete_and_take``), so a steady producer
+   makes one controller call per batch of groups, not two.  The taker (step 1) leaves the
+   slots a return is about to serve to it, and takes for whoever still waits after.
 
 ``pause()`` closes admission (no slot takes again), sets the abort event of the generation
 under way, and returns once every slot is idle: each aborted group returned as a partial
@@ -43,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -68,7 +73,8 @@ class Producer:
 
     def __init__(self, client: GenerationClient, generate: GenerateFn, *, slots: int,
                  weight_version: int = 0, idle_seconds: float = IDLE_SECONDS,
-                 storage_retry_seconds: float = STORAGE_RETRY_SECONDS) -> None:
+                 storage_retry_seconds: float = STORAGE_RETRY_SECONDS,
+                 prefetch: int | None = None) -> None:
         if not isinstance(client, GenerationClient):
             raise TypeError(f"client must be a GenerationClient, got {type(client).__name__}")
         if not callable(generate):
@@ -83,9 +89,15 @@ class Producer:
             raise ValueError(f"storage_retry_seconds must be a number >= 0 (how long a take "
                              f"or a return that meets StorageUnavailable is retried), got "
                              f"{storage_retry_seconds!r}")
+        if prefetch is None:
+            prefetch = slots
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+            raise ValueError(f"prefetch must be None or an int >= 0 (groups leased ahead of "
+                             f"the slots), got {prefetch!r}")
         self.client = client
         self.generate = generate
         self.slots = slots
+        self.prefetch = prefetch
         self.weight_version = weight_version
         self.idle_seconds = idle_seconds
         self.storage_retry_seconds = storage_retry_seconds
@@ -102,6 +114,8 @@ class Producer:
         self._inbox: asyncio.Queue[SampleGroup] = asyncio.Queue()  # taken, not started
         self._outbox: list[SampleGroup] = []  # generated, not returned yet
         self._hunger = asyncio.Event()  # set: a slot waits for a group
+        self._taking = 0  # groups asked for by the takes under way
+        self._returning = False  # a return under way (it takes for the slots waiting)
         self._returns = asyncio.Event()  # set: the outbox has groups
         self._stopping = False
 
@@ -223,21 +237,32 @@ class Producer:
         assert admission is not None
         while not self._stopping:
             await admission.wait()
-            want = min(MAX_TAKE, self._hungry - self._inbox.qsize())
+            # a return under way (or about to start) takes for the slots waiting now
+            want = 0 if self._returning or self._outbox else self._want()
             if want <= 0:
                 self._hunger.clear()
                 await self._hunger.wait()
                 continue
             self._busy += 1  # a take in flight: a pause waits for its groups
+            self._taking += want
             try:
                 groups: list[SampleGroup] = await self._retrying(self.client.take, want)
                 self._busy += len(groups)
             finally:
+                self._taking -= want
                 self._done(1)
             for g in groups:
                 self._inbox.put_nowait(g)
             if not groups:
                 await asyncio.sleep(self.idle_seconds)
+
+    def _want(self) -> int:
+        """Groups to take now: for the slots waiting plus ``prefetch`` more, less those in
+        the inbox and those a take under way asks for (0 while admission is closed)."""
+        if self._stopping or self._admission is None or not self._admission.is_set():
+            return 0
+        return min(MAX_TAKE, self._hungry + self.prefetch - self._inbox.qsize()
+                   - self._taking)
 
     async def _slot(self) -> None:
         admission = self._admission
@@ -272,9 +297,16 @@ class Producer:
             batch, self._outbox = self._outbox, []
             if not batch:
                 continue
+            want = max(0, self._want())  # the slots that finished these wait for more
+            self._returning = True
+            self._taking += want
             try:
                 try:
-                    returned = await self._retrying(self.client.return_groups, batch)
+                    returned, taken = await self._retrying(
+                        functools.partial(self.client.return_and_take, count=want), batch)
+                    self._busy += len(taken)
+                    for g in taken:
+                        self._inbox.put_nowait(g)
                 except (StaleAttempt, LeaseExpired):
                     # a lease in the batch is gone (the others were returned): one by one
                     # for the outcomes (a retry answers the returned ones again)
@@ -287,6 +319,9 @@ class Producer:
                 for r in returned:
                     self.counts[r.action] += 1
             finally:
+                self._returning = False
+                self._taking -= want
+                self._hunger.set()  # the feeder takes for whoever is still waiting
                 self._done(len(batch))
 
 

@@ -33,8 +33,8 @@ from .controller import RolloutController
 
 # the controller's calls a generation client makes (the coordinator's own stay served)
 CONTROLLER_METHODS = frozenset({
-    "take", "heartbeat", "complete_many", "yield_groups", "save_progress", "reject",
-    "release", "current_version", "task_status",
+    "take", "heartbeat", "complete_many", "complete_and_take", "yield_groups",
+    "save_progress", "reject", "release", "current_version", "task_status",
 })
 
 
@@ -58,10 +58,17 @@ class RolloutServer(ControlServer):
             raise ValueError('an RPC request is {"method": name, "args": {keyword: value}}')
         args = {k: from_wire(k, v) for k, v in raw.items()}
         out = getattr(self.controller, method)(**args)
-        if method == "complete_many":  # per-item errors travel as {"error", "message"}
-            out = [{"error": type(o).__name__, "message": str(o)}
-                   if isinstance(o, BaseException) else o for o in out]
+        if method == "complete_many":
+            out = _outcomes_to_wire(out)
+        elif method == "complete_and_take":
+            out = {"outcomes": _outcomes_to_wire(out[0]), "take": out[1]}
         return to_wire(out)
+
+
+def _outcomes_to_wire(outcomes: Sequence[Any]) -> list[Any]:
+    """Completion outcomes as they travel: per-item errors as ``{"error", "message"}``."""
+    return [{"error": type(o).__name__, "message": str(o)}
+            if isinstance(o, BaseException) else o for o in outcomes]
 
 
 def start(controller: RolloutController, address: tuple[str, int], *, token: str
@@ -82,6 +89,16 @@ def _error(value: Mapping[str, Any]) -> errors.StrawError:
     return errors.StrawError(f"{name}: {message}")
 
 
+def _acquired(got: Mapping[str, Any]) -> AcquireResult:
+    return AcquireResult(got["status"], tuple(
+        Assignment(TaskSpec.from_dict(a["task"]), Lease.from_dict(a["lease"]))
+        for a in got["assignments"]))
+
+
+def _outcomes(got: Sequence[Mapping[str, Any]]) -> list[CommitReceipt | errors.StrawError]:
+    return [_error(o) if "error" in o else CommitReceipt.from_dict(o) for o in got]
+
+
 class RemoteController:
     """A served controller, as a generation client calls it (module docstring)."""
 
@@ -90,19 +107,22 @@ class RemoteController:
 
     def take(self, worker_id: str, count: int, *, request_id: str | None = None
              ) -> AcquireResult:
-        got = self.client.call("take", worker_id=worker_id, count=count,
-                               request_id=request_id)
-        return AcquireResult(got["status"], tuple(
-            Assignment(TaskSpec.from_dict(a["task"]), Lease.from_dict(a["lease"]))
-            for a in got["assignments"]))
+        return _acquired(self.client.call("take", worker_id=worker_id, count=count,
+                                          request_id=request_id))
 
     def heartbeat(self, leases: Sequence[Lease]) -> list[str]:
         return list(self.client.call("heartbeat", leases=list(leases)))
 
     def complete_many(self, items: Sequence[Mapping[str, Any]]
                       ) -> list[CommitReceipt | errors.StrawError]:
-        got = self.client.call("complete_many", items=list(items))
-        return [_error(o) if "error" in o else CommitReceipt.from_dict(o) for o in got]
+        return _outcomes(self.client.call("complete_many", items=list(items)))
+
+    def complete_and_take(self, items: Sequence[Mapping[str, Any]], worker_id: str,
+                          count: int, *, request_id: str
+                          ) -> tuple[list[CommitReceipt | errors.StrawError], AcquireResult]:
+        got = self.client.call("complete_and_take", items=list(items), worker_id=worker_id,
+                               count=count, request_id=request_id)
+        return _outcomes(got["outcomes"]), _acquired(got["take"])
 
     def yield_groups(self, updates: Sequence[Mapping[str, Any]], *, request_id: str) -> str:
         return str(self.client.call("yield_groups", updates=list(updates),

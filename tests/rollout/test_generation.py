@@ -508,3 +508,105 @@ def test_without_a_bound_the_controller_measures_staleness_at_acceptance(job, mo
     assert [r.action for r in out] == ["completed"] and asked == []
     assert controller.staleness_metrics() == {"staleness/mean": 2.0, "staleness/max": 2.0,
                                               "staleness/unknown_count": 0.0}
+
+
+def leased(controller):
+    return sorted(t for t, v in controller.coordinator.tasks.items() if v["state"] == "leased")
+
+
+def test_a_return_takes_the_next_groups_in_the_same_call(job):
+    """return_and_take: ready groups completed and the next ones leased in one controller
+    call (complete_and_take); a lost reply is retried with the same receipts and the same
+    leases; without a ready group the take is a call of its own."""
+    start, make, _ = job
+    controller = start()
+    client = make("g0")
+    first = client.take(2)
+    real = controller.complete_and_take
+    calls = []
+
+    def lost_once(items, worker_id, count, *, request_id):
+        calls.append(request_id)
+        out = real(items, worker_id, count, request_id=request_id)
+        if len(calls) == 1:
+            raise ConnectionError("injected: the reply was lost")
+        return out
+
+    controller.complete_and_take = lost_once
+    done = [generated(g, 2, 0) for g in first]
+    with pytest.raises(ConnectionError):
+        client.return_and_take(done, 3)
+    returned, nxt = client.return_and_take(done, 3)
+    assert calls[0] == calls[1]  # the same take request, answered again
+    assert [r.action for r in returned] == ["completed", "completed"]
+    assert len(controller.coordinator.commits) == 2 and len(nxt) == 3
+    # exactly the three answered are leased: none leaked by the lost reply
+    assert leased(controller) == sorted(f"prompt:{g.group_index}" for g in nxt)
+    assert sorted(client.leases) == leased(controller)
+    # partial groups only: nothing to ride on, the take is its own call
+    returned, more = client.return_and_take([partial(nxt[0], 1, 0)], 1)
+    assert [r.action for r in returned] == ["returned"] and len(more) == 1
+    assert len(calls) == 2
+    with pytest.raises(ValueError, match="count must be an int >= 1"):
+        client.return_and_take([], -1)
+
+
+def test_a_return_refused_gives_the_groups_it_took_back(job):
+    """A stale lease in a return_and_take: the others are returned, the groups the call
+    leased are released unspent (nothing held that the caller never got), and the
+    error is raised."""
+    start, make, clock = job
+    controller = start()
+    a = make("a", heartbeat=False)
+    (g1,) = a.take(1)
+    (g2,) = a.take(1)
+    clock.advance(31)  # both leases expire
+    b = make("b", heartbeat=False)
+    b.take(2)  # b holds both tasks now
+    (g3,) = a.take(1)
+    with pytest.raises(StaleAttempt):
+        a.return_and_take([generated(g1, 2, 0), generated(g3, 2, 0)], 2)
+    assert status(controller, f"prompt:{g3.group_index}")["state"] == "completed"
+    # the two groups the call leased for a are pending again; every lease is b's
+    assert sorted(a.leases) == [f"prompt:{g2.group_index}"]  # expired: a never learnt it
+    assert leased(controller) == sorted(b.leases)
+    assert len(controller.coordinator.pending_tasks(task_prefix="prompt:")) >= 2
+
+
+def test_complete_and_take_over_rpc_and_its_checks(tmp_path):
+    """The controller's complete_and_take: the same call over straw.rpc (per-item errors
+    included), its arguments checked before anything changes."""
+    store = SharedFilesystemStore(str(tmp_path), "job", writer_id="controller")
+    config = RolloutConfig(n_samples_per_prompt=2, lease_seconds=30)
+    controller = RolloutController(store, PROMPTS, config=config)
+    server = remote_mod.start(controller, ("127.0.0.1", 0), token="t0ken")
+    gen_store = SharedFilesystemStore(str(tmp_path), "job")
+    try:
+        remote = remote_mod.RemoteController(server.url, token="t0ken")
+        client = GenerationClient(remote, gen_store, worker_id="a", config=config,
+                                  heartbeat=False)
+        groups = client.take(2)
+        returned, nxt = client.return_and_take([generated(g, 2, 0) for g in groups], 2)
+        assert [r.action for r in returned] == ["completed"] * 2 and len(nxt) == 2
+        before = len(controller.coordinator.commits)
+        for bad, match in [({"count": 0}, "count"), ({"request_id": ""}, "request_id"),
+                           ({"worker_id": ""}, "worker_id")]:
+            kwargs = {"worker_id": "a", "count": 1, "request_id": "r1", **bad}
+            with pytest.raises(ValueError, match=match):
+                remote.complete_and_take([], kwargs["worker_id"], kwargs["count"],
+                                         request_id=kwargs["request_id"])
+        assert len(controller.coordinator.commits) == before
+        assert sorted(client.leases) == leased(controller)
+        # a stale lease in the batch is its item's error, carried over RPC
+        lease = client.leases[f"prompt:{nxt[0].group_index}"]
+        stale = dataclasses.replace(lease, attempt_id="0" * 32)
+        outcomes, got = remote.complete_and_take(
+            [{"lease": stale, "result_ref": returned[0].receipt.result_ref,
+              "staleness": []}], "a", 1, request_id="r2")
+        assert isinstance(outcomes[0], StaleAttempt) and got.status == "acquired"
+        client.close()
+    finally:
+        server.close()
+        controller.close()
+        gen_store.close()
+        store.close()

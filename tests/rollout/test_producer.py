@@ -92,7 +92,9 @@ def test_pause_persists_in_flight_groups_and_resume_continues_them(job):
         return paused, states
 
     paused, states = asyncio.run(run())
-    assert paused["counts"]["returned"] == 2
+    # the two in generation come back partial; the groups leased ahead of the slots
+    # (prefetch) come back as they were taken, never generated
+    assert paused["counts"]["returned"] == 2 + paused["counts"].get("untouched", 0)
     partial = sorted(t for t, s in states.items()
                      if s["spec"]["metadata"].get("stage") == "partial")
     assert len(partial) == 2
@@ -111,7 +113,7 @@ def test_a_group_taken_after_the_pause_is_returned_unchanged(job):
     gen = Gated()
 
     async def run() -> Producer:
-        producer = Producer(client, gen, slots=1)
+        producer = Producer(client, gen, slots=1, prefetch=0)  # one group at a time
         real_take = client.take
 
         def slow_take(n):  # the pause lands while the take is in flight
@@ -144,7 +146,7 @@ def test_a_generate_function_breaking_the_protocol_stops_the_producer(job):
             dataclasses.replace(s, tokens=(9,), response_length=1) for s in group.samples))
 
     async def run() -> Producer:
-        producer = Producer(client, rewrites, slots=1)
+        producer = Producer(client, rewrites, slots=1, prefetch=0)  # one group held
         await producer.start()
         with pytest.raises(RuntimeError, match="not tagged|tagged with weight version 0"):
             await producer.wait()
@@ -158,6 +160,26 @@ def test_a_generate_function_breaking_the_protocol_stops_the_producer(job):
         producer.stats()
 
 
+class Valve:
+    """While shut, generates one token per sample and waits for the abort (a partial
+    group); while open, finishes every group at once."""
+
+    def __init__(self) -> None:
+        self.open = False
+        self.waiting = 0
+
+    async def __call__(self, group, *, weight_version, abort):
+        self.waiting += 1
+        while not self.open and not abort.is_set():
+            await asyncio.sleep(0.005)
+        self.waiting -= 1
+        if self.open:
+            return await Finishes()(group, weight_version=weight_version, abort=abort)
+        return dataclasses.replace(group, samples=tuple(
+            dataclasses.replace(extend_sample(s, [1], weight_version=weight_version),
+                                status=Status.ABORTED) for s in group.samples))
+
+
 class Finishes:
     """Finishes every group at once (version 0)."""
 
@@ -168,21 +190,35 @@ class Finishes:
 
 
 def failing_calls(client, name, errors):
-    """``client.<name>`` (take or return_groups) raising ``errors`` in turn, then working.
-    A return's first error comes after the real call went through (its reply lost); every
-    other error before the call (a take that fails has given its leases back)."""
+    """``client.<name>`` (take or return_and_take) raising ``errors`` in turn, before the
+    call, then working (a take that fails has given its leases back)."""
     real = getattr(client, name)
     calls = []
 
-    def call(arg):
+    def call(arg, **kwargs):
         calls.append(arg if isinstance(arg, int) else len(arg))
         if not errors:
-            return real(arg)
-        e = errors.pop(0)
-        if len(calls) == 1 and name == "return_groups":
-            real(arg)
-        raise e
+            return real(arg, **kwargs)
+        raise errors.pop(0)
     setattr(client, name, call)
+    return calls
+
+
+def lost_replies(controller, errors):
+    """The controller's ``complete_and_take`` raising ``errors`` in turn, then working:
+    the first after the real call went through (its reply lost: the groups completed,
+    the next ones leased), the others before the call."""
+    real = controller.complete_and_take
+    calls = []
+
+    def call(items, worker_id, count, *, request_id):
+        calls.append((len(items), request_id))
+        if not errors:
+            return real(items, worker_id, count, request_id=request_id)
+        if len(calls) == 1:
+            real(items, worker_id, count, request_id=request_id)
+        raise errors.pop(0)
+    controller.complete_and_take = call
     return calls
 
 
@@ -202,15 +238,19 @@ def test_a_return_meeting_storage_unavailable_is_retried(job):
     tried again with backoff; the retry answers the same outcomes (a lost reply included):
     every group is completed once, nothing lost, the producer goes on."""
     controller, client, _ = job
-    calls = failing_calls(client, "return_groups",
-                          [StorageUnavailable("lag"), StorageUnavailable("lag")])
+    calls = lost_replies(controller, [StorageUnavailable("lag"), StorageUnavailable("lag")])
     producer = run_until_completed(client, 4)
     assert producer.error is None
     assert producer.counts["storage_retried"] == 2
-    assert len(calls) >= 3 and calls[0] == calls[1] == calls[2]  # the same batch again
+    # the same batch again, its take under the same request id
+    assert len(calls) >= 3 and calls[0] == calls[1] == calls[2]
     commits = [r for r in controller.coordinator.read_commits(0, 100).commits
                if r.task_id.startswith("prompt:")]
     assert len({r.task_id for r in commits}) == len(commits) >= 4  # each once
+    # the take whose reply was lost was answered again with its leases: none of them is
+    # left held by this worker once the producer stopped (its client released the rest)
+    states = controller.coordinator.tasks
+    assert not [t for t, st in states.items() if st["state"] == "leased"]
 
 
 def test_a_take_meeting_storage_unavailable_is_retried(job):
@@ -229,7 +269,7 @@ def test_a_full_disk_or_a_lasting_outage_stops_the_producer(job, error):
     """A full disk is not retried; an outage longer than storage_retry_seconds stops the
     producer with its error (its leases left to expire: nothing lost)."""
     _, client, _ = job
-    failing_calls(client, "return_groups", [error] * 100)
+    failing_calls(client, "return_and_take", [error] * 100)
 
     async def run() -> Producer:
         producer = Producer(client, Finishes(), slots=1, storage_retry_seconds=0.3)
@@ -254,3 +294,44 @@ def test_bad_arguments(job):
         Producer(client, Gated(), slots=1, weight_version=-1)
     with pytest.raises(ValueError, match="storage_retry_seconds must be a number >= 0"):
         Producer(client, Gated(), slots=1, storage_retry_seconds=-1)
+    with pytest.raises(ValueError, match="prefetch must be None or an int >= 0"):
+        Producer(client, Gated(), slots=1, prefetch=-1)
+
+
+def test_groups_are_leased_ahead_of_the_slots_and_a_return_takes_the_next(job):
+    """``prefetch`` groups are leased beyond the slots (a slot that finishes starts the
+    next at once), and a return of ready groups leases the next ones in the same
+    controller call (complete_and_take): a steady producer makes about one call per
+    batch of groups; at a pause the groups leased ahead go back as they were taken."""
+    controller, client, _ = job
+    real = controller.complete_and_take
+    folded = []
+
+    def counted(items, worker_id, count, *, request_id):
+        folded.append(count)
+        return real(items, worker_id, count, request_id=request_id)
+    controller.complete_and_take = counted
+    gen = Valve()
+
+    async def run() -> tuple[Producer, int, int]:
+        producer = Producer(client, gen, slots=2, prefetch=3)
+        await producer.start()
+        await until(lambda: gen.waiting == 2 and len(client.leases) == 5,
+                    "two groups in generation, three leased ahead")
+        held = len(client.leases)
+        gen.open = True
+        await until(lambda: producer.counts["completed"] >= 8, "completed groups")
+        gen.open = False
+        paused = await producer.pause()
+        assert not client.leases  # everything held is back in the queue
+        await producer.stop()
+        return producer, held, paused["counts"].get("untouched", 0)
+
+    producer, held, untouched = asyncio.run(run())
+    assert held == 5 and untouched >= 1
+    assert folded and all(n >= 1 for n in folded)  # the returns took the next groups
+    commits = [r for r in controller.coordinator.read_commits(0, 100).commits
+               if r.task_id.startswith("prompt:")]
+    assert len({r.task_id for r in commits}) == len(commits) == producer.counts["completed"]
+    states = controller.coordinator.tasks
+    assert not [t for t, st in states.items() if st["state"] == "leased"]

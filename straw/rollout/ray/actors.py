@@ -37,7 +37,7 @@ from straw.refs import Record, RecordSetRef
 
 from ..builder import BatchBuilder
 from ..config import RolloutConfig
-from ..controller import RolloutController
+from ..controller import RolloutController, check_take
 from ..environments import EnvironmentMix
 from ..generate import GenerateFn
 from ..generation import GenerationClient
@@ -99,6 +99,12 @@ class RayController:
     def complete_many(self, items: Sequence[Mapping[str, Any]]
                       ) -> list[CommitReceipt | StrawError]:
         return self._call("complete_many", [dict(i) for i in items])  # type: ignore[no-any-return]
+
+    def complete_and_take(self, items: Sequence[Mapping[str, Any]], worker_id: str,
+                          count: int, *, request_id: str
+                          ) -> tuple[list[CommitReceipt | StrawError], AcquireResult]:
+        return self._call("complete_and_take", [dict(i) for i in items],  # type: ignore[no-any-return]
+                          worker_id, count, request_id=request_id)
 
     def yield_groups(self, updates: Sequence[Mapping[str, Any]], *, request_id: str) -> str:
         return self._call("yield_groups", [dict(u) for u in updates],  # type: ignore[no-any-return]
@@ -277,12 +283,16 @@ class ControllerWorker:
     # --- what generation clients call -------------------------------------------------
     def take(self, worker_id: str, count: int, *, request_id: str | None = None
              ) -> AcquireResult:
-        if self.max_ahead_groups is not None:
-            with self._ahead_lock:
-                ahead = self._waiting >= self.max_ahead_groups
-            if ahead:  # training is behind: lease nothing until a batch takes groups
-                return AcquireResult("backpressured")
+        if self._ahead():  # training is behind: lease nothing until a batch takes groups
+            return AcquireResult("backpressured")
         return self.controller.take(worker_id, count, request_id=request_id)
+
+    def _ahead(self) -> bool:
+        """At least ``max_ahead_groups`` accepted groups wait for a batch."""
+        if self.max_ahead_groups is None:
+            return False
+        with self._ahead_lock:
+            return self._waiting >= self.max_ahead_groups
 
     def heartbeat(self, leases: Sequence[Lease]) -> list[str]:
         return self.controller.heartbeat(leases)
@@ -290,6 +300,11 @@ class ControllerWorker:
     def complete_many(self, items: Sequence[Mapping[str, Any]]
                       ) -> list[CommitReceipt | StrawError]:
         outcomes = self.controller.complete_many(items)
+        self._count_accepted(outcomes)
+        return outcomes
+
+    def _count_accepted(self, outcomes: Sequence[object]) -> None:
+        """Groups accepted: counted as waiting for a batch; a waiting next_batch woken."""
         accepted = sum(isinstance(o, CommitReceipt) for o in outcomes)
         if accepted:
             if self.max_ahead_groups is not None:
@@ -298,7 +313,21 @@ class ControllerWorker:
             with self._accepted:
                 self._accepted_count += accepted
                 self._accepted.notify_all()
-        return outcomes
+
+    def complete_and_take(self, items: Sequence[Mapping[str, Any]], worker_id: str,
+                          count: int, *, request_id: str
+                          ) -> tuple[list[CommitReceipt | StrawError], AcquireResult]:
+        """``RolloutController.complete_and_take`` (the two halves at once), with this
+        actor's accounting: the backpressure check of ``take`` (before the call: the
+        groups it completes count from the next take on, as the bound is soft) and the
+        accepted groups of ``complete_many``."""
+        check_take(worker_id, count, request_id, required=True)
+        if self._ahead():
+            return self.complete_many(items), AcquireResult("backpressured")
+        outcomes, got = self.controller.complete_and_take(items, worker_id, count,
+                                                          request_id=request_id)
+        self._count_accepted(outcomes)
+        return outcomes, got
 
     def yield_groups(self, updates: Sequence[Mapping[str, Any]], *, request_id: str) -> str:
         return self.controller.yield_groups(updates, request_id=request_id)
@@ -504,3 +533,4 @@ def remote_class(cls: type, **options: Any) -> Callable[..., Any]:
 __all__ = ["ControllerWorker", "GenerationWorker", "RayController", "ControllerLost",
            "StorageProbeFailed", "controller_lost", "controller_state", "write_marker",
            "read_marker", "CONTROLLER_WRITER"]
+
