@@ -41,7 +41,8 @@ bench *ARGS:
     {{python}} -m bench.checkpoint_bench
 
 # the distributed toy pipeline on a local 2-node Ray cluster, payloads in Ray's object store vs
-# in straw, alternated in one run, then a kill of each job (~2-4 min): just bench-pipeline --batches 6
+# in straw, alternated in one run (3 rounds of 12 batches), then a kill of each job (~30 s):
+# just bench-pipeline --batches 24
 bench-pipeline *ARGS:
     {{python}} -m bench.pipeline_bench {{ARGS}}
 

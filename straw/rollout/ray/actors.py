@@ -470,7 +470,8 @@ class GenerationWorker:
     def __init__(self, controller: Any, controller_name: str, root: str, run_id: str, *,
                  worker_id: str, config: RolloutConfig, generate: GenerateFn, slots: int,
                  weight_version: int = 0,
-                 store_options: Mapping[str, Any] | None = None) -> None:
+                 store_options: Mapping[str, Any] | None = None,
+                 prefetch: int | None = None) -> None:
         self.worker_id = worker_id
         self.store = SharedFilesystemStore(root, run_id, writer_id=worker_id,
                                            **{**config.store_options(),
@@ -478,7 +479,7 @@ class GenerationWorker:
         self.client = GenerationClient(RayController(controller, controller_name), self.store,
                                        worker_id=worker_id, config=config)
         self.producer = Producer(self.client, generate, slots=slots,
-                                 weight_version=weight_version)
+                                 weight_version=weight_version, prefetch=prefetch)
 
     def where(self) -> dict[str, Any]:
         return {"node_id": node_id(), "pid": os.getpid(), "host": socket.gethostname(),

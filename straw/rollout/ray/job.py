@@ -60,6 +60,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ..config import RolloutConfig
 from ..generate import GenerateFn
+from ..producer import check_prefetch
 from ..shards import RankBatchRef
 from .actors import ControllerWorker, GenerationWorker, StorageProbeFailed, controller_lost
 
@@ -129,7 +130,8 @@ class RayRollout:
     ``max_ahead_groups`` (with ``batch_groups``; at least that many) bounds how far
     generation runs ahead of training: while that many accepted groups wait for a
     batch, no node leases more (``ControllerWorker``); None (the default) bounds
-    nothing."""
+    nothing.  ``prefetch``: groups each node leases ahead of its slots (``Producer``;
+    None: as many as its slots, 0: none)."""
 
     def __init__(self, root: str, run_id: str, dataset: Any, generate: GenerateFn, *,
                  concurrency: int, config: RolloutConfig | None = None,
@@ -140,7 +142,9 @@ class RayRollout:
                  checkpoint: Any = None,
                  builder_options: Mapping[str, Any] | None = None,
                  store_options: Mapping[str, Any] | None = None,
-                 max_ahead_groups: int | None = None) -> None:
+                 max_ahead_groups: int | None = None,
+                 prefetch: int | None = None) -> None:
+        self.prefetch = check_prefetch(prefetch)
         if not ray.is_initialized():
             raise RuntimeError("RayRollout needs a Ray cluster: call ray.init() (or "
                                "ray.init(address=...)) first")
@@ -249,7 +253,8 @@ class RayRollout:
         handle = ray.remote(GenerationWorker).options(**options).remote(  # type: ignore[attr-defined]
             self.controller, self.name, node.root or self.root, self.run_id,
             worker_id=worker_id, config=self.config, generate=self.generate, slots=slots,
-            weight_version=self.weight_version, store_options=self.store_options)
+            weight_version=self.weight_version, store_options=self.store_options,
+            prefetch=self.prefetch)
         return Worker(worker_id, node, slots, handle)
 
     def _probe(self) -> None:

@@ -162,6 +162,13 @@ def test_share_concurrency():
         share_concurrency(4, 2, 3)
 
 
+@pytest.mark.parametrize("prefetch", [-1, 1.5, True, "2"])
+def test_a_bad_prefetch_is_refused_before_anything_starts(prefetch):
+    with pytest.raises(ValueError, match="prefetch must be None or an int >= 0"):
+        RayRollout("/nonexistent", "job", [(1,)], None, concurrency=2,  # type: ignore[arg-type]
+                   prefetch=prefetch)
+
+
 def test_default_nodes_are_every_alive_node_with_a_cpu(cluster):
     nodes = default_nodes()
     alive = [n for n in ray.nodes() if n["Alive"]]
