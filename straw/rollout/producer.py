@@ -99,11 +99,11 @@ class Producer:
             raise ValueError(f"storage_retry_seconds must be a number >= 0 (how long a take "
                              f"or a return that meets StorageUnavailable is retried), got "
                              f"{storage_retry_seconds!r}")
-        prefetch = slots if check_prefetch(prefetch) is None else prefetch
+        checked = check_prefetch(prefetch)
         self.client = client
         self.generate = generate
         self.slots = slots
-        self.prefetch = prefetch
+        self.prefetch = slots if checked is None else checked
         self.weight_version = weight_version
         self.idle_seconds = idle_seconds
         self.storage_retry_seconds = storage_retry_seconds
