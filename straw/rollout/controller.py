@@ -119,12 +119,18 @@ def check_worker_id(worker_id: object) -> str:
     return worker_id
 
 
+def check_count(count: object) -> int:
+    """The number of prompt groups a take asks for, checked."""
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ValueError(f"count must be an int >= 1 (prompt groups), got {count!r}")
+    return count
+
+
 def check_take(worker_id: object, count: object, request_id: object, *,
                required: bool = False) -> None:
     """The arguments of a take checked (``required``: a request id must be given)."""
     check_worker_id(worker_id)
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise ValueError(f"count must be an int >= 1 (prompt groups), got {count!r}")
+    check_count(count)
     if (required or request_id is not None) and \
             (not isinstance(request_id, str) or not request_id):
         raise ValueError(f"request_id must be a non-empty str (a retry after a lost reply "

@@ -76,7 +76,7 @@ from straw.refs import Record, RecordSetRef, payload_view
 
 from .codec import group_from_records, group_records
 from .config import RolloutConfig
-from .controller import check_worker_id, named_records
+from .controller import check_count, check_worker_id, named_records
 from .data_source import task_id as task_id_of
 from .samples import SampleGroup, Stage, _same_prompt, captures_cover_group, classify
 from .scheduling import (
@@ -246,7 +246,7 @@ class GenerationClient:
         """Lease up to ``count`` prompt groups and read their inputs (module docstring).
         Fewer (or none: ``last_status`` says why) when the queue has no more now."""
         self._check_usable()
-        _check_count(count)
+        check_count(count)
         got = self.controller.take(self.worker_id, count, request_id=self._take_id("take"))
         self._answered("take")
         return self._inputs(got)
@@ -403,7 +403,7 @@ class GenerationClient:
         same outcomes and takes again."""
         self._check_usable()
         if count != 0:
-            _check_count(count)
+            check_count(count)
         groups = list(groups)
         plans = self._plans(groups, self._serving()) if groups else []
         self._publish([p for p in plans if p.action in (COMPLETED, RETURNED, REQUEUED)])
@@ -600,11 +600,6 @@ class GenerationClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _check_count(count: object) -> None:
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise ValueError(f"count must be an int >= 1 (prompt groups), got {count!r}")
 
 
 def _content_digest(records: Sequence[Record], deps: Sequence[RecordSetRef]) -> str:

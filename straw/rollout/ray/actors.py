@@ -534,4 +534,3 @@ def remote_class(cls: type, **options: Any) -> Callable[..., Any]:
 __all__ = ["ControllerWorker", "GenerationWorker", "RayController", "ControllerLost",
            "StorageProbeFailed", "controller_lost", "controller_state", "write_marker",
            "read_marker", "CONTROLLER_WRITER"]
-
