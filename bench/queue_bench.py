@@ -87,7 +87,10 @@ def _client_process(conn: Connection, root: str, worker: str, combined: bool = F
         payload = os.urandom(256)
         conn.send("ready")
         conn.recv()  # go
-        t0 = os.times()  # this process's CPU from "go" on (its imports and setup excluded)
+        # this process's CPU from "go" on (its imports and setup excluded); process_time,
+        # not os.times: os.times counts in clock ticks (10 ms here), more than a short
+        # run's whole CPU, so it read 0.0 for a client now and then
+        t0 = time.process_time()
         done = 0
         conn.send(("acquire", worker))
         lease = conn.recv()
@@ -104,8 +107,7 @@ def _client_process(conn: Connection, root: str, worker: str, combined: bool = F
                 conn.send(("acquire", worker))
                 lease = conn.recv()
             done += 1
-        t1 = os.times()
-        conn.send(("bye", done, (t1.user - t0.user) + (t1.system - t0.system)))
+        conn.send(("bye", done, time.process_time() - t0))
 
 
 def _serve(q: Coordinator, conn: Connection, errors: list[BaseException],
@@ -140,8 +142,8 @@ def clients(root: str, n: int, nclients: int, combined: bool = False) -> dict[st
     thread per client): tasks/s, coordinator syncs per completion, and CPU milliseconds
     per completion of the coordinator's process (``time.process_time``: all its threads,
     the pipe's unpickling and pickling included) and of the client processes together
-    (each reports its ``os.times`` from "go" to its last call), both counted from "go"
-    to the end only.  ``combined``: the clients finish each task with
+    (each reports its ``time.process_time`` from "go" to its last call), both counted
+    from "go" to the end only.  ``combined``: the clients finish each task with
     ``complete_and_acquire``."""
     ctx = mp.get_context("spawn")
     counting = CountingFS(PosixFS())

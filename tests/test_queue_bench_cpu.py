@@ -19,7 +19,7 @@ def test_clients_report_cpu_per_completion_of_both_sides(tmp_path, combined):
     for key in ("coordinator_cpu_ms", "client_cpu_ms"):
         # positive and finite: the coordinator and both clients did work after "go"
         assert math.isfinite(m[key]) and m[key] > 0, key
-    # a client's CPU is its os.times delta after "go": its imports and store setup
+    # a client's CPU is its process_time delta after "go": its imports and store setup
     # (about 0.5 s of CPU per process here) are not in it; 30 completions of both
     # clients together take a few tens of ms
     assert m["client_cpu_ms"] * 30 < 500
