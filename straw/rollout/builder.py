@@ -401,7 +401,9 @@ def default_convert(sample: Sample, reward: float) -> dict[str, Any]:
     """The default train data of a sample: token ids (int32/int64 array), lengths,
     reward (post-processed) and raw reward, status, indices, metadata, and the capture
     tensors as they are (lazy ``TensorRef``s: stored as references, never copied)."""
-    return {"tokens": _token_array(sample.tokens), "response_length": sample.response_length,
+    decoded = sample.int32_ids()  # a stored group's sample: its array, no round trip
+    tokens = decoded.copy() if decoded is not None else _token_array(sample.tokens)
+    return {"tokens": tokens, "response_length": sample.response_length,
             "reward": reward, "raw_reward": sample.reward, "status": sample.status.value,
             "group_index": sample.group_index, "index": sample.index,
             "metadata": dict(sample.metadata), "routes": sample.routes,

@@ -61,3 +61,25 @@ def test_default_conversion_gives_int32_ids_when_they_fit_else_int64(ids, dtype)
     s = Sample("p", tokens=ids, status=Status.COMPLETED, reward=1.0)
     got = default_convert(s, 1.0)["tokens"]
     assert got.dtype.name == dtype and got.tolist() == list(ids) and got.flags.writeable
+
+
+def test_a_decoded_sample_converts_from_its_decoded_array_and_pickles_without_it():
+    import pickle
+
+    import numpy as np
+
+    from straw.rollout.builder import default_convert
+
+    g = make_group(3, n=2, response=[2, 5])
+    back = group_from_records(group_records(g)[0])
+    s = back.samples[1]
+    assert s.int32_ids() is not None and s.int32_ids().tolist() == list(s.tokens)
+    got = default_convert(s, 1.0)["tokens"]
+    # the same ids and dtype as a sample built from a tuple, in an array of its own
+    assert got.dtype == np.int32 and got.tolist() == list(s.tokens) and got.flags.writeable
+    assert not np.shares_memory(got, s.int32_ids())
+    copy = pickle.loads(pickle.dumps(s))
+    assert copy == s and copy.int32_ids() is None  # the fields only
+    # a sample made from it by replace (its tokens checked again) carries no array
+    assert dataclasses.replace(s, tokens=(9, 9, 9), response_length=1).int32_ids() is None
+    assert Sample("p", tokens=(1, 2)).int32_ids() is None
