@@ -73,3 +73,34 @@ def test_a_timeout_that_is_not_seconds_is_refused(tmp_path, timeout):
         assert worker.backlog() == {} or sum(worker.backlog().values()) == 0
     finally:
         worker.close()
+
+
+def test_accepted_groups_are_scanned_ahead_of_the_driver_and_built_from_that_scan(tmp_path):
+    """Between the driver's calls the controller reads and decodes the groups accepted
+    since its builder's last scan, so the batch's build finds them decoded; the batch is
+    the one a builder scanning at next_batch makes."""
+    pool = str(tmp_path / "pool")
+    gen = SharedFilesystemStore(pool, "job", writer_id="gen")
+    worker = ControllerWorker(pool, "job", PROMPTS, config=CONFIG, batch_groups=2)
+    client = GenerationClient(Through(worker), gen, worker_id="gen-0", config=CONFIG,
+                              heartbeat=False)
+    builder = worker.builder
+    assert builder is not None
+    try:
+        for _ in range(2):  # (a refill of one prompt a take)
+            client.return_groups(finished(client.take(1)))
+        with worker._scanned:  # no driver call: the scan ahead reads them
+            assert worker._scanned.wait_for(lambda: builder.metrics()["backlog"] == 2,
+                                            timeout=30)
+        with worker._batches:
+            assert len(builder._kept) == 2 and worker.scans_ahead >= 1
+        refs = worker.next_batch(0)
+        assert refs is not None
+        shard = refs[0].load(gen, rank=0)
+        assert sorted({s["group_index"] for s in shard.samples}) == [0, 1]
+        worker.finish_batch(refs[0].batch_id)
+    finally:
+        client.close()
+        worker.close()  # stops the scan-ahead thread before the builder closes
+        gen.close()
+    assert worker._scanner is not None and not worker._scanner.is_alive()
