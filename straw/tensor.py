@@ -915,20 +915,33 @@ class TensorRef:
                     f"{reader._forked_message()}; then rebind the reference with "
                     "ref.using(store), or send it to the child pickled (an unpickled "
                     "TensorRef reads through a store of its own process)")
-            return _session_of(reader)
+            session = _session_of(reader)
+            if not (session.closed or getattr(reader, "closed", False)):
+                return session
+            # Its store (or session) was closed since, e.g. at the end of the ``with``
+            # block that published the tensor: a TensorRef is metadata that holds no
+            # descriptor of its own (straw-queue's), so it reads as an unpickled one does,
+            # through this process's store of its pool (same checks: run and pool id,
+            # every chunk's checksum, the record beneath the pool root).
+            return self._own_session(self.root or getattr(reader, "root", ""))
+        return self._own_session(self.root)
+
+    def _own_session(self, root: str) -> ReadSession:
+        """A read session of this process's own store of the pool at ``root`` (opened
+        once per pool and run, then shared), for a reference bound to no open reader."""
         run_id = self._run()
-        key = (self.root, run_id)
+        key = (root, run_id)
         with _auto_lock:
             store = _auto_stores.get(key)
             if store is None:
                 from .fs import PosixFS
                 from .store import SharedFilesystemStore
 
-                if not self.root or not PosixFS().exists(os.path.join(self.root, "POOL")):
+                if not root or not PosixFS().exists(os.path.join(root, "POOL")):
                     raise InvalidReference(
-                        f"tensor {self.name!r}: no pool at {self.root!r} on this machine; "
+                        f"tensor {self.name!r}: no pool at {root!r} on this machine; "
                         "bind the reference to a store with ref.using(store)")
-                store = SharedFilesystemStore(self.root, run_id)
+                store = SharedFilesystemStore(root, run_id)
                 _auto_stores[key] = store
         self._check_reader(store)  # the root may hold another pool on this machine
         return _session_of(store)
