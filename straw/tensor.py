@@ -115,6 +115,7 @@ from .errors import (
     ForkedProcess,
     InvalidReference,
     TensorMismatch,
+    UnsupportedDtype,
     UnsupportedSchema,
 )
 from .fs import runnable_threads
@@ -479,7 +480,7 @@ def _tensor_bytes(value: object, where: str) -> tuple[np.ndarray, str, tuple[int
                             "(.to_dense())")
         name = str(t.dtype).removeprefix("torch.")
         if name not in DTYPES:
-            raise TypeError(f"{where} has dtype {name}; supported: {', '.join(DTYPES)}")
+            raise _unsupported_dtype(where, name)
         if t.device.type != "cpu":
             t = t.to("cpu")
         t = t.resolve_conj().resolve_neg().contiguous()
@@ -492,7 +493,7 @@ def _tensor_bytes(value: object, where: str) -> tuple[np.ndarray, str, tuple[int
         a = np.asarray(value)
         name = a.dtype.name
         if name not in DTYPES or (a.dtype.kind == "V" and name != "bfloat16"):
-            raise TypeError(f"{where} has dtype {a.dtype}; supported: {', '.join(DTYPES)}")
+            raise _unsupported_dtype(where, str(a.dtype))
         if not a.dtype.isnative:
             a = a.astype(a.dtype.newbyteorder("="))
         if not a.flags.c_contiguous:
@@ -500,6 +501,13 @@ def _tensor_bytes(value: object, where: str) -> tuple[np.ndarray, str, tuple[int
         return a.reshape(-1).view(np.uint8), name, tuple(a.shape), "numpy"
     raise TypeError(f"{where} is a {type(value).__name__}; publish a NumPy array or a torch "
                     "tensor (np.asarray(x) for Python numbers and lists)")
+
+
+def _unsupported_dtype(where: str, name: str) -> UnsupportedDtype:
+    # straw-queue's phrase first (its callers match it), then the object and the fix
+    return UnsupportedDtype(
+        f"Unsupported tensor dtype: {name} ({where}); tensor.v1 stores "
+        f"{', '.join(DTYPES)}: convert it first (a complex tensor: torch.view_as_real)")
 
 
 def _granularity(chunk_bytes: int | None) -> int:

@@ -332,3 +332,16 @@ def test_a_reference_bound_to_a_closed_store_refuses_another_pool_at_its_root(tm
     with _store(root):  # another pool, same root and run id
         with pytest.raises(InvalidReference, match="same run id"):
             features.load()
+
+
+@pytest.mark.parametrize("value", [torch.zeros(2, dtype=torch.complex64),
+                                   np.zeros(2, dtype=np.complex128),
+                                   np.array([1, "a"], dtype=object)])
+def test_an_unsupported_dtype_is_unsupported_schema_and_type_error(tmp_path, value):
+    with _store(tmp_path) as store:
+        with pytest.raises(UnsupportedSchema, match="Unsupported tensor dtype") as err:
+            publish_tensors(store, {"c": value}, submission_id="c")
+        assert isinstance(err.value, TypeError)  # (straw's class before)
+        with pytest.raises(TypeError, match="Unsupported tensor dtype"):
+            tensor_record(value, "c")
+        assert store.lookup_submission("c") is None
