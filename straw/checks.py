@@ -18,6 +18,8 @@ from __future__ import annotations
 import math
 import reprlib
 
+from .errors import NotAnInteger
+
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
 UINT64_MAX = 2**64 - 1
@@ -46,11 +48,12 @@ def _bound(value: int) -> str:
     return str(value)
 
 
-def check_int(where: str, value: object, lo: int = INT64_MIN, hi: int = INT64_MAX) -> int:
-    """``value`` as an int in ``lo..hi`` (inclusive); ``TypeError`` for a non-int or a
-    bool, ``ValueError`` out of range, both naming ``where``."""
+def check_int(where: str, value: object, lo: int = INT64_MIN, hi: int = INT64_MAX, *,
+              type_error: type[TypeError] = TypeError) -> int:
+    """``value`` as an int in ``lo..hi`` (inclusive); ``type_error`` (a ``TypeError``)
+    for a non-int or a bool, ``ValueError`` out of range, both naming ``where``."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{where} must be an int, got {type(value).__name__} "
+        raise type_error(f"{where} must be an int, got {type(value).__name__} "
                         f"{short_repr(value)}"
                         + (" (a bool is not a count)" if isinstance(value, bool) else ""))
     if not lo <= value <= hi:
@@ -66,8 +69,10 @@ def check_count(where: str, value: object, minimum: int = 0) -> int:
 
 def check_u64(where: str, value: object) -> int:
     """A usage amount (a record's tokens, a task's estimates): an int in 0..2**64-1, the
-    unsigned range straw-queue accepts (msgpack stores it as it is)."""
-    return check_int(where, value, 0, UINT64_MAX)
+    unsigned range straw-queue accepts (msgpack stores it as it is).  Another type (a
+    float, a bool, a str) is ``NotAnInteger``: a ``TypeError`` (ours) and a
+    ``ValueError`` (straw-queue's "must be a nonnegative u64")."""
+    return check_int(where, value, 0, UINT64_MAX, type_error=NotAnInteger)
 
 
 def check_usage_total(where: str, total: int) -> int:

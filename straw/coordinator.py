@@ -697,7 +697,15 @@ class Coordinator(ProcessBound):
                 f"lease of task {lease.task_id!r} attempt {lease.attempt_id} was granted by "
                 f"coordinator epoch {lease.coordinator_epoch}; the queue is at epoch "
                 f"{self.epoch}. Drop the work; the task was returned to the queue")
-        task = self._task(lease.task_id)
+        task = self.state.tasks.get(lease.task_id)
+        if task is None:
+            # a lease naming a task the queue does not know (a task id edited, or another
+            # queue's lease) authorises nothing: stale, as straw-queue answers it, so a
+            # heartbeat or release reports it per lease and never fails the whole call
+            raise StaleAttempt(
+                f"lease of task {lease.task_id!r} attempt {lease.attempt_id}: queue "
+                f"{self.owner} has no such task; drop the work (pass the lease that "
+                "acquire returned, unedited)")
         current = (task.status == LEASED and task.lease is not None
                    and task.lease[0] == lease.generation and task.lease[1] == lease.worker_id)
         if not current or lease.attempt_id != self._attempt_id(task.task_id, lease.generation) \
@@ -968,12 +976,13 @@ class Coordinator(ProcessBound):
         return wanted[:n]
 
     def _idle_status(self) -> str:
+        # straw-queue's answers: ``end_of_input`` only once input is sealed and no task is
+        # pending or leased (a leased one may still come back to pending); ``draining`` is
+        # ``drain()``'s alone (answered before any choice is made)
         st = self.state
-        if not st.sealed:
-            return "empty"
-        if st.pending_count == 0 and st.leased_count == 0:
+        if st.sealed and st.pending_count == 0 and st.leased_count == 0:
             return "end_of_input"
-        return "draining"
+        return "empty"
 
     def heartbeat(self, leases: Sequence[Lease]) -> list[str]:
         """Renew leases.  One outcome per lease, in order: ``extended`` (its deadline moved
@@ -1647,7 +1656,13 @@ class Coordinator(ProcessBound):
 
     def release_task_reads(self, leases: Sequence[Lease]) -> None:
         """A supervisor confirmed that the readers of these leases finished (expired,
-        cancelled or recovered leases included): drop their protection."""
+        cancelled or recovered leases included): drop their protection.
+
+        As straw-queue: a lease whose attempt has no outstanding reader (released
+        already, or never granted) releases nothing; a lease naming an outstanding
+        reader's attempt but differing from that reader's lease (an edited task id,
+        worker, generation or token) is ``StaleAttempt`` for the whole call, and nothing
+        is released (D5: only the reader's own lease ends its protection)."""
         self._check_process()
         if isinstance(leases, (Lease, Mapping)) or not isinstance(leases, Sequence):
             raise TypeError("leases must be a list of Lease")
@@ -1655,10 +1670,27 @@ class Coordinator(ProcessBound):
         seq = None
         with self._mutex:
             self._check_usable()
-            for lease in leases:
-                if (lease.worker_id, lease.task_id, lease.generation) in self.state.reads:
-                    seq = self._enqueue({"t": "reads", "task": lease.task_id,
-                                         "attempt": lease.generation})
+            st = self.state
+            by_attempt = {self._attempt_id(t, a): (w, t, a) for (w, t, a) in st.reads}
+            ending = []
+            for i, lease in enumerate(leases):
+                key = by_attempt.get(lease.attempt_id)
+                if key is None:
+                    continue
+                w, t, a = key
+                # 0: a grant recorded before its epoch was (an older snapshot); the token
+                # still binds the epoch the lease states
+                epoch = st.read_epochs.get(key, 0) or _int_or_none(lease.coordinator_epoch)
+                if epoch is None or lease != self._lease_from(t, a, w, epoch):
+                    raise StaleAttempt(
+                        f"leases[{i}] (task {lease.task_id!r}, attempt {lease.attempt_id}, "
+                        f"worker {lease.worker_id!r}) is not the lease of that attempt's "
+                        f"reader (task {t!r}, generation {a}, worker {w!r}); nothing was "
+                        "released. Pass the leases acquire or outstanding_reads returned, "
+                        "unedited")
+                ending.append(key)
+            for _w, t, a in dict.fromkeys(ending):
+                seq = self._enqueue({"t": "reads", "task": t, "attempt": a})
         if seq is not None:
             self._wait(seq)
 
@@ -2514,6 +2546,13 @@ def _check_int64(name: str, value: object) -> None:
     if not INT64[0] <= value <= INT64[1]:
         raise ValueError(f"{name} must be a signed 64-bit integer (-2**63..2**63-1), got "
                          f"{short_repr(value)}")
+
+
+def _int_or_none(text: str) -> int | None:
+    try:
+        return int(text)
+    except ValueError:
+        return None
 
 
 def _check_lease_fields(lease: object, where: str) -> Lease:

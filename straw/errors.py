@@ -150,6 +150,39 @@ class NotAnInteger(TypeError, ValueError):
     catches it.  Pass an int."""
 
 
+class UnsupportedDtype(UnsupportedSchema, TypeError):
+    """A tensor of a dtype ``tensor.v1`` does not store (complex, object, string dtypes).
+    An ``UnsupportedSchema``, as straw-queue reports it (its message starts ``Unsupported
+    tensor dtype``), and a ``TypeError``, as straw did.  Nothing was written.  Convert the
+    tensor to a supported dtype (a complex tensor: ``torch.view_as_real``)."""
+
+
+class InvalidRecordId(UnsupportedSchema, ValueError):
+    """A record id that is empty or longer than 1024 characters.  An
+    ``UnsupportedSchema``, as straw-queue reports it, and a ``ValueError``, as straw did.
+    Nothing was written.  Give every record a non-empty id of at most 1024 characters."""
+
+
+class InvalidRange(InvalidReference, ValueError):
+    """A ``read_range`` whose byte range is not within its record, or whose chunk
+    checksums are not one per chunk of the record.  An ``InvalidReference``, as
+    straw-queue reports it, and a ``ValueError``, as straw did.  Nothing was read; pass
+    ``0 <= start <= stop <= length`` and the record's whole list of chunk checksums."""
+
+
+class NotATensorRecord(InvalidReference, UnsupportedSchema):
+    """A tensor read (``read_tensor_range``) of a record whose codec is not
+    ``tensor.v1``.  An ``UnsupportedSchema``, as straw-queue reports it, and an
+    ``InvalidReference``, as straw did.  Read it with ``read_record``/``read_range``."""
+
+
+class WrongReferenceKind(InvalidReference, UnsupportedSchema, TypeError):
+    """A ``RecordRef`` (one record) where a ``RecordSetRef`` (a publication) is expected,
+    or the reverse.  straw-queue reports it as ``InvalidReference`` (``read``,
+    ``validate``) or ``UnsupportedSchema`` (``manifest``, ``read_record``); straw raised
+    ``TypeError``: this class is all three.  Pass the kind of reference the call names."""
+
+
 __all__ = [
     "StrawError",
     "QueueError",
@@ -175,4 +208,9 @@ __all__ = [
     "LocalDependencyOrder",
     "UnknownCodec",
     "Closed",
+    "UnsupportedDtype",
+    "InvalidRecordId",
+    "InvalidRange",
+    "NotATensorRecord",
+    "WrongReferenceKind",
 ]

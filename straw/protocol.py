@@ -171,8 +171,9 @@ class Assignment:
 class AcquireResult:
     """``status``: ``acquired`` (assignments non-empty), ``empty`` (nothing pending now),
     ``backpressured`` (a limit holds work back: retry later), ``end_of_input`` (input
-    sealed and every task terminal) or ``draining`` (input sealed, nothing pending, but
-    leased tasks may still come back)."""
+    sealed and no task pending or leased) or ``draining`` (this coordinator was
+    ``drain()``-ed: it hands nothing out).  With input sealed and tasks still leased the
+    answer is ``empty``, as in straw-queue: a leased task may come back to pending."""
 
     status: str
     assignments: tuple[Assignment, ...] = ()

@@ -20,7 +20,7 @@ import xxhash
 
 from . import tensor_format
 from .checks import check_count
-from .errors import CorruptData, InvalidReference
+from .errors import CorruptData, InvalidRange, NotATensorRecord
 from .refs import RecordInfo, RecordRef
 
 if TYPE_CHECKING:
@@ -47,14 +47,16 @@ def read_range(session: ReadSession, record_ref: RecordRef, start: int, stop: in
     check_count("start", start)
     check_count("stop", stop)
     if not start <= stop <= info.length:
-        raise ValueError(f"range [{start}, {stop}) outside record {info.record_id!r} of "
-                         f"{info.length} bytes")
+        raise InvalidRange(f"range [{start}, {stop}) outside record {info.record_id!r} of "
+                           f"{info.length} bytes; pass 0 <= start <= stop <= "
+                           f"{info.length}")
     if isinstance(checksums, (str, bytes)) or not isinstance(checksums, Sequence):
         raise TypeError("checksums must be a list of hex digests, one per chunk")
     chunks = -(-info.length // chunk_bytes)
     if len(checksums) != chunks:
-        raise ValueError(f"record {info.record_id!r} of {info.length} bytes has {chunks} "
-                         f"chunks of {chunk_bytes} bytes; {len(checksums)} checksums given")
+        raise InvalidRange(f"record {info.record_id!r} of {info.length} bytes has {chunks} "
+                           f"chunks of {chunk_bytes} bytes; {len(checksums)} checksums "
+                           "given: pass one per chunk")
     out = bytearray(stop - start)
     if stop == start:
         return out
@@ -88,7 +90,9 @@ def tensor_chunks(info: RecordInfo, expected: Mapping[str, Any] | None
     ``CorruptData``, before any payload is read)."""
     where = f"record {info.record_id!r}"
     if info.codec != tensor_format.CODEC:
-        raise InvalidReference(f"{where} has codec {info.codec!r}, not {tensor_format.CODEC}")
+        raise NotATensorRecord(f"{where} has codec {info.codec!r}, not "
+                               f"{tensor_format.CODEC}; read it with read_record or "
+                               "read_range")
     dtype, shape, _, chunk_bytes, chunks = tensor_format._check_meta(
         info.metadata, info.length, where)
     tensor_format.check_expected(dtype, shape, info.length, expected, where)

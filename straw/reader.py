@@ -79,10 +79,12 @@ from .errors import (
     Closed,
     CorruptData,
     ExtentMismatch,
+    InvalidRange,
     InvalidReference,
     StorageUnavailable,
     StrawError,
     UnsupportedSchema,
+    WrongReferenceKind,
 )
 from .fs import Filesystem, NotBeneath
 from .pack import EXTENT_PREFIX, decode_manifest, manifest_size, read_sealed_index
@@ -614,7 +616,8 @@ class ReadSession(ProcessBound):
         if where is None:
             raise InvalidReference(f"{record_ref!r} names a manifest, not a payload record")
         if not 0 <= start <= stop <= info.length:
-            raise ValueError(f"range [{start}, {stop}) outside record of {info.length} bytes")
+            raise InvalidRange(f"range [{start}, {stop}) outside record of {info.length} "
+                               "bytes")
         path, offset = where
         return self._read_exact(path, offset + start, stop - start, into=into)
 
@@ -699,6 +702,11 @@ class ReadSession(ProcessBound):
     def _locate(self, record_ref: RecordRef) -> tuple[RecordInfo, tuple[str, int] | None]:
         """A record's checked manifest entry and (path, absolute payload offset); None as
         location for the manifest ordinal."""
+        if isinstance(record_ref, RecordSetRef):
+            raise WrongReferenceKind(
+                f"expected a RecordRef (one record), got a RecordSetRef (a publication: "
+                f"{record_ref!r}); read a publication with read(ref), or pass one of its "
+                "records' RecordRef")
         if not isinstance(record_ref, RecordRef):
             raise TypeError(f"expected a RecordRef, got {type(record_ref).__name__}")
         record_ref = self._canonical(record_ref)
@@ -754,6 +762,11 @@ class ReadSession(ProcessBound):
         return rel if PACK_PATH_RE.match(rel) else path
 
     def _check_ref(self, ref: object) -> None:
+        if isinstance(ref, RecordRef):
+            raise WrongReferenceKind(
+                f"expected a RecordSetRef (a publication), got a RecordRef (one record: "
+                f"{ref!r}); read one record with read_record(ref), or pass the "
+                "publication's RecordSetRef (record_set(refs, ...) makes one of records)")
         if not isinstance(ref, (RecordSetRef, SegmentRef)):
             raise TypeError(f"expected a RecordSetRef, got {type(ref).__name__}")
         ref.check()

@@ -62,12 +62,13 @@ import xxhash
 from . import framing, holder, holds, tracing
 from .backend import FilesystemBackend
 from .catalog import Catalog, Extent
-from .checks import check_count, check_seconds, check_u64, check_usage_total
+from .checks import check_count, check_seconds, check_u64, check_usage_total, short_repr
 from .clock import Clock, SystemClock
 from .errors import (
     Closed,
     CorruptData,
     IdempotencyConflict,
+    InvalidRecordId,
     InvalidReference,
     LocalDependencyOrder,
     ResourceLimitExceeded,
@@ -484,6 +485,10 @@ class SharedFilesystemStore(ProcessBound):
         self._check_submission_id(submission_id)
         if isinstance(publications, (str, bytes)) or not isinstance(publications, Sequence):
             raise TypeError("publications must be a list of straw.Publication")
+        if not publications:  # straw-queue refuses it too: an extent of nothing
+            raise ValueError(f"publish_many([], submission_id={submission_id!r}) has no "
+                             "publication to write; pass at least one Publication (an "
+                             "empty one publishes an empty record set: publish([]))")
         normalized: list[_Pub] = []
         try:
             for i, p in enumerate(publications):
@@ -515,6 +520,10 @@ class SharedFilesystemStore(ProcessBound):
         (of them, or of a record set naming them) or a durable owner takes over."""
         self._check_process()
         self._check_submission_id(submission_id)
+        if isinstance(records, Sequence) and not isinstance(records, (str, bytes)) \
+                and not records:  # straw-queue refuses it too: an extent of nothing
+            raise ValueError(f"write_records([], submission_id={submission_id!r}) has no "
+                             "record to write; pass at least one Record")
         normalized = [self._normalize(Publication(records), 0, "write_records")]
         started = self.clock.now() if tracing.enabled() else None
         (ref,) = self._publish(normalized, submission_id, "records")
@@ -769,7 +778,8 @@ class SharedFilesystemStore(ProcessBound):
             if not isinstance(r.record_id, str):
                 raise TypeError(f"{rw}.record_id must be a str, got {type(r.record_id).__name__}")
             if not r.record_id or len(r.record_id) > 1024:
-                raise ValueError(f"{rw}.record_id must be a non-empty str of at most 1024 chars")
+                raise InvalidRecordId(f"{rw}.record_id must be a non-empty str of at most "
+                                      f"1024 chars, got {short_repr(r.record_id)}")
             if r.record_id in seen:
                 raise ValueError(f"{rw}.record_id {r.record_id!r} is a duplicate; record ids "
                                  "must be unique within a publication")
@@ -1150,7 +1160,8 @@ class SharedFilesystemStore(ProcessBound):
                             ) -> list[RecordSetRef] | list[RecordRef] | None:
         """What writer ``writer_id`` of this run published under ``submission_id`` through
         ``api`` (``"records"``: write_records, ``"record_set"``, ``"publish"``:
-        publish/publish_many), e.g. after a lost reply; None if nothing was.  Reads only:
+        publish/publish_many), e.g. after a lost reply; None if nothing was
+        (``ValueError`` if the run has no such writer, as straw-queue).  Reads only:
         it renews no protection (an old result may be collected already).  A writer whose
         store is open elsewhere is read without its lock: what it acknowledged is
         returned; if nothing is found ``WriterBusy`` is raised, since the request may
@@ -1171,7 +1182,15 @@ class SharedFilesystemStore(ProcessBound):
         try:
             with self._other_writer(writer_id) as (rel_dir, writer_dir):
                 if not self.fs.exists(writer_dir):
-                    return None
+                    if writer_id == self.writer_id:
+                        return None  # this store's own writer, which published nothing
+                    # straw-queue: an unknown writer is a ValueError (a wrong id), not
+                    # "nothing published" (a writer creates its directory durably before
+                    # its first publication is acknowledged)
+                    raise ValueError(
+                        f"run {self.run_id!r} has no writer {writer_id!r} at {self.root}: "
+                        "it never published here; pass the writer_id of the store that "
+                        "sent the request (store.writer_id)")
                 history = recover_writer(self.fs, self.root, self.run_id, rel_dir,
                                          self.catalog, incarnations(self.fs, writer_dir))
         except WriterBusy as busy:

@@ -115,6 +115,7 @@ from .errors import (
     ForkedProcess,
     InvalidReference,
     TensorMismatch,
+    UnsupportedDtype,
     UnsupportedSchema,
 )
 from .fs import runnable_threads
@@ -479,7 +480,7 @@ def _tensor_bytes(value: object, where: str) -> tuple[np.ndarray, str, tuple[int
                             "(.to_dense())")
         name = str(t.dtype).removeprefix("torch.")
         if name not in DTYPES:
-            raise TypeError(f"{where} has dtype {name}; supported: {', '.join(DTYPES)}")
+            raise _unsupported_dtype(where, name)
         if t.device.type != "cpu":
             t = t.to("cpu")
         t = t.resolve_conj().resolve_neg().contiguous()
@@ -492,7 +493,7 @@ def _tensor_bytes(value: object, where: str) -> tuple[np.ndarray, str, tuple[int
         a = np.asarray(value)
         name = a.dtype.name
         if name not in DTYPES or (a.dtype.kind == "V" and name != "bfloat16"):
-            raise TypeError(f"{where} has dtype {a.dtype}; supported: {', '.join(DTYPES)}")
+            raise _unsupported_dtype(where, str(a.dtype))
         if not a.dtype.isnative:
             a = a.astype(a.dtype.newbyteorder("="))
         if not a.flags.c_contiguous:
@@ -500,6 +501,13 @@ def _tensor_bytes(value: object, where: str) -> tuple[np.ndarray, str, tuple[int
         return a.reshape(-1).view(np.uint8), name, tuple(a.shape), "numpy"
     raise TypeError(f"{where} is a {type(value).__name__}; publish a NumPy array or a torch "
                     "tensor (np.asarray(x) for Python numbers and lists)")
+
+
+def _unsupported_dtype(where: str, name: str) -> UnsupportedDtype:
+    # straw-queue's phrase first (its callers match it), then the object and the fix
+    return UnsupportedDtype(
+        f"Unsupported tensor dtype: {name} ({where}); tensor.v1 stores "
+        f"{', '.join(DTYPES)}: convert it first (a complex tensor: torch.view_as_real)")
 
 
 def _granularity(chunk_bytes: int | None) -> int:
@@ -915,20 +923,33 @@ class TensorRef:
                     f"{reader._forked_message()}; then rebind the reference with "
                     "ref.using(store), or send it to the child pickled (an unpickled "
                     "TensorRef reads through a store of its own process)")
-            return _session_of(reader)
+            session = _session_of(reader)
+            if not (session.closed or getattr(reader, "closed", False)):
+                return session
+            # Its store (or session) was closed since, e.g. at the end of the ``with``
+            # block that published the tensor: a TensorRef is metadata that holds no
+            # descriptor of its own (straw-queue's), so it reads as an unpickled one does,
+            # through this process's store of its pool (same checks: run and pool id,
+            # every chunk's checksum, the record beneath the pool root).
+            return self._own_session(self.root or getattr(reader, "root", ""))
+        return self._own_session(self.root)
+
+    def _own_session(self, root: str) -> ReadSession:
+        """A read session of this process's own store of the pool at ``root`` (opened
+        once per pool and run, then shared), for a reference bound to no open reader."""
         run_id = self._run()
-        key = (self.root, run_id)
+        key = (root, run_id)
         with _auto_lock:
             store = _auto_stores.get(key)
             if store is None:
                 from .fs import PosixFS
                 from .store import SharedFilesystemStore
 
-                if not self.root or not PosixFS().exists(os.path.join(self.root, "POOL")):
+                if not root or not PosixFS().exists(os.path.join(root, "POOL")):
                     raise InvalidReference(
-                        f"tensor {self.name!r}: no pool at {self.root!r} on this machine; "
+                        f"tensor {self.name!r}: no pool at {root!r} on this machine; "
                         "bind the reference to a store with ref.using(store)")
-                store = SharedFilesystemStore(self.root, run_id)
+                store = SharedFilesystemStore(root, run_id)
                 _auto_stores[key] = store
         self._check_reader(store)  # the root may hold another pool on this machine
         return _session_of(store)

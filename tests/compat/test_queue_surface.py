@@ -439,3 +439,70 @@ def test_recover_after_a_kill(tmp_path):
                      TaskSpec("prompt:1")]
             assert q.submit_tasks("dataset:0", tasks, producer_id="dataset",
                                   producer_state={"cursor": 2}) == ["prompt:0", "prompt:1"]
+
+
+def test_sealed_input_with_leased_work_answers_empty_until_nothing_is_leased(store, queue):
+    """straw-queue: ``end_of_input`` only once input is sealed and nothing is pending or
+    leased; ``draining`` only after ``drain()``; otherwise ``empty`` (a leased task may
+    still come back to pending)."""
+    queue.submit_tasks("r", [TaskSpec("prompt:0"), TaskSpec("prompt:1")])
+    (a,) = queue.acquire("w", 1).assignments
+    queue.seal_input("sealed")
+    (b,) = queue.acquire("w", 1).assignments  # pending work is still handed out
+    assert queue.acquire("other").status == "empty"
+    assert queue.release_tasks([b.lease], request_id="back") == ["released"]
+    (b,) = queue.acquire("other").assignments  # ... and so is work that came back
+    complete(queue, store, a.lease)
+    assert queue.acquire("other", task_prefix="nothing:").status == "empty"
+    complete(queue, store, b.lease)
+    assert queue.acquire("other").status == "end_of_input"
+    queue.drain()
+    assert queue.acquire("other").status == "draining"
+
+
+def test_a_lease_naming_an_unknown_task_is_a_stale_attempt(store, queue):
+    """straw-queue answers a lease whose task the queue does not know (an edited task id)
+    as any lease that is not current: per lease where the call reports per lease, raised
+    elsewhere; the real lease stays current."""
+    inp = store.publish([Record("prompt", b"p")], submission_id="prompt")
+    queue.submit_tasks("r", [TaskSpec("prompt:0", input_ref=inp)])
+    (a,) = queue.acquire("w", 1).assignments
+    ghost = dataclasses.replace(a.lease, task_id="never-submitted")
+    assert queue.heartbeat([ghost, a.lease]) == ["StaleAttempt", "extended"]
+    result = publish_result(store, ghost, sid="ghost-result")
+    raising = [
+        lambda: queue.complete_task(ghost, submission_id="c", result_ref=result,
+                                    result_digest=result.digest),
+        lambda: queue.fail_task(ghost, request_id="f", failure="x"),
+        lambda: queue.yield_task(ghost, request_id="y", input_ref=inp),
+        lambda: queue.yield_tasks([{"lease": ghost, "input_ref": inp}], request_id="ys"),
+        lambda: queue.save_task_progress(ghost, request_id="p", input_ref=inp),
+        lambda: queue.save_task_progress_many([{"lease": ghost, "input_ref": inp}],
+                                              request_id="pm"),
+        # its attempt has a reader, whose lease this is not: nothing is released
+        lambda: queue.release_task_reads([ghost]),
+    ]
+    for call in raising:
+        with pytest.raises(StaleAttempt, match="never-submitted"):
+            call()
+    assert queue.release_tasks([ghost], request_id="rel") == ["StaleAttempt"]
+    assert queue.outstanding_reads() == (a.lease,)
+    assert queue.heartbeat([a.lease]) == ["extended"]
+    complete(queue, store, a.lease)
+
+
+def test_release_task_reads_of_an_attempt_without_a_reader_releases_nothing(store, queue):
+    """straw-queue: a lease whose attempt has no outstanding reader (an edited attempt id,
+    or released already) is no error and releases nothing; only the reader's own lease
+    ends its protection."""
+    inp = store.publish([Record("prompt", b"p")], submission_id="prompt")
+    queue.submit_tasks("r", [TaskSpec("prompt:0", input_ref=inp)])
+    (a,) = queue.acquire("w", 1).assignments
+    assert queue.release_task_reads([dataclasses.replace(a.lease, attempt_id="zz")]) is None
+    assert queue.outstanding_reads() == (a.lease,)
+    with pytest.raises(StaleAttempt):  # its attempt, another token: not its lease
+        queue.release_task_reads([dataclasses.replace(a.lease, token="0" * 64)])
+    assert queue.outstanding_reads() == (a.lease,)
+    assert queue.release_task_reads([a.lease]) is None
+    assert queue.outstanding_reads() == ()
+    assert queue.release_task_reads([a.lease]) is None  # released already: nothing

@@ -175,7 +175,7 @@ def test_tensor_limits_keep_straw_queue_names_and_values():
 def test_values_and_messages_a_straw_queue_caller_relies_on(tmp_path):
     import dataclasses
 
-    from straw import Coordinator, Limits, Record, SharedFilesystemStore
+    from straw import Coordinator, Limits, Publication, Record, SharedFilesystemStore
     from straw.errors import CorruptData, ResourceLimitExceeded
     from straw.protocol import bounded_metadata, decode, encode
 
@@ -194,7 +194,8 @@ def test_values_and_messages_a_straw_queue_caller_relies_on(tmp_path):
         bounded_metadata(big, 8, enforce=True)
     with SharedFilesystemStore(tmp_path, "values") as store:
         ref = store.publish([Record("a", b"x")], submission_id="a")
-        assert isinstance(store.publish_many([], submission_id="none"), tuple)
+        assert isinstance(store.publish_many([Publication([])], submission_id="none"),
+                          tuple)
         with store.read_session() as reader:
             assert reader.backend is store.backend and reader.run_id == "values"
             assert reader.read_record(ref=store.validate(ref)[0]).payload == b"x"

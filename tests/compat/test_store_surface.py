@@ -10,11 +10,20 @@ import json
 import numpy as np
 import pytest
 
-from straw import Publication, Record, RecordRef, RecordSetRef, SharedFilesystemStore
+from straw import (
+    Coordinator,
+    Publication,
+    Record,
+    RecordRef,
+    RecordSetRef,
+    SharedFilesystemStore,
+    TaskSpec,
+)
 from straw.errors import (
     CorruptData,
     InvalidReference,
     UnknownCodec,
+    UnsupportedSchema,
     WriterBusy,
     WriterFenced,
 )
@@ -366,3 +375,95 @@ def test_a_live_writers_receipt_is_read_while_it_keeps_publishing(tmp_path):
             assert peer.publication_receipt(writer.writer_id, api="publish",
                                             submission_id=f"pub-{asked}") == [refs[asked]]
         assert len({r.path for r in refs}) == 1  # all in the writer's open pack
+
+
+# --- straw-queue's error classes, each also the builtin straw raised before ------------
+
+def test_writing_nothing_is_a_value_error_and_writes_nothing(tmp_path):
+    with SharedFilesystemStore(tmp_path, "run") as store:
+        with pytest.raises(ValueError, match=r"write_records\(\[\].*at least one Record"):
+            store.write_records([], submission_id="none")
+        with pytest.raises(ValueError, match=r"publish_many\(\[\].*at least one"):
+            store.publish_many([], submission_id="none")
+        assert store.lookup_submission("none") is None
+        # an empty publication is still one (straw-queue publishes it too)
+        assert store.publish([], submission_id="empty").records == 0
+
+
+@pytest.mark.parametrize("record_id", ["", "x" * 1025])
+def test_an_empty_or_long_record_id_is_unsupported_schema_and_value_error(tmp_path,
+                                                                          record_id):
+    with SharedFilesystemStore(tmp_path, "run") as store:
+        for call in (lambda: store.publish([Record(record_id, b"x")], submission_id="p"),
+                     lambda: store.write_records([Record(record_id, b"x")],
+                                                 submission_id="w")):
+            with pytest.raises(UnsupportedSchema, match="record_id") as err:
+                call()
+            assert isinstance(err.value, ValueError)
+        assert store.lookup_submission("p") is None
+
+
+@pytest.mark.parametrize("tokens", [1.5, True, "3"])
+def test_tokens_of_another_type_are_a_value_error_and_a_type_error(tmp_path, tokens):
+    with SharedFilesystemStore(tmp_path, "run") as store:
+        with pytest.raises(ValueError, match="tokens must be an int") as err:
+            store.publish([Record("a", b"x", tokens=tokens)], submission_id="p")
+        assert isinstance(err.value, TypeError)
+        with Coordinator(store, exclusive_owner="me") as queue:
+            with pytest.raises(ValueError, match="estimated_tokens") as err:
+                queue.submit_tasks("r", [TaskSpec("t", estimated_tokens=tokens)])
+            assert isinstance(err.value, TypeError)
+
+
+def test_read_range_outside_the_record_is_invalid_reference_and_value_error(tmp_path):
+    with SharedFilesystemStore(tmp_path, "run") as store:
+        (ref,) = store.write_records([Record("a", b"hello")], submission_id="w")
+        sums = _sha_chunks(b"hello", 5)
+        for start, stop, chunk, given in ((0, 10, 5, sums), (4, 3, 5, sums),
+                                          (0, 5, 2, sums)):
+            with pytest.raises(InvalidReference) as err:
+                store.read_range(ref, start, stop, chunk_bytes=chunk, checksums=given)
+            assert isinstance(err.value, ValueError)
+        assert store.read_range(ref, 1, 4, chunk_bytes=5, checksums=sums) == b"ell"
+
+
+def test_a_tensor_read_of_a_bytes_record_is_unsupported_schema(tmp_path):
+    with SharedFilesystemStore(tmp_path, "run") as store:
+        (ref,) = store.write_records([Record("a", b"hello")], submission_id="w")
+        with store.read_session() as session:
+            for reader in (store, session):
+                with pytest.raises(UnsupportedSchema, match="not tensor.v1") as err:
+                    reader.read_tensor_range(ref, 0, 1)
+                assert isinstance(err.value, InvalidReference)  # (straw's class before)
+
+
+def test_a_reference_of_the_other_kind_is_invalid_reference_and_unsupported_schema(
+        tmp_path):
+    # straw-queue: read/validate of a RecordRef are InvalidReference, manifest of it and
+    # read_record of a RecordSetRef UnsupportedSchema; straw raised TypeError
+    with SharedFilesystemStore(tmp_path, "run") as store:
+        (record,) = store.write_records([Record("a", b"hello")], submission_id="w")
+        publication = store.publish([Record("b", b"x")], submission_id="p")
+        with store.read_session() as session:
+            for reader in (store, session):
+                for call, ref in ((reader.read, record),
+                                  (reader.validate, record), (reader.manifest, record),
+                                  (reader.read_record, publication)):
+                    with pytest.raises(InvalidReference, match="expected a Record") as err:
+                        call(ref)
+                    assert isinstance(err.value, UnsupportedSchema)
+                    assert isinstance(err.value, TypeError)
+        assert [r.payload for r in store.read(publication)] == [b"x"]
+
+
+def test_publication_receipt_of_an_unknown_writer_is_a_value_error(tmp_path):
+    with SharedFilesystemStore(tmp_path, "run", writer_id="w1") as writer:
+        writer.publish([Record("a", b"x")], submission_id="p")
+    with SharedFilesystemStore(tmp_path, "run") as peer:
+        with pytest.raises(ValueError, match="no writer 'nobody'"):
+            peer.publication_receipt("nobody", api="publish", submission_id="p")
+        # a known writer: a submission it never made is None, as in straw-queue
+        assert peer.publication_receipt("w1", api="publish", submission_id="other") is None
+        # this store's own writer, which published nothing yet: nothing, not an error
+        assert peer.publication_receipt(peer.writer_id, api="publish",
+                                        submission_id="p") is None

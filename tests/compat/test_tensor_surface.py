@@ -302,3 +302,46 @@ def test_a_record_whose_checksums_are_one_string_is_still_read(tmp_path):
                             submission_id="bad")
         with pytest.raises(CorruptData):
             TensorRef.from_record_set(store, pub).load()
+
+
+# --- a reference outlives the store that published it -----------------------------------
+
+def test_a_reference_loads_after_the_store_that_published_it_is_closed(tmp_path):
+    # straw-queue: a TensorRef is metadata holding no descriptor; it loads on its own
+    with _store(tmp_path) as store:
+        features, scores = _publish(store)
+        session = store.read_session()
+        via_session = features.using(session)
+    session.close()
+    expected = np.arange(24, dtype=np.float32).reshape(6, 4)
+    assert np.array_equal(features.load().numpy(), expected)
+    assert np.array_equal(features[2:4].numpy(), expected[2:4])
+    assert np.array_equal(via_session.load().numpy(), expected)
+    assert torch.equal(scores.load(), torch.ones(6))
+    features.validate()
+    # every check still applies: an edited reference is refused before any payload read
+    with pytest.raises(TensorMismatch):
+        dataclasses.replace(features, shape=(12, 2)).load()
+
+
+def test_a_reference_bound_to_a_closed_store_refuses_another_pool_at_its_root(tmp_path):
+    root = tmp_path / "pool"
+    with _store(root) as store:
+        features, _ = _publish(store)
+    os.rename(root, tmp_path / "moved")
+    with _store(root):  # another pool, same root and run id
+        with pytest.raises(InvalidReference, match="same run id"):
+            features.load()
+
+
+@pytest.mark.parametrize("value", [torch.zeros(2, dtype=torch.complex64),
+                                   np.zeros(2, dtype=np.complex128),
+                                   np.array([1, "a"], dtype=object)])
+def test_an_unsupported_dtype_is_unsupported_schema_and_type_error(tmp_path, value):
+    with _store(tmp_path) as store:
+        with pytest.raises(UnsupportedSchema, match="Unsupported tensor dtype") as err:
+            publish_tensors(store, {"c": value}, submission_id="c")
+        assert isinstance(err.value, TypeError)  # (straw's class before)
+        with pytest.raises(TypeError, match="Unsupported tensor dtype"):
+            tensor_record(value, "c")
+        assert store.lookup_submission("c") is None
