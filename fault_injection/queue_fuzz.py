@@ -130,9 +130,9 @@ def _serve(q: Coordinator, conn: Connection) -> None:
                     v = q.collect_garbage()
                 else:
                     raise ValueError(f"unknown op {op!r}")
-                reply: tuple[Any, ...] = ("ok", v, q.epoch)
+                reply: tuple[Any, ...] = ("ok", v, q.epoch_number)
             except Exception as e:  # noqa: BLE001 - every error goes back to the caller
-                reply = ("err", type(e).__name__, str(e), q.epoch)
+                reply = ("err", type(e).__name__, str(e), q.epoch_number)
             conn.send(reply)
     except (OSError, EOFError):
         return
@@ -159,7 +159,7 @@ def _coordinator(root: str, logdir: str, gen: int, takeover: bool, run: str = RU
         address = f"\0straw-queue-fuzz-{os.getpid()}-{gen}"
         listener = Listener(address, family="AF_UNIX")
         threading.Thread(target=_watchdog, daemon=True).start()
-        info = {"gen": gen, "epoch": q.epoch, "address": address, "pid": os.getpid(),
+        info = {"gen": gen, "epoch": q.epoch_number, "address": address, "pid": os.getpid(),
                 "t_serving": time.time(), "takeover": takeover}
         path = os.path.join(logdir, f"coord-{gen}.json")
         with open(path + ".tmp", "w") as f:
@@ -555,7 +555,7 @@ def check_queue(root: str, acks: str, logdir: str, workers: Sequence[str],
         store.close()
         return
     try:
-        s.final_epoch = q.epoch
+        s.final_epoch = q.epoch_number
         for e in receipts:
             got = q.lookup_submission(e["sid"])
             ref = RecordSetRef.from_dict(e["ref"])

@@ -389,15 +389,15 @@ class Coordinator(ProcessBound):
                     f"{max(existing)}). Make sure its coordinator is stopped, then open it "
                     "with recover=True"
                 )
-        self.epoch = (max(existing) if existing else 0) + 1
+        self._epoch = (max(existing) if existing else 0) + 1
         # our epoch's lock first, then its marker: whoever sees the marker sees it held
-        self._lock_fd, _ = holder.take(self.fs, self._epoch_path(self.epoch) + ".lock",
+        self._lock_fd, _ = holder.take(self.fs, self._epoch_path(self._epoch) + ".lock",
                                        self._wall, purpose=self.exclusive_owner or "")
         if self._lock_fd is None:
             raise UnsafeRecovery(f"another coordinator of {self.namespace}/{self.queue_id} is "
-                                 f"taking epoch {self.epoch} right now; only one may recover")
+                                 f"taking epoch {self._epoch} right now; only one may recover")
         try:
-            fd = self.fs.open(self._epoch_path(self.epoch), write=True, create=True,
+            fd = self.fs.open(self._epoch_path(self._epoch), write=True, create=True,
                               exclusive=True)
             self.fs.fsync(fd)
             self.fs.close(fd)
@@ -405,7 +405,7 @@ class Coordinator(ProcessBound):
         except FileExistsError:
             raise UnsafeRecovery(
                 f"another coordinator of {self.namespace}/{self.queue_id} took epoch "
-                f"{self.epoch} at the same time; only one may recover"
+                f"{self._epoch} at the same time; only one may recover"
             ) from None
         started = time.perf_counter()
         recovered = journal_mod.recover(self.fs, self.journal_dir,
@@ -414,20 +414,20 @@ class Coordinator(ProcessBound):
         self.recovery_seconds = time.perf_counter() - started
         self.recovery_stats = dict(recovered.stats)
         self.journal = journal_mod.Journal(
-            self.fs, self.journal_dir, epoch=self.epoch, recovered=recovered,
+            self.fs, self.journal_dir, epoch=self._epoch, recovered=recovered,
             clock=self._wall, fence=self._fence_check, group_wait=self.group_wait,
             segment_target_bytes=self.segment_target_bytes,
         )
         self._mark_started()
         # D9: revoke older leases, durably, before serving anyone
-        self._commit_now({"t": "epoch", "epoch": self.epoch,
+        self._commit_now({"t": "epoch", "epoch": self._epoch,
                           "spend": self.recovery_spends_budget})
         self._durable_commits = len(self.state.commits)
         # Claim the queue owner for our epoch (older coordinators' catalog updates are
         # ignored from now on).  Its roots already cover the recovered state: everything a
         # durable transaction names was adopted before it was journaled (D2), and only a
         # replace at collect_garbage removes roots — of data no longer needed.
-        if not self.store.catalog.adopt(self.owner, self.epoch, add=()):
+        if not self.store.catalog.adopt(self.owner, self._epoch, add=()):
             raise Fenced(f"queue {self.owner} was taken over by a newer coordinator")
         with self.store.catalog.locked() as st:
             roots = st.owners.get((self.store.run_id, self.owner))
@@ -459,14 +459,14 @@ class Coordinator(ProcessBound):
         a later recovery that finds no valid segment of this epoch (or of a newer one)
         knows they were lost (``CorruptData``) instead of recovering an older epoch."""
         try:
-            fd = self.fs.open(self._epoch_path(self.epoch), write=True)
+            fd = self.fs.open(self._epoch_path(self._epoch), write=True)
             try:
                 self.fs.writev(fd, [_STARTED], 0)
                 self.fs.fsync(fd)
             finally:
                 self.fs.close(fd)
         except OSError as e:
-            raise storage_error(e, f"queue {self.owner}: cannot mark epoch {self.epoch} "
+            raise storage_error(e, f"queue {self.owner}: cannot mark epoch {self._epoch} "
                                 "started") from e
 
     def _newest_started(self, epochs: Iterable[int]) -> int:
@@ -496,12 +496,12 @@ class Coordinator(ProcessBound):
         reply: an old coordinator that resumes acknowledges nothing)."""
         # the next epoch's path, formatted once per epoch (this runs after every sync)
         fence = self._fence_path
-        if fence is None or fence[0] != self.epoch:
-            fence = self._fence_path = (self.epoch, self._epoch_path(self.epoch + 1))
+        if fence is None or fence[0] != self._epoch:
+            fence = self._fence_path = (self._epoch, self._epoch_path(self._epoch + 1))
         if not self.fs.probe(fence[1]):
             return
-        raise Fenced(f"queue {self.owner}: epoch {self.epoch + 1} exists; coordinator "
-                     f"epoch {self.epoch} is fenced")
+        raise Fenced(f"queue {self.owner}: epoch {self._epoch + 1} exists; coordinator "
+                     f"epoch {self._epoch} is fenced")
 
     # --- the commit path ----------------------------------------------------------------
     def _check_usable(self) -> None:
@@ -509,7 +509,7 @@ class Coordinator(ProcessBound):
         if self._closed:
             raise Closed(f"coordinator of {self.owner} is closed; open a new Coordinator")
         if self._broken is not None:
-            raise Fenced(f"coordinator of {self.owner} (epoch {self.epoch}) stopped after "
+            raise Fenced(f"coordinator of {self.owner} (epoch {self._epoch}) stopped after "
                          f"{self._broken!r}; open a new one with recover=True")
 
     def _adopt(self, refs: Iterable[RecordSetRef],
@@ -535,7 +535,7 @@ class Coordinator(ProcessBound):
             new = [e for e in todo if e not in self._rooted]
         if new:
             try:
-                ok = self.store.catalog.adopt(self.owner, self.epoch, add=new,
+                ok = self.store.catalog.adopt(self.owner, self._epoch, add=new,
                                               announced=announced)
             except BaseException:
                 self._done_adopting(todo)
@@ -614,7 +614,7 @@ class Coordinator(ProcessBound):
             if delta.size():
                 try:
                     history = (history or History(self.fs, self.history_dir)).extended(
-                        delta, self.epoch, self._last_seq)
+                        delta, self._epoch, self._last_seq)
                 except OSError as e:
                     raise storage_error(e, f"queue {self.owner}: history segment not "
                                         "written") from e
@@ -623,7 +623,7 @@ class Coordinator(ProcessBound):
             self.journal.snapshot(state)
             self._since_snapshot = 0
             if history is not None:
-                history.cleanup(self.epoch)
+                history.cleanup(self._epoch)
 
     # --- validation helpers -------------------------------------------------------------
     def _check_ref(self, ref: object, where: str) -> RecordSetRef:
@@ -692,11 +692,11 @@ class Coordinator(ProcessBound):
         if lease.queue_id != self.queue_id or lease.run_id != self.store.run_id:
             raise ValueError(f"{where} of queue {lease.queue_id!r} (run {lease.run_id!r}) given "
                              f"to queue {self.queue_id!r} (run {self.store.run_id!r})")
-        if lease.coordinator_epoch != str(self.epoch):
+        if lease.coordinator_epoch != str(self._epoch):
             raise StaleAttempt(
                 f"lease of task {lease.task_id!r} attempt {lease.attempt_id} was granted by "
                 f"coordinator epoch {lease.coordinator_epoch}; the queue is at epoch "
-                f"{self.epoch}. Drop the work; the task was returned to the queue")
+                f"{self._epoch}. Drop the work; the task was returned to the queue")
         task = self.state.tasks.get(lease.task_id)
         if task is None:
             # a lease naming a task the queue does not know (a task id edited, or another
@@ -709,7 +709,7 @@ class Coordinator(ProcessBound):
         current = (task.status == LEASED and task.lease is not None
                    and task.lease[0] == lease.generation and task.lease[1] == lease.worker_id)
         if not current or lease.attempt_id != self._attempt_id(task.task_id, lease.generation) \
-                or lease.token != self._token(lease.attempt_id, lease.worker_id, self.epoch):
+                or lease.token != self._token(lease.attempt_id, lease.worker_id, self._epoch):
             raise StaleAttempt(
                 f"task {lease.task_id!r} attempt {lease.attempt_id} (generation "
                 f"{lease.generation}) is no longer leased to {lease.worker_id!r} (status "
@@ -948,7 +948,7 @@ class Coordinator(ProcessBound):
         if not chosen:
             return status, chosen, None
         grants = [[t.task_id, t.attempt + 1] for t in chosen]
-        return status, chosen, {"t": "lease", "epoch": self.epoch, "worker": worker_id,
+        return status, chosen, {"t": "lease", "epoch": self._epoch, "worker": worker_id,
                                 "grants": grants}
 
     def _assigned(self, chosen: list[Any]) -> tuple[Assignment, ...]:
@@ -1116,7 +1116,7 @@ class Coordinator(ProcessBound):
         accepted item of complete_tasks')."""
         return {"t": "complete", "task": task_id, "attempt": lease.generation,
                 "sub": submission_id, "result": list(_ref_tuple(ref)), "digest": ref.digest,
-                "epoch": self.epoch, "meta": {"worker": lease.worker_id}}
+                "epoch": self._epoch, "meta": {"worker": lease.worker_id}}
 
     def _complete_batch(self, args: list[tuple[str, Lease, RecordSetRef, list[Any]]],
                         outcomes: list[CommitReceipt | StrawError | None],
@@ -2267,7 +2267,7 @@ class Coordinator(ProcessBound):
             self._check_usable()
             live = self._live_extents() | set(self._adding)
             # the mutex is held across the catalog update so no adoption interleaves
-            if not self.store.catalog.adopt(self.owner, self.epoch, replace=live,
+            if not self.store.catalog.adopt(self.owner, self._epoch, replace=live,
                                             unstage=set(unstage) | deps):
                 self._fail(Fenced(f"queue {self.owner}: a newer coordinator owns it"))
             self._rooted = RootSet(live)
@@ -2300,13 +2300,13 @@ class Coordinator(ProcessBound):
         self._write_snapshot()
         with self._mutex:
             self._check_usable()
-            body = {"version": 1, "queue": self.owner, "epoch": self.epoch,
+            body = {"version": 1, "queue": self.owner, "epoch": self._epoch,
                     "commits": self._durable_commits, "sealed": self.state.sealed,
                     "tasks": dict(self.state.tasks.status_counts()),
                     "consumers": self._consumers_view(), "batches": self._batches_view(),
                     "checkpoints": self._checkpoints_view(),
                     "producers": dict(self.state.producers)}
-            name = f"queue-snapshot:{self.owner}:e{self.epoch}:{self._last_seq}"
+            name = f"queue-snapshot:{self.owner}:e{self._epoch}:{self._last_seq}"
         payload = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
         return self.store.publish([Record("queue-snapshot", payload, codec="json.v1")],
                                   submission_id=name)
@@ -2394,6 +2394,18 @@ class Coordinator(ProcessBound):
         return self.state.sealed
 
     @property
+    def epoch(self) -> str:
+        """This coordinator's epoch, as its leases state it (``lease.coordinator_epoch``
+        equals it, as in straw-queue, where it is a str too).  Epochs count up from 1 with
+        each recovery of the queue (D8/D9): ``epoch_number`` is the same as an int."""
+        return str(self._epoch)
+
+    @property
+    def epoch_number(self) -> int:
+        """``epoch`` as an int (newer coordinators of the queue have larger ones)."""
+        return self._epoch
+
+    @property
     def draining(self) -> bool:
         self._check_process()
         return self._draining
@@ -2419,7 +2431,7 @@ class Coordinator(ProcessBound):
             counts = st.tasks.status_counts()  # never loads recovered history
             journal = self.journal.metrics()
             out: dict[str, Any] = {
-                "queue": self.owner, "epoch": self.epoch,
+                "queue": self.owner, "epoch": self._epoch,
                 "pending": st.pending_count, "leased": st.leased_count,
                 "completed": counts.get(COMPLETED, 0), "failed": counts.get("failed", 0),
                 "cancelled": counts.get("cancelled", 0), "commits": len(st.commits),

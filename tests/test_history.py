@@ -181,7 +181,7 @@ def test_orphan_segment_of_an_interrupted_snapshot_is_ignored_then_deleted(store
     named = set(q.state.history.names())
     # a snapshot that died after writing its segment, before the journal snapshot
     orphan = History(store.fs, q.history_dir).extended(
-        Delta(tasks=[("ghost", [["ghost"], None])], lo=0), q.epoch, 999)
+        Delta(tasks=[("ghost", [["ghost"], None])], lo=0), q.epoch_number, 999)
     q.close()
     q2 = _coord(store, recover=True, snapshot_every=5)
     assert "ghost" not in q2.state.tasks and q2.task_status("ghost") is None

@@ -506,3 +506,18 @@ def test_release_task_reads_of_an_attempt_without_a_reader_releases_nothing(stor
     assert queue.release_task_reads([a.lease]) is None
     assert queue.outstanding_reads() == ()
     assert queue.release_task_reads([a.lease]) is None  # released already: nothing
+
+
+def test_the_epoch_is_the_str_its_leases_carry_and_a_recovery_moves_it_on(tmp_path):
+    root = str(tmp_path / "pool")
+    with SharedFilesystemStore(root, "epochs") as store:
+        q = Coordinator(store, queue_id="work", exclusive_owner="first")
+        q.submit_tasks("r", [TaskSpec("a")])
+        lease = q.acquire("w").assignments[0].lease
+        assert isinstance(q.epoch, str) and lease.coordinator_epoch == q.epoch
+        first = q.epoch_number
+        q.close()
+        q2 = Coordinator(store, queue_id="work", exclusive_owner="second", recover=True)
+        assert q2.epoch != lease.coordinator_epoch and q2.epoch_number == first + 1
+        assert q2.acquire("w").assignments[0].lease.coordinator_epoch == q2.epoch
+        q2.close()

@@ -302,7 +302,7 @@ class QueueConformance(RuleBasedStateMachine):
         cur = ts["lease"]
         return (ts["state"] == "leased" and cur is not None
                 and cur["generation"] == le.generation and cur["worker_id"] == le.worker_id
-                and le.coordinator_epoch == str(self.coord.epoch)
+                and le.coordinator_epoch == self.coord.epoch
                 and not self.clock.now() > ts["deadline"])
 
     @invariant()
