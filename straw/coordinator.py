@@ -368,7 +368,7 @@ class Coordinator(ProcessBound):
         self._lock_fd = None
 
     def _process_subject(self) -> str:
-        epoch = getattr(self, "epoch", "?")
+        epoch = getattr(self, "_epoch", "?")
         return f"Coordinator of queue {self.namespace}/{self.queue_id} (epoch {epoch})"
 
     def _drop_inherited(self) -> None:
@@ -2398,11 +2398,13 @@ class Coordinator(ProcessBound):
         """This coordinator's epoch, as its leases state it (``lease.coordinator_epoch``
         equals it, as in straw-queue, where it is a str too).  Epochs count up from 1 with
         each recovery of the queue (D8/D9): ``epoch_number`` is the same as an int."""
+        self._check_process()
         return str(self._epoch)
 
     @property
     def epoch_number(self) -> int:
         """``epoch`` as an int (newer coordinators of the queue have larger ones)."""
+        self._check_process()
         return self._epoch
 
     @property
