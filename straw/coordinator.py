@@ -1671,10 +1671,19 @@ class Coordinator(ProcessBound):
         with self._mutex:
             self._check_usable()
             st = self.state
-            by_attempt = {self._attempt_id(t, a): (w, t, a) for (w, t, a) in st.reads}
+            by_attempt: dict[str, tuple[str, str, int]] | None = None
             ending = []
             for i, lease in enumerate(leases):
-                key = by_attempt.get(lease.attempt_id)
+                key: tuple[str, str, int] | None = (lease.worker_id, lease.task_id,
+                                                    lease.generation)
+                if key not in st.reads or \
+                        self._attempt_id(lease.task_id, lease.generation) != lease.attempt_id:
+                    # not a reader's own fields: find the reader its attempt id names (the
+                    # whole read set hashed once, only for such a lease)
+                    if by_attempt is None:
+                        by_attempt = {self._attempt_id(t, a): (w, t, a)
+                                      for (w, t, a) in st.reads}
+                    key = by_attempt.get(lease.attempt_id)
                 if key is None:
                     continue
                 w, t, a = key
