@@ -12,7 +12,8 @@ prompt, ``--concurrency`` samples generated at once, batches of ``--batch-groups
   groups it gets and trains on every ``batch_groups`` of them.
 * **straw**: ``straw.rollout.ray.RayRollout`` on a pool in a temp directory: the groups
   are published in the pool by the generation actors, Ray carries references; the driver
-  takes ``next_batch``, loads its shard from the pool, trains, ``finish_batch``.  Prompts
+  takes ``next_batch``, loads its shard from the pool, trains, and acknowledges the batch
+  in its next ``next_batch`` call (``finish=``; ``finish_batch`` after the last).  Prompts
   are admitted a batch at a time (``--refill``, default ``--batch-groups``: one queue
   transaction per batch of prompts) and generation runs at most ``--ahead`` batches of
   accepted groups ahead of training (``max_ahead_groups``), as the object store's driver
@@ -254,17 +255,22 @@ def straw_run(root: str, run: str, nodes: list[str], args: argparse.Namespace, b
                           batch_groups=args.batch_groups,
                           max_ahead_groups=(args.ahead * args.batch_groups
                                             if args.ahead else None),
-                          controller_options={"recover": recover})
+                          controller_options={"recover": recover},
+                          prefetch=args.prefetch)
 
     store = SharedFilesystemStore(root, run)
     job = start(False)
     trained, t0, c0, lost, regenerated, waiting = 0, None, None, 0, 0, 0
     killed = False
+    trained_last: str | None = None  # a trained batch not finished yet
     try:
         while trained < batches:
             if kill_at is not None and not killed and trained >= 1:
                 backlog = sum(job.backlog().values())
                 if backlog >= kill_at:
+                    if trained_last is not None:  # the kill comes after its acknowledgement
+                        job.finish_batch(trained_last)
+                        trained_last = None
                     before = {r.task_id for r in job.accepted()}
                     waiting = backlog
                     job.close(force=True)  # every actor killed: no pause, no close
@@ -275,15 +281,22 @@ def straw_run(root: str, run: str, nodes: list[str], args: argparse.Namespace, b
                     lost = len(before - set(after))
                     if sum(job.backlog().values()) < waiting:
                         lost += waiting - sum(job.backlog().values())
-            refs = job.next_batch(trained, timeout=1.0)  # waits in the controller
+            # waits in the controller; acknowledges the batch trained last first, in
+            # the same call (one round trip per batch)
+            refs = job.next_batch(trained, timeout=1.0, finish=trained_last)
+            trained_last = None
             if refs is None:
                 continue
             shard = refs[0].load(store, rank=0)
             train([s["tokens"] for s in shard.samples])
-            job.finish_batch(refs[0].batch_id)
+            trained_last = refs[0].batch_id
             trained += 1
-            if trained == 1:
+            if trained == 1:  # the warm-up batch, acknowledged before the clock starts
+                job.finish_batch(trained_last)
+                trained_last = None
                 t0, c0 = time.perf_counter(), tree_cpu_pids()
+        if trained_last is not None:  # the last batch's acknowledgement is measured too
+            job.finish_batch(trained_last)
         elapsed, c1 = time.perf_counter() - (t0 or 0), tree_cpu_pids()
         accepted = len(job.accepted())
     finally:
@@ -316,6 +329,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ahead", type=int, default=2,
                     help="straw: batches of accepted groups generation may run ahead of "
                          "training (0: unbounded)")
+    ap.add_argument("--prefetch", type=int, default=None,
+                    help="straw: groups each node leases ahead of its slots (default: "
+                         "the library's)")
     ap.add_argument("--dir", default=None, help="where the pool lives (default: a temp dir)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)

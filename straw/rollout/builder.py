@@ -102,6 +102,7 @@ import concurrent.futures
 import hashlib
 import json
 import math
+import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -552,6 +553,13 @@ class BatchBuilder:
         # the scanned groups kept decoded for their build (commit id -> group; "Memory")
         self._kept: dict[str, SampleGroup] = {}
         self._kept_tokens = 0
+        # groups ``decode_ahead`` (another thread) decoded before the scan reached them:
+        # commit id -> (position, group, tokens), until the scan takes them; its own lock
+        # and budget, its own read position in the log
+        self._ahead_lock = threading.Lock()
+        self._ahead: dict[str, tuple[int, SampleGroup, int]] = {}
+        self._ahead_tokens = 0
+        self._ahead_cursor = self._scan_cursor
         # the collections this builder committed, by commit id, until its scan passes
         # them: (publication, groups, mix state after) as written (``_collected``)
         self._own_collections: dict[str, tuple[RecordSetRef, tuple[Accepted, ...],
@@ -659,7 +667,11 @@ class BatchBuilder:
         return lazy_group(self.store, ref)
 
     def _accepted(self, receipt: CommitReceipt) -> Accepted:
-        group = _scanned_group(self.store, receipt)
+        with self._ahead_lock:
+            ahead = self._ahead.pop(receipt.commit_id, None)
+            if ahead is not None:
+                self._ahead_tokens -= ahead[2]
+        group = ahead[1] if ahead is not None else _scanned_group(self.store, receipt)
         entry = _accepted_of(self.mix, receipt, group)
         self._keep(entry.commit_id, group)
         return entry
@@ -681,6 +693,56 @@ class BatchBuilder:
         """A selected group for the build: the scan's decoded one if kept, else read."""
         kept = self._kept.get(e.commit_id)
         return kept if kept is not None else self._group(e.ref)
+
+    def decode_ahead(self) -> int:
+        """Read and decode the accepted groups committed since the last call (from the
+        scan cursor on), so that the scan that reaches them finds them decoded; returns
+        how many it decoded.  The one call that may run on another thread while
+        ``next_batch``, ``finish_batch`` or ``backlog`` run (it uses only the queue's log
+        and the pool, and a table of its own: the builder's state does not change), for a
+        controller that decodes while the build waits on its durable writes: decoding
+        was the largest part of a build's CPU (``ControllerWorker``).  It stops at
+        ``DECODED_TOKENS_KEPT`` tokens decoded and not yet scanned.  A group it cannot
+        decode is left to the scan, which quarantines it (``_scan``)."""
+        if self._closed:
+            return 0
+        with self._ahead_lock:
+            cursor = max(self._ahead_cursor, self._scan_cursor)
+        decoded = 0
+        while True:
+            page = self.coord.read_commits(cursor, _PAGE)
+            for receipt in page.commits:
+                if not receipt.task_id.startswith(PROMPT_PREFIX):
+                    continue
+                with self._ahead_lock:
+                    if self._ahead_tokens >= DECODED_TOKENS_KEPT:
+                        self._ahead_cursor = receipt.position  # (not decoded yet)
+                        return decoded  # the scan has enough to take for now
+                try:
+                    group = _scanned_group(self.store, receipt)
+                except _Untrainable:
+                    continue
+                tokens = sum(len(x.tokens) for x in group.samples)
+                with self._ahead_lock:
+                    # (not if the scan passed it meanwhile: it decoded it itself)
+                    if receipt.position >= self._scan_cursor:
+                        self._ahead[receipt.commit_id] = (receipt.position, group, tokens)
+                        self._ahead_tokens += tokens
+                        decoded += 1
+            if page.cursor == cursor:
+                break
+            cursor = page.cursor
+        with self._ahead_lock:
+            self._ahead_cursor = cursor
+        return decoded
+
+    def _drop_passed_ahead(self) -> None:
+        """Forget decoded-ahead groups the scan passed without taking (another
+        builder's collection took them, or the scan raced ``decode_ahead``)."""
+        with self._ahead_lock:
+            passed = [c for c, (pos, _, _) in self._ahead.items() if pos < self._scan_cursor]
+            for c in passed:
+                self._ahead_tokens -= self._ahead.pop(c)[2]
 
     def _scan(self, until: int | None = None) -> None:
         """Add the accepted groups committed since the scan cursor to the backlog (up to
@@ -718,6 +780,8 @@ class BatchBuilder:
                     raise RuntimeError(f"commit {until - 1} is not durable yet")
                 break
             self._scan_cursor = page.cursor
+        if self._ahead:
+            self._drop_passed_ahead()
 
     # --- composition --------------------------------------------------------------------
     def backlog(self) -> dict[str, int]:

@@ -748,3 +748,88 @@ def test_past_the_decoded_budget_groups_are_read_again_with_the_same_batch(
     monkeypatch.setattr(builder_module, "DECODED_TOKENS_KEPT", 0)
     assert build(tmp_path / "unkept") == kept
     assert len(reads) == 12 and len(set(reads)) == 4
+
+
+def test_groups_decoded_ahead_are_built_without_a_second_decode(pool, monkeypatch):
+    """``decode_ahead`` (the controller's scan-ahead thread, while a build may run) reads
+    and decodes the accepted groups once; the scan takes them decoded from its table and
+    the batch is the one a builder decoding at its scan makes."""
+    reads = _counting_reads(monkeypatch)
+    pool.accept([make_group(i, n=3) for i in range(4)])
+    with BatchBuilder(pool.coord, pool.store, EnvironmentMix.single(4), dp_size=2) as b:
+        assert b.decode_ahead() == 4 and len(reads) == 4
+        assert b.decode_ahead() == 0  # nothing new accepted: nothing read again
+        assert b.metrics()["backlog"] == 0  # the builder's state did not change
+        refs = b.next_batch(0)
+        assert len(reads) == 4 and len(set(reads)) == 4  # each group decoded once
+        assert b._ahead == {} and b._ahead_tokens == 0
+        assert sorted({s["group_index"] for s in shard_samples(refs, pool.store)}) == \
+            [0, 1, 2, 3]
+        pool.accept([make_group(i, n=3) for i in range(4, 6)])
+        assert b.decode_ahead() == 2  # from where it stopped: only the new ones
+
+
+def test_decode_ahead_stops_at_its_budget_and_resumes_where_it_stopped(pool, monkeypatch):
+    reads = _counting_reads(monkeypatch)
+    pool.accept([make_group(i, n=3) for i in range(4)])  # 3 samples of 8 tokens a group
+    monkeypatch.setattr(builder_module, "DECODED_TOKENS_KEPT", 2 * 3 * 8)
+    with BatchBuilder(pool.coord, pool.store, EnvironmentMix.single(2), dp_size=1) as b:
+        assert b.decode_ahead() == 2 and b.decode_ahead() == 0  # full: waits for the scan
+        refs = b.next_batch(0)  # takes the two decoded ahead, decodes the others itself
+        assert len(reads) == 4
+        assert sorted({s["group_index"] for s in shard_samples(refs, pool.store)}) == [0, 1]
+        b.finish_batch(refs[0].batch_id)
+        assert b.decode_ahead() == 0  # the scan passed them all already
+        assert sorted({s["group_index"] for s in shard_samples(b.next_batch(1),
+                                                               pool.store)}) == [2, 3]
+        # (the scan kept 2 and 3 past the same budget: read again for their build)
+        assert len(reads) == 6
+
+
+def test_a_group_decode_ahead_cannot_read_is_left_to_the_scan_to_quarantine(pool):
+    corrupt = group_value(make_group(0))
+    corrupt["samples"][0]["reward"] = math.nan
+    _accept_records(pool, sample_records(corrupt, tokens=8)[0])
+    pool.accept([make_group(1), make_group(2)])
+    with BatchBuilder(pool.coord, pool.store, EnvironmentMix.single(2), dp_size=1) as b:
+        assert b.decode_ahead() == 2
+        refs = b.next_batch(0)
+        assert {s["group_index"] for s in shard_samples(refs, pool.store)} == {1, 2}
+        (q,) = b.quarantined()
+        assert q["task_id"] == "prompt:0" and "CorruptData" in q["reason"]
+
+
+def test_decode_ahead_on_another_thread_while_batches_are_built(pool):
+    """Concurrent with next_batch and finish_batch: every group in exactly one batch,
+    in scheduling order, whichever of the two decoded it; nothing left in its table."""
+    import threading
+
+    b = BatchBuilder(pool.coord, pool.store, EnvironmentMix.single(4), dp_size=1)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def ahead():
+        while not stop.is_set():
+            try:
+                b.decode_ahead()
+            except BaseException as e:  # noqa: BLE001 (the test's failure)
+                errors.append(e)
+                return
+
+    t = threading.Thread(target=ahead)
+    t.start()
+    seen: list[int] = []
+    try:
+        for rid in range(6):
+            pool.accept([make_group(4 * rid + i, n=2) for i in range(4)])
+            refs = b.next_batch(rid)
+            seen += sorted({s["group_index"] for s in shard_samples(refs, pool.store)})
+            b.finish_batch(refs[0].batch_id)
+    finally:
+        stop.set()
+        t.join()
+    assert errors == []
+    assert seen == list(range(24))
+    b._scan()  # (a last decode may have landed after the last scan: the next one drops it)
+    assert b._ahead == {} and b._ahead_tokens == 0
+    b.close()

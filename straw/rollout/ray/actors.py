@@ -203,11 +203,15 @@ class ControllerWorker:
     calls; the builder's calls (``next_batch``, ``finish_batch``, ``backlog``, checkpoint
     saves) run one at a time.
 
-    Between the driver's calls, a scan-ahead thread reads and decodes the groups accepted
-    since the builder's last scan (``BatchBuilder.backlog``: reads only, nothing durable),
-    so that ``next_batch`` finds them decoded and its batch costs the driver the build
+    A scan-ahead thread reads and decodes the groups as they are accepted
+    (``BatchBuilder.decode_ahead``: reads only, nothing durable), also while a driver call
+    builds (whose durable writes leave the GIL free most of the build's time), and
+    between the driver's calls scans them into the backlog (``BatchBuilder.backlog``), so
+    that ``next_batch`` finds them decoded and its batch costs the driver the build
     alone: the driver waits for every build (measured in ``bench.pipeline_bench``: the
-    build was the whole batch period, its scan about 45% of the build's CPU).
+    build was the whole batch period, its scan about 45% of the build's CPU; when the
+    thread scanned only between driver calls, which come back to back, the builds still
+    decoded most groups themselves: a third of their CPU).
 
     ``max_ahead_groups`` (needs ``batch_groups``; None: unbounded) bounds how far
     generation runs ahead of training: while at least that many accepted groups wait for
@@ -288,10 +292,10 @@ class ControllerWorker:
             self._scanner.start()
 
     def _scan_ahead(self) -> None:
-        """Scan the groups accepted since the last scan (class docstring), each time
-        groups are accepted and no driver call holds the builder (that call scans them
-        itself).  A failing scan is left to the driver's next call, which meets the same
-        error and reports it; this thread just waits for the next acceptance."""
+        """Each time groups are accepted: decode them ahead, then scan them into the
+        backlog if no driver call holds the builder (class docstring).  A failing decode
+        or scan is left to the driver's next call, which meets the same error and
+        reports it; this thread just waits for the next acceptance."""
         builder = self.builder
         assert builder is not None
         with self._accepted:
@@ -303,17 +307,23 @@ class ControllerWorker:
                 if self._closing:
                     return
                 seen = self._accepted_count
-            if not self._batches.acquire(blocking=False):
-                continue  # a driver call is scanning (or building) right now
             try:
-                if self._closing:
-                    return
-                builder.backlog()
-                self._recount()
+                # decoded while a driver call may hold the builder: a build waits on its
+                # durable writes most of its time, and this fills those waits
+                builder.decode_ahead()
             except Exception as e:  # noqa: BLE001 (the driver's next call reports it)
-                logger.debug("scan ahead failed (the next driver call reports it): %s", e)
-            finally:
-                self._batches.release()
+                logger.debug("decode ahead failed (the next driver call reports it): %s", e)
+            if self._batches.acquire(blocking=False):  # else a driver call scans now
+                try:
+                    if self._closing:
+                        return
+                    builder.backlog()  # the decoded groups into the backlog: its count
+                    self._recount()
+                except Exception as e:  # noqa: BLE001 (as above)
+                    logger.debug("scan ahead failed (the next driver call reports it): %s",
+                                 e)
+                finally:
+                    self._batches.release()
             with self._scanned:
                 self.scans_ahead += 1
                 self._scanned.notify_all()
@@ -427,15 +437,26 @@ class ControllerWorker:
             raise RuntimeError("this job builds no batches: give batch_groups to RayRollout")
         return self.builder
 
-    def next_batch(self, rollout_id: int | str, timeout: float = 0.0
-                   ) -> list[RankBatchRef] | None:
+    def next_batch(self, rollout_id: int | str, timeout: float = 0.0,
+                   finish: str | None = None) -> list[RankBatchRef] | None:
         """The builder's batch of ``rollout_id``, waiting up to ``timeout`` seconds for
-        it to fill (tried again each time groups are accepted); None if it did not."""
+        it to fill (tried again each time groups are accepted); None if it did not.
+
+        ``finish``: the id of the batch the driver trained last, finished first
+        (``finish_batch``: acknowledged durably before anything of this batch is
+        written; if it raises, nothing is built) in the same call: one round trip of the
+        driver per batch, not two.  It stays finished whatever this call answers after
+        (a retry finishes it again: idempotent)."""
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
                 or not math.isfinite(timeout) or timeout < 0:
             raise ValueError(f"timeout must be a finite number of seconds >= 0, got "
                              f"{timeout!r}")
+        if finish is not None and not isinstance(finish, str):
+            raise TypeError(f"finish must be None or a batch id (str, RankBatchRef."
+                            f"batch_id), got {type(finish).__name__}")
         builder = self._builder()
+        if finish is not None:
+            self.finish_batch(finish)
         deadline = time.monotonic() + timeout
         while True:
             with self._accepted:

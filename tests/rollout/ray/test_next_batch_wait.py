@@ -104,3 +104,39 @@ def test_accepted_groups_are_scanned_ahead_of_the_driver_and_built_from_that_sca
         worker.close()  # stops the scan-ahead thread before the builder closes
         gen.close()
     assert worker._scanner is not None and not worker._scanner.is_alive()
+
+
+def test_next_batch_finishes_the_batch_trained_last_first_in_the_same_call(tmp_path):
+    """``next_batch(rollout_id, finish=batch_id)``: the batch trained last is finished
+    (its inputs acknowledged, durably) before the next one is built, one call for both;
+    a finish that fails builds nothing; a finish that is not a batch id is refused."""
+    pool = str(tmp_path / "pool")
+    gen = SharedFilesystemStore(pool, "job", writer_id="gen")
+    worker = ControllerWorker(pool, "job", PROMPTS, config=CONFIG, batch_groups=2)
+    client = GenerationClient(Through(worker), gen, worker_id="gen-0", config=CONFIG,
+                              heartbeat=False)
+    coord = worker.controller.coordinator
+    try:
+        for _ in range(4):
+            client.return_groups(finished(client.take(1)))
+        first = worker.next_batch(0)
+        assert first is not None
+        assert coord.load_consumer_state("training")["processed_cursor"] == 0
+        with pytest.raises(TypeError, match="finish must be None or a batch id"):
+            worker.next_batch(1, finish=first[0])  # the reference, not its id
+        with pytest.raises(ValueError):
+            worker.next_batch(1, finish="batch:unknown")
+        assert sum(worker.backlog().values()) == 2  # nothing was built meanwhile
+        assert not coord.get_batch(first[0].batch_id)["finished"]
+        second = worker.next_batch(1, finish=first[0].batch_id)
+        assert second is not None and second[0].batch_id != first[0].batch_id
+        assert coord.get_batch(first[0].batch_id)["finished"]
+        assert coord.load_consumer_state("training")["processed_cursor"] > 0
+        # a retry of the same call after a lost reply: the finish is idempotent
+        again = worker.next_batch(1, finish=first[0].batch_id)
+        assert again is not None and again[0].batch_id == second[0].batch_id
+        worker.finish_batch(second[0].batch_id)
+    finally:
+        client.close()
+        worker.close()
+        gen.close()

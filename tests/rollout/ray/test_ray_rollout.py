@@ -117,13 +117,16 @@ def wait_for(cond, timeout: float = 60.0, what: str = "") -> None:
 
 def batches(job: RayRollout, store: SharedFilesystemStore, count: int, start: int = 0,
             timeout: float = 90.0) -> list[list[tuple[int, int]]]:
-    """``count`` batches (finished after 'training'): their (group, sample) indices."""
+    """``count`` batches (finished after 'training': each but the last by the next
+    ``next_batch`` call, ``finish=``): their (group, sample) indices."""
     out = []
     deadline = time.monotonic() + timeout
     rid = start
+    trained: str | None = None
     while len(out) < count:
         assert time.monotonic() < deadline, f"only {len(out)} of {count} batches built"
-        refs = job.next_batch(rid, timeout=1.0)
+        refs = job.next_batch(rid, timeout=1.0, finish=trained)
+        trained = None  # finished by that call, whatever it answered
         if refs is None:
             continue
         for r in refs:
@@ -133,8 +136,9 @@ def batches(job: RayRollout, store: SharedFilesystemStore, count: int, start: in
             shard = r.load(store, rank=rank)
             seen += [(s["group_index"], s["index"]) for s in shard.samples]
         out.append(seen)
-        job.finish_batch(refs[0].batch_id)
+        trained = refs[0].batch_id
         rid += 1
+    job.finish_batch(trained)
     return out
 
 
