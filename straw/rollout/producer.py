@@ -19,14 +19,18 @@ loop of
    makes one controller call per batch of groups, not two.  The taker (step 1) leaves the
    slots a return is about to serve to it, and takes for whoever still waits after.
 
-``prefetch`` groups (default: as many as the slots; 0: none) are leased ahead of the
-slots, waiting in the producer's inbox: a slot that finishes starts its next group at
-once instead of waiting for the round trip that returns the last one, so generation
-overlaps the queue's durable writes.  They hold leases (the heartbeat renews them) but no
-generation: at a pause they go back as they were taken.  (In ``bench.pipeline_bench``
-prefetch took straw from 0.57 to 0.81-0.87 of the object store's throughput: with a
-trivial generate function the round trip was the producer's cycle.)  Lower it when
-groups take long to generate and prompts should not wait on a slow node.
+``prefetch`` groups are leased ahead of the slots, waiting in the producer's inbox: a
+slot that finishes starts its next group at once instead of waiting for the round trip
+that returns the last one, so generation overlaps the queue's durable writes.  They hold
+leases (the heartbeat renews them) but no generation: at a pause they go back as they
+were taken.  By default (``prefetch=None``) the producer leases ahead what its slots
+finish during one return's round trip (``adaptive_prefetch``: ``slots x round trip /
+generation time`` of a group, both measured as it runs, at least 1 and at most
+``PREFETCH_MAX_FACTOR`` x the slots; it starts at the slots): a real engine, whose groups
+take seconds, leases about one ahead, so prompts do not wait on a slow node's slots; a
+trivial generate function, whose round trip is the producer's cycle, leases the most.
+(In ``bench.pipeline_bench`` prefetch took straw from 0.57 to 0.81-0.87 of the object
+store's throughput.)  An int fixes it (0: none).
 
 ``pause()`` closes admission (no slot takes again), sets the abort event of the generation
 under way, and returns once every slot is idle: each aborted group returned as a partial
@@ -58,6 +62,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
+import math
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -76,6 +81,10 @@ MAX_TAKE = 64  # prompt groups leased in one take
 # lease (the heartbeat renews it meanwhile), so an outage that lasts stops the producer.
 STORAGE_RETRY_SECONDS = 30.0
 STORAGE_RETRY_FIRST = 0.1
+# the adaptive prefetch leases at most this many times the slots ahead
+PREFETCH_MAX_FACTOR = 4
+# weight of the newest measurement in the running means of the adaptive prefetch
+_EWMA = 0.2
 
 
 class Producer:
@@ -103,7 +112,10 @@ class Producer:
         self.client = client
         self.generate = generate
         self.slots = slots
+        self.adaptive = checked is None  # prefetch follows the measured cycle
         self.prefetch = slots if checked is None else checked
+        self._round_trip: float | None = None  # running mean of a return's seconds
+        self._generate_seconds: float | None = None  # running mean of a group's
         self.weight_version = weight_version
         self.idle_seconds = idle_seconds
         self.storage_retry_seconds = storage_retry_seconds
@@ -183,7 +195,7 @@ class Producer:
         self._check()
         return {"counts": dict(self.counts), "busy": self._busy, "slots": self.slots,
                 "leases": len(self.client.leases), "weight_version": self.weight_version,
-                "paused": self.paused}
+                "paused": self.paused, "prefetch": self.prefetch}
 
     async def wait(self) -> None:
         """Until the slots end (they end only on ``stop`` or an error, which is raised)."""
@@ -288,8 +300,11 @@ class Producer:
             elif classify(group) is Stage.READY:
                 out = group  # a finished continuation: complete it, do not generate again
             else:
+                started = asyncio.get_running_loop().time()
                 out = check_generated(group, await self.generate(
                     group, weight_version=version, abort=abort), version)
+                self._measured("_generate_seconds",
+                               asyncio.get_running_loop().time() - started)
                 self.counts["generated"] += 1
             self._outbox.append(out)
             self._returns.set()
@@ -308,8 +323,10 @@ class Producer:
             self._taking += want
             try:
                 try:
+                    started = asyncio.get_running_loop().time()
                     returned, taken = await self._retrying(
                         functools.partial(self.client.return_and_take, count=want), batch)
+                    self._measured("_round_trip", asyncio.get_running_loop().time() - started)
                     self._busy += len(taken)
                     for g in taken:
                         self._inbox.put_nowait(g)
@@ -330,6 +347,16 @@ class Producer:
                 self._hunger.set()  # the feeder takes for whoever is still waiting
                 self._done(len(batch))
 
+
+    def _measured(self, name: str, seconds: float) -> None:
+        """One more measurement of a return's round trip or a group's generation into
+        its running mean; the adaptive prefetch follows them."""
+        before = getattr(self, name)
+        setattr(self, name, seconds if before is None else before + _EWMA * (seconds - before))
+        if self.adaptive and self._round_trip is not None \
+                and self._generate_seconds is not None:
+            self.prefetch = adaptive_prefetch(self.slots, self._round_trip,
+                                              self._generate_seconds)
 
     async def _retrying(self, fn: Callable[[Any], Any], arg: Any) -> Any:
         """``fn(arg)`` (a take or a return: both safe to call again), tried again on
@@ -352,8 +379,19 @@ class Producer:
                 delay = min(delay * 2, 2.0)
 
 
+def adaptive_prefetch(slots: int, round_trip: float, generate_seconds: float) -> int:
+    """Groups to lease ahead so that ``slots`` slots stay busy through one return's
+    ``round_trip`` seconds when a group takes ``generate_seconds`` to generate: what they
+    finish meanwhile, ``slots x round_trip / generate_seconds`` rounded up, at least 1 and
+    at most ``PREFETCH_MAX_FACTOR x slots``."""
+    cap = PREFETCH_MAX_FACTOR * slots
+    if generate_seconds <= 0:
+        return cap
+    return max(1, min(cap, math.ceil(slots * round_trip / generate_seconds)))
+
+
 def check_prefetch(prefetch: object) -> int | None:
-    """``prefetch`` checked: None (as many as the slots) or an int >= 0."""
+    """``prefetch`` checked: None (adaptive: ``adaptive_prefetch``) or an int >= 0."""
     if prefetch is not None and (isinstance(prefetch, bool) or not isinstance(prefetch, int)
                                  or prefetch < 0):
         raise ValueError(f"prefetch must be None or an int >= 0 (groups leased ahead of "
@@ -366,4 +404,5 @@ def _check_weight_version(version: object) -> None:
         raise ValueError(f"weight_version must be an int >= 0, got {version!r}")
 
 
-__all__ = ["Producer", "IDLE_SECONDS", "STORAGE_RETRY_SECONDS", "check_prefetch"]
+__all__ = ["Producer", "IDLE_SECONDS", "STORAGE_RETRY_SECONDS", "PREFETCH_MAX_FACTOR",
+           "adaptive_prefetch", "check_prefetch"]

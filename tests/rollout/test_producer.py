@@ -335,3 +335,44 @@ def test_groups_are_leased_ahead_of_the_slots_and_a_return_takes_the_next(job):
     assert len({r.task_id for r in commits}) == len(commits) == producer.counts["completed"]
     states = controller.coordinator.tasks
     assert not [t for t, st in states.items() if st["state"] == "leased"]
+
+
+def test_adaptive_prefetch_is_what_the_slots_finish_during_a_round_trip():
+    from straw.rollout.producer import PREFETCH_MAX_FACTOR, adaptive_prefetch
+    # a real engine: groups take seconds, a return milliseconds: about one ahead
+    assert adaptive_prefetch(8, 0.02, 5.0) == 1
+    assert adaptive_prefetch(8, 0.5, 2.0) == 2  # 8 x 0.25, rounded up
+    # a trivial generate function: the round trip is the cycle, the cap holds
+    assert adaptive_prefetch(8, 0.02, 0.001) == PREFETCH_MAX_FACTOR * 8
+    assert adaptive_prefetch(8, 0.02, 0.0) == PREFETCH_MAX_FACTOR * 8
+    assert adaptive_prefetch(3, 0.0, 1.0) == 1  # never none: a slot would wait
+
+
+def test_a_producer_whose_returns_are_slow_leases_further_ahead(job):
+    """``prefetch=None``: starts at the slots, then follows the measured round trip of
+    its returns and the generation time of its groups (here: instant groups, returns of
+    50 ms: the cap); an int stays fixed."""
+    import time
+
+    from straw.rollout.producer import PREFETCH_MAX_FACTOR
+    controller, client, _ = job
+    real = controller.complete_and_take
+
+    def slow(items, worker_id, count, *, request_id):
+        time.sleep(0.05)
+        return real(items, worker_id, count, request_id=request_id)
+    controller.complete_and_take = slow
+    assert Producer(client, Finishes(), slots=2, prefetch=1).prefetch == 1
+
+    async def run() -> tuple[int, int, dict]:
+        producer = Producer(client, Finishes(), slots=2)
+        start = producer.prefetch
+        await producer.start()
+        await until(lambda: producer.counts["completed"] >= 12, "completed groups")
+        stats = producer.stats()
+        await producer.stop()
+        return start, producer.prefetch, stats
+
+    start, adapted, stats = asyncio.run(run())
+    assert start == 2
+    assert adapted == PREFETCH_MAX_FACTOR * 2 == stats["prefetch"]

@@ -131,7 +131,8 @@ class RayRollout:
     generation runs ahead of training: while that many accepted groups wait for a
     batch, no node leases more (``ControllerWorker``); None (the default) bounds
     nothing.  ``prefetch``: groups each node leases ahead of its slots (``Producer``;
-    None: as many as its slots, 0: none)."""
+    None: what its slots finish during one return's round trip, measured; an int fixes
+    it, 0: none)."""
 
     def __init__(self, root: str, run_id: str, dataset: Any, generate: GenerateFn, *,
                  concurrency: int, config: RolloutConfig | None = None,
