@@ -44,8 +44,11 @@ and never a capture tensor.  It decodes a group once: the scan's decoded group (
 there, so a corrupt group is quarantined before any plan names it) is kept for the build
 while the kept groups hold at most ``DECODED_TOKENS_KEPT`` tokens; past that budget (a
 large backlog, or batches of long samples) a group is read again at build, one group at
-a time, so the builder's memory stays bounded whatever the backlog.  The converted batch
-it holds while publishing is the samples' token arrays and references.
+a time, so the builder's memory stays bounded whatever the backlog.  ``decode_ahead``
+(another thread's, while a build runs) decodes accepted groups before the scan reaches
+them, into a table of its own under the same budget; the scan takes them from there.
+The converted batch it holds while publishing is the samples' token arrays and
+references.
 
 The builder state (``state()``, JSON: scan cursor, backlog, consumer cursors, processed
 positions, the count and newest ids of the finished batches, quarantined groups, the

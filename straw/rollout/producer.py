@@ -347,7 +347,6 @@ class Producer:
                 self._hunger.set()  # the feeder takes for whoever is still waiting
                 self._done(len(batch))
 
-
     def _measured(self, name: str, seconds: float) -> None:
         """One more measurement of a return's round trip or a group's generation into
         its running mean; the adaptive prefetch follows them."""
