@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from .fs import PosixFS
+from .refs import PACK_SUFFIXES
 from .reporting import write_report
 
 TOKEN_ENV = "STRAW_RPC_TOKEN"
@@ -351,7 +352,7 @@ def _worker_packs(pool: str) -> list[str]:
     """The pack files the benchmark's worker stores (writer ids ``bench-...``) hold in
     ``pool`` now; the orchestrator's own pack (the consumer's progress) is not theirs."""
     writers = os.path.join(pool, "runs", "benchmark", "writers")
-    return sorted(p for p, _ in _files(writers) if p.endswith(".strw") and
+    return sorted(p for p, _ in _files(writers) if p.endswith(PACK_SUFFIXES) and
                   os.path.relpath(p, writers).split(os.sep)[0].startswith("bench-"))
 
 
@@ -510,7 +511,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "elapsed_seconds": duration, "written_bytes": written, "read_bytes": read,
             "write_mib_s": written / MIB / duration, "read_mib_s": read / MIB / duration,
             "file_count": len(files),
-            "data_files": sum(p.endswith(".strw") for p, _ in files),
+            "data_files": sum(p.endswith(PACK_SUFFIXES) for p, _ in files),
             "physical_bytes": sum(s for _, s in files), "publications": publications,
             "coordinator": rpc.to_wire(coordinator.metrics()),
             "parameters": {k: v for k, v in vars(args).items() if k != "func"},

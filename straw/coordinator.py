@@ -118,6 +118,8 @@ from .protocol import (
     TaskSpec,
     unenforced,
 )
+from .queue_marker import QueueMarker
+from .queue_names import check_queue_id, queue_dir_name
 from .queue_state import (
     CANCELLED,
     COMPLETED,
@@ -150,8 +152,9 @@ _ID_MEMO_SIZE = 1 << 16  # derived attempt ids and tokens remembered (see Coordi
 
 
 def queue_dir(root: str, run_id: str, namespace: str, queue_id: str) -> str:
-    """The directory of a run's queue (queues belong to a run)."""
-    return os.path.join(root, "runs", run_id, "queues", namespace, queue_id)
+    """The directory of a run's queue (queues belong to a run; ``queue_dir_name`` maps an
+    id such as ``run:ab`` to one safe path component)."""
+    return os.path.join(root, "runs", run_id, "queues", namespace, queue_dir_name(queue_id))
 
 
 # adopted extents: each one's segment and, when its checked manifest was at hand (a result's,
@@ -249,10 +252,10 @@ class Coordinator(ProcessBound):
             raise UnsafeRecovery(f"exclusive_owner {short_repr(exclusive_owner)} must "
                                  "describe, in a non-empty str, what makes this the queue's "
                                  "only coordinator (or leave it out)")
-        for name, value in (("queue_id", queue_id), ("namespace", namespace)):
-            if not isinstance(value, str) or not NAME_RE.match(value):
-                raise ValueError(f"{name} {short_repr(value)} must be 1-128 letters, digits, "
-                                 "'.', '_' or '-'")
+        check_queue_id(queue_id)
+        if not isinstance(namespace, str) or not NAME_RE.match(namespace):
+            raise ValueError(f"namespace {short_repr(namespace)} must be 1-128 letters, "
+                             "digits, '.', '_' or '-'")
         check_seconds("lease_seconds", lease_seconds, positive=True)
         check_seconds("group_wait", group_wait, positive=False)
         check_count("snapshot_every", snapshot_every, minimum=1)
@@ -302,6 +305,10 @@ class Coordinator(ProcessBound):
         self.epochs_dir = os.path.join(self.dir, "epochs")
         self.journal_dir = os.path.join(self.dir, "journal")
         self.history_dir = os.path.join(self.dir, "history")
+        # straw-queue's ``queues/<digest>/run.json``, which its callers probe (queue_marker)
+        self._marker = (QueueMarker(self.fs, store.root, run_id=store.run_id,
+                                    queue_id=queue_id, namespace=namespace)
+                        if namespace == NAMESPACE_TRUE else None)
         self._mutex = threading.RLock()
         self._deadlines: dict[str, float] = {}
         self._rooted = RootSet()  # the queue owner's roots as this coordinator knows them
@@ -389,6 +396,9 @@ class Coordinator(ProcessBound):
                     f"{max(existing)}). Make sure its coordinator is stopped, then open it "
                     "with recover=True"
                 )
+        if self._marker is not None:  # durable before the queue's first epoch
+            self._marker.check_open(recover=recover, queue_exists=bool(existing))
+            self._marker.ensure(lease_seconds=self.lease_seconds)
         self._epoch = (max(existing) if existing else 0) + 1
         # our epoch's lock first, then its marker: whoever sees the marker sees it held
         self._lock_fd, _ = holder.take(self.fs, self._epoch_path(self._epoch) + ".lock",
@@ -690,8 +700,12 @@ class Coordinator(ProcessBound):
         """The task of a current lease (mutex held); StaleAttempt/LeaseExpired otherwise."""
         lease = _check_lease_fields(lease, where)
         if lease.queue_id != self.queue_id or lease.run_id != self.store.run_id:
-            raise ValueError(f"{where} of queue {lease.queue_id!r} (run {lease.run_id!r}) given "
-                             f"to queue {self.queue_id!r} (run {self.store.run_id!r})")
+            # another queue's lease authorises nothing here: stale, as straw-queue answers
+            # it, so a heartbeat reports it per lease rather than failing the whole call
+            raise StaleAttempt(f"{where} of queue {lease.queue_id!r} (run {lease.run_id!r}) "
+                               f"given to queue {self.queue_id!r} (run "
+                               f"{self.store.run_id!r}): drop the work, or pass the lease "
+                               "to the coordinator of the queue that granted it")
         if lease.coordinator_epoch != str(self._epoch):
             raise StaleAttempt(
                 f"lease of task {lease.task_id!r} attempt {lease.attempt_id} was granted by "

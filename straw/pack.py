@@ -63,6 +63,7 @@ from . import framing
 from .checks import short_repr
 from .errors import CorruptData, QuotaExceeded, StorageUnavailable, UnsupportedSchema
 from .fs import Filesystem
+from .refs import PACK_SUFFIXES
 
 EXTENT_PREFIX = struct.Struct("<I16s")
 TRAILER = struct.Struct("<Q8s")
@@ -70,7 +71,7 @@ TRAILER_MAGIC = b"STRWSEAL"
 MANIFEST_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 APIS = ("publish", "records", "record_set")
-PACK_SUFFIX = ".strw"
+PACK_SUFFIX = PACK_SUFFIXES[0]  # what new packs are named (refs.PACK_SUFFIXES)
 
 
 def storage_error(err: OSError, what: str) -> StorageUnavailable:

@@ -45,7 +45,7 @@ from .refs import PACK_PATH_RE, RecordSetRef, record_set_ref
 log = logging.getLogger("straw")
 
 _INC_RE = re.compile(r"^i([0-9]{6,})\Z")
-_PACK_RE = re.compile(r"^pack-([0-9]{6,})\.strw\Z")
+_PACK_RE = re.compile(r"^pack-([0-9]{6,})\.(?:pack|strw)\Z")  # refs.PACK_SUFFIXES
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 References are small, frozen, hashable, and serialise with ``to_dict``/``from_dict`` (or
 ``dataclasses.asdict``).  They hold only paths *relative to the pool root*, in one fixed
-shape (``runs/<run>/writers/<writer>/i<incarnation>/pack-<n>.strw``); ``check_pack_path``
+shape (``runs/<run>/writers/<writer>/i<incarnation>/pack-<n>.pack``); ``check_pack_path``
 refuses anything else, so a reference can never make straw open a file outside the pool.
 A reference's offsets, sizes and counts are ints in 0..2**63-1 (``InvalidReference``
 otherwise): what a file offset can be.
@@ -32,9 +32,14 @@ from .checks import INT64_MAX, INT64_MIN, UINT64_MAX, short_repr
 from .errors import CorruptData, InvalidReference, UnsupportedSchema
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
+# A pack is ``pack-<n>.pack`` (straw-queue's suffix, which its callers glob for to size a
+# pool); packs written before were ``pack-<n>.strw`` and are read as before.  One writer
+# incarnation writes one of the two only (each incarnation has a directory of its own),
+# so a pack's location-derived segment id, which drops the suffix, names one file.
+PACK_SUFFIXES = (".pack", ".strw")
 PACK_PATH_RE = re.compile(
     r"^runs/(?P<run>[A-Za-z0-9][A-Za-z0-9._-]{0,127})/writers/[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
-    r"/i[0-9]{6,}/pack-[0-9]{6,}\.strw\Z"
+    r"/i[0-9]{6,}/pack-[0-9]{6,}\.(?:pack|strw)\Z"
 )
 _HEX32 = re.compile(r"^[0-9a-f]{32}\Z")
 MAX_METADATA_DEPTH = 100  # nested containers in record/task metadata, the top dict included
@@ -69,7 +74,7 @@ def check_pack_path(path: object, run_id: str) -> str:
     if run is None:
         raise InvalidReference(
             f"reference path {path!r} is not a pack path inside the pool "
-            "(expected runs/<run>/writers/<writer>/i<n>/pack-<n>.strw, relative, without '..')"
+            "(expected runs/<run>/writers/<writer>/i<n>/pack-<n>.pack, relative, without '..')"
         )
     if run != run_id:
         raise InvalidReference(
@@ -235,7 +240,7 @@ def segment_id_of(path: str, offset: int) -> str:
 def _writer_part(path: str) -> str:
     """``<writer>/i<n>/pack-<n>`` of a pack path (cached as ``pack_path_run``: a restore
     checks thousands of references into the same few packs)."""
-    return path.split("/", 3)[3][:-len(".strw")]
+    return path.split("/", 3)[3][:-len(".pack")]  # both suffixes are 5 characters
 
 
 def _check_int(where: str, name: str, v: object, hi: int = INT64_MAX) -> None:
@@ -528,7 +533,7 @@ def _exact_record_set(value: object) -> RecordSetRef | None:
 # --- aliases: another spelling of a pack's path -------------------------------------------
 #
 # A reference may name its pack through a symbolic link inside the pool (an operator's
-# ``alias.strw`` -> ``runs/.../pack-000001.strw``, a linked directory, a chain of links),
+# ``alias.pack`` -> ``runs/.../pack-000001.pack``, a linked directory, a chain of links),
 # as straw-queue allows.  Such a reference is rewritten to the pack's one canonical path
 # before anything else looks at it, so that reading, retaining, pinning and collecting
 # all see one identity (a pack retained through an alias is the pack GC keeps).  The

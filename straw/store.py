@@ -85,6 +85,7 @@ from .reader import PackStatus, ReadSession, drop_reclaimed, envelope_dict
 from .recovery import incarnations, recover_writer, ref_from_entry, seal_dead_writers
 from .refs import (
     NAME_RE,
+    PACK_SUFFIXES,
     Manifest,
     Publication,
     Record,
@@ -110,6 +111,11 @@ DEFAULT_SEGMENT_TARGET = 256 * 1024 * 1024
 DEFAULT_RESERVE = 64 * 1024 * 1024
 DEFAULT_MAX_RECORD_BYTES = 16 * 1024**3  # straw-queue's default; enforced on request
 DEFAULT_MAX_BUFFER_BYTES = 512 * 1024**2
+# straw-queue 0.1.6's records per segment (payload records plus one manifest per
+# publication), which its callers batch ``publish_many`` by.  Neither it nor straw refuses
+# a larger call (straw's extents have no record-count bound); the constant is the batching
+# hint, with straw-queue's value, so that callers sizing batches by it behave the same.
+MAX_RECORDS = 10_000
 _PUBLISH_SECONDS_KEPT = 1024
 
 _API_CALLS = {"publish": "publish/publish_many", "records": "write_records",
@@ -1317,7 +1323,7 @@ class SharedFilesystemStore(ProcessBound):
                 st = self.fs.stat(p)
                 if st.is_dir:
                     stack.append(p)
-                elif name.endswith(".strw"):
+                elif name.endswith(PACK_SUFFIXES):
                     files += 1
                     total += st.size
         return {"pack_files": files, "bytes": total}
@@ -1410,4 +1416,4 @@ class Pin:
             self.held = False
 
 
-__all__ = ["SharedFilesystemStore", "BUILTIN_CODECS", "Pin", "StorageUnavailable"]
+__all__ = ["SharedFilesystemStore", "BUILTIN_CODECS", "MAX_RECORDS", "Pin", "StorageUnavailable"]

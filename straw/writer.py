@@ -8,7 +8,7 @@ Layout under the pool root::
     runs/<run_id>/writers/<writer_id>/RETIRED         written by ``retire_writer`` (under
                                                        the lock): the writer id is fenced
                                                        for good (``WriterFenced``)
-    runs/<run_id>/writers/<writer_id>/i000001/pack-000001.strw ...
+    runs/<run_id>/writers/<writer_id>/i000001/pack-000001.pack ...
     runs/<run_id>/writers/<writer_id>/i000002/...     the next incarnation (after restart)
 
 Each incarnation owns a fresh directory and never appends to a pack a crashed

@@ -21,7 +21,7 @@ _SEGMENT = ("run_id", "path", "offset", "size", "checksum", "segment_id", "versi
 def edited_segment(seg: SegmentRef, **changes: Any) -> SegmentRef:
     path, offset = changes.get("path", seg.path), changes.get("offset", seg.offset)
     if ("path" in changes or "offset" in changes) and "segment_id" not in changes \
-            and isinstance(path, str) and path.count("/") >= 3 and path.endswith(".strw") \
+            and isinstance(path, str) and path.count("/") >= 3 and path.endswith(".pack") \
             and type(offset) is int:
         changes["segment_id"] = segment_id_of(path, offset)
     # (anything else keeps the original id: the edited field is refused first anyway)

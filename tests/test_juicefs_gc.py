@@ -23,7 +23,7 @@ def _payload(w: str, i: int) -> bytes:
 def _pack_files(root: str) -> list[str]:
     out = []
     for d, _, names in os.walk(os.path.join(root, "runs")):
-        out += [os.path.join(d, n) for n in names if n.endswith(".strw")]
+        out += [os.path.join(d, n) for n in names if n.endswith(".pack")]
     return out
 
 

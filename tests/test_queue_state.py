@@ -26,7 +26,7 @@ from straw.queue_state import (
 
 
 def _ref(i: int) -> list[Any]:
-    return [f"runs/r/pack-{i % 3}.strw", 100 * i, 50, f"c{i}", f"d{i}", 1]
+    return [f"runs/r/pack-{i % 3}.pack", 100 * i, 50, f"c{i}", f"d{i}", 1]
 
 
 def _fields(t: Task) -> tuple[Any, ...]:
@@ -241,7 +241,7 @@ def test_promotion_does_not_carry_young_garbage_to_the_oldest_generation():
 def test_producer_state_references_are_live_and_survive_a_snapshot() -> None:
     from straw.refs import record_set_ref, ref_to_tuple
 
-    good = record_set_ref("r", "runs/r/writers/w/i000001/pack-000001.strw", 64, 200,
+    good = record_set_ref("r", "runs/r/writers/w/i000001/pack-000001.pack", 64, 200,
                           "a" * 32, "b" * 32, 1, 1, 10, 0)
     # a dict of a reference's five keys that is no reference (journaled by a straw that did
     # not check producer states): not a root, and no reason to stop a recovery

@@ -52,7 +52,7 @@ def test_an_unknown_key_at_any_level_is_refused_as_before(ref, level):
     ({"digest": "not hex"}, InvalidReference),
     ({"tokens": -1}, InvalidReference),
     ({"records": True}, InvalidReference),
-    ({"path": "../escape.strw"}, InvalidReference),
+    ({"path": "../escape.pack"}, InvalidReference),
 ])
 def test_a_failed_check_is_not_remembered(ref, change, error):
     bad = edited(ref, **change)

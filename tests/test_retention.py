@@ -187,7 +187,7 @@ def test_interrupted_collection_is_finished_by_the_next(tmp_path):
         armed = True
 
         def unlink(self, path):  # type: ignore[no-untyped-def]
-            if self.armed and path.endswith(".strw"):
+            if self.armed and path.endswith(".pack"):
                 raise KeyboardInterrupt("simulated crash between tombstone and unlink")
             super().unlink(path)
 

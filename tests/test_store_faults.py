@@ -127,14 +127,14 @@ def test_references_outside_the_pool_are_refused_without_opening(tmp_path):
     with _store(pool, fs=fs) as store:
         ref = store.publish([Record("a", b"x")], submission_id="s")
         # a real file outside the pool, shaped like a pack
-        shutil.copy(pool / ref.path, outside / "secret.strw")
+        shutil.copy(pool / ref.path, outside / "secret.pack")
         inc_dir = os.path.dirname(ref.path)
         bad_paths = [
             "/etc/passwd",
-            str(outside / "secret.strw"),
-            "runs/run/../../outside/secret.strw",
-            f"{inc_dir}/../../../../../outside/secret.strw",
-            "runs/run/writers/default/i000001/../pack-000001.strw",
+            str(outside / "secret.pack"),
+            "runs/run/../../outside/secret.pack",
+            f"{inc_dir}/../../../../../outside/secret.pack",
+            "runs/run/writers/default/i000001/../pack-000001.pack",
             "runs/run/writers/default/i000001/pack-1.bin",
             "",
         ]
@@ -151,13 +151,13 @@ def test_references_outside_the_pool_are_refused_without_opening(tmp_path):
         # a symlink inside the pool that leaves it
         link_dir = pool / "runs" / "run" / "writers" / "evil" / "i000001"
         link_dir.mkdir(parents=True)
-        os.symlink(outside / "secret.strw", link_dir / "pack-000001.strw")
-        evil = edited(ref, path="runs/run/writers/evil/i000001/pack-000001.strw")
+        os.symlink(outside / "secret.pack", link_dir / "pack-000001.pack")
+        evil = edited(ref, path="runs/run/writers/evil/i000001/pack-000001.pack")
         with pytest.raises(InvalidReference, match="outside the pool"):
             store.read(evil)
         # a symlinked directory leaving the pool
         os.symlink(outside, pool / "runs" / "run" / "writers" / "evil2")
-        evil2 = edited(ref, path="runs/run/writers/evil2/i000001/pack-000001.strw")
+        evil2 = edited(ref, path="runs/run/writers/evil2/i000001/pack-000001.pack")
         with pytest.raises(InvalidReference, match="outside the pool"):
             store.read(evil2)
     root = os.path.realpath(pool)

@@ -65,7 +65,7 @@ def _open_packs(store: SharedFilesystemStore) -> list[str]:
 def _pack_files(root) -> list[str]:
     out = []
     for d, _, names in os.walk(os.path.join(root, "runs")):
-        out += [os.path.join(d, n) for n in names if n.endswith(".strw")]
+        out += [os.path.join(d, n) for n in names if n.endswith(".pack")]
     return sorted(out)
 
 
@@ -234,7 +234,7 @@ def test_collection_frees_reclaimed_packs_held_by_read_sessions(small_tmpfs):
         assert result["tombstoned"] == [ref.path]
         assert result["reclaimed_bytes"] >= 4 << 20
         assert free_bytes(small_tmpfs) - before >= 4 << 20  # reclaimed means freed
-        assert [t for t in _fds_to(small_tmpfs) if t.endswith(".strw")] == []
+        assert [t for t in _fds_to(small_tmpfs) if t.endswith(".pack")] == []
         session.close()
 
 
@@ -298,7 +298,7 @@ def test_pack_abandoned_after_failed_sync_is_sealed_and_collected(tmp_path):
     fs = FaultyFS(PosixFS())
     with SharedFilesystemStore(str(tmp_path), "run", fs=fs, reserve_bytes=0, writer_id="w") as store:
         ok = store.publish([Record("a", b"a")], submission_id="a")
-        fs.plan.fail("fdatasync", errno.EIO, path=r"\.strw$")
+        fs.plan.fail("fdatasync", errno.EIO, path=r"\.pack$")
         with pytest.raises(StorageUnavailable):
             store.publish([Record("b", b"b")], submission_id="b")
         with store.catalog.locked() as st:  # sealed at once, acknowledged extents only

@@ -3,8 +3,7 @@
 Each test follows one of straw-queue's README / docs/USAGE.md / examples flows call for
 call (the same public names, keyword arguments and return shapes a straw-queue user
 writes), with our own data.  What differs on purpose is listed in docs/COMPATIBILITY.md;
-the only such difference visible here is the pack file suffix (our on-disk format:
-``.strw``, straw-queue's ``.pack``).
+pack files are ``*.pack`` in both, though their layout and format are ours.
 """
 
 from __future__ import annotations
@@ -33,7 +32,7 @@ torch = pytest.importorskip("torch")
 
 
 def _packs(root: str | os.PathLike[str]) -> list[Path]:
-    return sorted(Path(root).rglob("*.strw"))
+    return sorted(Path(root).rglob("*.pack"))
 
 
 def test_quickstart_publish_retain_collect(tmp_path):

@@ -29,11 +29,11 @@ def _alias(root: Path, ref, kind: str):  # type: ignore[no-untyped-def]
         (root / "linked").symlink_to(canonical.parent, target_is_directory=True)
         return _moved(ref, f"linked/{canonical.name}")
     if kind == "chain":
-        (root / "hop.strw").symlink_to(canonical)
-        (root / "alias.strw").symlink_to("hop.strw")
+        (root / "hop.pack").symlink_to(canonical)
+        (root / "alias.pack").symlink_to("hop.pack")
     else:
-        (root / "alias.strw").symlink_to(canonical)
-    return _moved(ref, "alias.strw")
+        (root / "alias.pack").symlink_to(canonical)
+    return _moved(ref, "alias.pack")
 
 
 @pytest.mark.parametrize("kind", ["file", "directory", "chain"])
@@ -96,9 +96,9 @@ def test_alias_leaving_the_pool_root_is_refused(tmp_path):
         ref = store.publish([Record("r", b"abc")], submission_id="s")
         # a valid copy of the pool's data outside the root: following the link would read
         shutil.copytree(root, outside, symlinks=True)
-        (root / "escape.strw").symlink_to(outside / ref.segment.path)
+        (root / "escape.pack").symlink_to(outside / ref.segment.path)
         (root / "out").symlink_to(outside / "runs", target_is_directory=True)
-        for path in ("escape.strw", "out/" + ref.segment.path.split("/", 1)[1],
+        for path in ("escape.pack", "out/" + ref.segment.path.split("/", 1)[1],
                      "../outside/" + ref.segment.path, str(outside / ref.segment.path)):
             bad = _moved(ref, path)
             for call in (store.read, store.validate, lambda r: store.retain("o", [r])):
@@ -112,8 +112,8 @@ def test_alias_leaving_the_pool_root_is_refused(tmp_path):
 def test_alias_to_something_that_is_not_a_pack_is_refused(tmp_path):
     with SharedFilesystemStore(tmp_path, "aliases") as store:
         ref = store.publish([Record("r", b"abc")], submission_id="s")
-        (tmp_path / "marker.strw").symlink_to("POOL")
-        (tmp_path / "loop.strw").symlink_to("loop.strw")
-        for path in ("marker.strw", "loop.strw", "missing.strw"):
+        (tmp_path / "marker.pack").symlink_to("POOL")
+        (tmp_path / "loop.pack").symlink_to("loop.pack")
+        for path in ("marker.pack", "loop.pack", "missing.pack"):
             with pytest.raises(InvalidReference):
                 store.read(_moved(ref, path))

@@ -30,7 +30,7 @@ def _holds(store):
 
 
 def _packs(root):
-    return sorted(p for _, _, files in os.walk(root) for p in files if p.endswith(".strw"))
+    return sorted(p for _, _, files in os.walk(root) for p in files if p.endswith(".pack"))
 
 
 def test_a_failed_requests_dependencies_survive_their_release_until_the_retry(tmp_path):

@@ -66,7 +66,7 @@ def test_collection_counts_only_owners_that_hold_something(tmp_path):
         store.release("keep")
         got = store.collect_garbage()
         assert (got["owners"], got["owner_names"], got["reclaimed_files"]) == (0, [], 1)
-        assert list(tmp_path.rglob("*.strw")) == []
+        assert list(tmp_path.rglob("*.pack")) == []
 
 
 def test_each_publication_still_staged_in_a_sealed_pack_counts_as_an_owner(tmp_path):

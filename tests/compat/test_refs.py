@@ -110,4 +110,4 @@ def test_the_previous_straws_flat_dict_still_decodes(published):
     old = RecordSetRef.from_dict(flat)
     assert old.segment == base.segment and old.digest == base.digest
     with pytest.raises(InvalidReference):
-        RecordSetRef.from_dict({**flat, "path": "../outside.strw"})
+        RecordSetRef.from_dict({**flat, "path": "../outside.pack"})

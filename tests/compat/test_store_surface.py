@@ -263,7 +263,7 @@ def test_store_constructor_takes_straw_queues_arguments(tmp_path):
     with store:
         store.publish([Record("a", b"12345678", codec="custom.v1")], submission_id="a")
         second = store.publish([Record("b", b"x")], submission_id="b")
-        assert second.path.endswith("pack-000002.strw")  # 0: every write its own pack
+        assert second.path.endswith("pack-000002.pack")  # 0: every write its own pack
         m = store.metrics
         assert (m["records"], m["payload_bytes"], m["segments"], m["buffer_bytes"]) == (
             2, 9, 2, 0)

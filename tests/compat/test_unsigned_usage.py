@@ -19,7 +19,7 @@ OWNER = "this test process owns the only coordinator"
 
 
 def _packs(root):  # type: ignore[no-untyped-def]
-    return {p: p.stat().st_size for p in root.rglob("*.strw")}
+    return {p: p.stat().st_size for p in root.rglob("*.pack")}
 
 
 def test_a_record_of_2_64_minus_1_tokens_round_trips(tmp_path):

@@ -112,12 +112,12 @@ def test_torn_batch_retry_lookup_is_stable() -> None:
     batch = [Publication([Record("d0", b"x" * 10)]), Publication([Record("d1", b"y" * 600)])]
     s = _store(sim)
     s.publish([Record("a", b"a" * 100)], submission_id="a")
-    sim.crash_at(1, ops="fdatasync", path=r"\.strw$")  # dies before the batch's data sync
+    sim.crash_at(1, ops="fdatasync", path=r"\.pack$")  # dies before the batch's data sync
     with pytest.raises(SimulatedCrash):
         s.publish_many(batch, submission_id="d")
     sim.kill_client("main")
     # what a power loss may keep of the unsynced write: extent 0 whole, extent 1 cut short
-    pack = "/pool/runs/run/writers/w0/i000001/pack-000001.strw"
+    pack = "/pool/runs/run/writers/w0/i000001/pack-000001.pack"
     fd = sim.open(pack, write=True)
     sim.truncate(fd, sim.fstat(fd).size - 300)
     sim.fsync(fd)

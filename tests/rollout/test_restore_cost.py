@@ -297,7 +297,7 @@ def test_a_consumer_state_record_of_the_old_form_is_read(dirs):
                 read_stored_state(raw)
             stored = {**state, "version": STORED_VERSION,
                       "backlog": backlog_columns(accepted)}
-            stored["backlog"]["path"] = ["../outside.strw"] * len(accepted)
+            stored["backlog"]["path"] = ["../outside.pack"] * len(accepted)
             save_raw(stored, "edited")
             with pytest.raises(InvalidReference):
                 BatchBuilder(coord, store, EnvironmentMix.single(BATCH), dp_size=1,
