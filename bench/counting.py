@@ -84,9 +84,9 @@ class CountingFS(Filesystem):
         self.calls["fstat"] += 1
         return self.inner.fstat(fd)
 
-    def reserve(self, fd: int, offset: int, length: int) -> bool:
+    def reserve(self, fd: int, offset: int, length: int, *, keep_size: bool = False) -> bool:
         self.calls["reserve"] += 1
-        return self.inner.reserve(fd, offset, length)
+        return self.inner.reserve(fd, offset, length, keep_size=keep_size)
 
     # --- locks --------------------------------------------------------------------
     def lock(self, fd: int, *, blocking: bool = True) -> bool:

@@ -153,13 +153,13 @@ class FaultyFS(Filesystem):
         finally:
             self.plan.end(after, self.name, "fstat", paths)
 
-    def reserve(self, fd: int, offset: int, length: int) -> bool:
+    def reserve(self, fd: int, offset: int, length: int, *, keep_size: bool = False) -> bool:
         paths = self._fd_paths(fd)
         rule, after = self.plan.begin(self.name, "reserve", paths)
         try:
             if rule is not None:
                 raise_errno(rule.errno, paths[0])
-            return self.inner.reserve(fd, offset, length)
+            return self.inner.reserve(fd, offset, length, keep_size=keep_size)
         finally:
             self.plan.end(after, self.name, "reserve", paths)
 

@@ -97,7 +97,7 @@ class StaleUnlink(DelegatingFilesystem):
 
 
 class FakeReserve(DelegatingFilesystem):
-    def reserve(self, fd: int, offset: int, length: int) -> bool:
+    def reserve(self, fd: int, offset: int, length: int, *, keep_size: bool = False) -> bool:
         return True
 
 

@@ -347,7 +347,7 @@ class SimClient(Filesystem):
             return 1
         return 0
 
-    def reserve(self, fd: int, offset: int, length: int) -> bool:
+    def reserve(self, fd: int, offset: int, length: int, *, keep_size: bool = False) -> bool:
         sim = self._sim
         with sim._mu:
             paths = self._path_of(fd)
@@ -362,6 +362,10 @@ class SimClient(Filesystem):
                     return False
                 if rule is not None:
                     raise_errno(rule.errno, h.path)
+                if keep_size:
+                    # FALLOC_FL_KEEP_SIZE: blocks are allocated and nothing a read sees
+                    # changes (SimFS models contents, not space; a full disk is a rule)
+                    return True
                 if offset + length > len(h.inode.data):
                     sim.state.size_op(h.inode, EXTEND, offset + length, self.name, sim._now_ns())
                     self._changed()

@@ -32,6 +32,7 @@ Contract that implementations must keep (SimFS simulates exactly this):
 from __future__ import annotations
 
 import abc
+import ctypes
 import errno
 import fcntl
 import os
@@ -114,18 +115,25 @@ class Filesystem(abc.ABC):
     @abc.abstractmethod
     def fstat(self, fd: int) -> FileStat: ...
 
-    def reserve(self, fd: int, offset: int, length: int) -> bool:
-        """Reserve space ahead of writes (``posix_fallocate``): the file size grows to at
-        least ``offset + length`` and the new range reads as zeros.  Returns False when
-        the filesystem cannot reserve (the caller then simply appends)."""
+    def reserve(self, fd: int, offset: int, length: int, *, keep_size: bool = False) -> bool:
+        """Reserve space ahead of writes to ``offset .. offset + length``, so that a full
+        disk fails here and not in the write.  By default (``posix_fallocate``) the file
+        size grows to at least ``offset + length`` and the new range reads as zeros: the
+        catalog and the queue journal reserve so, and their appends inside the reserved
+        range then change no size.  With ``keep_size`` (``fallocate`` with
+        ``FALLOC_FL_KEEP_SIZE``) the blocks are allocated past the end of file and the
+        size stays what was written: packs reserve so, because callers size a pool by its
+        ``*.pack`` files; a truncate to the size releases what was not used.  Returns
+        False when the filesystem cannot reserve so (the caller then simply appends)."""
         return False
 
     def drop_cached(self, fd: int, offset: int, length: int) -> None:
         """Drop this client's cached pages of the range (``posix_fadvise`` DONTNEED), so
         the next read asks the filesystem again.  Best effort, never an error.  Why: on a
         shared filesystem a page this client cached can outlive a reopen after another
-        client wrote into it in place.  A writer's reserved space keeps the file's size
-        unchanged, and a FUSE client may keep its kernel page cache across a reopen when
+        client wrote into it in place.  A file whose space was reserved by growing it (the
+        catalog, a journal segment, a pack of an older straw) keeps its size while it is
+        written, and a FUSE client may keep its kernel page cache across a reopen when
         the file looks unchanged (JuiceFS does when the mtime it last saw is the current
         one). A page cached while reading an earlier extent then reads as reserved zeros
         past that extent's end, whatever another client wrote there since.  The reader's
@@ -363,13 +371,22 @@ class PosixFS(Filesystem):
     def fstat(self, fd: int) -> FileStat:
         return _to_stat(os.fstat(fd))
 
-    def reserve(self, fd: int, offset: int, length: int) -> bool:
-        try:
-            os.posix_fallocate(fd, offset, length)
-        except OSError as e:
-            if e.errno in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+    def reserve(self, fd: int, offset: int, length: int, *, keep_size: bool = False) -> bool:
+        if keep_size:
+            if _fallocate is None:
                 return False
-            raise
+            err = ctypes.get_errno() if _fallocate(fd, _FALLOC_FL_KEEP_SIZE, offset,
+                                                   length) != 0 else 0
+        else:
+            try:
+                os.posix_fallocate(fd, offset, length)
+                err = 0
+            except OSError as e:
+                err = e.errno or errno.EIO
+        if err in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            return False
+        if err:
+            raise OSError(err, os.strerror(err))
         return True
 
     def lock(self, fd: int, *, blocking: bool = True) -> bool:
@@ -408,6 +425,24 @@ class PosixFS(Filesystem):
     def realpath(self, path: str) -> str:
         return os.path.realpath(path)
 
+
+_FALLOC_FL_KEEP_SIZE = 0x01  # linux/falloc.h
+
+
+def _load_fallocate() -> Any:
+    """libc's ``fallocate(2)`` (Linux), which the ``os`` module does not expose with a
+    mode; None where there is none (``reserve`` then reports no support)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = getattr(libc, "fallocate64", None) or libc.fallocate  # 64-bit offsets
+    except (AttributeError, OSError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_fallocate = _load_fallocate()
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
@@ -491,8 +526,8 @@ class DelegatingFilesystem(Filesystem):
     def fstat(self, fd: int) -> FileStat:
         return self.inner.fstat(fd)
 
-    def reserve(self, fd: int, offset: int, length: int) -> bool:
-        return self.inner.reserve(fd, offset, length)
+    def reserve(self, fd: int, offset: int, length: int, *, keep_size: bool = False) -> bool:
+        return self.inner.reserve(fd, offset, length, keep_size=keep_size)
 
     def drop_cached(self, fd: int, offset: int, length: int) -> None:
         self.inner.drop_cached(fd, offset, length)

@@ -33,13 +33,16 @@ the manifest checksum and that record's own checksum, reading nothing else.
 hashes): a manifest that passes its checksum but was crafted or written by a broken
 writer is ``CorruptData`` naming the field, never a KeyError inside a reader.
 
-Space is reserved ahead with ``posix_fallocate`` (``Filesystem.reserve``) so that a
-publication is one ``writev`` into reserved space plus one ``fdatasync``: the file size
-does not change per publication, which is what makes small publications cheap and large
-ones run near raw bandwidth.  The reserved tail reads as zeros, which the scanner treats
-as the clean end; ``seal`` trims it.  On a nearly full disk the reservation shrinks (halving)
-down to what the write group needs; a reservation that fails even then raises
-``QuotaExceeded`` and leaves the pack intact and open (nothing was written).
+Space is reserved ahead (``Filesystem.reserve``: ``fallocate`` keeping the file size) so
+that a publication is one ``writev`` into allocated blocks plus one ``fdatasync``, and a
+full disk is met by the reservation, before anything is written.  The file size is always
+what was written: callers that size a pool by its ``*.pack`` files (straw-queue's
+suffix; vime's tests do) see their data, not the reservation.  ``seal``
+truncates the pack to its end, which also frees the unused reservation.  Packs of an
+older straw grew the file instead: their reserved tail reads as zeros, which the scanner
+treats as the clean end.  On a nearly full disk the reservation shrinks (halving) down to
+what the write group needs; a reservation that fails even then raises ``QuotaExceeded``
+and leaves the pack intact and open (nothing was written).
 
 Upholds D1 (a pack's name is durable through a directory fsync before any reference into
 it exists; a reference is returned only after the data sync of its write group) and the
@@ -294,7 +297,7 @@ class PackWriter:
     def _step(self) -> int:
         """The reservation step: as large as the pack already is (at least
         ``RESERVE_RAMP_FLOOR``), at most ``reserve_bytes``.  It doubles with the pack, so a
-        writer that dies before sealing leaves at most about as many reserved zeros as it
+        writer that dies before sealing leaves at most about as many reserved blocks as it
         wrote (plus the floor) until its pack is collected, instead of a whole
         ``reserve_bytes`` per writer: nothing may trim a dead writer's tail (a writer whose
         lock expired may still append within its lock-check window, D4).  A long-lived
@@ -311,7 +314,8 @@ class PackWriter:
         ends = _reserve_candidates(self.reserved, needed_end, self._step())
         for i, new_end in enumerate(ends):
             try:
-                supported = self.fs.reserve(self.fd, self.reserved, new_end - self.reserved)
+                supported = self.fs.reserve(self.fd, self.reserved, new_end - self.reserved,
+                                            keep_size=True)
             except OSError as e:
                 if e.errno in (errno.ENOSPC, errno.EDQUOT) and i + 1 < len(ends):
                     continue
@@ -338,8 +342,8 @@ class PackWriter:
         try:
             self.fs.writev(self.fd, buffers, self.data_end)
             # D1: the reference is returned only after this sync.  fdatasync suffices:
-            # inside reserved space only data changes; when appending, fdatasync also
-            # persists the new size.  Never retried after a failure (the dirty pages may
+            # it persists the data and the new file size (what reading it back needs).
+            # Never retried after a failure (the dirty pages may
             # already be gone): the pack is abandoned instead.
             self.fs.fdatasync(self.fd)
         except OSError as e:

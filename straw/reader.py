@@ -251,6 +251,23 @@ def _alloc(size: int) -> memoryview:
     return memoryview(arr).cast("B")
 
 
+def _refuse_another_frame(path: str, offset: int, head: memoryview, frame_size: int) -> None:
+    """``ExtentMismatch`` if ``head`` is a whole, valid frame header naming a frame size
+    other than ``frame_size``: the bytes that are there contradict the reference, so the
+    missing ones are no lag to wait for (a pack's size is what was written, and an edited
+    size past it would otherwise be waited for).  A header that does not decode may be
+    partly visible: the caller's lag rules decide."""
+    try:
+        header = framing.decode_header(head)
+    except CorruptData:
+        return
+    if header.kind == framing.KIND_EXTENT and header.frame_length != frame_size:
+        raise ExtentMismatch(
+            f"a reference of {frame_size} bytes at {path} offset {offset} does not match the "
+            f"frame there ({header.frame_length} bytes); the reference is edited or stale: "
+            "use the reference publish returned")
+
+
 def _zero_page_tail(buf: memoryview, file_offset: int) -> bool:
     """True if ``buf`` (read at ``file_offset``) ends in zeros from a page boundary on:
     the pattern of another client seeing only the first pages of fresh data (reserved
@@ -685,7 +702,8 @@ class ReadSession(ProcessBound):
         if cached is not None:
             return cached
         _check_extent_size(seg)
-        head = self._read_exact(seg.path, seg.offset, min(seg.size, _FIRST_READ), frame=True)
+        head = self._read_exact(seg.path, seg.offset, min(seg.size, _FIRST_READ), frame=True,
+                                frame_size=seg.size)
         header = self._check_header(seg, head)
         body_head = memoryview(head)[framing.HEADER_SIZE:]
         if body_head.nbytes < EXTENT_PREFIX.size:
@@ -843,7 +861,8 @@ class ReadSession(ProcessBound):
         # what the first read holds of them is copied once more, and that must stay small.
         first = seg.size if seg.size <= _CHUNK else _FIRST_READ
         head = _alloc(first)
-        self._read_exact(seg.path, seg.offset, first, into=head, frame=True)
+        self._read_exact(seg.path, seg.offset, first, into=head, frame=True,
+                         frame_size=seg.size)
         header = self._check_header(seg, head)
         parts = [(seg.offset, head)]
         body = head[framing.HEADER_SIZE:]
@@ -1126,12 +1145,14 @@ class ReadSession(ProcessBound):
                 self._retire(fd)
 
     def _read_exact(self, path: str, offset: int, size: int, into: Any = None,
-                    frame: bool = False) -> memoryview:
+                    frame: bool = False, frame_size: int | None = None) -> memoryview:
         """Exactly ``size`` bytes at ``offset``.  Missing bytes (short file, zero header,
         file not visible) are retried a bounded number of times for visibility lag, then
         ``StorageUnavailable`` — unless the pack is final: then one more read through a
         fresh descriptor, and the error at once (``frame``: ``offset`` is where the
-        reference says an extent starts)."""
+        reference says an extent starts; ``frame_size``: the extent's size by the
+        reference, so that a file too short for it whose frame header is there and names
+        another size is an edited reference at once, ``ExtentMismatch``, not lag)."""
         buf = _alloc(size) if into is None else memoryview(into).cast("B")
         if buf.nbytes != size:
             raise ValueError(f"buffer holds {buf.nbytes} bytes, {size} requested")
@@ -1140,7 +1161,7 @@ class ReadSession(ProcessBound):
         attempt = 0
         final: _Final | None = None
         while True:
-            lag = self._try_read(path, offset, buf, frame,
+            lag = self._try_read(path, offset, buf, frame, frame_size=frame_size,
                                  give_up=final is None and attempt == self.retries,
                                  refresh=attempt > 0 or final is not None)
             if lag is None:
@@ -1205,7 +1226,8 @@ class ReadSession(ProcessBound):
                 yield lo, hi
 
     def _try_read(self, path: str, offset: int, buf: memoryview, frame: bool, *,
-                  give_up: bool, refresh: bool = False) -> _Lag | None:
+                  give_up: bool, refresh: bool = False,
+                  frame_size: int | None = None) -> _Lag | None:
         """One attempt: None when ``buf`` holds the bytes, else what is missing.
         ``refresh`` (a retry): the range's cached pages are dropped first, through the
         freshly opened descriptor, since a reopen alone may keep them
@@ -1222,6 +1244,8 @@ class ReadSession(ProcessBound):
         except OSError as e:
             raise StorageUnavailable(f"reading {path}: {e}") from e
         if n < size:
+            if frame_size is not None and n >= framing.HEADER_SIZE:
+                _refuse_another_frame(path, offset, buf[:framing.HEADER_SIZE], frame_size)
             return _Lag("short", f"the file holds {offset + n} bytes, the reference needs "
                                  f"{offset + size}")
         # Only a frame start is known to be non-zero: a payload may be zeros.

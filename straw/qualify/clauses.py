@@ -342,8 +342,37 @@ def space_reservation(env: Env) -> Result:
         violations.append(f"B reads {len(seen)} bytes of a file reserved to {size}")
     elif seen[at:at + len(data)] != data or seen[:at].count(0) != at:
         violations.append("B does not read the write inside the reserved range back")
+    keep = _reservation_keeping_size(env, size, at, data, violations)
     return verdict("space_reservation", violations, "1 MiB reserved: zeros, writable, "
-                    "seen by B", {"supported": True})
+                   "seen by B; " + ("keeping the size: writable, the size follows the writes"
+                                    if keep else "keeping the size: not supported"),
+                   {"supported": True, "keep_size": keep})
+
+
+def _reservation_keeping_size(env: Env, size: int, at: int, data: bytes,
+                              violations: list[str]) -> bool:
+    """Packs reserve with ``keep_size``: the file's size must stay what was written (a
+    caller sizes a pool by its packs), and a write into the reservation must read back."""
+    n = env.name("reserve-keep")
+    fd = env.a.fs.open(env.a.path(n), write=True, create=True)
+    try:
+        if not env.a.fs.reserve(fd, 0, size, keep_size=True):
+            return False  # the store's packs then append
+        if (got := env.a.fs.fstat(fd).size) != 0:
+            violations.append(f"reserving {size} bytes keeping the size made an empty file "
+                              f"{got} bytes")
+        env.a.fs.writev(fd, [data], at)
+        env.a.fs.fdatasync(fd)
+    finally:
+        env.a.fs.close(fd)
+    seen = read_file(env.b, n) or b""
+    if len(seen) != at + len(data):
+        violations.append(f"B reads {len(seen)} bytes of a file written to "
+                          f"{at + len(data)} inside a reservation keeping its size")
+    elif seen[at:] != data or seen[:at].count(0) != at:
+        violations.append("B does not read back a write inside a reservation keeping the "
+                          "size")
+    return True
 
 
 def large_offsets(env: Env) -> Result:

@@ -98,6 +98,9 @@ def test_positional_io_buffers_reserve_and_truncate() -> None:
     assert sim.writev(fd, [b"ab", memoryview(b"cd"), arr], 4) == 16
     data = sim.read_file("/p/a")
     assert data == b"\0" * 4 + b"abcd" + arr.tobytes()
+    # keep_size (FALLOC_FL_KEEP_SIZE): nothing a read sees changes
+    assert sim.reserve(fd, 0, 100, keep_size=True) and sim.fstat(fd).size == len(data) == 20
+    assert sim.read_file("/p/a") == data
     assert sim.reserve(fd, 0, 100) and sim.fstat(fd).size == 100
     assert sim.read_file("/p/a")[20:] == bytes(80)
     sim.truncate(fd, 3)

@@ -177,11 +177,12 @@ class SimFSModel(RuleBasedStateMachine):
         f.truncate(size)
 
     @precondition(lambda self: self.handles)
-    @rule(i=handle_ix, offset=offsets, length=st.integers(1, 1000))
-    def reserve(self, i: int, offset: int, length: int) -> None:
+    @rule(i=handle_ix, offset=offsets, length=st.integers(1, 1000), keep_size=st.booleans())
+    def reserve(self, i: int, offset: int, length: int, keep_size: bool) -> None:
         fd, f = self._handle(i)
-        assert self.sim.reserve(fd, offset, length)
-        f.reserve(offset + length)
+        assert self.sim.reserve(fd, offset, length, keep_size=keep_size)
+        if not keep_size:  # keep_size allocates space, which the model does not track
+            f.reserve(offset + length)
 
     @precondition(lambda self: self.handles)
     @rule(i=handle_ix, data_only=st.booleans())
