@@ -49,7 +49,7 @@ from .catalog import Catalog
 from .clock import Clock
 from .errors import StorageUnavailable, UnsafeRecovery, WriterFenced
 from .fs import Filesystem
-from .pack import PACK_SUFFIX, EncodedExtent, PackWriter
+from .pack import PACK_SUFFIX, EncodedExtent, PackWriter, storage_error
 from .process import ProcessBound, close_quietly
 from .recovery import Damage, Submission, ref_from_entry
 from .refs import RecordSetRef
@@ -80,7 +80,10 @@ class WriterIncarnation(ProcessBound):
         self.reserve_bytes = reserve_bytes
         self.rel_dir = f"runs/{run_id}/writers/{writer_id}"
         self.dir = os.path.join(root, self.rel_dir)
-        fs.makedirs_durable(self.dir)
+        try:
+            fs.makedirs_durable(self.dir)
+        except OSError as e:  # a straw error naming the directory, never a bare OSError
+            raise storage_error(e, f"cannot create writer directory {self.dir}") from e
         self.clock = clock
         self._lock_fd: int | None = self._take_lock(clock)
         if fs.exists(os.path.join(self.dir, RETIRED)):  # checked under the lock
@@ -105,6 +108,9 @@ class WriterIncarnation(ProcessBound):
             catalog.seal_if_open(recovered, prefix=f"{self.rel_dir}/")
             fs.mkdir(os.path.join(root, self.inc_rel))
             fs.fsync_dir(self.dir)  # D1: the new directory name is durable
+        except OSError as e:
+            self.release()  # nothing of this incarnation was acknowledged; a retry starts anew
+            raise storage_error(e, f"cannot start writer {writer_id!r} in {self.dir}") from e
         except BaseException:
             self.release()
             raise

@@ -147,6 +147,14 @@ def test_gc_dry_run_writes_nothing_then_gc_reclaims(live_pool):
     assert v["collectable"]["packs"] == 0
 
 
+def test_cli2_gc_prints_its_report(live_pool):
+    # issue 39 CLI2: the text report (not --json) crashed with a TypeError after collecting
+    p = straw("gc", live_pool)
+    assert p.returncode == 0, p.stderr
+    assert re.search(r"reclaimed 1 pack files, .*; \d+ packs retained by \d+ owners",
+                     p.stdout), p.stdout
+
+
 def _bad_inputs(tmp_path) -> list[tuple[list[object], str]]:
     empty, newer, a, b = (tmp_path / n for n in ("empty", "newer", "a", "b"))
     for d in (empty, newer, a, b):

@@ -185,8 +185,8 @@ def gc(out: Out, r: dict[str, Any]) -> None:
             out.line(f"  {p}")
     else:
         out.line(f"straw gc {r['pool']}: reclaimed {r['reclaimed_files']} pack files, "
-                 f"{human_bytes(r['reclaimed_bytes'])}; {len(r['retained_packs'])} packs "
-                 f"retained by {len(r['owners'])} owners")
+                 f"{human_bytes(r['reclaimed_bytes'])}; {r['retained_packs']} packs "
+                 f"retained by {r['owners']} owners")
 
 
 def bench(out: Out, r: dict[str, Any]) -> None:

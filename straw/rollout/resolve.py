@@ -219,7 +219,13 @@ def load_marker(fs: Filesystem, directory: str, step: int,
                            f"(optimizer {marker.get('optimizer')}, rng {marker.get('rng')}); "
                            "it cannot resume training exactly (pass allow_partial_state=True "
                            "to start from it anyway)")
-    for rel, info in sorted(marker.get("files", {}).items()):
+    files = marker.get("files", {})
+    if not isinstance(files, Mapping) or not all(
+            isinstance(rel, str) and isinstance(info, Mapping) for rel, info in files.items()):
+        raise ComponentChanged(f"{path}: its 'files' must map each component's path to its "
+                               f"size and sha256, got {type(files).__name__}: the marker was "
+                               "edited or damaged (restore it, or select another checkpoint)")
+    for rel, info in sorted(files.items()):
         full = os.path.normpath(os.path.join(directory, rel))
         if not full.startswith(os.path.join(directory, "")):
             raise ComponentChanged(f"{path} lists {rel!r}, outside {directory}: refused")

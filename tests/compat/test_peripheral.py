@@ -251,6 +251,26 @@ def test_backend_fault_hook_fails_a_sync_and_nothing_is_published(tmp_path):
         assert _payload(store, ref) == b"kept"
 
 
+@pytest.mark.parametrize("err", [OSError("flush failed"), OSError(errno.EIO, "flush failed")])
+def test_a_failed_directory_sync_of_a_new_writer_is_a_straw_error_and_leaves_no_pack(
+        tmp_path, err):
+    # vime's transport test: a first publication whose writer directory cannot be made
+    # durable raises StorageUnavailable naming the directory (it was a bare OSError), no
+    # pack file exists, and the next publication succeeds
+    def failing(phase):
+        if phase == "before_directory_sync":
+            raise err
+
+    with SharedFilesystemStore(tmp_path / "pool", "run") as store:
+        store.backend.fault = failing
+        with pytest.raises(StorageUnavailable, match="writer .*flush failed"):
+            store.publish([Record("r", b"lost")], submission_id="s1")
+        assert not list((tmp_path / "pool").rglob("*.pack"))
+        store.backend.fault = lambda phase: None
+        ref = store.publish([Record("r", b"kept")], submission_id="s1")
+        assert _payload(store, ref) == b"kept"
+
+
 # --- straw.inspect ------------------------------------------------------------------------
 def _pool_with_an_orphan(root: Path) -> tuple[RecordSetRef, RecordSetRef]:
     """A queue-accepted result (retained) and a publication released by its writer

@@ -264,3 +264,18 @@ def test_a_start_that_crashed_before_its_queue_was_seeded_starts_again(run):
     r = resolve_checkpoint(save)
     assert (r.mode, r.step, r.source) == (SALVAGE, 2, save)  # the same salvage, redone
     assert r.directory != branch  # into a new branch (the old queue id stays unused)
+
+
+@pytest.mark.parametrize("files", [["iter_0000002/weights.bin"], "weights.bin", 7,
+                                   {"iter_0000002/weights.bin": [4000, "sha"]}])
+def test_ck1_a_marker_whose_files_are_not_a_mapping_is_refused(run, files):
+    # issue 39 CK1: a commit marker whose 'files' was a list raised AttributeError
+    pool, save = run
+    path = os.path.join(save, "rollout", "committed_2.json")
+    with open(path) as f:
+        marker = json.load(f)
+    marker["files"] = files
+    with open(path, "w") as f:
+        json.dump(marker, f)
+    with pytest.raises(ComponentChanged, match="committed_2.json: its 'files' must map"):
+        resolve_checkpoint(save, step=2)
