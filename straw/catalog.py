@@ -193,6 +193,7 @@ from .catalog_snapshot import (
 from .errors import (
     CorruptData,
     InvalidReference,
+    OwnerMismatch,
     QuotaExceeded,
     UnsafeRecovery,
     UnsupportedSchema,
@@ -1269,12 +1270,20 @@ class Catalog(ProcessBound):
             self.append([{"op": "retain", "run": run, "owner": owner,
                           "packs": [[path, offs] for path, offs in by_pack.items()]}])
 
-    def release(self, owner: str) -> bool:
-        """Drop this run's owner ``owner``; False if this run has none of that name."""
+    def release(self, owner: str, *, only_if: Iterable[Extent] | None = None) -> bool:
+        """Drop this run's owner ``owner``; False if this run has none of that name.
+        ``only_if``: drop it only if its roots are exactly these extents, checked under
+        the catalog's lock (``OwnerMismatch`` otherwise, nothing changed)."""
         run = self._run()
         with self.locked() as st:
-            if (run, owner) not in st.owners:
+            roots = st.owners.get((run, owner))
+            if roots is None:
                 return False
+            if only_if is not None and set(roots) != set(only_if):
+                raise OwnerMismatch(
+                    f"owner {owner!r} of run {run!r} retains {len(roots)} root(s) other than "
+                    "the reference(s) it was to be released with: not released (a record "
+                    "naming this owner was edited, or names someone else's owner)")
             self.append([{"op": "release", "run": run, "owner": owner}])
             return True
 

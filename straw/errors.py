@@ -183,6 +183,13 @@ class WrongReferenceKind(InvalidReference, UnsupportedSchema, TypeError):
     ``TypeError``: this class is all three.  Pass the kind of reference the call names."""
 
 
+class OwnerMismatch(InvalidReference):
+    """``release(owner, only_if=refs)`` of an owner that retains something other than
+    ``refs``: nothing was released.  What named the owner (an archive index, a record
+    handed around) was edited or names someone else's owner; ours (straw-queue has no
+    conditional release)."""
+
+
 __all__ = [
     "StrawError",
     "QueueError",
@@ -213,4 +220,5 @@ __all__ = [
     "InvalidRange",
     "NotATensorRecord",
     "WrongReferenceKind",
+    "OwnerMismatch",
 ]

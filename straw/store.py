@@ -873,11 +873,16 @@ class SharedFilesystemStore(ProcessBound):
         self._check_all_published(items, "refs", checked)
         self.catalog.retain(owner, [(r.segment.path, r.segment.offset) for r in checked])
 
-    def release(self, owner: str) -> bool:
+    def release(self, owner: str, *,
+                only_if: Sequence[RecordSetRef | RecordRef] | None = None) -> bool:
         """Drop this run's ``owner``.  Returns False (and changes nothing) if this run has
         no such owner (another run's owner of that name is never touched).  Pins left
         behind by a crashed reader of this run (``publication:pin:...``, or ``pin:...`` in pools
-        written before) can be released here."""
+        written before) can be released here.  ``only_if`` (ours): release it only if it
+        retains exactly these references, checked atomically under the catalog's lock;
+        ``OwnerMismatch`` otherwise, nothing released.  For a caller that learned the
+        owner's name from a record someone could edit (an archive index): a name edited to
+        another owner releases nothing."""
         self._check_open()
         if not isinstance(owner, str):
             raise TypeError(f"owner must be a str, got {type(owner).__name__}")
@@ -886,7 +891,8 @@ class SharedFilesystemStore(ProcessBound):
             raise ValueError(f"owner {owner!r} uses a reserved prefix: it belongs to straw "
                              "itself (a queue's owner: release its data through the "
                              "coordinator)")
-        return self.catalog.release(owner)
+        expected = None if only_if is None else self._extents(only_if, "only_if")
+        return self.catalog.release(owner, only_if=expected)
 
     def release_publications(self, refs: Iterable[RecordSetRef]) -> int:
         """Drop the staging protection of fresh publications and of what they depend on,

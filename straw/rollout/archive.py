@@ -124,6 +124,9 @@ def _index_path(path: object) -> str:
     return p
 
 
+OWNER_PREFIX = "archive:"  # every archive's owner: archive:<rollout key>:<uuid>
+
+
 def _checksum(body: dict[str, Any]) -> str:
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
     return hashlib.sha256(canonical.encode()).hexdigest()
@@ -328,7 +331,7 @@ class RolloutArchive:
               store: SharedFilesystemStore, fs: Filesystem) -> str:
         key = _rollout_key(rid, evaluation)
         token = uuid.uuid4().hex
-        submission = f"archive:{key}:{token}"
+        submission = f"{OWNER_PREFIX}{key}:{token}"
         published: list[RecordSetRef] = []  # chunks written already (a large rollout)
         pending: list[Publication] = []
         pending_bytes = 0
@@ -443,6 +446,9 @@ class RolloutArchive:
                 raise self._bad(f"{name} is a {type(index[name]).__name__}")
         if index["pool_id"] is not None and not isinstance(index["pool_id"], str):
             raise self._bad("pool_id is not a str")
+        if not index["storage_owner"].startswith(OWNER_PREFIX):
+            raise self._bad(f"storage_owner {index['storage_owner']!r} is not an archive's "
+                            f"owner ({OWNER_PREFIX}...)")
         return index
 
     def _ref(self, value: Any, where: str) -> RecordSetRef:
@@ -594,9 +600,13 @@ class RolloutArchive:
     # --- ending ------------------------------------------------------------------------
     def release(self) -> bool:
         """Drop the archive's retention (the index stays, for inspection; other owners of
-        the same data keep theirs).  False if it was released already."""
+        the same data keep theirs).  False if it was released already.  The owner the
+        index names is released only if it retains exactly this archive's manifest
+        (``OwnerMismatch`` otherwise, nothing released): the index's checksum is no
+        signature, and an index edited to name a checkpoint's or another archive's owner
+        must not release that owner's data (issue 39, ARCH1)."""
         self._check()
-        return self._store.release(self.storage_owner)
+        return self._store.release(self.storage_owner, only_if=[self.manifest_ref])
 
     def close(self) -> None:
         """Close the reader (the store this archive opened); the data stays retained."""

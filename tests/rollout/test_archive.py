@@ -12,8 +12,8 @@ import shutil
 import numpy as np
 import pytest
 
-from straw import SharedFilesystemStore
-from straw.errors import CorruptData, InvalidReference, UnsupportedSchema
+from straw import Record, SharedFilesystemStore
+from straw.errors import CorruptData, InvalidReference, OwnerMismatch, UnsupportedSchema
 from straw.refs import RecordSetRef
 from straw.rollout import RolloutArchive, Sample, Status
 from straw.rollout.archive import ADJACENT_POOL, ADJACENT_RUN, CHUNK_SAMPLES, FORMAT, VERSION
@@ -450,3 +450,31 @@ def test_an_index_of_another_archive_in_the_same_pool_is_refused(tmp_path, pool)
     _forge(second, lambda ix: ix.update(manifest=_index(first)["manifest"]))
     with pytest.raises(CorruptData, match="not the manifest's"):
         RolloutArchive(second)
+
+
+# --- issue 39, ARCH1: an index cannot release someone else's data --------------------------
+
+
+def test_arch1_an_index_forged_to_name_a_checkpoints_owner_is_refused(tmp_path, pool):
+    kept = pool.publish([Record("weights", b"w" * 64)], submission_id="ckpt")
+    pool.retain("checkpoint:7", [kept])
+    path = _archive(tmp_path, pool, [_sample(0)])
+    _forge(path, lambda ix: ix.update(storage_owner="checkpoint:7"))
+    with pytest.raises(CorruptData, match="storage_owner 'checkpoint:7' is not an archive"):
+        RolloutArchive(path)
+    assert "checkpoint:7" in pool.owners()
+
+
+def test_arch1_an_index_forged_to_name_another_archives_owner_releases_nothing(
+        tmp_path, pool):
+    victim = RolloutArchive(_archive(tmp_path, pool, [_sample(1)], name="a.straw.json"))
+    path = _archive(tmp_path, pool, [_sample(0)], name="b.straw.json")
+    _forge(path, lambda ix: ix.update(storage_owner=victim.storage_owner))
+    forged = RolloutArchive(path)
+    owners = pool.owners()
+    with pytest.raises(OwnerMismatch, match="not released"):
+        forged.release()
+    assert pool.owners() == owners  # the victim's owner, and the forged index's own, stay
+    pool.collect_garbage()
+    assert [s.tokens for s in victim.load_samples()] == [_sample(1).tokens]
+    assert victim.release() and not victim.release()
