@@ -49,6 +49,13 @@ class NotBeneath(OSError):
     directory (it could lead outside the root), or the file is not a regular file."""
 
 
+class SpecialFile(NotBeneath):
+    """``open`` refused a FIFO, socket or device where straw expects a file or directory:
+    reading or writing one could block for ever (issue 39, CLI1 and ARCH4: a FIFO put in
+    place of a journal segment or an archive index hung ``straw inspect`` and
+    ``RolloutArchive``).  A ``NotBeneath``, so callers refusing those refuse this too."""
+
+
 def beneath_parts(rel: str) -> list[str]:
     """The components of a relative path for ``open_beneath``; ``ValueError`` for an
     absolute path, ``.``/``..`` or empty components (callers validate paths first: this
@@ -82,7 +89,9 @@ class Filesystem(abc.ABC):
     ) -> int:
         """Open ``path``; ``create`` makes it if missing, ``exclusive`` fails if it exists
         (``FileExistsError``).  Never follows a symlink in the last component when
-        ``write`` is set."""
+        ``write`` is set.  Never blocks, and never returns a descriptor of anything but a
+        regular file or a directory (``SpecialFile``): any path a user or another process
+        can replace is opened this way, so a FIFO put there cannot hang a reader."""
 
     @abc.abstractmethod
     def open_beneath(self, root: str, rel: str) -> int:
@@ -283,7 +292,9 @@ class PosixFS(Filesystem):
     def open(
         self, path: str, *, write: bool = False, create: bool = False, exclusive: bool = False
     ) -> int:
-        flags = os.O_CLOEXEC
+        # O_NONBLOCK: opening a FIFO must not wait for its other end (it changes nothing
+        # for regular files and directories); the fstat below refuses what is neither
+        flags = os.O_CLOEXEC | os.O_NONBLOCK
         flags |= os.O_RDWR if write or create else os.O_RDONLY
         if write or create:
             flags |= os.O_NOFOLLOW
@@ -291,7 +302,17 @@ class PosixFS(Filesystem):
             flags |= os.O_CREAT
         if exclusive:
             flags |= os.O_EXCL
-        return os.open(path, flags, 0o644)
+        fd = os.open(path, flags, 0o644)
+        try:
+            mode = os.fstat(fd).st_mode
+        except BaseException:
+            os.close(fd)
+            raise
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            os.close(fd)
+            raise SpecialFile(errno.EINVAL, f"{path} is a {_kind(mode)}, not a regular file "
+                                            "or a directory: remove it", path)
+        return fd
 
     def open_beneath(self, root: str, rel: str) -> int:
         # Component by component from a descriptor of ``root``: a directory swapped for a
@@ -460,6 +481,15 @@ def _open_at(name: str, flags: int, dir_fd: int, rel: str) -> int:
         if why is not None:
             raise NotBeneath(e.errno, f"{name!r} {why}", rel) from None
         raise
+
+
+def _kind(mode: int) -> str:
+    """What a non-regular file is, in words."""
+    for test, name in ((stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"),
+                       (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device")):
+        if test(mode):
+            return name
+    return "special file"
 
 
 def _to_stat(st: os.stat_result) -> FileStat:

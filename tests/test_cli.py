@@ -155,6 +155,20 @@ def test_cli2_gc_prints_its_report(live_pool):
                      p.stdout), p.stdout
 
 
+def test_cli1_inspect_of_a_fifo_in_place_of_a_journal_segment_answers(tmp_path):
+    # issue 39 CLI1: straw inspect blocked for ever opening a FIFO put in place of a
+    # journal segment; it reports that queue as unreadable, naming the FIFO, and goes on
+    root = tmp_path / "pool"
+    with SharedFilesystemStore(root, "job") as store:
+        Coordinator(store, queue_id="rollout").close()
+    (segment,) = root.glob("runs/job/queues/default/rollout/journal/j-*.log")
+    segment.unlink()
+    os.mkfifo(segment)
+    p = straw("inspect", root, timeout=60)
+    assert p.returncode == 1
+    assert f"{segment} is a FIFO, not a regular file" in p.stdout + p.stderr
+
+
 def _bad_inputs(tmp_path) -> list[tuple[list[object], str]]:
     empty, newer, a, b = (tmp_path / n for n in ("empty", "newer", "a", "b"))
     for d in (empty, newer, a, b):

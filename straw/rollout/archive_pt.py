@@ -250,6 +250,14 @@ def _check_plain(torch: Any, value: Any, pt_path: str, key: str) -> Any:
             raise _refuse(pt_path, key, f"is a {value.layout} {value.dtype} tensor "
                           f"(requires_grad {value.requires_grad}), not a dense CPU tensor "
                           f"of {', '.join(DTYPES)}")
+        dense = value.numel() * value.element_size()
+        stored = value.untyped_storage().nbytes()
+        if dense > stored:
+            # a view repeating its storage (stride 0, overlapping strides): materialising
+            # it would allocate what the file never held (issue 39, ARCH3)
+            raise _refuse(pt_path, key, f"is a view of {value.numel()} elements "
+                          f"({dense} bytes) over {stored} stored bytes (repeating strides "
+                          f"{tuple(value.stride())})", CorruptData)
         return value.contiguous()
     if type(value) in (list, tuple):
         out = [_check_plain(torch, v, pt_path, f"{key}[{i}]") for i, v in enumerate(value)]

@@ -478,3 +478,22 @@ def test_arch1_an_index_forged_to_name_another_archives_owner_releases_nothing(
     pool.collect_garbage()
     assert [s.tokens for s in victim.load_samples()] == [_sample(1).tokens]
     assert victim.release() and not victim.release()
+
+
+def test_arch4_an_index_that_is_a_fifo_is_refused_without_blocking(tmp_path):
+    # issue 39 ARCH4: RolloutArchive(path) blocked for ever on a FIFO (run in a child, so
+    # that a regression fails this test instead of hanging the suite)
+    import subprocess
+    import sys
+    fifo = tmp_path / "rollout_1.straw.json"
+    os.mkfifo(fifo)
+    code = ("from straw.rollout import RolloutArchive\n"
+            "from straw.fs import SpecialFile\n"
+            "try:\n"
+            f"    RolloutArchive({str(fifo)!r})\n"
+            "except SpecialFile as e:\n"
+            "    print(e)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "is a FIFO, not a regular file" in p.stdout

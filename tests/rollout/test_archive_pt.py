@@ -293,6 +293,21 @@ def test_a_dump_outside_the_sample_codec_is_a_clear_error_and_nothing_is_written
         load_pt(pt)
 
 
+def test_arch3_a_repeating_view_is_refused_before_it_is_materialised(tmp_path, monkeypatch):
+    # issue 39 ARCH3: a stride-0 view of 2**40 elements was made contiguous (a 1 TiB
+    # allocation) before any check; now refused from its shape, strides and storage
+    huge = torch.zeros(1, dtype=torch.int32).as_strided((1 << 20, 1 << 20), (0, 0))
+    pt = tmp_path / "repeating.pt"
+    _save_pt(pt, _with("routes", huge))
+    made = []
+    real = torch.Tensor.contiguous
+    monkeypatch.setattr(torch.Tensor, "contiguous",
+                        lambda t, *a, **k: made.append(t.numel()) or real(t, *a, **k))
+    with pytest.raises(CorruptData, match=r"routes'\] is a view of 1099511627776 elements"):
+        load_pt(pt)
+    assert all(n < 1 << 20 for n in made)  # nothing of the view was materialised
+
+
 @pytest.mark.parametrize("cut", ["empty", "half", "garbage"])
 def test_a_truncated_or_unreadable_dump_is_corrupt_data(tmp_path, cut):
     buf = io.BytesIO()
