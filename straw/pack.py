@@ -36,8 +36,12 @@ writer is ``CorruptData`` naming the field, never a KeyError inside a reader.
 Space is reserved ahead (``Filesystem.reserve``: ``fallocate`` keeping the file size) so
 that a publication is one ``writev`` into allocated blocks plus one ``fdatasync``, and a
 full disk is met by the reservation, before anything is written.  The file size is always
-what was written: callers that size a pool by its ``*.pack`` files (straw-queue's
-suffix; vime's tests do) see their data, not the reservation.  ``seal``
+what was written, and a byte once in the file never changes (append-only, as straw-queue's
+segment files): callers that size a pool by its ``*.pack`` files (straw-queue's suffix)
+see their data, not the reservation, and vime's tests check both.  The price: a write
+extends the size, so its ``fdatasync`` also commits the size (a journal commit on ext4)
+even for a publication inside a block already written; growing the size a block at a
+time would avoid that, but exposes zeros that later writes change.  ``seal``
 truncates the pack to its end, which also frees the unused reservation.  Packs of an
 older straw grew the file instead: their reserved tail reads as zeros, which the scanner
 treats as the clean end.  On a nearly full disk the reservation shrinks (halving) down to

@@ -30,3 +30,16 @@ def test_pack_sizes_follow_what_was_written_publication_by_publication(tmp_path)
     assert {Path(ref.path).suffix for ref in refs} == {".pack"}
     store.close()  # sealing adds the pack's index; the reservation is released
     assert _pack_bytes(tmp_path) - before >= second
+
+
+def test_a_packs_bytes_once_there_never_change(tmp_path):
+    # vime checks that a step leaves every byte the pool's *.pack files held unchanged
+    # (append-only, as straw-queue's segment files): no reserved zeros are ever exposed
+    # and overwritten later
+    store = SharedFilesystemStore(tmp_path, "append")
+    store.publish([Record("a", b"a" * 10)], submission_id="a")
+    held = {p: p.read_bytes() for p in tmp_path.rglob("*.pack")}
+    for i in range(20):
+        store.publish([Record(f"b{i}", b"b" * (i * 300))], submission_id=f"b{i}")
+    store.close()
+    assert held and all(p.read_bytes()[:len(data)] == data for p, data in held.items())
