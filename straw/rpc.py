@@ -38,11 +38,12 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Mapping
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from . import errors
 from .coordinator import DEFAULT_CONSUMER
+from .http_guard import SOCKET_TIMEOUT, GuardedHTTPServer
 from .protocol import AcquireResult, Assignment, CommitPage, CommitReceipt, Lease, TaskSpec
 from .refs import RecordSetRef
 from .reporting import canonical_json
@@ -62,7 +63,9 @@ METHODS = frozenset({
 })
 
 MAX_REQUEST_BYTES = 64 << 20  # control messages only; 100k task specs fit
-SOCKET_TIMEOUT = 10.0  # a stalled client must not hold a server thread forever
+# request bodies held at once (each becomes several times its size in objects): one
+# request of the largest size, or many small ones (straw.http_guard)
+MAX_INFLIGHT_BYTES = MAX_REQUEST_BYTES
 
 
 class RemoteValueError(errors.StrawError, ValueError):
@@ -151,20 +154,21 @@ def from_wire(key: str, value: Any) -> Any:
 
 
 # --- the server -------------------------------------------------------------------------
-class ControlServer(ThreadingHTTPServer):
+class ControlServer(GuardedHTTPServer):
     """An HTTP server of one coordinator.  ``address`` is where it is bound (the port
-    chosen when 0 was asked), ``url`` what a ``QueueClient`` connects to."""
+    chosen when 0 was asked), ``url`` what a ``QueueClient`` connects to.  What a peer can
+    make it hold is bounded (``straw.http_guard``: connections, time to a request, request
+    memory); ``limits`` overrides those bounds (its keywords)."""
 
-    daemon_threads = True
-    request_queue_size = 128
-
-    def __init__(self, coordinator: Any, address: tuple[str, int], *, token: str) -> None:
+    def __init__(self, coordinator: Any, address: tuple[str, int], *, token: str,
+                 **limits: Any) -> None:
         if not isinstance(token, str) or not token:
             raise ValueError("straw.rpc needs a job-scoped token (a non-empty str, e.g. "
                              "secrets.token_hex(32)) shared with the workers")
         self.coordinator = coordinator
         self.expected = f"Bearer {token}".encode()
-        super().__init__(address, _Handler)
+        limits.setdefault("max_inflight_bytes", MAX_INFLIGHT_BYTES)
+        super().__init__(address, _Handler, **limits)
 
     @property
     def address(self) -> tuple[str, int]:
@@ -196,9 +200,9 @@ class ControlServer(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     server: ControlServer
+    timeout = SOCKET_TIMEOUT  # set on the socket before the request line is read
 
     def do_POST(self) -> None:  # noqa: N802 (http.server's name)
-        self.connection.settimeout(SOCKET_TIMEOUT)
         given = self.headers.get("Authorization", "").encode()
         if not hmac.compare_digest(given, self.server.expected):
             self._reply(403, {"error": "PermissionError",
@@ -213,13 +217,26 @@ class _Handler(BaseHTTPRequestHandler):
                 "error": "ValueError",
                 "message": f"an RPC request needs a Content-Length of 1..{MAX_REQUEST_BYTES}"})
             return
+        if not self.server.budget.take(length, self.server.budget_wait):
+            self._reply(503, {"error": "StorageUnavailable", "message": (
+                f"the coordinator holds its request memory ({self.server.budget.limit} "
+                "bytes) for other requests; retry")})
+            return
         try:
-            request = json.loads(self.rfile.read(length))
-            body, status = {"result": self.server.dispatch(request)}, 200
-        except (errors.StrawError, ValueError, TypeError, KeyError) as e:
-            body, status = {"error": type(e).__name__, "message": _message(e)}, 409
-        except Exception as e:  # a bug in the call: report it, keep serving
-            body, status = {"error": type(e).__name__, "message": _message(e)}, 500
+            raw = self.rfile.read(length)
+            if len(raw) < length:
+                return  # the peer went away (or its time ran out) mid-body: nothing to do
+            self.server.request_read(self.connection)
+            try:
+                request = json.loads(raw)
+                del raw
+                body, status = {"result": self.server.dispatch(request)}, 200
+            except (errors.StrawError, ValueError, TypeError, KeyError) as e:
+                body, status = {"error": type(e).__name__, "message": _message(e)}, 409
+            except Exception as e:  # a bug in the call: report it, keep serving
+                body, status = {"error": type(e).__name__, "message": _message(e)}, 500
+        finally:
+            self.server.budget.give(length)
         self._reply(status, body)
 
     def _reply(self, status: int, body: Any) -> None:
@@ -244,10 +261,13 @@ def _message(e: BaseException) -> str:
     return str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
 
 
-def start(coordinator: Any, address: tuple[str, int], *, token: str) -> ControlServer:
+def start(coordinator: Any, address: tuple[str, int], *, token: str,
+          **limits: Any) -> ControlServer:
     """Serve ``coordinator`` on a background thread; returns the server (``.url``,
-    ``.address``, ``.close()``).  An addition to straw-queue's ``serve``."""
-    server = ControlServer(coordinator, address, token=token)
+    ``.address``, ``.close()``).  An addition to straw-queue's ``serve``; ``limits``: the
+    bounds of ``straw.http_guard`` (``max_connections``, ``request_seconds``,
+    ``max_inflight_bytes``, ``budget_wait``)."""
+    server = ControlServer(coordinator, address, token=token, **limits)
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
                      name=f"straw.rpc {server.url}", daemon=True).start()
     return server
