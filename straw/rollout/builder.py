@@ -800,10 +800,11 @@ class BatchBuilder:
         return counts
 
     def admits_fresh(self, env: str) -> bool:
-        """Whether ``env`` may admit fresh prompts: only once its backlog is empty (a
-        backlog drains at its share of every batch while its admission stays off)."""
+        """Whether ``env`` may admit fresh prompts: once its backlog is empty or short of
+        the next batch's quota for it (a backlog drains at its share of every batch while
+        its admission stays off; ``EnvironmentMix.admits_fresh``)."""
         self._check()
-        return self.mix.admits_fresh(env, self.backlog())
+        return self.mix.admits_fresh(env, self.backlog(), self._mix_state)
 
     def _select(self) -> tuple[list[Accepted], MixState] | None:
         composition, after = self.mix.compose(self._mix_state, self._counts())

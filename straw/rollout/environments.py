@@ -7,8 +7,9 @@ on the consumer side (over-quota groups wait in an overflow buffer while generat
 keeps producing A although far too many A groups exist already, so the backlog never
 drains.  Here the balancing is on the producer side: each batch has a fixed quota per
 environment; an environment's slots are filled from its backlog first, and only an
-environment whose backlog is empty admits fresh prompts.  So A's backlog drains at A's share
-of every batch, A generates nothing new meanwhile, and B keeps generating fresh work.
+environment whose backlog is empty (or short of its next quota) admits fresh prompts.  So
+A's backlog drains at A's share of every batch, A generates nothing new meanwhile, and B
+keeps generating fresh work.
 
 ``EnvironmentMix(weights, batch_size)``: ``weights`` maps environment id to a positive
 weight (ints or floats, taken exactly).  A single environment may be ``""`` (no id needed);
@@ -23,7 +24,8 @@ with several, every id must be a non-empty str.  All of it is pure and determini
   ``weights``.
 * ``compose(state, backlog)``: the quota split into groups taken from each backlog and
   fresh admissions, and the state after the batch.
-* ``admits_fresh(env, backlog)``: whether ``env`` may admit fresh prompts now.
+* ``admits_fresh(env, backlog, state)``: whether ``env`` may admit fresh prompts now: its
+  backlog is empty, or short of the next batch's quota for it (so a batch always fills).
 * ``environment_of(group)``: a group's environment, checked against the configured ones.
 
 ``MixState`` (batches composed so far and the extra groups each environment got) is a
@@ -159,10 +161,16 @@ class EnvironmentMix:
                 extra[env] = extra.get(env, 0) + 1
         return Composition(taken, fresh), MixState(state.batches + 1, extra)
 
-    def admits_fresh(self, env: str, backlog: Mapping[str, int]) -> bool:
-        """Whether ``env`` may admit fresh prompts: only once its backlog is empty."""
+    def admits_fresh(self, env: str, backlog: Mapping[str, int],
+                     state: MixState | None = None) -> bool:
+        """Whether ``env`` may admit fresh prompts: while its backlog is empty or short of
+        what the next batch (after ``state``) needs of it.  A backlog that fills its
+        quota drains first; one short of it needs fresh groups to complete a batch, and
+        waiting for it to empty would wait for ever (issue 39: a quota of 2 over a
+        backlog of 1 stalled every later batch)."""
         self._known(env)
-        return backlog.get(env, 0) == 0
+        need = self.quota(state if state is not None else MixState())[env]
+        return backlog.get(env, 0) < max(1, need)
 
     def environment_of(self, group: SampleGroup) -> str:
         """``group``'s environment, which must be a configured one."""

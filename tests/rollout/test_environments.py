@@ -113,3 +113,19 @@ def test_bad_configuration_and_unknown_environments():
         mix.quota(MixState(3, {"c": 1}))
     with pytest.raises(ValueError):
         MixState.from_dict({"batches": 1})
+
+
+def test_a_backlog_short_of_its_quota_admits_fresh_work():
+    # issue 39: with a per-batch quota of 2 and a backlog of 1, no environment admitted
+    # fresh work and no batch could ever be composed (next_batch returned None for ever)
+    mix = EnvironmentMix({"A": 1, "B": 1}, 4)
+    state = MixState()
+    assert mix.quota(state) == {"A": 2, "B": 2}
+    backlog = {"A": 1, "B": 0}
+    assert mix.admits_fresh("A", backlog, state) and mix.admits_fresh("B", backlog, state)
+    assert not mix.admits_fresh("A", {"A": 2}, state)  # a full quota drains first
+    c, _ = mix.compose(state, backlog)
+    assert dict(c.from_backlog) == {"A": 1, "B": 0} and dict(c.fresh) == {"A": 1, "B": 2}
+    # an environment whose next quota is 0 still admits while its backlog is empty
+    odd = EnvironmentMix({"A": 1, "B": 7}, 2)
+    assert odd.quota(MixState())["A"] == 0 and odd.admits_fresh("A", {}, MixState())
