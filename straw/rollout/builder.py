@@ -553,6 +553,13 @@ class BatchBuilder:
         # and retained: parsing 10,000 references again cost a third of the restore)
         self._backlog = [e if isinstance(e, Accepted) else Accepted.from_dict(e)
                          for e in value["backlog"]]
+        missing = sorted({e.environment for e in self._backlog} - set(self.mix.environments))
+        if missing:
+            # at open, naming them: not a KeyError at the first next_batch (issue 39)
+            raise ValueError(
+                f"the restored backlog holds groups of environments {missing} that the "
+                f"configured mix ({list(self.mix.environments)}) does not have: configure "
+                "them (any weight) to train those groups, or restore another checkpoint")
         # the scanned groups kept decoded for their build (commit id -> group; "Memory")
         self._kept: dict[str, SampleGroup] = {}
         self._kept_tokens = 0

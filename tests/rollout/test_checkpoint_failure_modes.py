@@ -299,3 +299,20 @@ def test_a_branch_queue_is_a_coordinator_of_its_own(tmp_path):
     finally:
         seeded.coordinator.close()
         pool.close()
+
+
+def test_a_restored_environment_missing_from_the_mix_is_named_at_open(tmp_path):
+    # issue 39: it was a bare KeyError at the first next_batch
+    pool, _, accepted = _two_env_queue(tmp_path)
+    seeded = seed_isolated_queue(pool.store, namespace="branches", queue_id="b2", tasks=[],
+                                 producer_state=None, accepted=accepted)
+    only_a = EnvironmentMix({"a": 1.0}, batch_size=2)
+    with pytest.raises(ValueError, match=r"environments \['b'\] that the configured mix"):
+        BatchBuilder(seeded.coordinator, pool.store, only_a, dp_size=1,
+                     state=seeded.builder_state)
+    # nothing was left open: a builder with the full mix opens the same state
+    full = EnvironmentMix({"a": 1.0, "b": 1.0}, batch_size=2)
+    builder = BatchBuilder(seeded.coordinator, pool.store, full, dp_size=1,
+                           state=seeded.builder_state)
+    assert builder.backlog() == {"a": 4, "b": 1}
+    builder.close()
