@@ -11,8 +11,11 @@ save directory's lock, after checking ``current.json`` did not change meanwhile)
   **automatic resume** of the active branch.
 * ``load`` a directory: a logical root (with ``current.json``: its active branch) or a
   physical branch directory.  The step: ``step`` if given; else the logical tracker if it
-  was **edited** (it differs from ``current.json``'s ``tracker``); else the newest commit
-  of the branch; a branch without commits of its own starts from its parent's step.
+  was **edited** (it differs from ``current.json``'s ``tracker``) to a step no newer than
+  the branch's newest commit (a tracker naming a newer step is the framework's own write
+  of a save interrupted before its commit: never followed, with a warning); else the
+  newest commit of the branch; a branch without commits of its own starts from its
+  parent's step.
 * **Ancestry**: step s is looked up in the branch; if absent it is followed into the
   parent only when ``s <= parent.step`` (the branch point): steps the parent took after
   the branch left it are that branch's abandoned future, never reached by ancestry.
@@ -62,6 +65,7 @@ from .checkpoint_files import (
     CURRENT,
     ROLLOUT,
     SEEDED,
+    TRACKER,
     check_version,
     committed_steps,
     model_dir,
@@ -126,6 +130,13 @@ def resolve_checkpoint(save: str, load: str | None = None, step: int | None = No
     # resuming the active branch: no load, or load = save (the same thing said twice)
     auto = current is not None and (load is None or os.path.abspath(load) == root)
     if load is None and current is None:
+        if _holds_commits(fs, root):
+            # a run committed here: starting over would silently drop its resume (issue 39)
+            raise ComponentChanged(
+                f"{current_path} is missing, but {root} holds a run's checkpoints: the "
+                "automatic start would begin a new run from dataset offset 0. Restore "
+                f"{CURRENT} (from a backup), or resume explicitly with load={root!r} (the "
+                "newest commit of this directory) or an exact rollout/committed_<k>.json")
         return Resolution(NEW, root, *_place(fs, root))
     load_path = root if load is None else os.path.abspath(load)
 
@@ -152,10 +163,22 @@ def resolve_checkpoint(save: str, load: str | None = None, step: int | None = No
     chosen = step
     explicit = step is not None
     unseeded_mode = None
+    notes: tuple[str, ...] = ()
     if chosen is None and load_current is not None:
         tracker = read_tracker(fs, load_path)
         if tracker is not None and str(tracker) != str(load_current.get("tracker")):
-            chosen, explicit = tracker, True  # an edited tracker selects its step
+            own = committed_steps(fs, branch)
+            if own and tracker > own[-1]:
+                # the framework's save of a newer step wrote its model and the tracker,
+                # then died before the joint commit: selection never follows an
+                # uncommitted save (seed 000); the newest commit is resumed
+                notes = (f"{os.path.join(load_path, TRACKER)} names step {tracker}, newer "
+                         f"than the newest commit ({own[-1]}) of {branch}: that save was "
+                         f"interrupted before its commit; resuming from step {own[-1]} "
+                         f"(pass step={tracker} to start from its model instead)",)
+                warnings.warn(notes[0], stacklevel=2)
+            else:
+                chosen, explicit = tracker, True  # an edited tracker selects its step
     if chosen is None:
         own = committed_steps(fs, branch)
         if own:
@@ -198,7 +221,8 @@ def resolve_checkpoint(save: str, load: str | None = None, step: int | None = No
     if unseeded_mode == SALVAGE:
         mode = SALVAGE  # the interrupted start was a salvage of this same checkpoint
     return Resolution(mode, root, *_place(fs, root), found, chosen, marker,
-                      {"directory": found, "step": chosen}, current_text, state_files=files)
+                      {"directory": found, "step": chosen}, current_text, state_files=files,
+                      warnings=notes)
 
 
 def load_marker(fs: Filesystem, directory: str, step: int,
@@ -266,6 +290,16 @@ def _branch(fs: Filesystem, directory: str) -> dict[str, Any]:
     if not fs.exists(path):
         return {}
     return check_version(read_json(fs, path, "branch file"), path, "branch file")
+
+
+def _holds_commits(fs: Filesystem, root: str) -> bool:
+    """Whether the save directory ``root`` or one of its branches holds a commit (a run
+    that started but committed nothing may start again as new)."""
+    if committed_steps(fs, root):
+        return True
+    branches = os.path.join(root, BRANCHES)
+    names = fs.listdir(branches) if fs.exists(branches) else []
+    return any(committed_steps(fs, os.path.join(branches, n)) for n in names)
 
 
 def _find(fs: Filesystem, branch: str, step: int) -> tuple[str, str]:

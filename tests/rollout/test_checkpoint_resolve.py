@@ -73,6 +73,36 @@ def test_an_explicit_step_an_exact_commit_file_and_an_edited_tracker_are_exact(r
         resolve_checkpoint(save)
 
 
+def test_selection_never_follows_a_save_interrupted_before_its_commit(run):
+    # issue 39: the framework's save of step 3 wrote its model and the tracker, then died
+    # before the joint commit; the automatic resume picked step 3 in mode empty (an empty
+    # queue from dataset offset 0) instead of resuming from the newest commit, step 2
+    pool, save = run
+    model = os.path.join(save, "iter_0000003")
+    os.makedirs(model)
+    with open(os.path.join(model, "weights.bin"), "wb") as f:
+        f.write(b"w" * 4000)
+    with open(os.path.join(save, "latest_checkpointed_iteration.txt"), "w") as f:
+        f.write("3")
+    with pytest.warns(UserWarning, match="names step 3, newer than the newest commit"):
+        r = resolve_checkpoint(save)
+    assert (r.mode, r.step, r.source) == (SALVAGE, 2, save)
+    assert any("interrupted before its commit" in w for w in r.warnings)
+    r = resolve_checkpoint(save, step=3)  # asked for explicitly: its model, empty queue
+    assert (r.mode, r.step) == (EMPTY, 3)
+
+
+def test_a_lost_current_json_is_an_error_not_a_new_run(run):
+    # issue 39: with commits present and rollout/current.json gone, the automatic start
+    # began a new run from offset 0 in a new branch; the resume was lost without an error
+    pool, save = run
+    os.remove(os.path.join(save, "rollout", "current.json"))
+    with pytest.raises(ComponentChanged, match="current.json is missing, but .* holds a run"):
+        resolve_checkpoint(save)
+    r = resolve_checkpoint(save, save)  # an explicit load still resumes the newest commit
+    assert (r.mode, r.step) == (EXACT, 2)
+
+
 def test_ancestry_is_followed_only_up_to_each_branch_point(run):
     pool, save = run
     # roll back to step 0: a branch; it trains and commits steps 1 and 2 of its own
