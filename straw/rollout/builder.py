@@ -885,11 +885,12 @@ class BatchBuilder:
             receipt = self._collect(task_id, rid, chosen, self._mix_state, after)
         batch_id = "batch:" + receipt.commit_id
         view = self.coord.get_batch(batch_id)
-        if view is not None and view["ready"]:
-            # returned again without writing anything
-            return self._ready_refs(RecordSetRef.from_dict(view["ready_ref"]), batch_id)
         groups, mix_after = self._collected(receipt)
         plan = self._plan(batch_id, rid, receipt, groups)
+        if view is not None and view["ready"]:
+            # returned again without writing anything, if this builder would plan it so
+            return self._ready_refs(RecordSetRef.from_dict(view["ready_ref"]), batch_id,
+                                    plan["digest"])
         plan_ref = self._ensure_planned(batch_id, plan, view)
         # RL3: the plan is durable from here on; hooks only run after this line
         return self._build(batch_id, plan, plan_ref, receipt, groups, mix_after)
@@ -1056,7 +1057,12 @@ class BatchBuilder:
         return [RankBatchRef(batch_id, digest, r, self.dp_size, s)
                 for r, s in enumerate(shards)]
 
-    def _ready_refs(self, ready_ref: RecordSetRef, batch_id: str) -> list[RankBatchRef]:
+    def _ready_refs(self, ready_ref: RecordSetRef, batch_id: str,
+                    plan_digest: str) -> list[RankBatchRef]:
+        """A ready batch's rank references, if it was built from ``plan_digest`` (what
+        this builder plans for it now): a ready batch is bound to its plan, as a planned
+        one is (issue 39: another conversion configuration or layout got the stored batch
+        back, converted the old way)."""
         ready = self._read_json(ready_ref, f"ready record of batch {batch_id!r}")
         if not isinstance(ready, dict) or ready.get("schema") != READY_SCHEMA:
             raise CorruptData(f"the ready record of batch {batch_id!r} is not a "
@@ -1065,6 +1071,12 @@ class BatchBuilder:
             raise ValueError(f"batch {batch_id!r} is ready for {ready['world']} ranks, this "
                              f"builder has dp_size {self.dp_size}: an existing batch cannot "
                              "be reused with another parallel layout")
+        if ready.get("plan_digest") != plan_digest:
+            raise IdempotencyConflict(
+                f"batch {batch_id!r} is ready, built with another selection, conversion "
+                f"configuration or parallel layout (plan {ready.get('plan_digest')!r}, now "
+                f"{plan_digest!r}); an existing batch id cannot be reused with another "
+                "plan: restore the configuration it was built with")
         return [RankBatchRef(batch_id, ready["plan_digest"], r, ready["world"],
                              RecordSetRef.from_dict(s)) for r, s in enumerate(ready["ranks"])]
 

@@ -232,6 +232,24 @@ def test_reusing_a_batch_id_with_another_plan_is_an_error(pool):
     assert not pool.coord.get_batch(batch_id)["ready"]
 
 
+def test_a_ready_batch_replays_only_under_its_own_plan(pool):
+    # issue 39: a builder with another conversion configuration got the stored ready
+    # batch back, old plan digest and all, and trained on data converted the old way
+    pool.accept([make_group(i) for i in range(2)])
+    with BatchBuilder(pool.coord, pool.store, EnvironmentMix.single(2), dp_size=2,
+                      conversion={"advantage": "grpo"}) as b:
+        refs = b.next_batch(0)
+    for other in ({"conversion": {"advantage": "reinforce"}},
+                  {"conversion": {"advantage": "grpo"}, "parallel": {"tp": 2}}):
+        with BatchBuilder(pool.coord, pool.store, EnvironmentMix.single(2), dp_size=2,
+                          **other) as b:
+            with pytest.raises(IdempotencyConflict, match="is ready, built with another"):
+                b.next_batch(0)
+    with BatchBuilder(pool.coord, pool.store, EnvironmentMix.single(2), dp_size=2,
+                      conversion={"advantage": "grpo"}) as b:
+        assert b.next_batch(0) == refs  # its own plan: returned again, as before
+
+
 def test_a_ready_batch_cannot_be_returned_for_another_parallel_layout(pool):
     pool.accept([make_group(i) for i in range(2)])
     with BatchBuilder(pool.coord, pool.store, EnvironmentMix.single(2), dp_size=2) as b:
