@@ -8,6 +8,9 @@ references, storage and protocol state raises a ``StrawError`` subclass.
 
 from __future__ import annotations
 
+import errno as _errno
+import os as _os
+
 
 class StrawError(RuntimeError):
     """Base class of every straw-specific error.
@@ -190,6 +193,14 @@ class OwnerMismatch(InvalidReference):
     conditional release)."""
 
 
+def storage_error(err: OSError, what: str) -> StorageUnavailable:
+    """The straw error for a failed file operation: ``QuotaExceeded`` for a full disk or
+    quota (ENOSPC, EDQUOT), else ``StorageUnavailable``; the message says ``what`` (name
+    the file) and the system's reason."""
+    cls = QuotaExceeded if err.errno in (_errno.ENOSPC, _errno.EDQUOT) else StorageUnavailable
+    return cls(f"{what}: {_os.strerror(err.errno) if err.errno else err} ({err})")
+
+
 __all__ = [
     "StrawError",
     "QueueError",
@@ -221,4 +232,5 @@ __all__ = [
     "NotATensorRecord",
     "WrongReferenceKind",
     "OwnerMismatch",
+    "storage_error",
 ]

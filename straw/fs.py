@@ -262,12 +262,19 @@ class Filesystem(abc.ABC):
         tmp = f"{path}.tmp.{os.getpid()}.{os.urandom(4).hex()}"
         fd = self.open(tmp, write=True, create=True)
         try:
-            self.truncate(fd, 0)
-            self.writev(fd, [data], 0)
-            self.fsync(fd)
-        finally:
-            self.close(fd)
-        self.rename(tmp, path)
+            try:
+                self.truncate(fd, 0)
+                self.writev(fd, [data], 0)
+                self.fsync(fd)
+            finally:
+                self.close(fd)
+            self.rename(tmp, path)
+        except BaseException:
+            try:
+                self.unlink(tmp)  # a full disk must not leave temporaries behind
+            except OSError:
+                pass
+            raise
         self.fsync_dir(os.path.dirname(path))
 
 

@@ -68,7 +68,7 @@ import xxhash
 
 from . import framing
 from .checks import short_repr
-from .errors import CorruptData, QuotaExceeded, StorageUnavailable, UnsupportedSchema
+from .errors import CorruptData, StorageUnavailable, UnsupportedSchema, storage_error
 from .fs import Filesystem
 from .refs import PACK_SUFFIXES
 
@@ -79,12 +79,6 @@ MANIFEST_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 APIS = ("publish", "records", "record_set")
 PACK_SUFFIX = PACK_SUFFIXES[0]  # what new packs are named (refs.PACK_SUFFIXES)
-
-
-def storage_error(err: OSError, what: str) -> StorageUnavailable:
-    """Map an OSError to straw's storage errors (quota errors get their own class)."""
-    cls = QuotaExceeded if err.errno in (errno.ENOSPC, errno.EDQUOT) else StorageUnavailable
-    return cls(f"{what}: {os.strerror(err.errno) if err.errno else err} ({err})")
 
 
 @dataclass(frozen=True)

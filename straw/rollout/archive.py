@@ -72,7 +72,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from straw.codec import sample_from_records, sample_records
-from straw.errors import CorruptData, InvalidReference, UnsupportedSchema
+from straw.errors import CorruptData, InvalidReference, UnsupportedSchema, storage_error
 from straw.fs import Filesystem, PosixFS
 from straw.refs import Publication, Record, RecordSetRef
 from straw.store import SharedFilesystemStore
@@ -634,7 +634,10 @@ def _nbytes(payload: Any) -> int:
 def _write_exclusive(fs: Filesystem, path: str, data: bytes) -> None:
     """Create ``path`` (never replacing a file: ``FileExistsError``), write and sync it and
     its name.  A crash mid-write leaves a short file, which its checksum refuses."""
-    fs.makedirs_durable(os.path.dirname(path))
+    try:
+        fs.makedirs_durable(os.path.dirname(path))
+    except OSError as e:
+        raise storage_error(e, f"cannot create the directory of {path}") from e
     fd = fs.open(path, write=True, create=True, exclusive=True)
     try:
         try:
@@ -642,10 +645,12 @@ def _write_exclusive(fs: Filesystem, path: str, data: bytes) -> None:
             fs.fsync(fd)
         finally:
             fs.close(fd)
-    except BaseException:
+        fs.fsync_dir(os.path.dirname(path))
+    except BaseException as e:
         fs.unlink(path)  # ours, incomplete: no reader may take it for an archive
+        if isinstance(e, OSError):
+            raise storage_error(e, f"cannot write archive index {path}") from e
         raise
-    fs.fsync_dir(os.path.dirname(path))
 
 
 __all__ = ["RolloutArchive", "Entry", "Chunk", "read_chunk", "chunk_sample", "FORMAT", "VERSION",

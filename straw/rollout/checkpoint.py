@@ -198,6 +198,11 @@ class Checkpointer:
         except BaseException:
             try:
                 discard_staged(self.fs, [tmp for tmp, _ in trackers])
+                if not self.fs.exists(marker_path):
+                    # this step's state files without their marker would refuse the step
+                    # later (UncommittedSnapshot): a failed save leaves none behind
+                    discard_staged(self.fs, [rollout_file(self.directory, kind, step)
+                                             for kind in ("queue_state", "builder_state")])
                 self._forget(owner, reg)
             finally:
                 if staged:  # not kept by a registration any more: reclaimable

@@ -36,6 +36,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from straw.errors import storage_error
 from straw.fs import Filesystem
 
 from .checkpoint_errors import UnsupportedCheckpoint
@@ -98,8 +99,11 @@ def write_json(fs: Filesystem, path: str, value: Any) -> bytes:
     """Write ``value`` as canonical JSON, durably (temp, fsync, rename, fsync dir);
     returns the bytes written (the caller hashes them: no second read)."""
     data = canonical(value)
-    fs.makedirs_durable(os.path.dirname(path))
-    fs.write_file_durable(path, data)
+    try:
+        fs.makedirs_durable(os.path.dirname(path))
+        fs.write_file_durable(path, data)  # its temporary removed if it fails
+    except OSError as e:
+        raise storage_error(e, f"cannot write {path}") from e
     return data
 
 
@@ -108,14 +112,25 @@ def write_files(fs: Filesystem, directory: str, files: Mapping[str, bytes]) -> N
     ``directory``: each a temporary file, fsynced, renamed into place; then ONE fsync of
     the directory makes every new name durable (D1) -- a crash before it leaves each
     file absent or whole, never torn."""
-    fs.makedirs_durable(directory)
-    for name, data in files.items():
+    for name in files:
         if os.path.basename(name) != name or name in ("", ".", ".."):
             raise ValueError(f"write_files writes files directly in {directory}, got the "
                              f"name {name!r}")
-        path = os.path.join(directory, name)
-        fs.rename(stage_file(fs, path, data), path)
-    fs.fsync_dir(directory)  # the names, all at once
+    installed: list[str] = []
+    where = directory
+    try:
+        fs.makedirs_durable(directory)
+        for name, data in files.items():
+            where = os.path.join(directory, name)
+            fs.rename(stage_file(fs, where, data), where)
+            installed.append(where)
+        where = directory
+        fs.fsync_dir(directory)  # the names, all at once
+    except BaseException as e:
+        discard_staged(fs, installed)  # none or all: a failed call leaves none behind
+        if isinstance(e, OSError):
+            raise storage_error(e, f"cannot write {where}") from e
+        raise
 
 
 def stage_file(fs: Filesystem, path: str, data: bytes) -> str:
@@ -125,13 +140,17 @@ def stage_file(fs: Filesystem, path: str, data: bytes) -> str:
     stages its trackers before its marker and installs them after it (only the renames
     and the directories' fsyncs are left after the marker)."""
     tmp = f"{path}.tmp.{os.getpid()}.{os.urandom(4).hex()}"
-    fd = fs.open(tmp, write=True, create=True)
     try:
-        fs.truncate(fd, 0)
-        fs.writev(fd, [data], 0)
-        fs.fsync(fd)  # the content durable before its name can be
-    finally:
-        fs.close(fd)
+        fd = fs.open(tmp, write=True, create=True)
+        try:
+            fs.truncate(fd, 0)
+            fs.writev(fd, [data], 0)
+            fs.fsync(fd)  # the content durable before its name can be
+        finally:
+            fs.close(fd)
+    except OSError as e:
+        discard_staged(fs, [tmp])  # a full disk must not leave temporaries behind
+        raise storage_error(e, f"cannot write {path}") from e
     return tmp
 
 

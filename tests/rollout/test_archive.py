@@ -497,3 +497,19 @@ def test_arch4_an_index_that_is_a_fifo_is_refused_without_blocking(tmp_path):
                        timeout=60)
     assert p.returncode == 0, p.stderr
     assert "is a FIFO, not a regular file" in p.stdout
+
+
+def test_fd1_a_full_disk_fails_an_archive_save_naming_the_index(tmp_path):
+    # issue 39 FD1: a bare OSError naming no file
+    import errno
+
+    from fault_injection.faultyfs import FaultyFS
+    from straw.errors import QuotaExceeded
+    fs = FaultyFS()
+    fs.plan.fail("writev", errno.ENOSPC, path=r"rollout_7\.straw\.json$")
+    with SharedFilesystemStore(tmp_path / "full", "job", fs=fs) as store:
+        owners = store.owners()
+        with pytest.raises(QuotaExceeded, match=r"archive index .*rollout_7\.straw\.json"):
+            _archive(tmp_path, store, [_sample(0)])
+        assert not (tmp_path / "rollout_7.straw.json").exists()
+        assert store.owners() == owners  # its retention released: nothing names it

@@ -395,3 +395,36 @@ def test_a_failed_save_discards_its_staged_trackers(dirs, monkeypatch):
         assert not [n for n in os.listdir(d) + os.listdir(rollout) if ".tmp." in n]
     finally:
         job.close()
+
+
+@pytest.mark.parametrize("full_at", [r"queue_state_1\.json\.tmp\.", r"builder_state_1\.json\.tmp\.",
+                                     r"committed_1\.json\.tmp\.", r"current\.json\.tmp\."])
+def test_fd1_a_full_disk_fails_a_save_naming_the_file_and_leaves_nothing_behind(
+        dirs, full_at):
+    # issue 39 FD1: a save on a full disk raised a bare OSError naming no file and left
+    # *.tmp.* files and an uncommitted queue_state_<k>.json behind (which then refused
+    # that step for ever)
+    import errno
+
+    from fault_injection.faultyfs import FaultyFS
+    from straw.errors import QuotaExceeded
+    pool, save = dirs
+    job = Job(pool, save)
+    try:
+        job.train()
+        fs = FaultyFS()
+        fs.plan.fail("writev", errno.ENOSPC, path=full_at)
+        ck = Checkpointer(job.resolution.directory, controller=job.job.controller,
+                          builder=job.job.builder, logical_root=job.resolution.root, fs=fs)
+        with pytest.raises(QuotaExceeded, match=r"cannot write .*\.json: No space left"):
+            ck.save(1, model_saver())
+        d = job.resolution.directory
+        left = [f for f in _files(d) if ".tmp." in f or f.endswith(("_state_1.json",
+                                                                     "committed_1.json"))]
+        assert left == []
+        # space is back: the same step saves
+        ck = Checkpointer(job.resolution.directory, controller=job.job.controller,
+                          builder=job.job.builder, logical_root=job.resolution.root)
+        assert ck.save(1, model_saver())["step"] == 1
+    finally:
+        job.close()
