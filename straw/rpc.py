@@ -62,6 +62,27 @@ METHODS = frozenset({
     "retire_worker", "complete_and_acquire",
 })
 
+# Least privilege: what each role's token may call (issue 39, RPC2: one token let any
+# worker submit a forged producer state, drain the queue, cancel or retire others).
+# ``token=`` (straw-queue's one shared token) is the operator's: every method, as there.
+ROLE_METHODS: dict[str, frozenset[str]] = {
+    "worker": frozenset({
+        "acquire", "heartbeat", "release_tasks", "complete_task", "complete_and_acquire",
+        "fail_task", "yield_task", "yield_tasks", "save_task_progress",
+        "save_task_progress_many", "release_task_reads", "lookup_submission", "task_status"}),
+    "producer": frozenset({
+        "submit_tasks", "seal_input", "producer_state", "pending_tasks",
+        "lookup_submission", "task_status", "metrics"}),
+    "consumer": frozenset({
+        "read_commits", "open_consumer", "close_consumer", "save_consumer_state",
+        "load_consumer_state", "plan_batch", "batch_ready", "get_batch",
+        "register_checkpoint", "outstanding_reads", "lookup_submission", "task_status",
+        "metrics",
+        # a BatchBuilder's collection tasks (its own control tasks)
+        "submit_tasks", "acquire", "complete_task"}),
+    "operator": METHODS,
+}
+
 MAX_REQUEST_BYTES = 64 << 20  # control messages only; 100k task specs fit
 # request bodies held at once (each becomes several times its size in objects): one
 # request of the largest size, or many small ones (straw.http_guard)
@@ -158,17 +179,39 @@ class ControlServer(GuardedHTTPServer):
     """An HTTP server of one coordinator.  ``address`` is where it is bound (the port
     chosen when 0 was asked), ``url`` what a ``QueueClient`` connects to.  What a peer can
     make it hold is bounded (``straw.http_guard``: connections, time to a request, request
-    memory); ``limits`` overrides those bounds (its keywords)."""
+    memory); ``limits`` overrides those bounds (its keywords).
 
-    def __init__(self, coordinator: Any, address: tuple[str, int], *, token: str,
+    Tokens: ``token`` is straw-queue's one shared token, the operator's (every method of
+    ``METHODS``); ``tokens`` maps roles of ``role_methods`` (``worker``, ``producer``,
+    ``consumer``, ``operator``) to tokens of their own, each allowed its role's methods
+    only (another method is ``PermissionError``, nothing called).  Give each process the
+    token of what it does."""
+
+    role_methods: Mapping[str, frozenset[str]] = ROLE_METHODS
+
+    def __init__(self, coordinator: Any, address: tuple[str, int], *,
+                 token: str | None = None, tokens: Mapping[str, str] | None = None,
                  **limits: Any) -> None:
-        if not isinstance(token, str) or not token:
-            raise ValueError("straw.rpc needs a job-scoped token (a non-empty str, e.g. "
-                             "secrets.token_hex(32)) shared with the workers")
+        self._tokens = _role_tokens(token, tokens, self.role_methods)
         self.coordinator = coordinator
-        self.expected = f"Bearer {token}".encode()
         limits.setdefault("max_inflight_bytes", MAX_INFLIGHT_BYTES)
         super().__init__(address, _Handler, **limits)
+
+    def authenticate(self, header: bytes) -> str | None:
+        """The role whose token ``header`` (``Authorization``) carries, or None.  Every
+        token is compared, in constant time each, whichever matches."""
+        role = None
+        for expected, name in self._tokens:
+            if hmac.compare_digest(header, expected):
+                role = name
+        return role
+
+    def permit(self, method: str, role: str) -> None:
+        """``PermissionError`` unless ``role`` may call ``method``."""
+        if method not in self.role_methods[role]:
+            raise PermissionError(f"the {role} token may not call {method!r} (it may call "
+                                  f"{', '.join(sorted(self.role_methods[role]))}): use the "
+                                  "token of the role that does")
 
     @property
     def address(self) -> tuple[str, int]:
@@ -179,11 +222,13 @@ class ControlServer(GuardedHTTPServer):
         host, port = self.address
         return f"http://{'127.0.0.1' if host in ('', '0.0.0.0') else host}:{port}"
 
-    def dispatch(self, request: Any) -> Any:
+    def dispatch(self, request: Any, role: str = "operator") -> Any:
         if not isinstance(request, Mapping) or not isinstance(request.get("method"), str) \
                 or not isinstance(request.get("args", {}), Mapping):
             raise ValueError('an RPC request is {"method": name, "args": {keyword: value}}')
         method = request["method"]
+        if method in METHODS:
+            self.permit(method, role)
         target = getattr(self.coordinator, method, None) if method in METHODS else None
         if target is None:
             served = sorted(m for m in METHODS if hasattr(self.coordinator, m))
@@ -203,8 +248,8 @@ class _Handler(BaseHTTPRequestHandler):
     timeout = SOCKET_TIMEOUT  # set on the socket before the request line is read
 
     def do_POST(self) -> None:  # noqa: N802 (http.server's name)
-        given = self.headers.get("Authorization", "").encode()
-        if not hmac.compare_digest(given, self.server.expected):
+        role = self.server.authenticate(self.headers.get("Authorization", "").encode())
+        if role is None:
             self._reply(403, {"error": "PermissionError",
                               "message": "the coordinator refused the RPC token"})
             return
@@ -230,7 +275,9 @@ class _Handler(BaseHTTPRequestHandler):
             try:
                 request = json.loads(raw)
                 del raw
-                body, status = {"result": self.server.dispatch(request)}, 200
+                body, status = {"result": self.server.dispatch(request, role)}, 200
+            except PermissionError as e:  # the role may not call it: nothing was called
+                body, status = {"error": "PermissionError", "message": str(e)}, 403
             except (errors.StrawError, ValueError, TypeError, KeyError) as e:
                 body, status = {"error": type(e).__name__, "message": _message(e)}, 409
             except Exception as e:  # a bug in the call: report it, keep serving
@@ -257,17 +304,40 @@ class _Handler(BaseHTTPRequestHandler):
         pass  # a request log per call would flood the coordinator's output
 
 
+def _role_tokens(token: str | None, tokens: Mapping[str, str] | None,
+                 roles: Mapping[str, frozenset[str]]) -> list[tuple[bytes, str]]:
+    """``[(b"Bearer <token>", role)]``: ``token`` is the operator's; every token is a
+    non-empty str of its own."""
+    named = dict(tokens or {})
+    if token is not None:
+        if "operator" in named:
+            raise ValueError("give the operator's token once: token= or tokens['operator']")
+        named["operator"] = token
+    if not named:
+        raise ValueError("straw.rpc needs a job-scoped token (a non-empty str, e.g. "
+                         "secrets.token_hex(32)) shared with the workers")
+    for role, value in named.items():
+        if role not in roles:
+            raise ValueError(f"unknown role {role!r}: the roles are {', '.join(roles)}")
+        if not isinstance(value, str) or not value:
+            raise ValueError(f"the {role} token must be a non-empty str (e.g. "
+                             "secrets.token_hex(32))")
+    if len(set(named.values())) != len(named):
+        raise ValueError("each role needs a token of its own (two roles share one)")
+    return [(f"Bearer {value}".encode(), role) for role, value in named.items()]
+
+
 def _message(e: BaseException) -> str:
     return str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
 
 
-def start(coordinator: Any, address: tuple[str, int], *, token: str,
-          **limits: Any) -> ControlServer:
+def start(coordinator: Any, address: tuple[str, int], *, token: str | None = None,
+          tokens: Mapping[str, str] | None = None, **limits: Any) -> ControlServer:
     """Serve ``coordinator`` on a background thread; returns the server (``.url``,
-    ``.address``, ``.close()``).  An addition to straw-queue's ``serve``; ``limits``: the
-    bounds of ``straw.http_guard`` (``max_connections``, ``request_seconds``,
-    ``max_inflight_bytes``, ``budget_wait``)."""
-    server = ControlServer(coordinator, address, token=token, **limits)
+    ``.address``, ``.close()``).  An addition to straw-queue's ``serve``; ``token`` and
+    ``tokens`` as ``ControlServer``'s; ``limits``: the bounds of ``straw.http_guard``
+    (``max_connections``, ``request_seconds``, ``max_inflight_bytes``, ``budget_wait``)."""
+    server = ControlServer(coordinator, address, token=token, tokens=tokens, **limits)
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
                      name=f"straw.rpc {server.url}", daemon=True).start()
     return server
@@ -337,6 +407,8 @@ class QueueClient:
 
 def _error(name: str, message: str, status: int, address: str) -> BaseException:
     if status == 403:
+        if message.startswith("the ") and " token may not call " in message:
+            return PermissionError(f"the coordinator at {address}: {message}")
         return PermissionError(f"the coordinator at {address} refused the token: use the "
                                "token it was served with")
     cls = getattr(errors, name, None) if name in errors.__all__ else None

@@ -27,7 +27,7 @@ from typing import Any
 
 from straw import errors
 from straw.protocol import AcquireResult, Assignment, CommitReceipt, Lease, TaskSpec
-from straw.rpc import ControlServer, QueueClient, from_wire, to_wire
+from straw.rpc import METHODS, ROLE_METHODS, ControlServer, QueueClient, from_wire, to_wire
 
 from .controller import RolloutController
 
@@ -38,21 +38,41 @@ CONTROLLER_METHODS = frozenset({
 })
 
 
+# who may call what here (least privilege, issue 39 RPC2): generation clients only the
+# controller's calls; the trainer (a BatchBuilder through RemoteCoordinator) the
+# coordinator's consumer calls; the operator everything
+ROLLOUT_ROLES: dict[str, frozenset[str]] = {
+    "generation": CONTROLLER_METHODS,
+    "consumer": ROLE_METHODS["consumer"],
+    "operator": METHODS | CONTROLLER_METHODS,
+}
+
+
 class RolloutServer(ControlServer):
-    """Serves ``controller`` (its calls) and its coordinator (``straw.rpc.METHODS``)."""
+    """Serves ``controller`` (its calls) and its coordinator (``straw.rpc.METHODS``).
+    ``token`` is the generation clients' (the controller's calls only: a worker cannot
+    submit, drain, cancel or retire); ``trainer_token`` the trainer's (the coordinator's
+    consumer calls, ``straw.rpc.ROLE_METHODS["consumer"]``); ``operator_token`` may call
+    everything.  ``limits``: ``straw.http_guard``'s bounds."""
+
+    role_methods = ROLLOUT_ROLES
 
     def __init__(self, controller: RolloutController, address: tuple[str, int], *,
-                 token: str) -> None:
+                 token: str, trainer_token: str | None = None,
+                 operator_token: str | None = None, **limits: Any) -> None:
         if not isinstance(controller, RolloutController):
             raise TypeError(f"controller must be a RolloutController, got "
                             f"{type(controller).__name__}")
-        super().__init__(controller.coordinator, address, token=token)
+        tokens = {"generation": token, "consumer": trainer_token, "operator": operator_token}
+        super().__init__(controller.coordinator, address,
+                         tokens={r: t for r, t in tokens.items() if t is not None}, **limits)
         self.controller = controller
 
-    def dispatch(self, request: Any) -> Any:
+    def dispatch(self, request: Any, role: str = "operator") -> Any:
         method = request.get("method") if isinstance(request, Mapping) else None
         if method not in CONTROLLER_METHODS:
-            return super().dispatch(request)
+            return super().dispatch(request, role)  # the coordinator's (permitted there)
+        self.permit(method, role)
         raw = request.get("args", {})
         if not isinstance(raw, Mapping):
             raise ValueError('an RPC request is {"method": name, "args": {keyword: value}}')
@@ -71,11 +91,11 @@ def _outcomes_to_wire(outcomes: Sequence[Any]) -> list[Any]:
             if isinstance(o, BaseException) else o for o in outcomes]
 
 
-def start(controller: RolloutController, address: tuple[str, int], *, token: str
-          ) -> RolloutServer:
+def start(controller: RolloutController, address: tuple[str, int], *, token: str,
+          **kw: Any) -> RolloutServer:
     """Serve ``controller`` on a background thread; returns the server (``.url``,
-    ``.close()``)."""
-    server = RolloutServer(controller, address, token=token)
+    ``.close()``); ``kw``: ``RolloutServer``'s other keywords."""
+    server = RolloutServer(controller, address, token=token, **kw)
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
                      name=f"straw.rollout {server.url}", daemon=True).start()
     return server
