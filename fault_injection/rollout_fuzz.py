@@ -69,7 +69,8 @@ from straw.rpc import RemoteCoordinator
 
 RUN = "rollout-fuzz"
 QUEUE = "rollout"
-TOKEN = "rollout-fuzz-token"
+TOKEN = "rollout-fuzz-token"  # the generation clients' (the controller's calls only)
+TRAINER_TOKEN = "rollout-fuzz-trainer-token"  # the trainer's (the consumer calls)
 N_PROMPTS = 12
 N_SAMPLES = 2
 TARGET = 6  # response tokens per sample of a ready group
@@ -136,7 +137,7 @@ def controller_main(root: str, logdir: str, gen: int) -> int:
     ctl = RolloutController(store, _prompts(), config=_config(), queue_id=QUEUE,
                             recover=gen > 0, shuffle=True, seed=11,
                             exclusive_owner="the rollout fuzz's one controller process")
-    server = start(ctl, ("127.0.0.1", 0), token=TOKEN)
+    server = start(ctl, ("127.0.0.1", 0), token=TOKEN, trainer_token=TRAINER_TOKEN)
     tmp = os.path.join(logdir, f"controller.url.{gen}")
     with open(tmp, "w") as f:
         f.write(server.url)
@@ -260,7 +261,7 @@ def trainer_main(root: str, logdir: str, gen: int, seed: int, control: str | Non
     log = _AckLog(os.path.join(logdir, "trainer.acks"))
     store = SharedFilesystemStore(root, RUN, writer_id=f"trainer-{gen}")
     while True:
-        queue = RemoteCoordinator(_url(logdir), token=TOKEN, timeout=30, retries=2,
+        queue = RemoteCoordinator(_url(logdir), token=TRAINER_TOKEN, timeout=30, retries=2,
                                   retry_wait=0.1)  # a restarted controller: a new URL
         try:
             # the supervisor runs one trainer: a restarted one succeeds a dead one, whose

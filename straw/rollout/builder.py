@@ -60,10 +60,11 @@ restores one taken from a checkpoint.  Its size follows what is live, not the ru
 length (the queue's progress record is what lists every finished batch).
 
 A builder in a trainer process apart from the controller takes the served coordinator
-as ``straw.rpc.RemoteCoordinator(url, token=...)``.  The consumer has one owner at a
-time; a trainer restarted after its predecessor died (its token was not revoked: the
-coordinator lives on in the controller) opens with ``takeover=True``, which fences the
-predecessor's token, so one still alive fails its next save instead of interleaving.
+as ``straw.rpc.RemoteCoordinator(url, token=...)`` (the server's trainer token).  The
+consumer has one owner at a time; a trainer restarted after its predecessor died (its
+token was not revoked: the coordinator lives on in the controller) opens with
+``takeover=True``, which fences the predecessor's token, so one still alive fails its
+next save instead of interleaving.
 
 Example (runnable; a generation client completes prompt tasks in a real job)::
 

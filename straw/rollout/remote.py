@@ -14,9 +14,10 @@ inputs and publish groups in the pool themselves.
   ``ConnectionError``: every call the client makes is safe to retry (its request ids are
   derived from the attempt, D7).
 * a trainer in another process gives its ``BatchBuilder`` the served coordinator as
-  ``straw.rpc.RemoteCoordinator(url, token=...)`` (the builder's calls are among the
-  coordinator's ``METHODS``, which this server keeps serving); a restarted trainer opens
-  it with ``BatchBuilder(..., takeover=True)``, fencing its dead predecessor's consumer.
+  ``straw.rpc.RemoteCoordinator(url, token=trainer_token)`` (the builder's calls are the
+  coordinator's consumer calls, which this server serves to the trainer's token); a
+  restarted trainer opens it with ``BatchBuilder(..., takeover=True)``, fencing its dead
+  predecessor's consumer.
 """
 
 from __future__ import annotations
