@@ -47,14 +47,18 @@ that had replayed past the damage learn it too.  From then on ``collect`` refuse
 ``repair_confirmed`` (``SharedFilesystemStore.confirm_catalog_repair()``).
 
 Headroom (a full pool can free itself).  The catalog keeps space reserved at its tail
-(``Filesystem.reserve``; reserved space reads as zeros, the clean end for the scanner): at
-least ``RESERVE_FLOOR`` bytes beyond the end of the data, extended by ``RESERVE_STEP``.
+(``Filesystem.reserve``; reserved space reads as zeros, the clean end for the scanner): the
+*floor*, ``RESERVE_FLOOR`` bytes plus what releasing every owner and collecting every pack
+it knows would append (``freeing_bytes``), beyond the end of the data, extended by
+``RESERVE_STEP``.
 Appends that free space (release, unstage, sealed, tombstone, unlinked, the repair ops,
 adopt/retain that add no root, confirms) may consume the floor and never need new
 blocks; appends that add retention (open, edges, retain, adopt adding roots, init) need
 the floor intact and raise ``QuotaExceeded`` when extending the reservation fails with
-ENOSPC/EDQUOT.  The floor (64 KiB) holds some 300 freeing transactions; a collection frees
-disk space, from which the next append restores it.  Without ``reserve`` support (the
+ENOSPC/EDQUOT.  So a full pool can always release all it retains, one owner at a time,
+and collect (issue 39, B10: a fixed 64 KiB floor held some 300 freeing transactions, and a
+pool of more owners could not free itself); a collection frees disk space, from which the
+next append restores the floor.  Without ``reserve`` support (the
 filesystem says so) the catalog simply appends and there is no floor.  Replay reads in
 chunks and stops at the clean end (a run of ``_CLEAN_RUN`` zero bytes, or a short read: a
 size cached by another client may be stale), so the reserved tail costs one small read
@@ -218,6 +222,21 @@ COMPACT_RATIO = 16
 _MAX_FOLLOW_VIEWS = 4096
 RESERVE_STEP = 256 << 10  # the reservation grows in these steps
 RESERVE_FLOOR = 64 << 10  # reserved bytes past the data that only freeing appends may use
+# what freeing appends cost (measured: a release of an owner with a 27-character name is
+# ~190 bytes with its confirm, a pack's tombstone and unlinked ~160), with room for longer
+# names; the floor keeps this much per owner and per pack the catalog knows (B10)
+FREEING_BYTES_PER_OWNER = 320
+FREEING_BYTES_PER_PACK = 256
+
+
+def freeing_bytes(state: CatalogState, new_entries: int = 0) -> int:
+    """What releasing every owner and collecting every pack of ``state`` would append, at
+    most (plus ``new_entries`` owners or packs a transaction may add): the catalog keeps it
+    reserved, so a full pool can always free itself.  Packs already unlinked are counted
+    too (their records stay): an over-estimate that grows with the pool's history, about
+    256 bytes per pack ever written."""
+    return (FREEING_BYTES_PER_OWNER * (len(state.owners) + new_entries)
+            + FREEING_BYTES_PER_PACK * len(state.packs))
 _CLEAN_RUN = 8 << 10  # this many zero bytes after the frames: the clean end of the catalog
 _READ_CHUNK = 16 << 10  # the first read of a refresh (doubled up to _MAX_READ while data)
 _MAX_READ = 1 << 20
@@ -807,15 +826,20 @@ class Catalog(ProcessBound):
         self.fs.write_file_durable(os.path.join(self.root, name), data)
         return name
 
-    def _make_room(self, fd: int, length: int, *, frees: bool) -> None:
+    def _make_room(self, fd: int, length: int, *, frees: bool, owed: int = 0) -> None:
         """Reserve space for ``length`` more bytes (a frame and its confirm), keeping the
-        floor; a full disk fails only appends that add retention (finding 6)."""
+        floor: ``RESERVE_FLOOR`` plus ``owed``, what freeing everything retained would
+        append (``freeing_bytes``).  A full disk fails only appends that add retention
+        (finding 6), and those before the floor could not release and collect all there
+        is (issue 39, B10: 742 owners released one by one used up a fixed 64 KiB floor,
+        and the full pool could not free itself)."""
         end = self._offset + length
-        if not self._reserving or end + (0 if frees else RESERVE_FLOOR) <= self._size:
+        floor = RESERVE_FLOOR + owed
+        if not self._reserving or end + (0 if frees else floor) <= self._size:
             return
         start = max(self._size, self._offset)
-        stepped = -(-(end + RESERVE_FLOOR) // RESERVE_STEP) * RESERVE_STEP
-        for target in (stepped, end + RESERVE_FLOOR):  # a whole step, else what keeps the floor
+        stepped = -(-(end + floor) // RESERVE_STEP) * RESERVE_STEP
+        for target in (stepped, end + floor):  # a whole step, else what keeps the floor
             try:
                 ok = self.fs.reserve(fd, start, target - start)
             except OSError as e:
@@ -831,7 +855,7 @@ class Catalog(ProcessBound):
             return  # inside the floor (or a plain append past it, which may still fail)
         raise QuotaExceeded(
             f"catalog {self.path}: the pool's filesystem is full (the catalog keeps its last "
-            f"{RESERVE_FLOOR} reserved bytes for releases and collection only): release owners "
+            f"{floor} reserved bytes for releases and collection only): release owners "
             "or publications and collect_garbage to free space, then retry"
         )
 
@@ -840,8 +864,9 @@ class Catalog(ProcessBound):
         transaction's frame."""
         body = msgpack.packb({"v": CATALOG_VERSION, "ops": ops}, use_bin_type=True)
         frame = framing.encode_frame(framing.KIND_CATALOG, body, group_start=self._group_start)
-        self._make_room(fd, len(frame) + _CONFIRM_LENGTH,
-                        frees=not any(self.state.adds_retention(op) for op in ops))
+        frees = not any(self.state.adds_retention(op) for op in ops)
+        self._make_room(fd, len(frame) + _CONFIRM_LENGTH, frees=frees,
+                        owed=0 if frees else freeing_bytes(self.state, len(ops)))
         self.fs.writev(fd, [frame], self._offset)
         # fdatasync, as the journal's and the packs' appends: the data and what reading it
         # back needs (the size, if the append went past the reserved tail) are durable;

@@ -339,6 +339,31 @@ def test_full_pool_frees_itself_through_straw(small_tmpfs):
         assert next(reopened.read(ref)).payload == b"y" * 10_000
 
 
+def test_b10_a_full_pool_of_many_owners_frees_itself(small_tmpfs):
+    # issue 39 B10: once small retains had filled the disk, releasing hundreds of owners
+    # one by one used up the fixed 64 KiB floor, then release and collect_garbage raised
+    # QuotaExceeded: the full pool could not free itself.  The floor now keeps what
+    # freeing every owner and pack appends.
+    root = os.path.join(small_tmpfs, "pool")
+    store = _store(root, segment_target_bytes=256 << 10)
+    refs = _fill_with_publications(store)
+    _ballast(small_tmpfs)
+    owners = 0
+    with pytest.raises(QuotaExceeded, match="filesystem is full"):
+        for i in range(100_000):
+            store.retain(f"checkpoint:job/rollout:{i:06d}", [refs[i % len(refs)]])
+            owners += 1
+    assert owners > 100
+    store.release_publications(refs)
+    for i in range(owners):  # one catalog transaction each
+        assert store.release(f"checkpoint:job/rollout:{i:06d}") is True
+    res = store.collect_garbage()
+    assert res["reclaimed_files"] > 0 and res["reclaimed_bytes"] > 1 << 20
+    ref = store.publish([Record("again", b"y" * 10_000)], submission_id="again")
+    assert next(store.read(ref)).payload == b"y" * 10_000
+    store.close()
+
+
 def test_repair_filler_fits_every_region_length():
     """The in-place replacement of a damaged region is one valid frame of exactly its
     length (msgpack's bin header grows at 256 and 65536 bytes: no length is skipped)."""
