@@ -56,9 +56,9 @@ adopt/retain that add no root, confirms) may consume the floor and never need ne
 blocks; appends that add retention (open, edges, retain, adopt adding roots, init) need
 the floor intact and raise ``QuotaExceeded`` when extending the reservation fails with
 ENOSPC/EDQUOT.  So a full pool can always release all it retains, one owner at a time,
-and collect (issue 39, B10: a fixed 64 KiB floor held some 300 freeing transactions, and a
-pool of more owners could not free itself); a collection frees disk space, from which the
-next append restores the floor.  Without ``reserve`` support (the
+and collect (a fixed floor would hold only so many freeing transactions, and a pool of
+more owners could not free itself); a collection frees disk space, from which the next
+append restores the floor.  Without ``reserve`` support (the
 filesystem says so) the catalog simply appends and there is no floor.  Replay reads in
 chunks and stops at the clean end (a run of ``_CLEAN_RUN`` zero bytes, or a short read: a
 size cached by another client may be stale), so the reserved tail costs one small read
@@ -831,8 +831,7 @@ class Catalog(ProcessBound):
         floor: ``RESERVE_FLOOR`` plus ``owed``, what freeing everything retained would
         append (``freeing_bytes``).  A full disk fails only appends that add retention
         (finding 6), and those before the floor could not release and collect all there
-        is (issue 39, B10: 742 owners released one by one used up a fixed 64 KiB floor,
-        and the full pool could not free itself)."""
+        is (hundreds of owners released one by one would use up a fixed floor)."""
         end = self._offset + length
         floor = RESERVE_FLOOR + owed
         if not self._reserving or end + (0 if frees else floor) <= self._size:

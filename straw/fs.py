@@ -51,9 +51,9 @@ class NotBeneath(OSError):
 
 class SpecialFile(NotBeneath):
     """``open`` refused a FIFO, socket or device where straw expects a file or directory:
-    reading or writing one could block for ever (issue 39, CLI1 and ARCH4: a FIFO put in
-    place of a journal segment or an archive index hung ``straw inspect`` and
-    ``RolloutArchive``).  A ``NotBeneath``, so callers refusing those refuse this too."""
+    reading or writing one could block for ever (a FIFO put in place of a journal segment
+    or an archive index would hang ``straw inspect`` or ``RolloutArchive``).  A
+    ``NotBeneath``, so callers refusing those refuse this too."""
 
 
 def beneath_parts(rel: str) -> list[str]:

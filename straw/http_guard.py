@@ -3,7 +3,7 @@
 ``GuardedHTTPServer`` is the ``ThreadingHTTPServer`` base of ``straw.rpc.ControlServer``
 (and so of the rollout layer's server).  Each connection carries one request (HTTP/1.0).
 Its limits, each an assertion about what one peer can cost the process that owns the
-coordinator (issue 39, RPC1 and RPC3):
+coordinator:
 
 * **Connections**: at most ``max_connections`` are served at once (one thread each); a
   connection past that is answered ``503`` and closed at once, so no stranger can pin every

@@ -62,7 +62,7 @@ METHODS = frozenset({
     "retire_worker", "complete_and_acquire",
 })
 
-# Least privilege: what each role's token may call (issue 39, RPC2: one token let any
+# Least privilege: what each role's token may call (one token for all would let any
 # worker submit a forged producer state, drain the queue, cancel or retire others).
 # ``token=`` (straw-queue's one shared token) is the operator's: every method, as there.
 ROLE_METHODS: dict[str, frozenset[str]] = {

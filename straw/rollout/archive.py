@@ -604,7 +604,7 @@ class RolloutArchive:
         index names is released only if it retains exactly this archive's manifest
         (``OwnerMismatch`` otherwise, nothing released): the index's checksum is no
         signature, and an index edited to name a checkpoint's or another archive's owner
-        must not release that owner's data (issue 39, ARCH1)."""
+        must not release that owner's data."""
         self._check()
         return self._store.release(self.storage_owner, only_if=[self.manifest_ref])
 

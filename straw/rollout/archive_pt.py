@@ -254,7 +254,7 @@ def _check_plain(torch: Any, value: Any, pt_path: str, key: str) -> Any:
         stored = value.untyped_storage().nbytes()
         if dense > stored:
             # a view repeating its storage (stride 0, overlapping strides): materialising
-            # it would allocate what the file never held (issue 39, ARCH3)
+            # it would allocate what the file never held
             raise _refuse(pt_path, key, f"is a view of {value.numel()} elements "
                           f"({dense} bytes) over {stored} stored bytes (repeating strides "
                           f"{tuple(value.stride())})", CorruptData)

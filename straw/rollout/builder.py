@@ -556,7 +556,7 @@ class BatchBuilder:
                          for e in value["backlog"]]
         missing = sorted({e.environment for e in self._backlog} - set(self.mix.environments))
         if missing:
-            # at open, naming them: not a KeyError at the first next_batch (issue 39)
+            # at open, naming them: not a KeyError at the first next_batch
             raise ValueError(
                 f"the restored backlog holds groups of environments {missing} that the "
                 f"configured mix ({list(self.mix.environments)}) does not have: configure "
@@ -1062,7 +1062,7 @@ class BatchBuilder:
                     plan_digest: str) -> list[RankBatchRef]:
         """A ready batch's rank references, if it was built from ``plan_digest`` (what
         this builder plans for it now): a ready batch is bound to its plan, as a planned
-        one is (issue 39: another conversion configuration or layout got the stored batch
+        one is (another conversion configuration or layout must not get the stored batch
         back, converted the old way)."""
         ready = self._read_json(ready_ref, f"ready record of batch {batch_id!r}")
         if not isinstance(ready, dict) or ready.get("schema") != READY_SCHEMA:

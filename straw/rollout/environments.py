@@ -166,8 +166,8 @@ class EnvironmentMix:
         """Whether ``env`` may admit fresh prompts: while its backlog is empty or short of
         what the next batch (after ``state``) needs of it.  A backlog that fills its
         quota drains first; one short of it needs fresh groups to complete a batch, and
-        waiting for it to empty would wait for ever (issue 39: a quota of 2 over a
-        backlog of 1 stalled every later batch)."""
+        waiting for it to empty would wait for ever (a quota of 2 over a backlog of 1
+        would stall every later batch)."""
         self._known(env)
         need = self.quota(state if state is not None else MixState())[env]
         return backlog.get(env, 0) < max(1, need)

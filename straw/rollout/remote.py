@@ -39,7 +39,7 @@ CONTROLLER_METHODS = frozenset({
 })
 
 
-# who may call what here (least privilege, issue 39 RPC2): generation clients only the
+# who may call what here (least privilege): generation clients only the
 # controller's calls; the trainer (a BatchBuilder through RemoteCoordinator) the
 # coordinator's consumer calls; the operator everything
 ROLLOUT_ROLES: dict[str, frozenset[str]] = {

@@ -131,7 +131,7 @@ def resolve_checkpoint(save: str, load: str | None = None, step: int | None = No
     auto = current is not None and (load is None or os.path.abspath(load) == root)
     if load is None and current is None:
         if _holds_commits(fs, root):
-            # a run committed here: starting over would silently drop its resume (issue 39)
+            # a run committed here: starting over would silently drop its resume
             raise ComponentChanged(
                 f"{current_path} is missing, but {root} holds a run's checkpoints: the "
                 "automatic start would begin a new run from dataset offset 0. Restore "
