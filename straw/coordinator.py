@@ -397,8 +397,8 @@ class Coordinator(ProcessBound):
                     "with recover=True"
                 )
         if self._marker is not None:  # durable before the queue's first epoch
-            self._marker.check_open(recover=recover, queue_exists=bool(existing))
-            self._marker.ensure(lease_seconds=self.lease_seconds)
+            self._marker.open(recover=recover, queue_exists=bool(existing),
+                              lease_seconds=self.lease_seconds)
         self._epoch = (max(existing) if existing else 0) + 1
         # our epoch's lock first, then its marker: whoever sees the marker sees it held
         self._lock_fd, _ = holder.take(self.fs, self._epoch_path(self._epoch) + ".lock",

@@ -256,26 +256,40 @@ class Filesystem(abc.ABC):
         finally:
             self.close(fd)
 
-    def write_file_durable(self, path: str, data: Buffer) -> None:
-        """Write a new small file atomically and durably: temp file, fsync, rename,
-        fsync of the directory."""
+    def stage_file(self, path: str, data: Buffer) -> str:
+        """Write ``data`` to a new temporary file beside ``path`` and fsync it; returns the
+        temporary's path (nothing reads a temporary: every reader opens exact names).  A
+        write or sync that fails removes the temporary: a full disk leaves none behind."""
         tmp = f"{path}.tmp.{os.getpid()}.{os.urandom(4).hex()}"
         fd = self.open(tmp, write=True, create=True)
         try:
             try:
                 self.truncate(fd, 0)
                 self.writev(fd, [data], 0)
-                self.fsync(fd)
+                self.fsync(fd)  # the content durable before its name can be
             finally:
                 self.close(fd)
+        except BaseException:
+            self._discard(tmp)
+            raise
+        return tmp
+
+    def write_file_durable(self, path: str, data: Buffer) -> None:
+        """Write a new small file atomically and durably: ``stage_file``, rename, fsync
+        of the directory; a failure before the rename leaves no temporary."""
+        tmp = self.stage_file(path, data)
+        try:
             self.rename(tmp, path)
         except BaseException:
-            try:
-                self.unlink(tmp)  # a full disk must not leave temporaries behind
-            except OSError:
-                pass
+            self._discard(tmp)
             raise
         self.fsync_dir(os.path.dirname(path))
+
+    def _discard(self, path: str) -> None:
+        try:
+            self.unlink(path)
+        except OSError:
+            pass
 
 
 def _iov(buffers: Iterable[Buffer]) -> list[memoryview]:

@@ -341,8 +341,8 @@ class PackWriter:
             self.fs.writev(self.fd, buffers, self.data_end)
             # D1: the reference is returned only after this sync.  fdatasync suffices:
             # it persists the data and the new file size (what reading it back needs).
-            # Never retried after a failure (the dirty pages may
-            # already be gone): the pack is abandoned instead.
+            # Never retried after a failure (the dirty pages may already be gone): the
+            # pack is abandoned instead.
             self.fs.fdatasync(self.fd)
         except OSError as e:
             self.abandon()

@@ -111,19 +111,19 @@ class QueueMarker:
             raise CorruptData(f"{damaged}: run_id and queue_id must be strings{fix}")
         return fields
 
-    def check_open(self, *, recover: bool, queue_exists: bool) -> None:
-        """Refuse to open afresh a queue whose marker says it was created."""
-        if recover or queue_exists or self.read() is None:
-            return
-        raise UnsafeRecovery(
-            f"queue {self.namespace}/{self.queue_id} was created (its marker {self.path} "
-            "exists) but holds no epoch yet: a coordinator stopped while creating it. "
-            "Open it with recover=True")
+    def open(self, *, recover: bool, queue_exists: bool, lease_seconds: float) -> None:
+        """Before the queue's next epoch: check the marker (refusing to open afresh a
+        queue whose marker says it was created), and make it durable if it is not there
+        (a new queue, or one created before markers)."""
+        if self.read() is None:
+            self._write(lease_seconds)
+        elif not recover and not queue_exists:
+            raise UnsafeRecovery(
+                f"queue {self.namespace}/{self.queue_id} was created (its marker "
+                f"{self.path} exists) but holds no epoch yet: a coordinator stopped while "
+                "creating it. Open it with recover=True")
 
-    def ensure(self, *, lease_seconds: float) -> None:
-        """Make the marker durable if it is not there (before the queue's first epoch)."""
-        if self.read() is not None:
-            return
+    def _write(self, lease_seconds: float) -> None:
         directory = os.path.dirname(self.path)
         try:
             self.fs.makedirs_durable(directory)

@@ -139,19 +139,10 @@ def stage_file(fs: Filesystem, path: str, data: bytes) -> str:
     staged file changes nothing until ``install_staged`` renames it into place: a save
     stages its trackers before its marker and installs them after it (only the renames
     and the directories' fsyncs are left after the marker)."""
-    tmp = f"{path}.tmp.{os.getpid()}.{os.urandom(4).hex()}"
     try:
-        fd = fs.open(tmp, write=True, create=True)
-        try:
-            fs.truncate(fd, 0)
-            fs.writev(fd, [data], 0)
-            fs.fsync(fd)  # the content durable before its name can be
-        finally:
-            fs.close(fd)
+        return fs.stage_file(path, data)  # its temporary removed if it fails
     except OSError as e:
-        discard_staged(fs, [tmp])  # a full disk must not leave temporaries behind
         raise storage_error(e, f"cannot write {path}") from e
-    return tmp
 
 
 def install_staged(fs: Filesystem, tmp: str, path: str) -> None:
