@@ -24,6 +24,12 @@ that retries) and drops them when it closes.  Taking a hold is best effort on an
 path: if it fails too (say the disk is full), the original error is raised as it was and
 the retry is as unprotected as it was before holds existed.
 
+The same owners serve ``SharedFilesystemStore.hold(key, refs)``: retention that lives as
+long as its writer, for a step that must keep data until a durable name of its own exists
+(an archive's index).  Its owner is ``hold_owner(writer_id, "hold", key)`` and it goes by
+the same rules (``release_hold``, the store's close, a collection once the writer is dead),
+so a writer killed before naming what it kept leaves nothing retained for ever.
+
 In the model (``spec/``) a hold is an owner like any other: it is taken with ``retain``
 and dropped with ``release``; nothing here changes what those operations do.
 """

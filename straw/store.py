@@ -120,6 +120,7 @@ _PUBLISH_SECONDS_KEPT = 1024
 
 _API_CALLS = {"publish": "publish/publish_many", "records": "write_records",
               "record_set": "record_set"}
+HOLD_API = "hold"  # the api part of the owner of an explicit ``hold`` (straw.holds)
 
 
 def _check_usage(normalized: list[_Pub]) -> None:
@@ -729,6 +730,35 @@ class SharedFilesystemStore(ProcessBound):
         except (StrawError, OSError) as e:
             log.warning("straw: cannot hold the dependencies of failed request %r of "
                         "writer %r: %s", submission_id, self.writer_id, e)
+
+    def hold(self, key: str, refs: Iterable[RecordSetRef | RecordRef]) -> None:
+        """Retain ``refs`` for as long as this store's writer lives, under the hold owner
+        of ``key`` (``straw.holds``; taking it again replaces its roots).  It goes with
+        ``release_hold(key)``, with this store's ``close``, or with a collection once this
+        writer is dead.  For a step that must keep data until a name of its own exists
+        (an archive's index): a crash before that name leaves nothing retained for ever."""
+        self._check_open()
+        check_owner(key)
+        owner = holds.hold_owner(self.writer_id, HOLD_API, key)
+        items = _listed(refs)
+        checked = self._checked(items, "refs")
+        self._check_all_published(items, "refs", checked)
+        with self._write_lock:
+            self._check_open()
+            self._ensure_writer()  # its lock tells collections the holder is alive
+            self.catalog.retain(owner, [(r.segment.path, r.segment.offset) for r in checked])
+            self._holds.add(owner)
+
+    def release_hold(self, key: str) -> bool:
+        """Drop the hold of ``key`` taken by ``hold``; False if this store holds none."""
+        self._check_open()
+        owner = holds.hold_owner(self.writer_id, HOLD_API, check_owner(key))
+        with self._write_lock:
+            if owner not in self._holds:
+                return False
+            self.catalog.release(owner)
+            self._holds.discard(owner)
+            return True
 
     def _drop_holds(self, owners: set[str] | None = None) -> None:
         """Release this writer's holds ``owners`` (all of them by default).  Called

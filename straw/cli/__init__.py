@@ -2,17 +2,21 @@
 
     straw demo [--root DIR]                      the library's main job, verified
     straw qualify PATH [--peer PATH] [--quick] [--full-check DIR] [--json FILE] [--plot FILE]
-    straw inspect POOL [--json FILE] [--plot FILE]
+    straw inspect POOL [--named-in DIR ...] [--json FILE] [--plot FILE]
     straw top POOL [--interval S] [--iterations N] [--json FILE]
-    straw gc POOL [--dry-run] [--json FILE]
+    straw gc POOL [--dry-run] [--release-orphans [--named-in DIR ...]] [--json FILE]
     straw bench [--root DIR] [--rounds N] [--json FILE]
 
 Exit status: 0 success (qualify: every clause passed), 1 a failed verdict or a storage
 error, 2 bad input (a path that is not a pool, a pool of a newer format, a path to
 qualify that does not exist, a peer that is not the same volume, unknown options) --
 with a message naming what was wrong, and nothing written.  ``inspect``, ``top`` and
-``gc --dry-run`` never write to the pool (``straw.pool_view``).  ``--json FILE`` (``-``:
-stdout) writes the report as JSON; ``--plot FILE`` draws it (the ``plot`` extra).
+``gc --dry-run`` never write to the pool (``straw.pool_view``).  ``inspect`` lists every
+owner with what names it, and the orphans nothing names (``straw.orphans``; checkpoint
+markers and archive indexes are searched in ``--named-in`` directories, the pool's parent
+by default); ``gc --release-orphans`` releases those orphans before it collects.
+``--json FILE`` (``-``: stdout) writes the report as JSON; ``--plot FILE`` draws it (the
+``plot`` extra).
 
 Layering: this package uses the core's public API and read-only accessors only; the core
 never imports it.
@@ -66,6 +70,7 @@ def _parser() -> argparse.ArgumentParser:
     i.add_argument("pool")
     i.add_argument("--json", metavar="FILE")
     i.add_argument("--plot", metavar="FILE", help="bytes by owner, staleness")
+    _named_in(i)
 
     t = sub.add_parser("top", help="a live, refreshing view of a pool (read-only)")
     t.add_argument("pool")
@@ -76,6 +81,9 @@ def _parser() -> argparse.ArgumentParser:
     g = sub.add_parser("gc", help="collect the pool's unreachable packs")
     g.add_argument("pool")
     g.add_argument("--dry-run", action="store_true", help="show what would be reclaimed")
+    g.add_argument("--release-orphans", action="store_true",
+                   help="first release the owners nothing names (see straw inspect)")
+    _named_in(g)
     g.add_argument("--json", metavar="FILE")
 
     b = sub.add_parser("bench", help="publish throughput vs raw write+fdatasync")
@@ -85,6 +93,22 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--record-bytes", type=int, default=1 << 20)
     b.add_argument("--json", metavar="FILE")
     return p
+
+
+def _named_in(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--named-in", action="append", metavar="DIR",
+                   help="where to look for the checkpoint markers and archive indexes that "
+                        "name the pool's owners (repeatable; default: the pool's parent)")
+
+
+def _owners(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from .. import orphans
+    from ..rollout.orphans import namers
+    for d in args.named_in or ():
+        if not PosixFS().exists(d):
+            raise BadInput(f"--named-in {d} does not exist; give a directory to search")
+    judges = namers(args.pool, args.named_in)
+    return [o.as_dict() for o in orphans.survey(args.pool, namers=judges)]
 
 
 def _positive(name: str, value: float | None) -> None:
@@ -145,6 +169,7 @@ def _check_declaration(path: str, root: str) -> dict[str, Any]:
 def cmd_inspect(args: argparse.Namespace, out: render.Out) -> int:
     from .. import pool_view as pool
     view = pool.inspect(args.pool)
+    view["owner_status"] = _owners(args)
     _report(out, args, view, render.inspect)
     if args.plot:
         render.plot_inspect(view, args.plot)
@@ -174,8 +199,20 @@ def cmd_top(args: argparse.Namespace, out: render.Out) -> int:
 
 
 def cmd_gc(args: argparse.Namespace, out: render.Out) -> int:
+    from .. import orphans
     from .. import pool_view as pool
-    _report(out, args, pool.collect(args.pool, dry_run=args.dry_run), render.gc)
+    if args.named_in and not args.release_orphans:
+        raise BadInput("--named-in is for --release-orphans (or straw inspect)")
+    pool.check_pool(PosixFS(), args.pool)  # bad input before any search
+    chosen = [o for o in _owners(args) if o["status"] == orphans.ORPHAN] \
+        if args.release_orphans else []
+    released = [] if args.dry_run else orphans.release(
+        args.pool, [(o["run"], o["name"]) for o in chosen])
+    report = pool.collect(args.pool, dry_run=args.dry_run)
+    if args.release_orphans:
+        report["orphans"] = chosen
+        report["released_orphans"] = [f"{run}/{name}" for run, name in released]
+    _report(out, args, report, render.gc)
     return 0
 
 

@@ -153,6 +153,16 @@ def inspect(out: Out, v: dict[str, Any]) -> None:
                                              "not unlinked", "collectable", "collectable bytes"],
               [[s["packs"], human_bytes(s["bytes"]), t["total"], t["not_unlinked"],
                 c["packs"], human_bytes(c["bytes"])]])
+    owners = v.get("owner_status", [])
+    if owners:
+        out.table("owners: what names them", ["owner", "kind", "bytes", "status", "why"],
+                  [[f"{o['run']}/{o['name']}", o["kind"], human_bytes(o["bytes"]),
+                    o["status"], o["why"]] for o in owners])
+        orphans = [o for o in owners if o["status"] == "orphan"]
+        if orphans:
+            out.line(f"{len(orphans)} orphaned owners keep "
+                     f"{human_bytes(sum(o['bytes'] for o in orphans))} (shared packs counted "
+                     "for each): straw gc --release-orphans frees them")
     for err in v.get("errors", ()):
         out.line(f"cannot read {err}")
     if not v["queues"] and not v.get("errors"):
@@ -177,6 +187,12 @@ def inspect(out: Out, v: dict[str, Any]) -> None:
 
 
 def gc(out: Out, r: dict[str, Any]) -> None:
+    if "orphans" in r:
+        verb = "would release" if r["dry_run"] else "released"
+        out.line(f"{verb} {len(r['orphans'])} orphaned owners")
+        for o in r["orphans"]:
+            out.line(f"  {o['run']}/{o['name']} ({o['kind']}, {human_bytes(o['bytes'])}): "
+                     f"{o['why']}")
     if r["dry_run"]:
         out.line(f"straw gc --dry-run {r['pool']}: would reclaim {r['would_reclaim_files']} "
                  f"pack files, {human_bytes(r['would_reclaim_bytes'])}; "

@@ -27,11 +27,14 @@ A ``TensorRef`` of another pool or run is loaded and copied in: an archive never
 on a pool other than its own.  Without a store, ``save`` creates (or reuses) the pool
 ``straw-data`` next to the index, run ``debug-rollout``.
 
-Retention.  Before the index exists, the owner ``archive:<rollout key>:<uuid>`` retains the
-manifest (and so, transitively, every chunk and shared tensor), and the staging protection
-of the fresh publications is dropped: the data survives queue consumption and garbage
-collection until ``release()``.  Other owners of the same tensors (the queue, another
-archive) keep theirs.
+Retention.  The owner ``archive:<rollout key>:<uuid>`` retains the manifest (and so,
+transitively, every chunk and shared tensor): the data survives queue consumption and
+garbage collection until ``release()``.  Other owners of the same tensors (the queue,
+another archive) keep theirs.  The owner is retained only once the index naming it is
+durable; until then a hold of the saving store's writer keeps the data (``store.hold``).
+So every archive owner has an index, and a save killed part-way leaves only a hold that
+goes with its dead writer at the next collection (and, if the kill fell after the index
+was written, an index whose owner retains nothing: opening it says so).
 
 The index (JSON) names ``format``/``version``, the rollout (``rollout_id``, an int, and
 ``evaluation``: the key ``eval_<id>`` of an evaluation rollout), the pool (``root``,
@@ -65,6 +68,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import uuid
@@ -72,7 +76,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from straw.codec import sample_from_records, sample_records
-from straw.errors import CorruptData, InvalidReference, UnsupportedSchema, storage_error
+from straw.errors import CorruptData, InvalidReference, StrawError, UnsupportedSchema, storage_error
 from straw.fs import Filesystem, PosixFS
 from straw.refs import Publication, Record, RecordSetRef
 from straw.store import SharedFilesystemStore
@@ -80,6 +84,8 @@ from straw.tensor import TensorRef
 
 from .codec import _CAPTURES, _sample_from_value, _sample_value
 from .samples import Sample
+
+log = logging.getLogger("straw")
 
 FORMAT = "straw.rollout-archive"
 VERSION = 1
@@ -363,9 +369,18 @@ class RolloutArchive:
             raise
         chunks, manifest = refs[:-1], refs[-1]
         owner = submission  # archive:<rollout key>:<uuid>
-        store.retain(owner, [manifest])
+        # Until the index names the owner, the data lives under a hold of this store's
+        # writer: a save killed before its index leaves nothing retained for ever (the
+        # hold goes with the dead writer at the next collection).  The owner is retained
+        # only once the index is durable, so every archive owner has an index.
         try:
-            store.release_publications(refs)  # retained by the owner from here on
+            store.hold(submission, [manifest])
+        except BaseException:
+            store.release_publications(refs)  # unnamed: let the collector have them
+            raise
+        indexed = False
+        try:
+            store.release_publications(refs)  # held from here on
             body: dict[str, Any] = {
                 "format": FORMAT, "version": VERSION, "rollout_id": rid,
                 "evaluation": evaluation, "root": store.root, "pool_id": store.pool_id,
@@ -375,9 +390,17 @@ class RolloutArchive:
             body["checksum"] = _checksum(body)
             data = json.dumps(body, sort_keys=True, separators=(",", ":")).encode() + b"\n"
             _write_exclusive(fs, index_path, data)
+            indexed = True
+            store.retain(owner, [manifest])
         except BaseException:
-            store.release(owner)  # no index names it: nothing would ever release it
+            if indexed:  # an index whose owner retains nothing would name lost data
+                _unlink_quietly(fs, index_path)
             raise
+        finally:
+            try:
+                store.release_hold(submission)
+            except (StrawError, OSError) as e:  # it goes with this writer's close
+                log.warning("straw: cannot drop the hold of archive %s: %s", index_path, e)
         return index_path
 
     # --- opening -----------------------------------------------------------------------
@@ -512,9 +535,10 @@ class RolloutArchive:
         try:
             deps = self._store.checked_manifest(self.manifest_ref).dependencies
         except InvalidReference as e:
-            raise InvalidReference(f"archive {self.path}: its manifest cannot be read ({e}); "
-                                   "its data was released and collected, or the index "
-                                   "names another pool's data") from None
+            raise InvalidReference(
+                f"archive {self.path}: its manifest cannot be read ({e}); its data was "
+                "released and collected (or its save was killed before retaining it), or "
+                "the index names another pool's data") from None
         if list(deps) != self._chunks:
             raise self._bad("its chunks are not the manifest's")
 
@@ -629,6 +653,13 @@ class RolloutArchive:
 def _nbytes(payload: Any) -> int:
     n = getattr(payload, "nbytes", None)
     return int(n) if n is not None else len(payload)
+
+
+def _unlink_quietly(fs: Filesystem, path: str) -> None:
+    try:
+        fs.unlink(path)
+    except OSError as e:  # the caller's error is the one to raise
+        log.warning("straw: cannot remove the unretained archive index %s: %s", path, e)
 
 
 def _write_exclusive(fs: Filesystem, path: str, data: bytes) -> None:

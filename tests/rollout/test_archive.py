@@ -513,3 +513,68 @@ def test_fd1_a_full_disk_fails_an_archive_save_naming_the_index(tmp_path):
             _archive(tmp_path, store, [_sample(0)])
         assert not (tmp_path / "rollout_7.straw.json").exists()
         assert store.owners() == owners  # its retention released: nothing names it
+
+
+_KILLED_SAVE = """
+import os, signal, sys
+import numpy as np
+from straw import SharedFilesystemStore
+from straw.rollout import RolloutArchive, Sample, Status
+from straw.rollout import archive
+def die(*a, **k):
+    os.kill(os.getpid(), signal.SIGKILL)
+if sys.argv[2] == "before-index":
+    archive._write_exclusive = die
+else:  # the index is durable; the owner's retain never happens
+    SharedFilesystemStore.retain = die
+samples = [Sample(("prompt", i), tokens=(1, 2, 3), response_length=1,
+                  status=Status.COMPLETED, index=i, routes=np.full((64, 4), i, np.int32))
+           for i in range(3)]
+RolloutArchive.save(sys.argv[1], samples, rollout_id=3)
+"""
+
+
+@pytest.mark.parametrize("point", ["before-index", "after-index"])
+def test_arch2_a_save_killed_before_its_owner_is_named_leaves_nothing_retained(
+        tmp_path, point):
+    # issue 39 ARCH2: a SIGKILL between the retain and the index left an archive owner
+    # that nothing names, its data kept for ever
+    import signal
+    import subprocess
+    import sys
+    index = tmp_path / "rollout_3.straw.json"
+    p = subprocess.run([sys.executable, "-c", _KILLED_SAVE, str(index), point],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == -signal.SIGKILL, p.stderr
+    assert index.exists() == (point == "after-index")
+    with SharedFilesystemStore(tmp_path / ADJACENT_POOL, ADJACENT_RUN) as store:
+        assert [o for o in store.owners() if o.startswith("archive:")] == []
+        assert store.owners() != []  # the dead saver's hold, until a collection
+        store.collect_garbage()  # drops the hold of the dead writer ...
+        assert store.owners() == []
+        reclaimed = store.collect_garbage()["reclaimed_files"]  # ... then its data goes
+        assert reclaimed >= 1
+        packs = [n for _, _, names in os.walk(tmp_path / ADJACENT_POOL) for n in names
+                 if n.endswith(".pack")]
+        assert packs == []
+    if point == "after-index":
+        with pytest.raises(InvalidReference, match="killed before retaining it"):
+            RolloutArchive(index)
+
+
+def test_arch2_a_finished_save_leaves_its_owner_and_no_hold(tmp_path, pool):
+    path = _archive(tmp_path, pool, [_sample(i, routes=_routes(i)) for i in range(2)])
+    assert pool.owners() == [_index(path)["storage_owner"]]
+
+
+def test_arch2_an_owner_retain_that_fails_removes_the_index_and_the_hold(
+        tmp_path, pool, monkeypatch):
+    from straw.errors import QuotaExceeded
+
+    def full(*a, **k):
+        raise QuotaExceeded("no space for the catalog")
+    monkeypatch.setattr(pool, "retain", full)
+    with pytest.raises(QuotaExceeded):
+        _archive(tmp_path, pool, [_sample(i) for i in range(2)])
+    assert not (tmp_path / "rollout_7.straw.json").exists()
+    assert pool.owners() == []
