@@ -52,7 +52,8 @@ from typing import Any
 
 from fault_injection.journal_campaign import JOURNAL_CONTROLS
 from straw import catalog, framing, pack, recovery, writer
-from straw.catalog import LEGACY_RUN, Catalog, CatalogState
+from straw.catalog import Catalog
+from straw.catalog_state import LEGACY_RUN, CatalogState
 from straw.errors import CorruptData
 
 

@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 
 from fault_injection.fuzz import Summary, run_target
 from fault_injection.queue_fuzz import QueueSummary, run_queue
-from straw.catalog import Catalog, run_prefix
+from straw.catalog import Catalog
+from straw.catalog_state import run_prefix
 from straw.fs import PosixFS
 
 RUNS = ("runA", "runB")

@@ -26,16 +26,14 @@ arrays grouped by pack path, so a million extents decode with a few C-level call
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgpack
 
 from . import framing
 from .catalog_roots import OffsetSet, RootSet, SortedOffsets, le_u64
+from .catalog_state import CatalogState, PackInfo
 from .errors import CorruptData, UnsupportedSchema
-
-if TYPE_CHECKING:
-    from .catalog import CatalogState
 
 SNAPSHOT_VERSION = 1
 SNAP_PREFIX = "CATALOG.snap-"
@@ -91,8 +89,6 @@ def decode_state(data: bytes, where: str, *, gen: int, want_digest: bytes) -> Ca
     """The state a snapshot file holds; ``CorruptData`` if it is not exactly the file the
     base frame names (digest), incomplete or damaged: a snapshot is durable before any
     catalog frame names it, so damage is corruption, never a torn tail (D6)."""
-    from .catalog import CatalogState, PackInfo  # the state class lives with its replay
-
     if digest(data) != want_digest:
         raise CorruptData(f"{where}: snapshot content does not match the digest its catalog "
                           "base frame recorded (damaged or replaced); restore the pool "

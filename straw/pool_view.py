@@ -22,7 +22,8 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-from .catalog import Catalog, CatalogState, read_state
+from .catalog import Catalog, read_state
+from .catalog_state import CatalogState
 from .clock import SystemClock
 from .coordinator import read_state as read_queue_state
 from .errors import StrawError, UnsupportedSchema

@@ -24,7 +24,7 @@ MODULE_LINES, CLASS_LINES, FUNCTION_LINES = 600, 500, 70
 
 # (kind, qualified name) -> lines today.  May only shrink; remove an entry once it fits.
 OVERSIZED: dict[tuple[str, str], int] = {
-    ("class", "straw.catalog.Catalog"): 1017,
+    ("class", "straw.catalog.Catalog"): 1013,
     ("class", "straw.coordinator.Coordinator"): 2333,
     ("class", "straw.journal.Journal"): 575,
     ("class", "straw.reader.ReadSession"): 975,
@@ -60,7 +60,7 @@ OVERSIZED: dict[tuple[str, str], int] = {
     ("module", "fault_injection.queue_fuzz"): 623,
     ("module", "fault_injection.simfs"): 746,
     ("module", "straw.benchmark"): 613,
-    ("module", "straw.catalog"): 1730,
+    ("module", "straw.catalog"): 1470,
     ("module", "straw.cli.demo"): 666,
     ("module", "straw.codec"): 650,
     ("module", "straw.coordinator"): 2663,
@@ -80,7 +80,6 @@ OVERSIZED: dict[tuple[str, str], int] = {
 # today's import circles (each a sorted tuple of modules); may only go
 CIRCLES: set[tuple[str, ...]] = {
     ('fault_injection.fuzz', 'fault_injection.job_fuzz', 'fault_injection.queue_fuzz', 'fault_injection.rollout_fuzz', 'fault_injection.runs_fuzz'),
-    ('straw.catalog', 'straw.catalog_snapshot'),
     ('straw.ranges', 'straw.reader'),
     ('straw.rollout.archive', 'straw.rollout.archive_pt'),
 }

@@ -406,3 +406,64 @@ def test_a_retain_names_each_pack_once_and_older_retains_still_replay(tmp_path):
         old.apply({"op": "retain", "run": "run", "owner": "ckpt",
                    "roots": [[r.path, r.offset] for r in refs]})
         assert set(old.owners[("run", "ckpt")]) == want
+
+
+def test_b10_a_full_pool_of_many_staged_publications_frees_itself(small_tmpfs):
+    # issue 39 B10, the staging side: tens of thousands of small publications fill the
+    # disk; their release_publications is one catalog transaction naming each one, far
+    # beyond a fixed floor.  The floor keeps what unstaging every staged publication of
+    # the sealed packs appends (a few bytes each: unstages name each pack once).
+    from straw import Publication
+    root = os.path.join(small_tmpfs, "pool")
+    store = _store(root, segment_target_bytes=256 << 10)
+    refs: list = []
+    try:
+        for n in range(10_000):
+            refs += store.publish_many(
+                [Publication([Record("r", b"%08d" % (n * 100 + i))]) for i in range(100)],
+                submission_id=f"s{n}")
+    except QuotaExceeded:
+        pass
+    store.seal()
+    _ballast(small_tmpfs)
+    assert len(refs) > 5_000
+    with pytest.raises(QuotaExceeded):
+        store.publish([Record("more", b"z" * 4096)], submission_id="more")
+    assert store.release_publications(refs) == len(refs)
+    res = store.collect_garbage()
+    assert res["reclaimed_files"] > 0 and res["reclaimed_bytes"] > 1 << 20
+    ref = store.publish([Record("again", b"y" * 10_000)], submission_id="again")
+    assert next(store.read(ref)).payload == b"y" * 10_000
+    store.close()
+
+
+def test_an_unstage_names_each_pack_once_and_the_staged_count_stays_exact(tmp_path):
+    """Catalog version 5: an unstage groups its extents by pack; a version-4 unstage (one
+    [path, offset] pair each) replays the same.  The count of staged publications in
+    sealed packs that the floor is sized by, maintained op by op, equals a recount."""
+    from straw import Publication
+    from straw.catalog import CatalogState, read_state
+    with _store(tmp_path) as store:
+        assert store.catalog.state.staged_in_sealed_packs() == 0  # counted from here on
+        refs = []
+        for n in range(3):
+            refs += store.publish_many([Publication([Record("r", b"%d" % i)])
+                                        for i in range(50)], submission_id=f"s{n}")
+            store.seal()
+        store.retain("keep", refs[:10])
+        store.release_publications(refs[:120])
+        store.collect_garbage()
+        maintained = store.catalog.state.staged_in_sealed_packs()
+        assert maintained == 30
+        fresh = read_state(store.fs, str(tmp_path))
+        assert fresh.staged_in_sealed_packs() == maintained
+        frames = _frames(open(tmp_path / "CATALOG", "rb").read())
+        unstages = [op for f in frames for op in _ops(f) if op["op"] == "unstage"]
+        assert [len(op["packs"]) for op in unstages] == [3]
+        (path, offsets), = [g for g in unstages[0]["packs"] if g[0] == refs[0].segment.path]
+        assert len(offsets) == 50
+    old = CatalogState()
+    for op in [{"op": "sealed", "path": "runs/r/p.pack", "offsets": [0, 64], "unstage": []},
+               {"op": "unstage", "extents": [["runs/r/p.pack", 0]]}]:
+        old.apply(op)
+    assert old.staged_in_sealed_packs() == 1 and 0 in old.packs["runs/r/p.pack"].unstaged

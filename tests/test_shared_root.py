@@ -21,7 +21,8 @@ from straw import (
     UnsupportedSchema,
     framing,
 )
-from straw.catalog import LEGACY_RUN, Catalog
+from straw.catalog import Catalog
+from straw.catalog_state import LEGACY_RUN
 from straw.coordinator import Coordinator
 from straw.fs import PosixFS
 from straw.protocol import TaskSpec
