@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import xxhash
 
@@ -23,8 +23,15 @@ from .checks import check_count
 from .errors import CorruptData, InvalidRange, NotATensorRecord
 from .refs import RecordInfo, RecordRef
 
-if TYPE_CHECKING:
-    from .reader import ReadSession
+
+class RecordSource(Protocol):
+    """What a range read needs of a read session (``straw.reader.ReadSession``): where a
+    record's payload lies, checked, and its bytes, read exactly."""
+
+    def payload_location(self, record_ref: RecordRef) -> tuple[RecordInfo, str, int]: ...
+
+    def _read_exact(self, path: str, offset: int, size: int, into: Any = None,
+                    frame: bool = False, frame_size: int | None = None) -> memoryview: ...
 
 PIECE = 1 << 20  # a chunk is read and hashed this much at a time
 
@@ -37,7 +44,7 @@ def checked_span(length: int, start: int, stop: int, chunk_bytes: int) -> int:
     return min(length, -(-stop // chunk_bytes) * chunk_bytes) - start // chunk_bytes * chunk_bytes
 
 
-def read_range(session: ReadSession, record_ref: RecordRef, start: int, stop: int, *,
+def read_range(session: RecordSource, record_ref: RecordRef, start: int, stop: int, *,
                chunk_bytes: int, checksums: Sequence[str]) -> bytearray:
     """Bytes [start, stop) of a record: ``checksums[k]`` is the hex hash of payload bytes
     [k*chunk_bytes, (k+1)*chunk_bytes); a mismatch is ``CorruptData`` ("chunk

@@ -56,7 +56,7 @@ import io
 import os
 import pickle
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -69,8 +69,19 @@ from straw.tensor_format import DTYPES
 from .codec import _CAPTURES, _SAMPLE_KEYS, _sample_from_value, _token_bytes
 from .samples import Sample
 
-if TYPE_CHECKING:
-    from .archive import RolloutArchive
+
+class Archived(Protocol):
+    """What a dump is written from (``straw.rollout.archive.RolloutArchive``)."""
+
+    path: str
+    rollout_id: int
+    evaluation: bool
+
+    def __len__(self) -> int: ...
+
+    def keys(self) -> list[tuple[str, str | None]]: ...
+
+    def load_samples(self) -> list[Sample]: ...
 
 PT_FORMAT = "straw.rollout-archive.pt"
 PT_VERSION = 1
@@ -196,7 +207,7 @@ class _Writer:
         pass
 
 
-def export_pt(archive: RolloutArchive, path: str | os.PathLike[str], *,
+def export_pt(archive: Archived, path: str | os.PathLike[str], *,
               fs: Filesystem | None = None) -> str:
     """Write ``archive``'s samples to the new file ``path`` (see the module docstring);
     returns its absolute path."""
