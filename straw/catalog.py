@@ -219,6 +219,7 @@ from .errors import (
 from .fs import Filesystem
 from .pack import storage_error
 from .process import ProcessBound, close_quietly
+from .refs import pack_path_run
 from .siblings import Siblings
 
 CATALOG_NAME = "CATALOG"
@@ -358,19 +359,7 @@ class Catalog(ProcessBound):
         self._gen = self._base_end = self._snap_bytes = 0
 
     def _read_from(self, fd: int, start: int) -> bytes:
-        """The catalog from ``start`` up to its clean end: read in growing chunks until a
-        short read (end of file; a size cached by another client may be stale, so the
-        size is never trusted) or until the data read ends in ``_CLEAN_RUN`` zeros (the
-        reserved tail: not read to its end on every lock)."""
-        out = bytearray()
-        step = _READ_CHUNK
-        while True:
-            chunk = bytearray(step)
-            n = self.fs.readinto(fd, chunk, start + len(out))
-            out += memoryview(chunk)[:n]
-            if n < step or out[-_CLEAN_RUN:] == bytes(_CLEAN_RUN):
-                return bytes(out)
-            step = min(step * 2, _MAX_READ)
+        return read_to_clean_end(self.fs, fd, start)
 
     def _refresh(self) -> None:
         self._drop_locked_fd()  # a repair refreshes again under the same lock
@@ -1192,6 +1181,7 @@ class Catalog(ProcessBound):
                 )
             unfinished = st.tombstoned_not_unlinked(prefix)
             victims = st.collectable(prefix)
+            _check_deletable(self.path, victims + unfinished)
             sizes: dict[str, int] = {}
             for p in victims + unfinished:
                 try:
@@ -1205,7 +1195,7 @@ class Catalog(ProcessBound):
             for p in victims + unfinished:
                 full = os.path.join(self.root, p)
                 try:
-                    self.fs.unlink(full)
+                    self.fs.unlink_beneath(self.root, p)  # never through a symlink
                 except FileNotFoundError:
                     pass  # another client finished this unlink already: success
                 except OSError as e:
@@ -1314,6 +1304,18 @@ _CONFIRM_LENGTH = len(framing.encode_frame(
                                         use_bin_type=True), group_start=0))
 
 
+def _check_deletable(catalog: str, paths: Iterable[str]) -> None:
+    """A collection deletes only canonical pack paths (``runs/<run>/writers/<w>/i<n>/
+    pack-<n>.pack``: relative, no ``..``), which every pack straw creates has: a catalog
+    naming anything else was edited or damaged, and nothing of it is deleted."""
+    for p in paths:
+        if not isinstance(p, str) or pack_path_run(p) is None:
+            raise CorruptData(
+                f"catalog {catalog} names {p!r} as a pack to reclaim, which is not a pack "
+                "path of this pool (edited or damaged): garbage collection deletes nothing "
+                "until the catalog is restored from a backup")
+
+
 def _holds_complete_frame(buf: bytes) -> bool:
     """Does ``buf`` hold a whole frame anywhere (a valid header, all its bytes present)?"""
     i = buf.find(framing.MAGIC)
@@ -1342,6 +1344,23 @@ def _filler(at: int, length: int, ops: list[dict[str, Any]]) -> bytes | None:
     return None
 
 
+def read_to_clean_end(fs: Filesystem, fd: int, start: int) -> bytes:
+    """The catalog from ``start`` up to its clean end: read in growing chunks until a
+    short read (end of file; a size cached by another client may be stale, so the size is
+    never trusted) or until the data read ends in ``_CLEAN_RUN`` zeros (the reserved
+    tail, or a file extended with zeros by anyone: memory is bounded by the data, never
+    by the file's size)."""
+    out = bytearray()
+    step = _READ_CHUNK
+    while True:
+        chunk = bytearray(step)
+        n = fs.readinto(fd, chunk, start + len(out))
+        out += memoryview(chunk)[:n]
+        if n < step or out[-_CLEAN_RUN:] == bytes(_CLEAN_RUN):
+            return bytes(out)
+        step = min(step * 2, _MAX_READ)
+
+
 def read_state(fs: Filesystem, root: str) -> CatalogState:
     """The catalog as it is durable now, read without its lock and without writing
     anything (operator views: ``straw inspect``, ``straw gc --dry-run``).  A torn final
@@ -1355,7 +1374,7 @@ def read_state(fs: Filesystem, root: str) -> CatalogState:
         except FileNotFoundError:
             return CatalogState()
         try:
-            data = fs.read_to_end(fd)
+            data = read_to_clean_end(fs, fd, 0)
         finally:
             fs.close(fd)
         try:

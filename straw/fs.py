@@ -32,6 +32,7 @@ Contract that implementations must keep (SimFS simulates exactly this):
 from __future__ import annotations
 
 import abc
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -174,6 +175,16 @@ class Filesystem(abc.ABC):
     @abc.abstractmethod
     def unlink(self, path: str) -> None: ...
 
+    def unlink_beneath(self, root: str, rel: str) -> None:
+        """Remove the file ``rel`` (relative, ``/``-separated) beneath the directory
+        ``root``, following no symbolic link in any component of ``rel``: what a
+        collection deletes is in the pool, whatever its directories were replaced with.
+        ``FileNotFoundError`` if it is gone; ``NotBeneath`` if a component is a symlink or
+        not a directory.  This default serves filesystems without symbolic links (the
+        simulated ones); ``PosixFS`` walks directory descriptors."""
+        beneath_parts(rel)
+        self.unlink(os.path.join(root, rel))
+
     @abc.abstractmethod
     def stat(self, path: str) -> FileStat:
         """Stat without following a final symlink (``lstat``)."""
@@ -206,11 +217,9 @@ class Filesystem(abc.ABC):
             cur = parent
         created = []
         for d in reversed(missing):
-            try:
+            with contextlib.suppress(FileExistsError):
                 self.mkdir(d)
                 created.append(d)
-            except FileExistsError:
-                pass
         return created
 
     def makedirs_durable(self, path: str) -> None:
@@ -240,19 +249,18 @@ class Filesystem(abc.ABC):
             fd = self.open(path)
         except FileNotFoundError:
             return False
-        try:
+        with contextlib.suppress(OSError):
             self.close(fd)
-        except OSError:
-            pass
         return True
 
     def read_file(self, path: str) -> bytes:
         fd = self.open(path)
         try:
-            size = self.fstat(fd).size
-            buf = bytearray(size)
-            n = self.readinto(fd, buf, 0)
-            return bytes(buf[:n])
+            st = self.fstat(fd)
+            if st.is_dir:  # a read of it fails naming no path (or reads nothing)
+                raise not_a_file(fd, path)
+            buf = bytearray(st.size)
+            return bytes(buf[:self.readinto(fd, buf, 0)])
         finally:
             self.close(fd)
 
@@ -286,10 +294,8 @@ class Filesystem(abc.ABC):
         self.fsync_dir(os.path.dirname(path))
 
     def _discard(self, path: str) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self.unlink(path)
-        except OSError:
-            pass
 
 
 def _iov(buffers: Iterable[Buffer]) -> list[memoryview]:
@@ -361,6 +367,18 @@ class PosixFS(Filesystem):
                              "device, socket or directory)", rel)
         return fd
 
+    def unlink_beneath(self, root: str, rel: str) -> None:
+        parts = beneath_parts(rel)
+        dir_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            for name in parts[:-1]:
+                nxt = _open_at(name, _DIR_FLAGS, dir_fd, rel)
+                os.close(dir_fd)
+                dir_fd = nxt
+            os.unlink(parts[-1], dir_fd=dir_fd)  # a final symlink is removed, not followed
+        finally:
+            os.close(dir_fd)
+
     def close(self, fd: int) -> None:
         os.close(fd)
 
@@ -395,7 +413,10 @@ class PosixFS(Filesystem):
         mv = memoryview(buffer).cast("B")
         got = 0
         while got < len(mv):
-            n = os.preadv(fd, [mv[got:]], offset + got)
+            try:
+                n = os.preadv(fd, [mv[got:]], offset + got)
+            except IsADirectoryError:  # (preadv's error names no path)
+                raise not_a_file(fd) from None
             if n == 0:
                 break
             got += n
@@ -514,14 +535,18 @@ def _kind(mode: int) -> str:
 
 
 def _to_stat(st: os.stat_result) -> FileStat:
-    return FileStat(
-        size=st.st_size,
-        inode=st.st_ino,
-        is_dir=stat.S_ISDIR(st.st_mode),
-        is_symlink=stat.S_ISLNK(st.st_mode),
-        mtime_ns=st.st_mtime_ns,
-        nlink=st.st_nlink,
-    )
+    return FileStat(size=st.st_size, inode=st.st_ino, is_dir=stat.S_ISDIR(st.st_mode),
+                    is_symlink=stat.S_ISLNK(st.st_mode), mtime_ns=st.st_mtime_ns,
+                    nlink=st.st_nlink)
+
+
+def not_a_file(fd: int, path: str | None = None) -> IsADirectoryError:
+    """Reading the directory open as ``fd`` as a file: the error naming it (``path``, else
+    the descriptor's path, known on Linux), never a bare EISDIR naming nothing."""
+    with contextlib.suppress(OSError):
+        path = path or os.readlink(f"/proc/self/fd/{fd}")
+    return IsADirectoryError(errno.EISDIR, f"{path or f'<fd {fd}>'} is a directory where a "
+                             "file belongs: remove it or give the file's path", path)
 
 
 _loadavg_fd: int | None = None  # /proc/loadavg, opened once
