@@ -55,7 +55,7 @@ from typing import Any
 
 import numpy as np
 
-from fault_injection.fuzz import _REPO, _Proc, _stop_all
+from fault_injection.procs import REPO, Proc, stop_all
 from fault_injection.rollout_fuzz import _AckLog, _read_log
 from straw import SharedFilesystemStore
 
@@ -256,7 +256,7 @@ def run_job(base: str, *, seconds: float, seed: int = 0, mount: str | None = Non
         return _argv(role, root, save, logdir, "--gen", str(gen), "--seed", str(seed), *ctl)
 
     starts = 0
-    proc = _Proc("job", argv("job"), logdir)
+    proc = Proc("job", argv("job"), logdir)
     # warm-up: the kills start once the job checkpointed (start-up is slow on a busy
     # machine; a run of a few seconds must still resume), at most 60 s
     _wait_for(logpath, "saved", 1, time.monotonic() + 60)
@@ -283,9 +283,9 @@ def run_job(base: str, *, seconds: float, seed: int = 0, mount: str | None = Non
             starts = sum(e["ev"] == "start" for e in _read_log(logpath))
             proc.start()
     finally:
-        out.violations += _stop_all([proc])
+        out.violations += stop_all([proc])
     gen += 1
-    drain = _Proc("drain", [*argv("job"), "--drain"], logdir)
+    drain = Proc("drain", [*argv("job"), "--drain"], logdir)
     assert drain.p is not None
     try:
         rc = drain.p.wait(timeout=120)
@@ -369,7 +369,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--dir", default=None)
     args = ap.parse_args(argv)
-    sys.path.insert(0, _REPO)
+    sys.path.insert(0, REPO)
     if args.role == "job":
         return job_main(args.root, args.save, args.logdir, args.gen, args.seed, args.control,
                         args.drain)

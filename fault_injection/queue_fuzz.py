@@ -55,13 +55,13 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Client, Connection, Listener
 from typing import Any
 
-from fault_injection.fuzz import (
-    _logged_violations,
-    _orphaned,
-    _Proc,
-    _report,
-    _stop_all,
-    _until_unlocked,
+from fault_injection.procs import (
+    Proc,
+    logged_violations,
+    orphaned,
+    report,
+    stop_all,
+    until_unlocked,
 )
 from straw import Record, RecordSetRef, SharedFilesystemStore
 from straw.coordinator import Coordinator
@@ -74,7 +74,7 @@ QUEUE = "fuzzq"
 LEASE_SECONDS = 2.0
 REFUSALS = {"IndeterminateCommit", "Fenced"}
 EXPECTED = REFUSALS | {"StaleAttempt", "LeaseExpired"}
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def payload(sid: str) -> bytes:
@@ -85,13 +85,13 @@ def payload(sid: str) -> bytes:
 def _open_store(root: str, writer_id: str, run: str = RUN) -> SharedFilesystemStore:
     store = SharedFilesystemStore(root, run, writer_id=writer_id, reserve_bytes=1 << 20,
                                   segment_target_bytes=8 << 20)
-    _until_unlocked(lambda: store.lookup_submission("-"))  # takes the writer lock
+    until_unlocked(lambda: store.lookup_submission("-"))  # takes the writer lock
     return store
 
 
 def _open_coordinator(store: SharedFilesystemStore, *, recover: bool,
                       takeover: bool = False) -> Coordinator:
-    return _until_unlocked(lambda: Coordinator(
+    return until_unlocked(lambda: Coordinator(
         store, queue_id=QUEUE, recover=recover, takeover=takeover,
         lease_seconds=LEASE_SECONDS, snapshot_every=64))
 
@@ -104,7 +104,7 @@ def _exit(_sig: int, _frame: object) -> None:
 
 def _watchdog() -> None:
     """The supervisor is gone: exit instead of serving forever."""
-    while not _orphaned():
+    while not orphaned():
         time.sleep(0.5)
     os._exit(0)
 
@@ -171,7 +171,7 @@ def _coordinator(root: str, logdir: str, gen: int, takeover: bool, run: str = RU
     except SystemExit:
         pass
     except Exception:
-        _report(logdir, f"coord{gen}", "coordinator raised:\n" + traceback.format_exc())
+        report(logdir, f"coord{gen}", "coordinator raised:\n" + traceback.format_exc())
         return 2
     finally:
         if q is not None:
@@ -212,7 +212,7 @@ class _Conn:
                     return conn
                 except OSError:
                     pass
-            if time.monotonic() > deadline or _stop or _orphaned():
+            if time.monotonic() > deadline or _stop or orphaned():
                 raise _Lost("no coordinator to connect to")
             time.sleep(0.05)
 
@@ -254,7 +254,7 @@ def worker_main(root: str, acks: str, logdir: str, worker_id: str, seed: int,
     retry: dict[str, Any] | None = None  # a completion whose outcome is unknown
     n_sub = 0
     try:
-        while not _stop and not _orphaned():
+        while not _stop and not orphaned():
             try:
                 if retry is not None:
                     done = _complete(c, log, logdir, worker_id, retry)
@@ -302,7 +302,7 @@ def worker_main(root: str, acks: str, logdir: str, worker_id: str, seed: int,
             except _Lost:
                 time.sleep(0.02)
     except Exception:
-        _report(logdir, worker_id, "worker raised:\n" + traceback.format_exc())
+        report(logdir, worker_id, "worker raised:\n" + traceback.format_exc())
         return 2
     finally:
         c.drop()
@@ -318,7 +318,7 @@ def _refused(c: _Conn, log: AckLog, logdir: str, worker_id: str, rep: tuple[Any,
         c.drop()  # the coordinator is shutting down (SIGTERM): go to the next one
         return
     if kind not in EXPECTED:
-        _report(logdir, worker_id, f"{what}: unexpected {kind}: {msg}")
+        report(logdir, worker_id, f"{what}: unexpected {kind}: {msg}")
     if kind in REFUSALS:
         log.append({"kind": "refused", "what": what, "error": kind, "epoch": rep[3],
                     "gen": c.gen})
@@ -342,7 +342,7 @@ def _complete(c: _Conn, log: AckLog, logdir: str, worker_id: str,
                     "receipt_epoch": int(job["lease"].coordinator_epoch),
                     "t_send": t_send, "t_ack": time.time(), "gen": c.gen})
         if (rc.task_id, rc.result_ref) != (job["lease"].task_id, job["ref"]):
-            _report(logdir, worker_id, f"receipt {rc} does not match {job['sid']}")
+            report(logdir, worker_id, f"receipt {rc} does not match {job['sid']}")
         return True
     _refused(c, log, logdir, worker_id, rep, "complete")
     return rep[1] != "IndeterminateCommit"
@@ -425,7 +425,7 @@ def run_queue(base: str, *, seconds: float, n_workers: int, seed: int,
     gen = 0
 
     def start_coord(g: int, takeover: bool) -> Any:
-        return _Proc(f"coord{g}", _argv("coordinator", "--root", roots[g % 2], "--logdir",
+        return Proc(f"coord{g}", _argv("coordinator", "--root", roots[g % 2], "--logdir",
                                         logdir, "--run", run,
                                         "--gen", str(g),
                                         *(("--takeover",) if takeover else ()),
@@ -436,7 +436,7 @@ def run_queue(base: str, *, seconds: float, n_workers: int, seed: int,
         s.violations.append(f"the first coordinator did not start:\n{coord.tail()}")
     names = [f"qw{i}" for i in range(n_workers)]
     workers: dict[str, Any] = {
-        w: _Proc(w, _argv("worker", "--root", root, "--acks", acks, "--logdir", logdir,
+        w: Proc(w, _argv("worker", "--root", root, "--acks", acks, "--logdir", logdir,
                           "--worker-id", w, "--seed", str(seed), "--run", run), logdir)
         for w in names}
     old_coords: list[Any] = []
@@ -506,8 +506,8 @@ def run_queue(base: str, *, seconds: float, n_workers: int, seed: int,
                 old.p.wait()
                 old_coords.append(old)
     finally:
-        s.violations += _stop_all([*workers.values(), coord])
-    s.violations += _logged_violations(logdir)
+        s.violations += stop_all([*workers.values(), coord])
+    s.violations += logged_violations(logdir)
     if before_check is not None:
         before_check()
     check_queue(roots[1], acks, logdir, names, s, run=run)

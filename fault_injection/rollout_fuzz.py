@@ -53,7 +53,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from fault_injection.fuzz import _REPO, _Proc, _stop_all
+from fault_injection.procs import REPO, Proc, stop_all
 from straw import (
     Coordinator,
     IndeterminateCommit,
@@ -218,7 +218,7 @@ def _generate(client: Any, log: _AckLog, r: random.Random, logdir: str, name: st
             tid = f"prompt:{g.group_index}"
             bad = _check_content(g)
             if bad:
-                _report(logdir, name, f"took {tid} with a wrong content: {bad}")
+                report(logdir, name, f"took {tid} with a wrong content: {bad}")
             if control == "rollout-restart-partial":
                 g = restart(g)  # the planted bug: partial work thrown away
             log.write(ev="take", task=tid, gen=gens[tid], progress=_progress(g))
@@ -249,7 +249,7 @@ def _generate(client: Any, log: _AckLog, r: random.Random, logdir: str, name: st
             work = rest
 
 
-def _report(logdir: str, who: str, message: str) -> None:
+def report(logdir: str, who: str, message: str) -> None:
     _AckLog(os.path.join(logdir, "violations")).write(who=who, message=message)
 
 
@@ -283,7 +283,7 @@ def trainer_main(root: str, logdir: str, gen: int, seed: int, control: str | Non
                     tokens = [int(t) for t in s["tokens"]]
                     if s["response_length"] != TARGET or tokens[-TARGET:] != [
                             _token(tokens, j) for j in range(TARGET)]:
-                        _report(logdir, "trainer", f"batch {refs[0].batch_id} trains sample "
+                        report(logdir, "trainer", f"batch {refs[0].batch_id} trains sample "
                                 f"{s['group_index']}/{s['index']} with tokens {tokens}")
                 log.write(ev="training", batch=refs[0].batch_id, rollout=rollout, tasks=tasks)
                 time.sleep(r.uniform(0.2, 0.6))  # "training"
@@ -331,15 +331,15 @@ def run_rollout(base: str, *, seconds: float, n_generators: int = 3, seed: int =
     r = random.Random(seed)
     gens = {"controller": 0, "trainer": 0}
     ctl_args = lambda: _argv("controller", roots[0], logdir, "--gen", str(gens["controller"]))  # noqa: E731
-    procs = {"controller": _Proc("controller", ctl_args(), logdir)}
+    procs = {"controller": Proc("controller", ctl_args(), logdir)}
     _url(logdir)  # the queue exists before anyone else opens it
     names = [f"gen{i}" for i in range(n_generators)]
     for i, n in enumerate(names):
         gens[n] = 0
-        procs[n] = _Proc(n, _argv("generation", roots[i % 2], logdir, "--name", n,
+        procs[n] = Proc(n, _argv("generation", roots[i % 2], logdir, "--name", n,
                                   "--gen", "0", "--seed", str(seed),
                                   *(("--control", control) if control else ())), logdir)
-    procs["trainer"] = _Proc("trainer", _argv("trainer", roots[0], logdir, "--gen", "0",
+    procs["trainer"] = Proc("trainer", _argv("trainer", roots[0], logdir, "--gen", "0",
                                               "--seed", str(seed),
                                               *(("--control", control) if control else ())),
                              logdir)
@@ -385,7 +385,7 @@ def run_rollout(base: str, *, seconds: float, n_generators: int = 3, seed: int =
     finally:
         # clients first: a controller stopped first would leave them retrying
         stopping = [procs[n] for n in [*names, "trainer", "controller"]]
-        out.violations += _stop_all(stopping)
+        out.violations += stop_all(stopping)
     out.violations += check(roots[0], logdir, names, out)
     return out
 
@@ -545,7 +545,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--dir", default=None)
     args = ap.parse_args(argv)
-    sys.path.insert(0, _REPO)
+    sys.path.insert(0, REPO)
     if args.role == "controller":
         return controller_main(args.root, args.logdir, args.gen)
     if args.role == "generation":

@@ -34,8 +34,8 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from fault_injection.fuzz import Summary, run_target
 from fault_injection.queue_fuzz import QueueSummary, run_queue
+from fault_injection.store_fuzz import Summary, run_target
 from straw.catalog import Catalog
 from straw.catalog_state import run_prefix
 from straw.fs import PosixFS

@@ -32,9 +32,9 @@ OVERSIZED: dict[tuple[str, str], int] = {
     ("class", "straw.store.SharedFilesystemStore"): 1170,
     ("class", "straw.tensor.TensorRef"): 683,
     ("function", "fault_injection.campaigns.main"): 74,
-    ("function", "fault_injection.fuzz._writer_loop"): 77,
-    ("function", "fault_injection.fuzz.main"): 212,
-    ("function", "fault_injection.fuzz.run_target"): 84,
+    ("function", "fault_injection.store_fuzz._writer_loop"): 77,
+    ("function", "fault_injection.fuzz.main"): 200,
+    ("function", "fault_injection.store_fuzz.run_target"): 84,
     ("function", "fault_injection.queue_fuzz.check_queue"): 76,
     ("function", "fault_injection.queue_fuzz.run_queue"): 114,
     ("function", "fault_injection.rollout_fuzz.check"): 126,
@@ -55,7 +55,7 @@ OVERSIZED: dict[tuple[str, str], int] = {
     ("function", "straw.store.SharedFilesystemStore.__init__"): 78,
     ("function", "straw.store.SharedFilesystemStore._normalize"): 100,
     ("module", "fault_injection.checkpoint_campaign"): 790,
-    ("module", "fault_injection.fuzz"): 1049,
+    ("module", "fault_injection.store_fuzz"): 714,
     ("module", "fault_injection.queue_campaign"): 627,
     ("module", "fault_injection.queue_fuzz"): 623,
     ("module", "fault_injection.simfs"): 746,
@@ -77,10 +77,8 @@ OVERSIZED: dict[tuple[str, str], int] = {
     ("module", "straw.tensor"): 1455,
 }
 
-# today's import circles (each a sorted tuple of modules); may only go
-CIRCLES: set[tuple[str, ...]] = {
-    ('fault_injection.fuzz', 'fault_injection.job_fuzz', 'fault_injection.queue_fuzz', 'fault_injection.rollout_fuzz', 'fault_injection.runs_fuzz'),
-}
+# import circles (each a sorted tuple of modules) still to break: none left; may only go
+CIRCLES: set[tuple[str, ...]] = set()
 ROLLOUT_EXPORTS = 61
 TORCH_MODULES = {"straw.tensor", "straw.rollout.archive_pt"}  # lazily, where it is needed
 
