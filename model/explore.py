@@ -13,9 +13,10 @@ L's fair set keep being taken while enabled (weak fairness); faults, producers a
 are not assumed to happen.
 
 Two machines are explored: the queue protocol (`spec/actions.py`: publication, retention, GC,
-queue, leases, coordinators) and the rollout layer above it (`spec/rollout.py`, RL1-RL9:
-admission, generation, batches, and checkpoints, forks and salvage); each brings its own
-configurations, invariants and mutants (`Machine`).
+queue, leases, coordinators) and the rollout layer above it (`spec/rollout.py`, RL1-RL12:
+admission, generation, batches, checkpoints, forks and salvage, the resume's selection, and
+the environment mix's progress); each brings its own configurations, invariants, liveness
+properties and mutants (`Machine`).
 
 Usage:
     python -m model.explore [--machine queue|rollout|all] [--config small|full] [--mutants]
@@ -118,9 +119,9 @@ class Machine:
 QUEUE = Machine("queue", CONFIGS, CONFIG_SETS, initial_state, successors, check_state, check_step,
                 LIVENESS, CORRECT, mutant, MUTANT_NAMES, MUTANT_HOME, LIVENESS_MUTANTS)
 ROLLOUT = Machine("rollout", rollout.CONFIGS, rollout.CONFIG_SETS, rollout.initial_state,
-                  rollout.successors, rollout.check_state, rollout.check_step, (),
-                  rollout.CORRECT, rollout.mutant, rollout.MUTANT_NAMES, rollout.MUTANT_HOME,
-                  frozenset())
+                  rollout.successors, rollout.check_state, rollout.check_step,
+                  rollout.LIVENESS, rollout.CORRECT, rollout.mutant, rollout.MUTANT_NAMES,
+                  rollout.MUTANT_HOME, rollout.LIVENESS_MUTANTS)
 MACHINES: dict[str, Machine] = {m.name: m for m in (QUEUE, ROLLOUT)}
 
 
@@ -252,12 +253,17 @@ def hunt_mutant(name: str, config_names: Sequence[str], *, machine: Machine = QU
                 ) -> tuple[str, Result | None]:
     """Search for a counterexample of mutant `name`: the small bounds first (a counterexample
     there is one of the protocol, and it is cheaper), then the requested configurations; within
-    each group the mutant's home family first. The first counterexample wins."""
+    each group the mutant's home (a configuration, or a family of them) first. The first
+    counterexample wins."""
     home = machine.mutant_home.get(name, "")
+
+    def away(c: str) -> bool:
+        return home not in (c, _family(c))
+
     small = list(machine.config_sets["small"])
     rest = [c for c in config_names if c not in small]
-    ordered = sorted(small, key=lambda c: _family(c) != home)
-    ordered += sorted(rest, key=lambda c: _family(c) != home)
+    ordered = sorted(small, key=away)
+    ordered += sorted(rest, key=away)
     last: Result | None = None
     for cname in ordered:
         res = explore(machine.configs[cname], machine.mutant(name), machine=machine)

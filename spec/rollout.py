@@ -26,11 +26,17 @@ and the rollout layer's own choices are what is explored:
 * after a **crash of the whole job** (volatile state and non-durable files lost) it starts
   again as a new run in an isolated queue: a **fork** (exact restore of a committed
   checkpoint) or a **salvage** (the dead run's durable queue, its consumer rewound to its
-  latest checkpoint T, every accepted group not trained by T restored).
+  latest checkpoint T, every accepted group not trained by T restored); which one, and
+  from which step, is **resolution**'s choice (`straw/rollout/resolve.py`), read from the
+  commit markers, the framework's tracker and ``current.json``;
+* the **builder** may be restarted with another conversion configuration or parallel
+  layout: what its plans' digests cover;
+* with an **environment mix**, the producer admits fresh prompts only while the mix admits
+  them (``admits_fresh``: a backlog that fills its quota drains first).
 
 Faults: the controller, a worker, the builder and the trainer may crash (volatile state lost),
 a lease may expire, a reply may be lost, a refill's publication may fail, the whole job may
-crash.
+crash, the builder may be restarted with another configuration.
 
 Abstractions: a dataset position ``pos = epoch * dataset + index`` (the per-epoch shuffle is a
 bijection, so exactly-once over positions is exactly-once over indices); a group's
@@ -54,13 +60,22 @@ Invariants (ids used in SPEC.md, tests and `straw/rollout/`):
 * **RL8** salvage restores exactly the accepted-after-T, untrained-by-T set and never
   regenerates a durable group (step check).
 * **RL9** a commit marker implies every component durable.
+* **RL10** a restart resumes from a commit: the automatic resume of a crashed job starts
+  from the newest step a commit marker names (never a save interrupted before its marker,
+  whose model and tracker are on disk), and a job that committed a checkpoint never starts
+  again as a new run from dataset offset 0 (step check).
+* **RL11** a batch is bound to its plan: a planned batch is built, and a ready one is
+  handed to the trainer, only by a builder that plans it the same way (its conversion
+  configuration and parallel layout are the plan's) (step check).
+* **RL12** (liveness) a mix whose backlog is short of its quota admits fresh work: while
+  the dataset lasts, batches keep being composed and trained.
 
 Each rule has a mutant (``RolloutMutants``) that the explorer must catch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields, replace
 
 from spec.actions import Action
@@ -97,6 +112,16 @@ class RolloutConfig:
     # and how many times the crashed job may be started again by a fork or a salvage.
     checkpoints: int = 0
     restores: int = 0
+    # How many conversion configurations / parallel layouts the builder may be restarted
+    # with (a restart draws on the fault budget); 1: the builder keeps its configuration.
+    layouts: int = 1
+    # With an environment mix, the producer admits fresh prompts only while the mix admits
+    # them (RL12).  The admission rule is per environment, against its own backlog and its
+    # own quota, and a batch needs every environment's quota filled: one environment whose
+    # quota is the whole batch stands for each environment of a weighted mix (the rotation
+    # of extra groups changes a quota from batch to batch, not the rule).  False: the
+    # producer refills whenever no prompt is pending, as RL1-RL11 need no more.
+    mix: bool = False
 
     @property
     def positions(self) -> int:
@@ -120,11 +145,20 @@ CONFIGS: dict[str, RolloutConfig] = {
         # a release moves the floor), one crash of the whole job, one restore after it.
         RolloutConfig("rollout-ckpt", dataset=2, epochs=1, refill=1, workers=1, steps=2,
                       batch=1, faults=1, checkpoints=2, restores=1),
+        # RL11: two batches and two restarts of the builder: with another layout around a
+        # planned or a ready batch, and back (the remedy the refusal names).
+        RolloutConfig("rollout-layout", dataset=2, epochs=1, refill=1, workers=1, steps=2,
+                      batch=1, faults=2, layouts=2),
+        # RL12: refills smaller than the quota, so that a backlog short of it is reached
+        # with prompts left, and two batches; no faults (the liveness rule assumes none).
+        RolloutConfig("rollout-mix", dataset=4, epochs=1, refill=1, workers=2, steps=1,
+                      batch=2, faults=0, mix=True),
     )
 }
 CONFIG_SETS: dict[str, tuple[str, ...]] = {
-    "small": ("rollout-small", "rollout-ckpt"),
-    "full": ("rollout-small", "rollout-workers", "rollout-faults", "rollout-ckpt"),
+    "small": ("rollout-small", "rollout-ckpt", "rollout-layout", "rollout-mix"),
+    "full": ("rollout-small", "rollout-workers", "rollout-faults", "rollout-ckpt",
+             "rollout-layout", "rollout-mix"),
 }
 
 
@@ -178,11 +212,35 @@ class RolloutMutants:
     # RL9: the commit marker is written once every component is written, not once each is
     # durable (no fsync before the marker): a power loss leaves a marker naming lost files.
     marker_before_components_durable: bool = False
+    # RL10: the automatic resume takes a tracker that differs from current.json's for the
+    # user's edit: the framework's save of step k wrote the model and the tracker, died
+    # before the commit marker, and step k is selected with an empty queue from dataset
+    # offset 0 (no marker, no queue snapshot) instead of the newest commit.
+    resume_follows_tracker: bool = False
+    # RL10: with current.json lost, the automatic start takes the save directory for a
+    # fresh one: a new run from dataset offset 0 although a checkpoint is committed.
+    lost_current_starts_new: bool = False
+    # RL11: a ready batch is handed back as stored to a builder restarted with another
+    # conversion configuration or parallel layout (its plan digest unchecked, as a planned
+    # batch's is): the trainer gets data converted the old way.
+    ready_replay_ignores_plan: bool = False
+    # RL12: an environment admits fresh prompts only once its backlog is empty: a backlog
+    # short of its quota (quota 2, backlog 1) never fills a batch, and none is made again.
+    admits_only_empty_backlog: bool = False
 
 
 CORRECT = RolloutMutants()
 MUTANT_NAMES: tuple[str, ...] = tuple(f.name for f in fields(RolloutMutants))
-MUTANT_HOME: dict[str, str] = {name: "rollout" for name in MUTANT_NAMES}
+# Where each mutant is hunted first: a configuration family, or the one configuration whose
+# bounds enable its behaviour (the others cannot catch it, and exploring them costs).
+MUTANT_HOME: dict[str, str] = {name: "rollout" for name in MUTANT_NAMES} | {
+    "resume_follows_tracker": "rollout-ckpt",
+    "lost_current_starts_new": "rollout-ckpt",
+    "ready_replay_ignores_plan": "rollout-layout",
+    "admits_only_empty_backlog": "rollout-mix",
+}
+# Mutants only the liveness check catches (the whole graph is needed: they run first).
+LIVENESS_MUTANTS = frozenset({"admits_only_empty_backlog"})
 
 
 def mutant(name: str) -> RolloutMutants:
@@ -247,13 +305,15 @@ class Run:
     tasks: tuple[Task, ...]
     accepts: tuple[int, ...]
     plans: tuple[tuple[int, ...], ...]
+    plan_layouts: tuple[int, ...]
     hooked: tuple[tuple[tuple[int, ...], ...], ...]
     ready: int
     trained: int
     acked: int
     best: tuple[int, ...]
     base: int
-    mode: str  # how the run started: "new", "fork" (an exact restore) or "salvage"
+    mode: str  # how the run started: "new", "fork" (an exact restore) or "salvage" (or,
+    # under a mutant of RL10, "empty": a model without marker or snapshot, an empty queue)
 
 
 RUN_FIELDS = tuple(f.name for f in fields(Run))
@@ -290,6 +350,9 @@ class State:
     tasks: tuple[Task, ...] = ()
     accepts: tuple[int, ...] = ()  # per task: accepted groups recorded
     plans: tuple[tuple[int, ...], ...] = ()  # durable batch plans, in batch order
+    # per plan: the builder layout (conversion configuration, parallel layout) its digest
+    # covers, so a builder configured otherwise would plan that batch differently
+    plan_layouts: tuple[int, ...] = ()
     hooked: tuple[tuple[tuple[int, ...], ...], ...] = ()  # per batch: plans its hooks saw
     ready: int = 0  # batches [0, ready) are ready (shards published)
     trained: int = 0  # batches [0, trained) finished training (durable with the model)
@@ -314,6 +377,7 @@ class State:
     memory_cursor: int | None = None  # the controller's cursor; None until it starts
     holds: tuple[Hold | None, ...] = ()
     selection: tuple[int, ...] | None = None  # builder's in-memory selection (next batch)
+    layout: int = 0  # the builder's configuration, given when it is (re)started
     saving: int | None = None  # the trainer's save in progress (index in ckpts)
     faults: int = 0
 
@@ -350,9 +414,11 @@ def _controller(cfg: RolloutConfig, mut: RolloutMutants, s: State
         return
     r = s.refill
     if r is None:
-        # Refill only when every admitted prompt is taken or done (the queue ran dry).
+        # Refill only when every admitted prompt is taken or done (the queue ran dry), and
+        # with a mix only while it admits fresh work.
         start = s.memory_cursor
-        if start < cfg.positions and all(t.status != PENDING for t in s.tasks):
+        if (start < cfg.positions and all(t.status != PENDING for t in s.tasks)
+                and _admits_fresh(cfg, mut, s)):
             end = min(cfg.positions, start + cfg.refill)
             yield Action("controller_read", (f"{start}..{end}",), CONTROLLER), replace(
                 s, refill=Refill(start, end), memory_cursor=end)
@@ -390,6 +456,23 @@ def _controller(cfg: RolloutConfig, mut: RolloutMutants, s: State
     if s.faults < cfg.faults:
         yield Action("controller_submit", (f"{r.start}..{r.end}",), CONTROLLER, "reply lost"), \
             replace(committed, refill=replace(r, sent=True), faults=s.faults + 1)
+
+
+def _backlog(s: State) -> int:
+    """The mix's backlog: accepted groups in no plan (what the next batches take first)."""
+    taken = _planned(s)
+    return sum(1 for i, t in enumerate(s.tasks) if t.status == DONE and i not in taken)
+
+
+def _admits_fresh(cfg: RolloutConfig, mut: RolloutMutants, s: State) -> bool:
+    """Whether the environment admits fresh prompts (``EnvironmentMix.admits_fresh``): while
+    its backlog is short of max(1, its quota).  A backlog that fills the quota drains first;
+    one short of it can only be completed by fresh groups."""
+    if not cfg.mix:
+        return True
+    if mut.admits_only_empty_backlog:
+        return _backlog(s) == 0
+    return _backlog(s) < max(1, cfg.batch)
 
 
 def _workers(cfg: RolloutConfig, mut: RolloutMutants, s: State) -> Iterator[tuple[Action, State]]:
@@ -455,6 +538,9 @@ def _builder(cfg: RolloutConfig, mut: RolloutMutants, s: State) -> Iterator[tupl
     if s.ready < b:
         # Continue the first durable plan that is not ready: hooks on the durable plan, then
         # shards published and the batch marked ready (one step: both come after the hooks).
+        # A builder configured otherwise would plan it differently: refused (RL11).
+        if s.plan_layouts[s.ready] != s.layout:
+            return
         plan = s.plans[s.ready]
         seen = s.hooked[s.ready]
         if plan not in seen:
@@ -479,11 +565,16 @@ def _builder(cfg: RolloutConfig, mut: RolloutMutants, s: State) -> Iterator[tupl
             s, hooked=_set(hooked, b, hooked[b] + (s.selection,)))
     hooked = s.hooked if len(s.hooked) > b else s.hooked + ((),)
     yield Action("builder_plan", (f"b{b}",), BUILDER), replace(
-        s, plans=s.plans + (s.selection,), hooked=hooked, selection=None)
+        s, plans=s.plans + (s.selection,), plan_layouts=s.plan_layouts + (s.layout,),
+        hooked=hooked, selection=None)
 
 
 def _trainer(cfg: RolloutConfig, mut: RolloutMutants, s: State) -> Iterator[tuple[Action, State]]:
-    if s.trained < s.ready and s.saving is None:  # a save runs between training steps
+    # A save runs between training steps.  The trainer gets the batch from the builder's
+    # replay of the ready batch, which a builder configured otherwise refuses (RL11).
+    bound = mut.ready_replay_ignores_plan or (
+        s.trained < s.ready and s.plan_layouts[s.trained] == s.layout)
+    if s.trained < s.ready and s.saving is None and bound:
         yield Action("trainer_finish", (f"b{s.trained}",), TRAINER), replace(
             s, trained=s.trained + 1)
     limit = s.ready if mut.ack_before_training else s.trained
@@ -519,6 +610,12 @@ def _faults(cfg: RolloutConfig, mut: RolloutMutants, s: State) -> Iterator[tuple
                 faults=f)
     if s.selection is not None:
         yield Action("crash_builder", (), FAULT), replace(s, selection=None, faults=f)
+    for layout in range(cfg.layouts):
+        if layout != s.layout:
+            # The operator restarts the builder with another conversion configuration or
+            # parallel layout (its selection is lost, as in a crash).
+            yield Action("builder_restart", (f"layout {layout}",), FAULT), replace(
+                s, layout=layout, selection=None, faults=f)
     if cfg.restores:
         # The whole job dies (every process, or a power loss): all volatile state is lost,
         # with the save in progress and every component file not yet durable.
@@ -572,6 +669,23 @@ def _target(cfg: RolloutConfig, s: State) -> int:
         return s.trained
     steps = [c.step for c in s.ckpts if c.run == s.run_id and c.committed and not c.released]
     return max(steps, default=s.base)
+
+
+def _tracker(s: State) -> int:
+    """The step the framework's tracker names for the active run: its newest save whose
+    model is durable (the framework writes the model, then the tracker, before the joint
+    commit marker), else the step the run started from.  ``current.json``'s tracker follows
+    the marker: it names the newest commit, so the two differ only after a save that died
+    before its marker."""
+    steps = [c.step for c in s.ckpts if c.run == s.run_id and c.components[0] == DURABLE]
+    return max(steps, default=s.base)
+
+
+def _empty_run(step: int, mode: str) -> Run:
+    """A run with an empty queue from dataset offset 0, its model at `step` (what a start
+    from a model without marker or queue snapshot, or a new run, holds)."""
+    return Run(cursor=0, tasks=(), accepts=(), plans=(), plan_layouts=(), hooked=(), ready=0,
+               trained=0, acked=0, best=(), base=step, mode=mode)
 
 
 def _floor(cfg: RolloutConfig, s: State, r: int, run: Run) -> int:
@@ -659,9 +773,10 @@ def _checkpointer(cfg: RolloutConfig, mut: RolloutMutants, s: State
             yield Action("ckpt_write", (c.name, component), TRAINER), replace(
                 s, ckpts=_set(s.ckpts, n, replace(c, components=_set(c.components, j, state))))
             return
-    # The commit marker last (RL9); the tracker and current.json follow it (resolution
-    # reads markers: a tracker newer than the last marker is ignored), so they are not
-    # steps of their own here.
+    # The commit marker last (RL9).  The framework's own save writes its tracker with the
+    # model component, before the marker (`_tracker`); straw's trackers and current.json
+    # follow the marker.  Resolution reads markers (RL10: a tracker newer than the newest
+    # marker is not followed), so the trackers are not steps of their own here.
     yield Action("ckpt_commit", (c.name,), TRAINER), replace(
         s, ckpts=_set(s.ckpts, n, replace(c, committed=True)), saving=None)
 
@@ -704,10 +819,25 @@ def _restores(cfg: RolloutConfig, mut: RolloutMutants, s: State
             # consumer starts at k; the source's later samples are not read.
             yield Action("fork", (c.name,), CONTROLLER), _start(
                 s, past, replace(c.snap, acked=c.step, base=c.step, mode="fork"))
+    if mut.lost_current_starts_new:
+        # current.json lost (one step with the start that finds it missing): the save
+        # directory is taken for a fresh one.  With a commit present the automatic start
+        # is refused instead, and the operator resumes explicitly: a fork or a salvage.
+        yield Action("restart_new", ("current.json lost",), CONTROLLER), _start(
+            s, s.past + (dead,), _empty_run(0, "new"))
     # Salvage from step T: the dead queue's durable state (leases returned) in a new queue:
     # every accepted group kept, the batches planned after T replayed as planned, the
     # consumer rewound to T (the dead run's acknowledgements after T are not carried).
+    # Resolution takes T from the commit markers: a tracker newer than the newest marker is
+    # the framework's write of a save that died before its marker, never followed (RL10).
     step = _target(cfg, s)
+    tracker = _tracker(s)
+    if mut.resume_follows_tracker and cfg.checkpoints and tracker != step:
+        # the tracker taken for the user's edit: its step has a model, no marker and no
+        # queue snapshot, so the run starts empty from dataset offset 0
+        yield Action("restart_empty", (f"r{s.run_id}.k{tracker}",), CONTROLLER), _start(
+            s, s.past + (dead,), _empty_run(tracker, "empty"))
+        return
     consumed = step
     if mut.salvage_boundary_inclusive:
         consumed = min(step + 1, len(dead.plans))
@@ -880,6 +1010,58 @@ def rl9_marker_implies_components(cfg: RolloutConfig, s: State) -> str | None:
     return None
 
 
+def rl10_restart_resumes_a_commit(cfg: RolloutConfig, s: State, a: Action, s2: State
+                                  ) -> str | None:
+    """RL10 (step): a restart resumes from a commit.  A fork starts from the committed
+    checkpoint it names; the automatic resume of the crashed run from the newest step a
+    commit marker names for it (the step it started from, if it committed none), never from
+    a save that died before its marker, though its model and tracker are on disk; and once
+    the job has committed a checkpoint it never starts again as a new run (an empty queue
+    from dataset offset 0: every resume silently lost)."""
+    if not s.down or s2.down:
+        return None  # (not a restart)
+    if a.name == "fork":
+        c = next(c for c in s.ckpts if c.name == a.args[0])
+        if not c.committed:
+            return f"the fork restores {c.name}, which has no commit marker"
+        if s2.base != c.step:
+            return f"the fork of {c.name} starts from step {s2.base}"
+        return None
+    committed = [c for c in s.ckpts if c.committed]
+    if s2.mode == "new":
+        if committed:
+            return (f"the job started again as a new run from dataset offset 0, but "
+                    f"checkpoint {committed[-1].name} is committed")
+        return None
+    own = [c.step for c in committed if c.run == s.run_id]
+    newest = max(own, default=s.base)
+    if s2.base != newest:
+        commit = (f"its newest commit is step {newest}" if own
+                  else f"it committed none and started from step {newest}")
+        return (f"{a.name} resumes run r{s.run_id} from step {s2.base}, whose save has no "
+                f"commit marker: {commit}")
+    return None
+
+
+def rl11_batch_bound_to_plan(cfg: RolloutConfig, s: State, a: Action, s2: State
+                             ) -> str | None:
+    """RL11 (step): a batch is bound to its plan.  The hooks and the shards of a planned
+    batch are made, and a ready batch is handed to the trainer, only by a builder whose
+    configuration (conversion configuration, parallel layout) is the one the batch's
+    durable plan digest covers: a builder that would plan it differently is refused."""
+    if a.name == "trainer_finish":
+        b = s.trained
+    elif a.name in ("builder_hooks", "builder_ready") and s.ready < len(s.plans):
+        b = s.ready  # (hooks before the plan are RL3's)
+    else:
+        return None
+    if s.plan_layouts[b] != s.layout:
+        use = "trained" if a.name == "trainer_finish" else "built"
+        return (f"b{b} was planned under layout {s.plan_layouts[b]} but is {use} from a "
+                f"builder configured with layout {s.layout}")
+    return None
+
+
 STATE_INVARIANTS = {
     "RL1": rl1_exactly_once_admission,
     "RL2": rl2_accepted_once_never_lost,
@@ -892,8 +1074,43 @@ STATE_INVARIANTS = {
 STEP_INVARIANTS = {
     "RL6": rl6_fork_never_changes_source,
     "RL8": rl8_salvage_restores_exactly,
+    "RL10": rl10_restart_resumes_a_commit,
+    "RL11": rl11_batch_bound_to_plan,
 }
-ALL_IDS = frozenset(STATE_INVARIANTS) | frozenset(STEP_INVARIANTS)
+
+
+@dataclass(frozen=True)
+class Liveness:
+    """From every reachable state of a configuration it applies to, some path of `fair`
+    actions reaches a `goal` state (the explorer's AG EF over the fair edges)."""
+
+    iid: str
+    description: str
+    applies: Callable[[RolloutConfig], bool]
+    goal: Callable[[RolloutConfig, State], bool]
+    fair: Callable[[Action], bool]
+
+
+def _drained(cfg: RolloutConfig, s: State) -> bool:
+    """RL12's goal: the dataset admitted in full and generated, and every batch the mix can
+    compose made and trained (what still waits is short of a quota)."""
+    return (s.cursor == cfg.positions and all(t.status == DONE for t in s.tasks)
+            and _backlog(s) < cfg.batch and s.trained == len(s.plans))
+
+
+def _fair(a: Action) -> bool:
+    """The actors keep working (controller, workers, builder, trainer); no fault (a crash,
+    an expiry, a builder restarted with another layout) and no lost reply is assumed."""
+    return a.kind != FAULT and a.reply != "reply lost"
+
+
+LIVENESS: tuple[Liveness, ...] = (
+    Liveness("RL12", "the dataset is admitted and every batch the mix can compose is "
+             "trained (a backlog short of its quota admits fresh work)",
+             lambda cfg: cfg.mix, _drained, _fair),
+)
+ALL_IDS = (frozenset(STATE_INVARIANTS) | frozenset(STEP_INVARIANTS)
+           | frozenset(li.iid for li in LIVENESS))
 
 
 def check_state(cfg: RolloutConfig, s: State) -> tuple[str, str] | None:
@@ -907,7 +1124,8 @@ def check_state(cfg: RolloutConfig, s: State) -> tuple[str, str] | None:
 
 
 def check_step(cfg: RolloutConfig, s: State, a: Action, s2: State) -> tuple[str, str] | None:
-    """RL6 and RL8 compare a step's two sides (history variables carry the rest)."""
+    """RL6, RL8, RL10 and RL11 compare a step's two sides (history variables carry the
+    rest)."""
     for iid, check in STEP_INVARIANTS.items():
         msg = check(cfg, s, a, s2)
         if msg is not None:
