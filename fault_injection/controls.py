@@ -53,6 +53,7 @@ from typing import Any
 from fault_injection.journal_campaign import JOURNAL_CONTROLS
 from straw import catalog, framing, pack, recovery, writer
 from straw.catalog import Catalog
+from straw.catalog_read import decode_ops
 from straw.catalog_state import LEGACY_RUN, CatalogState
 from straw.errors import CorruptData
 
@@ -238,7 +239,7 @@ def _follow_unlisted_view() -> contextlib.AbstractContextManager[None]:
         scan = framing.scan_frames(lambda o, n: data[o:o + n], len(data))
         first = scan.frames[0]
         frame = data[:first.header.frame_length]
-        ops = catalog._decode_ops(first.body, "catalog")
+        ops = decode_ops(first.body, "catalog")
         if len(scan.frames) < 2 or ops[0].get("op") != "base":
             return False
         for op in ops[1:]:

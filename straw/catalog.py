@@ -186,13 +186,20 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgpack
-import xxhash
 
 from . import framing
+from .catalog_read import (
+    CATALOG_NAME,
+    decode_ops,
+    frame_tag,
+    load_snapshot,
+    read_state,
+    read_to_clean_end,
+    state_upto,
+)
 from .catalog_snapshot import (
     HEAD_NAME,
     SNAP_PREFIX,
-    decode_state,
     digest,
     encode_state,
     snapshot_gen,
@@ -222,7 +229,6 @@ from .process import ProcessBound, close_quietly
 from .refs import pack_path_run
 from .siblings import Siblings
 
-CATALOG_NAME = "CATALOG"
 # compaction (CS1): a snapshot is written once the suffix (the bytes after the base frame)
 # exceeds both this and the last snapshot's size / COMPACT_RATIO, so that an open replays at
 # most about that much on top of decoding the snapshot
@@ -233,9 +239,6 @@ COMPACT_RATIO = 16
 _MAX_FOLLOW_VIEWS = 4096
 RESERVE_STEP = 256 << 10  # the reservation grows in these steps
 RESERVE_FLOOR = 64 << 10  # reserved bytes past the data that only freeing appends may use
-_CLEAN_RUN = 8 << 10  # this many zero bytes after the frames: the clean end of the catalog
-_READ_CHUNK = 16 << 10  # the first read of a refresh (doubled up to _MAX_READ while data)
-_MAX_READ = 1 << 20
 _NONCE = 8  # random bytes in a confirm frame: no two confirms have the same bytes
 class Catalog(ProcessBound):
     """A client of the pool's catalog acting for run ``run_id`` (its owners, its packs'
@@ -388,7 +391,7 @@ class Catalog(ProcessBound):
             for f in new:
                 if f.header.kind != framing.KIND_CATALOG:
                     raise CorruptData(f"{self.path} offset {f.offset}: not a catalog frame")
-                last_ops = ops = _decode_ops(f.body, f"{self.path} offset {f.offset}")
+                last_ops = ops = decode_ops(f.body, f"{self.path} offset {f.offset}")
                 if f.offset == 0:
                     ops = self._read_base(data[:f.header.frame_length], ops)
                 for op in ops:
@@ -455,14 +458,14 @@ class Catalog(ProcessBound):
             return False  # no frame after the base (its confirm): the full path confirms
         first = scan.frames[0]
         frame = data[:first.header.frame_length]
-        ops = _decode_ops(first.body, f"{self.path} offset 0")
+        ops = decode_ops(first.body, f"{self.path} offset 0")
         base = ops[0] if ops and isinstance(ops[0], dict) else {}
         follow = base.get("follow")
         if base.get("op") != "base" or not isinstance(follow, dict) \
-                or follow.get("head") != _frame_tag(self._head) \
+                or follow.get("head") != frame_tag(self._head) \
                 or not isinstance(base.get("bytes"), int) or not isinstance(base.get("gen"), int):
             return False
-        mine = [self._offset, _frame_tag(self._tail)]
+        mine = [self._offset, frame_tag(self._tail)]
         skip = next((v[1] for v in follow.get("views", ())
                      if isinstance(v, list) and len(v) == 3 and [v[0], v[2]] == mine), None)
         if not isinstance(skip, int) or not 0 <= skip <= len(ops) - 1:
@@ -483,7 +486,7 @@ class Catalog(ProcessBound):
         self._head, self._base_end = frame, len(frame)
         if not ops or ops[0].get("op") != "base":
             return ops
-        self.state, self._gen, self._snap_bytes = _load_snapshot(self.fs, self.root, ops[0])
+        self.state, self._gen, self._snap_bytes = load_snapshot(self.fs, self.root, ops[0])
         return ops[1:]
 
     def _check_really_new(self) -> None:
@@ -519,7 +522,7 @@ class Catalog(ProcessBound):
             raise CorruptData(f"{os.path.join(self.root, HEAD_NAME)}: damaged copy of the "
                               f"catalog's base frame ({e}); restore the pool from a backup"
                               ) from None
-        ops = _decode_ops(bytes(body), HEAD_NAME)
+        ops = decode_ops(bytes(body), HEAD_NAME)
         if not ops or ops[0].get("op") != "base":
             raise CorruptData(f"{HEAD_NAME}: not a catalog base frame")
         if load:
@@ -714,7 +717,7 @@ class Catalog(ProcessBound):
         """Steps 1 and 2 of ``compact``: the snapshot file, durable, named by nothing yet."""
         with self.locked():
             head, x, gen, x_tail = self._head, self._offset, self._gen, self._tail
-        state = _state_upto(self.fs, self.root, head, x)
+        state = state_upto(self.fs, self.root, head, x)
         if state is None:
             self.compactions["skipped"] += 1
             return None
@@ -763,19 +766,19 @@ class Catalog(ProcessBound):
             # CS2: the views of the old catalog a client may follow this base from: each
             # frame end from x on, with the operations of the suffix before it and a
             # digest of the frame that ends there
-            views = [[x, 0, _frame_tag(job.x_tail)]]
+            views = [[x, 0, frame_tag(job.x_tail)]]
             if self._offset > x:
                 tail = self.fs.read_to_end(fd, x, self._offset - x)
                 scan = framing.scan_frames(lambda o, n: tail[o - x:o - x + n], self._offset,
                                            start=x)
                 for f in scan.frames:
-                    suffix += _decode_ops(f.body, f"{self.path} offset {f.offset}")
+                    suffix += decode_ops(f.body, f"{self.path} offset {f.offset}")
                     end = f.offset + f.header.frame_length
-                    views.append([end, len(suffix), _frame_tag(tail[f.offset - x:end - x])])
+                    views.append([end, len(suffix), frame_tag(tail[f.offset - x:end - x])])
             base: dict[str, Any] = {"op": "base", "gen": gen, "snap": name,
                                     "digest": digest(data), "bytes": len(data)}
             if len(views) <= _MAX_FOLLOW_VIEWS:
-                base["follow"] = {"head": _frame_tag(job.head), "views": views}
+                base["follow"] = {"head": frame_tag(job.head), "views": views}
             body = msgpack.packb({"v": CATALOG_VERSION, "ops": [base, *suffix]},
                                  use_bin_type=True)
             head = framing.encode_frame(framing.KIND_CATALOG, body, group_start=0)
@@ -920,7 +923,7 @@ class Catalog(ProcessBound):
                 break
             if f.header.kind != framing.KIND_CATALOG:
                 raise CorruptData(f"{self.path} offset {f.offset}: not a catalog frame")
-            absorbed += _decode_ops(f.body, f"{self.path} offset {f.offset}")
+            absorbed += decode_ops(f.body, f"{self.path} offset {f.offset}")
             end = f.offset + f.header.frame_length
             filler = _filler(at, end - at, [*absorbed, repaired])
         if filler is None:
@@ -1342,148 +1345,6 @@ def _filler(at: int, length: int, ops: list[dict[str, Any]]) -> bytes | None:
             if framing.HEADER_SIZE + len(body) == length:
                 return framing.encode_frame(framing.KIND_CATALOG, body, group_start=at)
     return None
-
-
-def read_to_clean_end(fs: Filesystem, fd: int, start: int) -> bytes:
-    """The catalog from ``start`` up to its clean end: read in growing chunks until a
-    short read (end of file; a size cached by another client may be stale, so the size is
-    never trusted) or until the data read ends in ``_CLEAN_RUN`` zeros (the reserved
-    tail, or a file extended with zeros by anyone: memory is bounded by the data, never
-    by the file's size)."""
-    out = bytearray()
-    step = _READ_CHUNK
-    while True:
-        chunk = bytearray(step)
-        n = fs.readinto(fd, chunk, start + len(out))
-        out += memoryview(chunk)[:n]
-        if n < step or out[-_CLEAN_RUN:] == bytes(_CLEAN_RUN):
-            return bytes(out)
-        step = min(step * 2, _MAX_READ)
-
-
-def read_state(fs: Filesystem, root: str) -> CatalogState:
-    """The catalog as it is durable now, read without its lock and without writing
-    anything (operator views: ``straw inspect``, ``straw gc --dry-run``).  A torn final
-    transaction is ignored here, not cut off (only a writer under the lock cuts, D6).  A
-    compaction may run meanwhile (it deletes the snapshot this read was about to open):
-    the read is retried a few times."""
-    path = os.path.join(root, CATALOG_NAME)
-    for attempt in range(_READ_ATTEMPTS):
-        try:
-            fd = fs.open(path)
-        except FileNotFoundError:
-            return CatalogState()
-        try:
-            data = read_to_clean_end(fs, fd, 0)
-        finally:
-            fs.close(fd)
-        try:
-            state = _replay(fs, root, data, path)
-        except _SnapshotGone:
-            if attempt == _READ_ATTEMPTS - 1:
-                raise
-            continue
-        if state is not None:
-            return state
-        head = _read_head_file(fs, root)  # truncated by a compaction that died: roll on
-        if head is None:
-            return CatalogState()
-        try:
-            state = _replay(fs, root, head, os.path.join(root, HEAD_NAME))
-        except _SnapshotGone:
-            continue
-        return state or CatalogState()
-    raise CorruptData(f"catalog {path}: it kept changing while being read")
-
-
-_READ_ATTEMPTS = 5
-
-
-class _SnapshotGone(CorruptData):
-    """The snapshot a base frame names does not exist (deleted by a newer compaction
-    between reading the catalog and opening it, or lost)."""
-
-
-def _read_head_file(fs: Filesystem, root: str) -> bytes | None:
-    try:
-        return fs.read_file(os.path.join(root, HEAD_NAME))
-    except FileNotFoundError:
-        return None
-
-
-def _load_snapshot(fs: Filesystem, root: str, op: dict[str, Any]
-                   ) -> tuple[CatalogState, int, int]:
-    """The state of the snapshot a ``base`` operation names, its generation, its size."""
-    try:
-        name, gen, want = op["snap"], op["gen"], op["digest"]
-        if not isinstance(name, str) or snapshot_gen(name) != gen or "/" in name:
-            raise TypeError(name)
-    except (KeyError, TypeError):
-        raise CorruptData(f"catalog {root}: malformed base operation {op!r}") from None
-    path = os.path.join(root, name)  # a plain name in the pool root, never a path
-    try:
-        data = fs.read_file(path)
-    except FileNotFoundError:
-        raise _SnapshotGone(f"catalog {root}: the snapshot {name} its base frame names is "
-                            "missing; restore the pool from a backup") from None
-    return decode_state(data, path, gen=gen, want_digest=want), gen, len(data)
-
-
-def _replay(fs: Filesystem, root: str, data: bytes, where: str) -> CatalogState | None:
-    """The state held by catalog bytes ``data`` (a base frame loads its snapshot); None if
-    they hold no frame at all."""
-    scan = framing.scan_frames(lambda o, n: data[o:o + n], len(data))
-    if not scan.frames:
-        return None
-    state = CatalogState()
-    for f in scan.frames:
-        if f.header.kind != framing.KIND_CATALOG:
-            raise CorruptData(f"{where} offset {f.offset}: not a catalog frame")
-        ops = _decode_ops(f.body, f"{where} offset {f.offset}")
-        if f.offset == 0 and ops and ops[0].get("op") == "base":
-            state = _load_snapshot(fs, root, ops[0])[0]
-            ops = ops[1:]
-        for op in ops:
-            state.apply(op)
-    return state
-
-
-def _state_upto(fs: Filesystem, root: str, head: bytes, end: int) -> CatalogState | None:
-    """The state of the catalog's first ``end`` bytes, read without any lock (they are
-    durable and only a compaction or a repair, under the lock, changes them); None if its
-    first frame is no longer ``head`` (another client compacted meanwhile)."""
-    path = os.path.join(root, CATALOG_NAME)
-    fd = fs.open(path)
-    try:
-        data = fs.read_to_end(fd, 0, end)
-    finally:
-        fs.close(fd)
-    if len(data) < end or data[:len(head)] != head:
-        return None
-    try:
-        return _replay(fs, root, data, path) or CatalogState()
-    except _SnapshotGone:
-        return None  # a newer compaction deleted it meanwhile
-
-
-def _frame_tag(frame: bytes) -> int:
-    """A frame's identity in a base frame's follow list (CS2)."""
-    return xxhash.xxh3_64_intdigest(frame)
-
-
-def _decode_ops(body: Any, where: str) -> list[dict[str, Any]]:
-    try:
-        txn = msgpack.unpackb(body, raw=False, strict_map_key=False)
-    except Exception as e:  # msgpack raises several types
-        raise CorruptData(f"{where}: transaction does not decode: {e}") from None
-    if not isinstance(txn, dict) or not isinstance(txn.get("v"), int):
-        raise CorruptData(f"{where}: not a catalog transaction")
-    if txn["v"] > CATALOG_VERSION:
-        raise UnsupportedSchema(f"{where}: catalog format version {txn['v']}; upgrade straw")
-    ops = txn.get("ops")
-    if not isinstance(ops, list):
-        raise CorruptData(f"{where}: transaction without operations")
-    return ops
 
 
 __all__ = ["Catalog", "CatalogState", "OwnerKey", "PackInfo", "read_state"]

@@ -24,7 +24,7 @@ MODULE_LINES, CLASS_LINES, FUNCTION_LINES = 600, 500, 70
 
 # (kind, qualified name) -> lines today.  May only shrink; remove an entry once it fits.
 OVERSIZED: dict[tuple[str, str], int] = {
-    ("class", "straw.catalog.Catalog"): 1013,
+    ("class", "straw.catalog.Catalog"): 1002,
     ("class", "straw.coordinator.Coordinator"): 2333,
     ("class", "straw.journal.Journal"): 575,
     ("class", "straw.reader.ReadSession"): 975,
@@ -60,7 +60,7 @@ OVERSIZED: dict[tuple[str, str], int] = {
     ("module", "fault_injection.queue_fuzz"): 623,
     ("module", "fault_injection.simfs"): 746,
     ("module", "straw.benchmark"): 613,
-    ("module", "straw.catalog"): 1470,
+    ("module", "straw.catalog"): 1350,
     ("module", "straw.cli.demo"): 666,
     ("module", "straw.codec"): 650,
     ("module", "straw.coordinator"): 2663,
