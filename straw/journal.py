@@ -92,7 +92,9 @@ successor was durable and is gone), or a newest valid epoch older than the
 Recovery fails closed: it raises, it never cuts or deletes anything, and the message
 names the file, the offset and what to do.  A newer format
 version or an unknown record tag is ``UnsupportedSchema``.  Files are read until a short
-read (a size cached from another client may be stale).
+read (a size cached from another client may be stale), a segment only up to its clean end
+(the run of zeros after its frames: a sparse tail costs nothing), and never through a
+symbolic link (``CorruptData``; ``straw.journal_files``).
 
 Group commit.  ``commit`` (or ``enqueue`` + ``wait``) is called from many threads.
 ``enqueue`` appends the request to a pending list under the mutex and assigns its sequence
@@ -179,6 +181,7 @@ from .errors import (
     UnsupportedSchema,
 )
 from .fs import Buffer, Filesystem
+from .journal_files import Reader
 from .pack import storage_error
 from .process import OPEN_QUEUE_IN_CHILD, ProcessBound, close_quietly
 from .siblings import DEFAULT_GROUP_WAIT, Siblings
@@ -302,92 +305,8 @@ def _decode_batch(body: bytes, where: str) -> list[bytes]:
 
 # --- recovery ------------------------------------------------------------------------------
 
-_FIRST_READ = 1 << 20  # first read of a snapshot file: header, metadata, often all of it
-
-
-def _frame_length(data: bytearray) -> int:
-    """Length of the frame starting ``data`` by its header; 0 if the header does not
-    decode (whoever decodes the frame reports why)."""
-    try:
-        return framing.decode_header(data).frame_length
-    except (framing.TornFrame, StrawError):
-        return 0
-
-
-class _Reader:
-    """File reads for recovery, counted in ``stats``."""
-
-    def __init__(self, fs: Filesystem, directory: str, stats: dict[str, Any]) -> None:
-        self.fs = fs
-        self.dir = directory
-        self.stats = stats
-
-    def read(self, name: str, limit: int | None = None, *, sync: bool = False
-             ) -> bytes | None:
-        """The file's bytes (up to ``limit``), read until a short read; None if it does
-        not exist.  ``sync``: fsync the file after reading (what we act on is durable)."""
-        path = os.path.join(self.dir, name)
-        try:
-            fd = self.fs.open(path)
-        except FileNotFoundError:
-            return None
-        except OSError as e:
-            raise storage_error(e, f"cannot open journal file {path}") from e
-        try:
-            data = self.fs.read_to_end(fd, 0, limit)
-            if sync:
-                self.fs.fsync(fd)
-                self.stats["fsyncs"] += 1
-        except OSError as e:
-            raise storage_error(e, f"cannot read journal file {path}") from e
-        finally:
-            try:
-                self.fs.close(fd)
-            except OSError:
-                pass
-        self.stats["files_read"] += 1
-        self.stats["bytes_read"] += len(data)
-        return data
-
-    def read_one_frame(self, name: str) -> memoryview | None:
-        """``read`` for a file that holds one frame (a snapshot, tens of MiB), into ONE
-        buffer and without copying it: the first read shows the frame header, whose length
-        sizes the buffer for the rest, plus one byte to notice anything after the frame.
-        Still read until a short read (if the header does not decode, or more follows, the
-        buffer doubles); the caller checks the frame.  None if the file does not exist."""
-        path = os.path.join(self.dir, name)
-        try:
-            fd = self.fs.open(path)
-        except FileNotFoundError:
-            return None
-        except OSError as e:
-            raise storage_error(e, f"cannot open journal file {path}") from e
-        try:
-            buf = bytearray(_FIRST_READ)
-            n = self.fs.readinto(fd, buf, 0)
-            while n == len(buf):  # not the end yet
-                bigger = bytearray(max(_frame_length(buf) + 1, 2 * len(buf)))
-                bigger[:n] = buf
-                buf = bigger
-                n += self.fs.readinto(fd, memoryview(buf)[n:], n)
-        except OSError as e:
-            raise storage_error(e, f"cannot read journal file {path}") from e
-        finally:
-            try:
-                self.fs.close(fd)
-            except OSError:
-                pass
-        self.stats["files_read"] += 1
-        self.stats["bytes_read"] += n
-        return memoryview(buf)[:n].toreadonly()
-
-    def exists(self, name: str) -> bool:
-        """Probe by ``open`` (a fresh lookup; a listing or stat may be cached)."""
-        path = os.path.join(self.dir, name)
-        try:
-            return self.fs.probe(path)
-        except OSError as e:
-            raise storage_error(e, f"cannot open journal file {path}") from e
+class _Reader(Reader):
+    """File reads for recovery (``straw.journal_files``), and segment headers."""
 
     def header(self, name: str) -> dict[str, Any] | None:
         """The segment's header record if its first frame is valid, else None."""

@@ -41,7 +41,8 @@ from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-from . import errors
+from . import control_lane, errors
+from .control_lane import CONTROL_ROLES
 from .coordinator import DEFAULT_CONSUMER
 from .http_guard import SOCKET_TIMEOUT, GuardedHTTPServer
 from .protocol import AcquireResult, Assignment, CommitPage, CommitReceipt, Lease, TaskSpec
@@ -65,6 +66,10 @@ METHODS = frozenset({
 # Least privilege: what each role's token may call (one token for all would let any
 # worker submit a forged producer state, drain the queue, cancel or retire others).
 # ``token=`` (straw-queue's one shared token) is the operator's: every method, as there.
+# The control lane (control tasks: a batch builder's collections, its batch plans) is
+# ``CONTROL_ROLES``' alone: another role may not acquire with ``control=True``, submit a
+# control task or pass a control task's lease, and its ``task_status`` shows no lease
+# token (``straw.control_lane``: the rule and why).
 ROLE_METHODS: dict[str, frozenset[str]] = {
     "worker": frozenset({
         "acquire", "heartbeat", "release_tasks", "complete_task", "complete_and_acquire",
@@ -185,9 +190,11 @@ class ControlServer(GuardedHTTPServer):
     ``METHODS``); ``tokens`` maps roles of ``role_methods`` (``worker``, ``producer``,
     ``consumer``, ``operator``) to tokens of their own, each allowed its role's methods
     only (another method is ``PermissionError``, nothing called).  Give each process the
-    token of what it does."""
+    token of what it does.  The control lane is ``control_roles``' only (the comment of
+    ``ROLE_METHODS``): ``permit_lane`` checks a call's arguments, ``shown`` its reply."""
 
     role_methods: Mapping[str, frozenset[str]] = ROLE_METHODS
+    control_roles: frozenset[str] = CONTROL_ROLES
 
     def __init__(self, coordinator: Any, address: tuple[str, int], *,
                  token: str | None = None, tokens: Mapping[str, str] | None = None,
@@ -235,7 +242,24 @@ class ControlServer(GuardedHTTPServer):
             raise ValueError(f"unknown control operation {method!r}; the coordinator serves "
                              f"{', '.join(served)}")
         args = {k: from_wire(k, v) for k, v in request.get("args", {}).items()}
-        return to_wire(target(**args))
+        self.permit_lane(method, role, args)
+        return to_wire(self.shown(method, role, target(**args)))
+
+    def permit_lane(self, method: str, role: str, args: Mapping[str, Any]) -> None:
+        """``PermissionError`` if the call (its decoded ``args``) reaches the control lane
+        and ``role`` is not one of ``control_roles`` (``straw.control_lane``)."""
+        if role not in self.control_roles and control_lane.reaches(self.coordinator, args):
+            raise PermissionError(
+                f"the {role} token may not call {method!r} on the control lane (control "
+                "tasks are the batch builder's): use the consumer (trainer) or operator "
+                "token, or leave control tasks alone")
+
+    def shown(self, method: str, role: str, value: Any) -> Any:
+        """``value``, the reply of ``method``, as ``role`` may see it (a ``task_status``
+        lease's token hidden: ``straw.control_lane``)."""
+        if method != "task_status":
+            return value
+        return control_lane.status_shown(role, value, self.control_roles)
 
     def close(self) -> None:
         """Stop serving (from another thread than ``serve_forever``'s) and free the port."""
@@ -557,5 +581,6 @@ class RemoteCoordinator:
         return f"RemoteCoordinator({self.client.address!r}, consumer_id={self.consumer_id!r})"
 
 
-__all__ = ["ControlServer", "METHODS", "QueueClient", "RemoteCoordinator", "RemoteKeyError",
-           "RemoteTypeError", "RemoteValueError", "from_wire", "serve", "start", "to_wire"]
+__all__ = ["CONTROL_ROLES", "ControlServer", "METHODS", "QueueClient", "RemoteCoordinator",
+           "RemoteKeyError", "RemoteTypeError", "RemoteValueError", "from_wire", "serve",
+           "start", "to_wire"]

@@ -41,7 +41,9 @@ CONTROLLER_METHODS = frozenset({
 
 # who may call what here (least privilege): generation clients only the
 # controller's calls; the trainer (a BatchBuilder through RemoteCoordinator) the
-# coordinator's consumer calls; the operator everything
+# coordinator's consumer calls; the operator everything.  The control lane stays the
+# trainer's and the operator's (``straw.rpc.CONTROL_ROLES``): a generation client's
+# calls never reach a control task, and its ``task_status`` shows no lease token.
 ROLLOUT_ROLES: dict[str, frozenset[str]] = {
     "generation": CONTROLLER_METHODS,
     "consumer": ROLE_METHODS["consumer"],
@@ -78,7 +80,8 @@ class RolloutServer(ControlServer):
         if not isinstance(raw, Mapping):
             raise ValueError('an RPC request is {"method": name, "args": {keyword: value}}')
         args = {k: from_wire(k, v) for k, v in raw.items()}
-        out = getattr(self.controller, method)(**args)
+        self.permit_lane(method, role, args)
+        out = self.shown(method, role, getattr(self.controller, method)(**args))
         if method == "complete_many":
             out = _outcomes_to_wire(out)
         elif method == "complete_and_take":
