@@ -32,7 +32,8 @@ import os
 
 from fault_injection.simfs import SimClient, SimFS
 from straw.clock import Clock
-from straw.fs import DelegatingFilesystem, FileStat
+from straw.fs import FileStat
+from straw.fs_delegating import DelegatingFilesystem
 
 
 def _enoent(path: str) -> FileNotFoundError:

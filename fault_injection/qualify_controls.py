@@ -39,7 +39,8 @@ from collections.abc import Callable, Sequence
 from fault_injection.nfs import NFSClient
 from fault_injection.simfs import SimFS
 from straw.clock import ManualClock
-from straw.fs import Buffer, DelegatingFilesystem, Filesystem
+from straw.fs import Buffer, Filesystem
+from straw.fs_delegating import DelegatingFilesystem
 from straw.qualify.clauses import Client, Env
 
 DIR = "/pool"

@@ -54,7 +54,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import DeploymentMismatch, InvalidReference
-from .fs import DelegatingFilesystem, Filesystem, PosixFS
+from .fs import Filesystem, PosixFS
+from .fs_delegating import DelegatingFilesystem
 
 PROFILES = ("local", "juicefs")
 JUICEFS_FSTYPE = "fuse.juicefs"

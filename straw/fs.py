@@ -527,11 +527,9 @@ def _open_at(name: str, flags: int, dir_fd: int, rel: str) -> int:
 
 def _kind(mode: int) -> str:
     """What a non-regular file is, in words."""
-    for test, name in ((stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"),
-                       (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device")):
-        if test(mode):
-            return name
-    return "special file"
+    kinds = ((stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"),
+             (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"))
+    return next((name for test, name in kinds if test(mode)), "special file")
 
 
 def _to_stat(st: os.stat_result) -> FileStat:
@@ -541,8 +539,7 @@ def _to_stat(st: os.stat_result) -> FileStat:
 
 
 def not_a_file(fd: int, path: str | None = None) -> IsADirectoryError:
-    """Reading the directory open as ``fd`` as a file: the error naming it (``path``, else
-    the descriptor's path, known on Linux), never a bare EISDIR naming nothing."""
+    """The directory ``fd`` (at ``path``, else where Linux says) read as a file, named."""
     with contextlib.suppress(OSError):
         path = path or os.readlink(f"/proc/self/fd/{fd}")
     return IsADirectoryError(errno.EISDIR, f"{path or f'<fd {fd}>'} is a directory where a "
@@ -564,73 +561,3 @@ def runnable_threads() -> int | None:
         return int(os.pread(_loadavg_fd, 128, 0).split()[3].split(b"/")[0])
     except (OSError, IndexError, ValueError):
         return None
-
-
-class DelegatingFilesystem(Filesystem):
-    """A ``Filesystem`` that forwards everything to ``inner``; a subclass overrides what it
-    changes: a backend's sync observer (``straw.backend``), qualify's negative controls (they
-    break one operation), the NFS client model (it caches)."""
-
-    def __init__(self, inner: Filesystem) -> None:
-        self.inner = inner
-
-    def open(self, path: str, *, write: bool = False, create: bool = False,
-             exclusive: bool = False) -> int:
-        return self.inner.open(path, write=write, create=create, exclusive=exclusive)
-
-    def open_beneath(self, root: str, rel: str) -> int:
-        return self.inner.open_beneath(root, rel)
-
-    def close(self, fd: int) -> None:
-        self.inner.close(fd)
-
-    def writev(self, fd: int, buffers: Sequence[Buffer], offset: int) -> int:
-        return self.inner.writev(fd, buffers, offset)
-
-    def readinto(self, fd: int, buffer: Buffer, offset: int) -> int:
-        return self.inner.readinto(fd, buffer, offset)
-
-    def fsync(self, fd: int) -> None:
-        self.inner.fsync(fd)
-
-    def fdatasync(self, fd: int) -> None:
-        self.inner.fdatasync(fd)
-
-    def truncate(self, fd: int, size: int) -> None:
-        self.inner.truncate(fd, size)
-
-    def fstat(self, fd: int) -> FileStat:
-        return self.inner.fstat(fd)
-
-    def reserve(self, fd: int, offset: int, length: int, *, keep_size: bool = False) -> bool:
-        return self.inner.reserve(fd, offset, length, keep_size=keep_size)
-
-    def drop_cached(self, fd: int, offset: int, length: int) -> None:
-        self.inner.drop_cached(fd, offset, length)
-
-    def lock(self, fd: int, *, blocking: bool = True) -> bool:
-        return self.inner.lock(fd, blocking=blocking)
-
-    def unlock(self, fd: int) -> None:
-        self.inner.unlock(fd)
-
-    def fsync_dir(self, path: str) -> None:
-        self.inner.fsync_dir(path)
-
-    def mkdir(self, path: str) -> None:
-        self.inner.mkdir(path)
-
-    def rename(self, src: str, dst: str) -> None:
-        self.inner.rename(src, dst)
-
-    def unlink(self, path: str) -> None:
-        self.inner.unlink(path)
-
-    def stat(self, path: str) -> FileStat:
-        return self.inner.stat(path)
-
-    def listdir(self, path: str) -> list[str]:
-        return self.inner.listdir(path)
-
-    def realpath(self, path: str) -> str:
-        return self.inner.realpath(path)

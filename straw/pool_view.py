@@ -59,7 +59,7 @@ def check_pool(fs: Filesystem, root: str) -> dict[str, Any]:
     except FileNotFoundError:
         raise NotAPool(f"{root} is not a straw pool (no {MARKER} marker); give the "
                        "directory a store was opened on") from None
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested past the parser's depth
         raise NotAPool(f"{marker} is not a straw pool marker (not JSON)") from None
     if not isinstance(info, dict) or info.get("format") != "straw-pool" or \
             not isinstance(info.get("version"), int):

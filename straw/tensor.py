@@ -830,8 +830,7 @@ class TensorRef:
                 path=value["path"], shape=tuple(value["shape"]), dtype=value["dtype"],
                 nbytes=value["nbytes"], kind=value.get("kind"),
                 validated=value.get("validated", False), offset=value.get("offset", -1),
-                checksum=value.get("checksum"),
-                codecs=tuple(value.get("codecs", _DEFAULT_CODECS)),
+                checksum=value.get("checksum"), codecs=tuple(value.get("codecs", _DEFAULT_CODECS)),
                 record_ref=None if rr is None else RecordRef.from_dict(rr),
                 root=value.get("root", ""), run_id=value.get("run_id", ""),
                 blob_set=None if bs is None else RecordSetRef.from_dict(bs),
@@ -840,10 +839,11 @@ class TensorRef:
                 pool_id=value.get("pool_id"))
         except (KeyError, TypeError, ValueError):
             raise InvalidReference(f"not a TensorRef dict: {short_repr(value)}") from None
-        if (ref.dtype not in DTYPES or ref.source not in ("", *SOURCES)
-                or not isinstance(ref.chunk_bytes, int) or ref.chunk_bytes <= 0
-                or isinstance(ref.chunk_bytes, bool)
-                or not isinstance(ref.nbytes, int) or ref.nbytes < 0
+        if not isinstance(ref.dtype, str) or ref.dtype not in DTYPES:  # (a list: unhashable)
+            raise InvalidReference(f"TensorRef dict field 'dtype' is {short_repr(ref.dtype)}, "
+                                   f"not a dtype straw stores ({', '.join(DTYPES)})")
+        if (ref.source not in ("", *SOURCES) or not isinstance(ref.nbytes, int) or ref.nbytes < 0
+                or type(ref.chunk_bytes) is not int or ref.chunk_bytes <= 0
                 or any(not isinstance(d, int) or d < 0 for d in ref.shape)
                 or len(ref.shape) > MAX_DIMS
                 or not isinstance(ref.blob_ordinal, int) or ref.blob_ordinal < 0

@@ -64,7 +64,6 @@ OVERSIZED: dict[tuple[str, str], int] = {
     ("module", "straw.cli.demo"): 666,
     ("module", "straw.codec"): 650,
     ("module", "straw.coordinator"): 2663,
-    ("module", "straw.fs"): 611,
     ("module", "straw.journal"): 1324,
     ("module", "straw.queue_state"): 1089,
     ("module", "straw.reader"): 1327,

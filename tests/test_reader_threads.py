@@ -10,7 +10,8 @@ from __future__ import annotations
 import threading
 
 from straw import Record, SharedFilesystemStore
-from straw.fs import DelegatingFilesystem, PosixFS
+from straw.fs import PosixFS
+from straw.fs_delegating import DelegatingFilesystem
 
 
 class _PausingFS(DelegatingFilesystem):

@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from straw import Coordinator, Record, SharedFilesystemStore, TaskSpec
-from straw.fs import DelegatingFilesystem, PosixFS
+from straw.fs import PosixFS
+from straw.fs_delegating import DelegatingFilesystem
 
 
 class _Watch(DelegatingFilesystem):

@@ -101,8 +101,7 @@ _SAMPLE_KEY = re.compile(r"(sample|position):(0|[1-9][0-9]*)\Z")
 _EVAL = re.compile(r"eval_(0|[1-9][0-9]*)\Z")
 _ENTRY_KEYS = frozenset({"sample_key", "task_key", "group_index", "chunk", "ordinal"})
 _INDEX_KEYS = frozenset({"format", "version", "rollout_id", "evaluation", "root", "pool_id",
-                         "run_id", "manifest", "storage_owner", "chunks", "samples",
-                         "checksum"})
+                         "run_id", "manifest", "storage_owner", "chunks", "samples", "checksum"})
 
 
 def _rollout(rollout_id: object) -> tuple[int, bool]:
@@ -136,6 +135,10 @@ OWNER_PREFIX = "archive:"  # every archive's owner: archive:<rollout key>:<uuid>
 def _checksum(body: dict[str, Any]) -> str:
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON (an index holds finite numbers only)")
 
 
 def sample_key(sample: Sample, ordinal: int) -> str:
@@ -206,8 +209,7 @@ def read_chunk(store: SharedFilesystemStore, ref: RecordSetRef, where: str) -> C
         raise UnsupportedSchema(f"{where} is not a {CHUNK_SCHEMA}")
     if value.get("version") != CHUNK_VERSION:
         raise UnsupportedSchema(f"{where} is {CHUNK_SCHEMA} version "
-                                f"{value.get('version')!r}; this straw reads "
-                                f"{CHUNK_VERSION}")
+                                f"{value.get('version')!r}; this straw reads {CHUNK_VERSION}")
     samples, items = value.get("samples"), value.get("shared")
     if not isinstance(samples, list) or not isinstance(items, list):
         raise CorruptData(f"{where} lacks its samples or shared captures")
@@ -227,8 +229,7 @@ def chunk_sample(store: SharedFilesystemStore, chunk: Chunk, ordinal: int, where
                  ) -> Sample:
     """Sample ``ordinal`` of a decoded chunk, its captures lazy ``TensorRef``s."""
     if type(ordinal) is not int or not 0 <= ordinal < len(chunk.samples):
-        raise CorruptData(f"{where} holds {len(chunk.samples)} samples, not sample "
-                          f"{ordinal!r}")
+        raise CorruptData(f"{where} holds {len(chunk.samples)} samples, not sample {ordinal!r}")
     value = chunk.samples[ordinal]
     value = dict(value) if isinstance(value, dict) else value
     # shared captures resolved for the wanted sample only: one manifest read (of the
@@ -248,8 +249,7 @@ class _ChunkEncoder:
     pointers, the others stay values the sample codec stores as the chunk's tensors."""
 
     def __init__(self, store: SharedFilesystemStore, submission: str) -> None:
-        self.store = store
-        self.submission = submission
+        self.store, self.submission = store, submission
         self.deps: list[RecordSetRef] = []
         self.shared: list[list[Any]] = []  # [sample ordinal, field, dependency, ordinal]
         self.wrapped = 0
@@ -315,8 +315,7 @@ class RolloutArchive:
                 raise TypeError(f"samples[{i}] must be a straw.rollout.Sample, got "
                                 f"{type(s).__name__}")
         if store is not None and not isinstance(store, SharedFilesystemStore):
-            raise TypeError(f"store must be a SharedFilesystemStore, got "
-                            f"{type(store).__name__}")
+            raise TypeError(f"store must be a SharedFilesystemStore, got {type(store).__name__}")
         fs = store.fs if store is not None else (fs or PosixFS())
         # refused before anything is written; the exclusive create below closes the race
         if fs.probe(index_path):
@@ -405,12 +404,10 @@ class RolloutArchive:
 
     # --- opening -----------------------------------------------------------------------
     def __init__(self, path: str | os.PathLike[str], *,
-                 store: SharedFilesystemStore | None = None,
-                 fs: Filesystem | None = None) -> None:
+                 store: SharedFilesystemStore | None = None, fs: Filesystem | None = None) -> None:
         self.path = _index_path(path)
         if store is not None and not isinstance(store, SharedFilesystemStore):
-            raise TypeError(f"store must be a SharedFilesystemStore, got "
-                            f"{type(store).__name__}")
+            raise TypeError(f"store must be a SharedFilesystemStore, got {type(store).__name__}")
         self._fs = store.fs if store is not None else (fs or PosixFS())
         index = self._read_index()
         self.rollout_id: int = index["rollout_id"]
@@ -423,7 +420,10 @@ class RolloutArchive:
         self._chunks = [self._ref(c, f"chunks[{i}]") for i, c in enumerate(index["chunks"])]
         self._entries = self._check_entries(index["samples"])
         self._own = store is None
-        self._store = self._open_store(store)
+        try:
+            self._store = self._open_store(store)
+        except ValueError as e:  # a root the OS cannot name (a NUL, a lone surrogate)
+            raise self._bad(f"its pool {self.root!r} cannot be opened ({e})") from None
         try:
             self._check_manifest()
         except BaseException:
@@ -446,10 +446,12 @@ class RolloutArchive:
             raw = self._fs.read_file(self.path)
         except FileNotFoundError:
             raise FileNotFoundError(f"no rollout archive index at {self.path}") from None
-        try:
-            index = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
-            raise self._bad("it is not complete JSON (truncated?)") from None
+        try:  # no NaN or Infinity (straw writes none); RecursionError: nested too deep
+            index = json.loads(raw, parse_constant=_no_constant)
+            checksum = isinstance(index, dict) and _checksum(
+                {k: v for k, v in index.items() if k != "checksum"})
+        except (ValueError, RecursionError) as e:  # (a UnicodeDecodeError is a ValueError)
+            raise self._bad(f"it is not complete JSON (truncated?): {e}") from None
         if not isinstance(index, dict):
             raise self._bad("it is not a JSON object")
         if index.get("format") != FORMAT or index.get("version") != VERSION:
@@ -458,8 +460,7 @@ class RolloutArchive:
                                     f"{index.get('version')!r})")
         if set(index) != _INDEX_KEYS:
             raise self._bad(f"its fields are {sorted(index)}")
-        body = {k: v for k, v in index.items() if k != "checksum"}
-        if index["checksum"] != _checksum(body):
+        if index["checksum"] != checksum:
             raise self._bad("its checksum does not match its content")
         kinds = {"rollout_id": int, "evaluation": bool, "root": str, "run_id": str,
                  "storage_owner": str, "manifest": dict, "chunks": list, "samples": list}
@@ -605,8 +606,7 @@ class RolloutArchive:
     @classmethod
     def import_pt(cls, pt_path: str | os.PathLike[str], path: str | os.PathLike[str], *,
                   rollout_id: int | str | None = None,
-                  store: SharedFilesystemStore | None = None,
-                  fs: Filesystem | None = None) -> str:
+                  store: SharedFilesystemStore | None = None, fs: Filesystem | None = None) -> str:
         """Make the ``.pt`` dump at ``pt_path`` an indexed archive at ``path`` (``save``'s
         pool rules: without ``store``, the adjacent ``straw-data`` pool).  ``rollout_id``:
         the dump's own unless given.  The dump is loaded with ``weights_only`` and checked

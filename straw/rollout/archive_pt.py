@@ -61,6 +61,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from straw.checks import INT64_MAX, INT64_MIN
+from straw.codec import MAX_DEPTH
 from straw.errors import CorruptData, UnsupportedSchema
 from straw.fs import Filesystem, PosixFS
 from straw.tensor import TensorRef
@@ -251,27 +252,60 @@ def _refuse(pt_path: str, key: str, why: str, kind: type[Exception] = Unsupporte
                 f"({PT_FORMAT} version {PT_VERSION}); nothing was written")
 
 
-def _check_plain(torch: Any, value: Any, pt_path: str, key: str) -> Any:
-    """``value`` if it holds only ``PLAIN`` values (tensors made contiguous)."""
+class _Held:
+    """What the tensors of a dump checked so far hold: their elements' bytes (``dense``)
+    and the bytes of the distinct storages they view (``stored``: what the file holds)."""
+
+    def __init__(self) -> None:
+        self.dense = self.stored = 0
+        self.storages: set[int] = set()  # their data pointers
+
+
+def _check_tensor(torch: Any, value: Any, pt_path: str, key: str, held: _Held) -> Any:
+    """``value`` made contiguous if it is a dense CPU tensor of straw's dtypes whose
+    elements the file holds: materialising a dump never allocates more than its storages
+    hold, neither for one view (stride 0, overlapping strides) nor for many views of one
+    storage (each would become its own copy in the pool)."""
+    if value.layout != torch.strided or value.device.type != "cpu" \
+            or not _torch_dtype_ok(torch, value) or value.requires_grad:
+        raise _refuse(pt_path, key, f"is a {value.layout} {value.dtype} tensor "
+                      f"(requires_grad {value.requires_grad}), not a dense CPU tensor "
+                      f"of {', '.join(DTYPES)}")
+    dense = value.numel() * value.element_size()
+    storage = value.untyped_storage()
+    stored = storage.nbytes()
+    if dense > stored:
+        # a view repeating its storage: materialising it would allocate what the file
+        # never held
+        raise _refuse(pt_path, key, f"is a view of {value.numel()} elements "
+                      f"({dense} bytes) over {stored} stored bytes (repeating strides "
+                      f"{tuple(value.stride())})", CorruptData)
+    if storage.data_ptr() not in held.storages:
+        held.storages.add(storage.data_ptr())
+        held.stored += stored
+    held.dense += dense
+    if held.dense > held.stored:
+        raise _refuse(pt_path, key, f"views a storage other tensors view too: the dump's "
+                      f"tensors hold {held.dense} bytes over {held.stored} stored bytes, "
+                      "which importing would copy once per view", CorruptData)
+    return value.contiguous()
+
+
+def _check_plain(torch: Any, value: Any, pt_path: str, key: str, held: _Held,
+                 depth: int) -> Any:
+    """``value`` if it holds only ``PLAIN`` values (tensors made contiguous), in fewer
+    than ``MAX_DEPTH`` containers counted from the dump's top (``depth``: ``value``'s;
+    the sample codec stores an archived sample's fields as deep and refuses deeper)."""
     if type(value) in _SCALARS:
         return value  # (a NaN reward is refused by the sample's own validation below)
     if type(value) is torch.Tensor:
-        if value.layout != torch.strided or value.device.type != "cpu" \
-                or not _torch_dtype_ok(torch, value) or value.requires_grad:
-            raise _refuse(pt_path, key, f"is a {value.layout} {value.dtype} tensor "
-                          f"(requires_grad {value.requires_grad}), not a dense CPU tensor "
-                          f"of {', '.join(DTYPES)}")
-        dense = value.numel() * value.element_size()
-        stored = value.untyped_storage().nbytes()
-        if dense > stored:
-            # a view repeating its storage (stride 0, overlapping strides): materialising
-            # it would allocate what the file never held
-            raise _refuse(pt_path, key, f"is a view of {value.numel()} elements "
-                          f"({dense} bytes) over {stored} stored bytes (repeating strides "
-                          f"{tuple(value.stride())})", CorruptData)
-        return value.contiguous()
+        return _check_tensor(torch, value, pt_path, key, held)
+    if type(value) in (list, tuple, dict) and depth >= MAX_DEPTH:
+        raise _refuse(pt_path, key, f"nests deeper than {MAX_DEPTH} containers, which the "
+                      "sample codec refuses", CorruptData)
     if type(value) in (list, tuple):
-        out = [_check_plain(torch, v, pt_path, f"{key}[{i}]") for i, v in enumerate(value)]
+        out = [_check_plain(torch, v, pt_path, f"{key}[{i}]", held, depth + 1)
+               for i, v in enumerate(value)]
         return out if type(value) is list else tuple(out)
     if type(value) is dict:
         for k in value:
@@ -280,7 +314,8 @@ def _check_plain(torch: Any, value: Any, pt_path: str, key: str) -> Any:
             except TypeError:
                 raise _refuse(pt_path, key, f"has a key of type {type(k).__name__}, "
                               f"outside the sample codec ({PLAIN})") from None
-        return {k: _check_plain(torch, v, pt_path, f"{key}[{k!r}]") for k, v in value.items()}
+        return {k: _check_plain(torch, v, pt_path, f"{key}[{k!r}]", held, depth + 1)
+                for k, v in value.items()}
     raise _refuse(pt_path, key, f"is a {type(value).__name__}, outside the sample codec "
                   f"({PLAIN})")
 
@@ -294,7 +329,7 @@ def _tokens(value: Any, pt_path: str, key: str) -> list[Any]:
     return _token_bytes(tuple(value))
 
 
-def _sample(torch: Any, value: Any, pt_path: str, i: int) -> Sample:
+def _sample(torch: Any, value: Any, pt_path: str, i: int, held: _Held) -> Sample:
     key = f"samples[{i}]"
     if type(value) is not dict:
         raise _refuse(pt_path, key, f"is a {type(value).__name__}, not a sample dict")
@@ -302,7 +337,9 @@ def _sample(torch: Any, value: Any, pt_path: str, i: int) -> Sample:
         odd = sorted(map(repr, set(value) ^ _SAMPLE_KEYS))
         raise _refuse(pt_path, key, f"does not have a sample's keys (differs in "
                       f"{', '.join(odd)})", CorruptData)
-    checked = {k: _check_plain(torch, v, pt_path, f"{key}[{k!r}]") for k, v in value.items()}
+    # a field sits 3 containers deep (the dump, its samples, the sample), as in a chunk
+    checked = {k: _check_plain(torch, v, pt_path, f"{key}[{k!r}]", held, 3)
+               for k, v in value.items()}
     checked["tokens"] = _tokens(value["tokens"], pt_path, f"{key}['tokens']")
     for name in _CAPTURES:
         if checked[name] is not None and type(checked[name]) is not torch.Tensor:
@@ -373,7 +410,8 @@ def _dump(torch: Any, dump: Any, pt_path: str) -> PtDump:
     if type(samples) is not list:
         raise _refuse(pt_path, "'samples'", f"is a {type(samples).__name__}, not a list",
                       CorruptData)
-    return PtDump(rid, evaluation, [_sample(torch, s, pt_path, i)
+    held = _Held()
+    return PtDump(rid, evaluation, [_sample(torch, s, pt_path, i, held)
                                     for i, s in enumerate(samples)])
 
 

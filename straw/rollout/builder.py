@@ -1072,7 +1072,7 @@ class BatchBuilder:
             raise ValueError(f"batch {batch_id!r} is ready for {ready['world']} ranks, this "
                              f"builder has dp_size {self.dp_size}: an existing batch cannot "
                              "be reused with another parallel layout")
-        if ready.get("plan_digest") != plan_digest:
+        if ready.get("plan_digest") != plan_digest:  # RL11: only under its own plan
             raise IdempotencyConflict(
                 f"batch {batch_id!r} is ready, built with another selection, conversion "
                 f"configuration or parallel layout (plan {ready.get('plan_digest')!r}, now "

@@ -36,6 +36,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from straw.checks import short_repr
 from straw.errors import storage_error
 from straw.fs import Filesystem
 
@@ -164,10 +165,14 @@ def discard_staged(fs: Filesystem, tmps: list[str]) -> None:
 def read_json(fs: Filesystem, path: str, what: str) -> Any:
     """A JSON file's value; a file that is not JSON is ``UnsupportedCheckpoint`` naming
     it (a half-written file never exists: writes rename whole files into place)."""
-    data = fs.read_file(path)
+    return parse_json(fs.read_file(path), path, what)
+
+
+def parse_json(data: bytes, path: str, what: str) -> Any:
+    """The value of ``data``, the content of the file ``path`` (``read_json``'s rule)."""
     try:
         return json.loads(data)
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:  # RecursionError: nested past the parser
         raise UnsupportedCheckpoint(f"{what} {path} is not JSON ({e}): it was not written "
                                     "by straw; restore it from a backup or select another "
                                     "checkpoint") from None
@@ -183,6 +188,32 @@ def check_version(value: Any, path: str, what: str,
         raise UnsupportedCheckpoint(f"{what} {path} has version {got!r}; this straw reads "
                                     f"version {readable}: upgrade straw or select a "
                                     "checkpoint it wrote")
+    return value
+
+
+_NOT_OURS = ("it was not written by straw (or was edited): restore it from a backup or select "
+             "another checkpoint")
+
+
+def check_fields(value: Any, path: str, what: str, fields: Mapping[str, Any],
+                 at: str = "") -> dict[str, Any]:
+    """``value``, the object at ``at`` (a key path, e.g. ``['parent']``; the file's top
+    level by default) of the file ``path``, if it is a dict whose every field of ``fields``
+    is of its type or tuple of types (a missing field counts as None, a bool as no int);
+    else ``UnsupportedCheckpoint`` naming the file and the field.  What a start reads is
+    checked so before it writes anything: a file straw did not write (or one edited) is
+    refused whole, never half-way through a restore with a bare KeyError."""
+    if not isinstance(value, dict):
+        raise UnsupportedCheckpoint(f"{what} {path}: {at or 'its value'} is a "
+                                    f"{type(value).__name__}, not an object; {_NOT_OURS}")
+    for name, kind in fields.items():
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        got = value.get(name)
+        if not isinstance(got, kinds) or (isinstance(got, bool) and bool not in kinds):
+            names = " or ".join("None" if k is type(None) else k.__name__ for k in kinds)
+            shown = short_repr(got) if name in value else "missing"
+            raise UnsupportedCheckpoint(f"{what} {path}: {at}[{name!r}] is {shown}, not of "
+                                        f"type {names}; {_NOT_OURS}")
     return value
 
 
@@ -214,6 +245,7 @@ __all__ = ["VERSION", "BUILDER_STATE_VERSION", "BUILDER_STATE_VERSIONS",
            "ROLLOUT", "TRACKER", "CURRENT", "BRANCH", "BRANCHES", "SEEDED",
            "SMALL_FILE",
            "model_dir", "rollout_file", "committed_steps", "step_of_marker", "canonical",
-           "write_json", "write_files", "read_json", "check_version",
+           "write_json", "write_files", "read_json", "parse_json", "check_version",
+           "check_fields",
            "write_tracker", "read_tracker", "tracker_bytes", "stage_file", "install_staged",
            "discard_staged"]

@@ -85,9 +85,14 @@ class Composition:
 def _weight(env: str, w: object) -> Fraction:
     if isinstance(w, bool) or not isinstance(w, (int, float)):
         raise TypeError(f"weights[{env!r}] must be a number, got {type(w).__name__}")
-    if not math.isfinite(w) or w <= 0:
-        raise ValueError(f"weights[{env!r}] is {w!r}; weights are finite and > 0 (drop an "
-                         "environment instead of giving it weight 0)")
+    try:
+        finite = math.isfinite(w)
+    except OverflowError:  # an int past a float's range: no weight a mix can use
+        finite = False
+    if not finite or w <= 0:
+        raise ValueError(f"weights[{env!r}] is {short_repr(w)}; weights are finite numbers "
+                         "(within a float's range) and > 0 (drop an environment instead of "
+                         "giving it weight 0)")
     return Fraction(w)
 
 
@@ -170,6 +175,7 @@ class EnvironmentMix:
         would stall every later batch)."""
         self._known(env)
         need = self.quota(state if state is not None else MixState())[env]
+        # RL12 (spec/rollout.py): a backlog short of its quota admits fresh work
         return backlog.get(env, 0) < max(1, need)
 
     def environment_of(self, group: SampleGroup) -> str:

@@ -58,6 +58,7 @@ from .checkpoint_errors import (
     NoCheckpoint,
     StateOmitted,
     UncommittedSnapshot,
+    UnsupportedCheckpoint,
 )
 from .checkpoint_files import (
     BRANCH,
@@ -66,6 +67,7 @@ from .checkpoint_files import (
     ROLLOUT,
     SEEDED,
     TRACKER,
+    check_fields,
     check_version,
     committed_steps,
     model_dir,
@@ -74,9 +76,11 @@ from .checkpoint_files import (
     rollout_file,
     step_of_marker,
 )
+from .data_source import Cursor
 
 NEW, RECOVER, SALVAGE, EXACT, EMPTY = "new", "recover", "salvage", "exact", "empty"
 _MAX_ANCESTRY = 1000  # a cycle of branch.json parents is refused, not followed forever
+_NONE = type(None)
 
 
 @dataclass(frozen=True)
@@ -131,7 +135,7 @@ def resolve_checkpoint(save: str, load: str | None = None, step: int | None = No
     auto = current is not None and (load is None or os.path.abspath(load) == root)
     if load is None and current is None:
         if _holds_commits(fs, root):
-            # a run committed here: starting over would silently drop its resume
+            # RL10: a run committed here never starts over (that drops its resume)
             raise ComponentChanged(
                 f"{current_path} is missing, but {root} holds a run's checkpoints: the "
                 "automatic start would begin a new run from dataset offset 0. Restore "
@@ -165,20 +169,8 @@ def resolve_checkpoint(save: str, load: str | None = None, step: int | None = No
     unseeded_mode = None
     notes: tuple[str, ...] = ()
     if chosen is None and load_current is not None:
-        tracker = read_tracker(fs, load_path)
-        if tracker is not None and str(tracker) != str(load_current.get("tracker")):
-            own = committed_steps(fs, branch)
-            if own and tracker > own[-1]:
-                # the framework's save of a newer step wrote its model and the tracker,
-                # then died before the joint commit: selection never follows an
-                # uncommitted save (seed 000); the newest commit is resumed
-                notes = (f"{os.path.join(load_path, TRACKER)} names step {tracker}, newer "
-                         f"than the newest commit ({own[-1]}) of {branch}: that save was "
-                         f"interrupted before its commit; resuming from step {own[-1]} "
-                         f"(pass step={tracker} to start from its model instead)",)
-                warnings.warn(notes[0], stacklevel=2)
-            else:
-                chosen, explicit = tracker, True  # an edited tracker selects its step
+        chosen, notes = _tracker_choice(fs, load_path, branch, load_current, auto)
+        explicit = chosen is not None
     if chosen is None:
         own = committed_steps(fs, branch)
         if own:
@@ -192,7 +184,7 @@ def resolve_checkpoint(save: str, load: str | None = None, step: int | None = No
                 # the branch planned since are replayed from its queue, identical)
                 return Resolution(RECOVER, root, branch, str(queue["queue_id"]), branch,
                                   None if parent is None else int(parent["step"]), None,
-                                  parent, current_text, queue=dict(queue))
+                                  parent, current_text, queue=dict(queue), warnings=notes)
             if auto and queue is not None and parent is None:
                 # a new run that crashed before its queue was seeded: a new run again
                 return Resolution(NEW, root, *_place(fs, root), current=current_text)
@@ -286,10 +278,50 @@ def _current(fs: Filesystem, path: str) -> dict[str, Any]:
 
 
 def _branch(fs: Filesystem, directory: str) -> dict[str, Any]:
+    """``directory``'s branch file ({} without one), the fields resolution follows
+    checked (``UnsupportedCheckpoint`` naming it): a ``parent`` ``{directory, step}``, a
+    ``queue`` ``{namespace, queue_id}`` and a ``mode``, each possibly None."""
     path = os.path.join(directory, ROLLOUT, BRANCH)
     if not fs.exists(path):
         return {}
-    return check_version(read_json(fs, path, "branch file"), path, "branch file")
+    info = check_version(read_json(fs, path, "branch file"), path, "branch file")
+    check_fields(info, path, "branch file",
+                 {"parent": (dict, _NONE), "queue": (dict, _NONE), "mode": (str, _NONE)})
+    if info.get("parent") is not None:
+        check_fields(info["parent"], path, "branch file", {"directory": str, "step": int},
+                     "['parent']")
+    if info.get("queue") is not None:
+        check_fields(info["queue"], path, "branch file", {"namespace": str, "queue_id": str},
+                     "['queue']")
+    return info
+
+
+def _tracker_choice(fs: Filesystem, load_path: str, branch: str,
+                    load_current: dict[str, Any], auto: bool
+                    ) -> tuple[int | None, tuple[str, ...]]:
+    """The step the model tracker selects (None: resolution goes on without it), and the
+    notes of a tracker passed over.  A tracker that changed since ``current.json`` names
+    the framework's newest model save.  RL10: selection never follows a save that died
+    before its joint commit (seed 000): a tracker newer than the branch's newest commit,
+    or, resuming automatically, any tracker of a branch with no commit yet, is passed over
+    (resumed instead: the newest commit, or the run's own start).  Otherwise an edited
+    tracker selects its step."""
+    tracker = read_tracker(fs, load_path)
+    if tracker is None or str(tracker) == str(load_current.get("tracker")):
+        return None, ()
+    own = committed_steps(fs, branch)
+    if own and tracker > own[-1]:
+        resumed = f"the newest commit ({own[-1]}) of {branch}"
+    elif not own and auto:
+        resumed = f"{branch}, which has no commit yet"
+    else:
+        return tracker, ()
+    note = (f"{os.path.join(load_path, TRACKER)} names step {tracker}, newer than "
+            f"{resumed}: that save was interrupted before its commit; resuming from "
+            f"{'step ' + str(own[-1]) if own else 'the start of the run'} "
+            f"(pass step={tracker} to start from its model instead)")
+    warnings.warn(note, stacklevel=3)
+    return None, (note,)
 
 
 def _holds_commits(fs: Filesystem, root: str) -> bool:
@@ -334,6 +366,11 @@ def _empty(fs: Filesystem, directory: str, step: int) -> tuple[dict[str, Any] | 
     path = rollout_file(directory, "dataset_cursor", step)
     if fs.exists(path):
         value = check_version(read_json(fs, path, "dataset cursor"), path, "dataset cursor")
+        try:  # what the empty start's producer state is made of (restore.open_job)
+            Cursor.from_dict(value.get("cursor"))
+        except (TypeError, ValueError) as e:
+            raise UnsupportedCheckpoint(f"dataset cursor {path}: {e}; restore it from a "
+                                        "backup or select another checkpoint") from None
         return dict(value["cursor"]), ()
     note = (f"step {step} of {directory} has a model but no queue snapshot and no "
             f"{os.path.basename(path)}: the queue starts empty at dataset offset 0 (not an "

@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import json
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -69,14 +68,16 @@ from .checkpoint import (
     json_record,
     saved_backlog,
 )
-from .checkpoint_errors import BranchChanged, ForeignPool, ForeignRun, UnsupportedCheckpoint
+from .checkpoint_errors import BranchChanged, ForeignPool, ForeignRun
 from .checkpoint_files import (
     BRANCH,
     CURRENT,
     ROLLOUT,
     SEEDED,
     VERSION,
+    check_fields,
     check_version,
+    parse_json,
     read_json,
     rollout_file,
     write_json,
@@ -173,12 +174,12 @@ def open_job(resolution: Resolution, store: Any, dataset: Any, mix: EnvironmentM
             leases = controller.coordinator.outstanding_reads()
             if leases:
                 controller.coordinator.release_task_reads(list(leases))
-            state = None
-            restored = 0
+            state, restored = None, 0
         else:
             ns, qid = BRANCH_NAMESPACE, resolution.branch_id
+            saved = _read_states(fs, resolution)  # checked before anything is written
             _publish_branch(fs, resolution, store, ns, qid)
-            tasks, producer, accepted, mix_state = _seed(resolution, store, mix, fs, clock)
+            tasks, producer, accepted, mix_state = _seed(resolution, store, mix, saved, clock)
             seeded = seed_isolated_queue(store, namespace=ns, queue_id=qid, tasks=tasks,
                                          producer_state=producer, accepted=accepted,
                                          mix=mix_state, clock=clock,
@@ -258,10 +259,11 @@ def _publish_branch(fs: Filesystem, resolution: Resolution, store: Any, ns: str,
                {"version": VERSION, "directory": directory, "tracker": tracker})
 
 
-def _seed(resolution: Resolution, store: Any, mix: EnvironmentMix, fs: Filesystem,
-          clock: Any) -> tuple[list[TaskSpec], Mapping[str, Any] | None, list[Accepted],
-                               MixState | None]:
-    """(tasks, producer state, accepted groups in selection order, mix state) to seed."""
+def _seed(resolution: Resolution, store: Any, mix: EnvironmentMix,
+          saved: tuple[dict[str, Any], dict[str, Any]] | None, clock: Any
+          ) -> tuple[list[TaskSpec], Mapping[str, Any] | None, list[Accepted], MixState | None]:
+    """(tasks, producer state, accepted groups in selection order, mix state) to seed;
+    ``saved``: the checkpoint's queue and builder state (``_read_states``)."""
     if resolution.mode == NEW:
         return [], None, [], None
     if resolution.mode == EMPTY:
@@ -269,9 +271,9 @@ def _seed(resolution: Resolution, store: Any, mix: EnvironmentMix, fs: Filesyste
         return [], None if cursor is None else producer_state(DatasetCursor.from_dict(cursor)), \
             [], None
     assert resolution.mode in (EXACT, SALVAGE) and resolution.source is not None
+    assert saved is not None
     step = resolution.step if resolution.step is not None else 0
-    q = _read_state(fs, resolution, "queue_state", step)
-    b = _read_state(fs, resolution, "builder_state", step)
+    q, b = saved
     tasks = [TaskSpec.from_dict(t) for t in q["tasks"]]
     producer = q["producer_state"]
     planned: list[dict[str, Any]] = list(b["planned"])
@@ -292,26 +294,43 @@ def _seed(resolution: Resolution, store: Any, mix: EnvironmentMix, fs: Filesyste
     return tasks, producer, first + rest, mix_state
 
 
+def _read_states(fs: Filesystem, resolution: Resolution
+                 ) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The checkpoint's queue and builder state (None for a start that reads none), read
+    and checked before the start writes anything: a state file that is no straw's fails
+    the start with the branch, tracker and ``current.json`` as they were."""
+    if resolution.mode not in (EXACT, SALVAGE):
+        return None
+    step = resolution.step if resolution.step is not None else 0
+    return (_read_state(fs, resolution, "queue_state", step),
+            _read_state(fs, resolution, "builder_state", step))
+
+
 def _read_state(fs: Filesystem, resolution: Resolution, kind: str, step: int
                 ) -> dict[str, Any]:
     """A state file of the checkpoint: the bytes resolution hashed when it kept them (one
     read, and what is parsed is what was checked), else read now (a ``Resolution`` built
-    by hand)."""
+    by hand); the fields a restore reads checked (``UnsupportedCheckpoint`` naming the
+    file and the field)."""
     assert resolution.source is not None
     path = rollout_file(resolution.source, kind, step)
+    what = kind.replace("_", " ")
     data = resolution.state_files.get(path)
-    if data is None:
-        value = read_json(fs, path, kind.replace("_", " "))
-    else:
-        try:
-            value = json.loads(data)
-        except ValueError as e:
-            raise UnsupportedCheckpoint(f"{kind.replace('_', ' ')} {path} is not JSON ({e}): "
-                                        "it was not written by straw; restore it from a "
-                                        "backup or select another checkpoint") from None
+    value = read_json(fs, path, what) if data is None else parse_json(data, path, what)
     if kind == "builder_state":  # its own version (the backlog's form)
-        return check_builder_state(value, path)
-    return check_version(value, path, kind)
+        check_fields(check_builder_state(value, path), path, what,
+                     {"scan_cursor": int, "mix": dict, "planned": list, "backlog": (dict, list)})
+        for i, p in enumerate(value["planned"]):
+            check_fields(p, path, what, {"groups": list, "mix_before": dict}, f"['planned'][{i}]")
+            for j, g in enumerate(p["groups"]):
+                check_fields(g, path, what, {}, f"['planned'][{i}]['groups'][{j}]")
+        return value
+    check_fields(check_version(value, path, kind), path, what,
+                 {"tasks": list, "producer_state": (dict, type(None)), "queue": dict})
+    check_fields(value["queue"], path, what, {"namespace": str, "queue_id": str}, "['queue']")
+    for i, t in enumerate(value["tasks"]):
+        check_fields(t, path, what, {}, f"['tasks'][{i}]")
+    return value
 
 
 def _after(store: Any, mix: EnvironmentMix, queue: Mapping[str, str], scan: int, clock: Any

@@ -11,7 +11,8 @@ import os
 
 import pytest
 
-from straw.fs import DelegatingFilesystem, PosixFS
+from straw.fs import PosixFS
+from straw.fs_delegating import DelegatingFilesystem
 from straw.refs import Record
 from straw.rollout.checkpoint import (
     Checkpointer,

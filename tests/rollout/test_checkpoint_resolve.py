@@ -309,3 +309,26 @@ def test_ck1_a_marker_whose_files_are_not_a_mapping_is_refused(run, files):
         json.dump(marker, f)
     with pytest.raises(ComponentChanged, match="committed_2.json: its 'files' must map"):
         resolve_checkpoint(save, step=2)
+
+
+def test_rl10_a_save_interrupted_before_the_first_commit_is_not_followed(tmp_path):
+    # RL10: a new run trained a step; the framework's save of step 0 wrote its model and
+    # the tracker, then died before any joint commit.  The automatic resume recovered
+    # nothing of the run (mode empty at step 0: an empty queue from dataset offset 0);
+    # it recovers the run's own queue instead.
+    pool, save = str(tmp_path / "pool"), str(tmp_path / "save")
+    job = Job(pool, save, mode_expected=NEW)
+    job.train()
+    job.close()
+    model = os.path.join(save, "iter_0000000")
+    os.makedirs(model)
+    with open(os.path.join(model, "weights.bin"), "wb") as f:
+        f.write(b"w" * 4000)
+    with open(os.path.join(save, "latest_checkpointed_iteration.txt"), "w") as f:
+        f.write("0")
+    with pytest.warns(UserWarning, match="which has no commit yet"):
+        r = resolve_checkpoint(save)
+    assert r.mode == RECOVER and r.queue is not None
+    assert any("interrupted before its commit" in w for w in r.warnings)
+    r = resolve_checkpoint(save, step=0)  # asked for explicitly: its model, empty queue
+    assert (r.mode, r.step) == (EMPTY, 0)
