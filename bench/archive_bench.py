@@ -33,8 +33,8 @@ import numpy as np
 
 from straw import SharedFilesystemStore
 from straw.fs import Buffer, PosixFS
-from straw.rollout import RolloutArchive, Sample, SampleGroup, Status, group_records
-from straw.rollout.codec import group_from_records
+from straw.rollout import RolloutArchive, Sample, SampleGroup, Status
+from straw.rollout.codec import group_from_records, group_records
 from straw.tensor import TensorRef
 
 from .counting import CountingFS

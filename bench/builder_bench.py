@@ -42,7 +42,8 @@ import numpy as np
 
 from straw import Coordinator, RecordSetRef, SharedFilesystemStore, TaskSpec
 from straw.fs import Buffer, PosixFS
-from straw.rollout import BatchBuilder, EnvironmentMix, Sample, SampleGroup, Status, group_records
+from straw.rollout import BatchBuilder, EnvironmentMix, Sample, SampleGroup, Status
+from straw.rollout.codec import group_records
 from straw.tensor import TensorRef
 
 from .counting import CountingFS

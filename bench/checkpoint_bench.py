@@ -34,16 +34,9 @@ from typing import Any
 from bench.counting import CountingFS
 from straw import Coordinator, Publication, SharedFilesystemStore, TaskSpec
 from straw.fs import PosixFS
-from straw.rollout import (
-    BatchBuilder,
-    EnvironmentMix,
-    RolloutConfig,
-    Sample,
-    SampleGroup,
-    Status,
-    group_records,
-)
+from straw.rollout import BatchBuilder, EnvironmentMix, RolloutConfig, Sample, SampleGroup, Status
 from straw.rollout.checkpoint import Checkpointer
+from straw.rollout.codec import group_records
 from straw.rollout.data_source import PRODUCER_ID, Cursor, producer_state
 from straw.rollout.resolve import resolve_checkpoint
 from straw.rollout.restore import open_job

@@ -31,10 +31,11 @@ import time
 from typing import Any
 
 from straw import SharedFilesystemStore
-from straw.rollout import RolloutConfig, Status, VersionSpan
+from straw.rollout import RolloutConfig, Status
 from straw.rollout.controller import RolloutController
 from straw.rollout.generation import GenerationClient
 from straw.rollout.remote import RemoteController, start
+from straw.rollout.samples import VersionSpan
 
 from .report import scaling_bounds
 

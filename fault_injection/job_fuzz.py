@@ -118,8 +118,8 @@ def _digest(refs: Sequence[Any], store: Any) -> tuple[str, list[str], list[str]]
 def _backlog(job: Any, store: Any) -> tuple[list[str], list[str]]:
     """The tasks of the groups left in the builder's backlog, read from the pool, and
     the samples among them whose content is wrong."""
-    from straw.rollout import group_from_records
     from straw.rollout.builder import Accepted
+    from straw.rollout.codec import group_from_records
     tasks, bad = [], []
     for entry in job.builder.state()["backlog"]:
         group = group_from_records(list(store.read(Accepted.from_dict(entry).ref)))

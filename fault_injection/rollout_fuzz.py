@@ -185,8 +185,9 @@ def _check_content(group: Any) -> str | None:
 
 def generation_main(root: str, logdir: str, name: str, gen: int, seed: int,
                     control: str | None) -> int:
-    from straw.rollout import GenerationClient, restart_from_prompt
+    from straw.rollout import GenerationClient
     from straw.rollout.remote import RemoteController
+    from straw.rollout.scheduling import restart_from_prompt
     signal.signal(signal.SIGTERM, _stop)
     r = random.Random(f"{seed}:{name}:{gen}")
     log = _AckLog(os.path.join(logdir, f"{name}.acks"))
@@ -401,7 +402,7 @@ def _await_training(path: str, end: float) -> None:
 
 
 def check(root: str, logdir: str, names: Sequence[str], s: RolloutSummary) -> list[str]:
-    from straw.rollout import cursor_from_producer_state, group_from_records
+    from straw.rollout import codec, data_source
     out: list[str] = []
     vpath = os.path.join(logdir, "violations")
     out += [f"{e['who']}: {e['message']}" for e in _read_log(vpath)]
@@ -409,7 +410,7 @@ def check(root: str, logdir: str, names: Sequence[str], s: RolloutSummary) -> li
     coord = Coordinator(store, queue_id=QUEUE, namespace=True, recover=True)
     try:
         # RL1: the admitted prompt groups are 0..G-1, each dataset index once per epoch
-        cursor = cursor_from_producer_state(coord.producer_state("dataset"))
+        cursor = data_source.cursor_from_producer_state(coord.producer_state("dataset"))
         if cursor is None:
             return [*out, "the job admitted no prompt group"]
         count = cursor.sample_group_index
@@ -425,7 +426,7 @@ def check(root: str, logdir: str, names: Sequence[str], s: RolloutSummary) -> li
                 continue
             ref = TaskSpec.from_dict(status["spec"]).input_ref
             assert ref is not None
-            g = group_from_records(list(store.read(ref)))
+            g = codec.group_from_records(list(store.read(ref)))
             seen.setdefault(g.metadata["epoch_id"], []).append(g.metadata["dataset_index"])
         for epoch, idx in sorted(seen.items()):
             if len(set(idx)) != len(idx):

@@ -59,9 +59,10 @@ from ..coordinator import Coordinator
 from ..fs import PosixFS
 from ..publication_log import AckLog
 from ..refs import RecordSetRef
-from ..rollout import PROMPT_PREFIX, RankBatchRef, RolloutConfig, SampleGroup, default_convert
+from ..rollout import RankBatchRef, RolloutConfig, SampleGroup, default_convert
 from ..rollout.builder import COLLECTION_PREFIX, read_stored_state
 from ..rollout.checkpoint_files import model_dir
+from ..rollout.data_source import PROMPT_PREFIX
 
 try:
     from ..rollout.ray import NodeSpec, RayRollout, controller_state
@@ -237,9 +238,8 @@ class ToyGenerate:
             return group  # back unchanged (a partial group with nothing new)
         if self._calls is None:
             self._calls = _log(self.logdir, f"p{self.phase}-gen-{os.getpid()}")
-        self._calls.append({"ev": "generate", "group": group.group_index,
-                            "version": weight_version,
-                            "progress": sum(x.response_length for x in group)})
+        self._calls.append({"ev": "generate", "group": group.group_index, "version":
+                            weight_version, "progress": sum(x.response_length for x in group)})
         return await policy.generate(group, weight_version=weight_version, abort=abort)
 
 

@@ -1,4 +1,4 @@
-"""straw.rollout: the RL layer above the queue (issue 14), framework-neutral.
+"""straw.rollout: the RL layer above the queue, framework-neutral.
 
 Prompts in, groups scheduled by stage and staleness, groups out, batches to every training
 rank.  No vime, Megatron, vLLM, Ray or torch imports (NumPy only; torch lazily in
@@ -32,7 +32,7 @@ The parts on the queue (each module's docstring is its reference, with a runnabl
                    after training is the only acknowledgement (RL4);
 * ``shards``       the rank partition by tokens, ``RankBatchRef``, identity checks;
 * ``online_gc``    background collection after acknowledgements, failures latched;
-* ``archive``      ``RolloutArchive``: indexed, retained debug rollouts (issue 16);
+* ``archive``      ``RolloutArchive``: indexed, retained debug rollouts;
                    ``archive_pt`` their self-contained ``.pt`` dumps (the one module
                    that may import torch, lazily); ``replay`` which archived groups a
                    train-only job replays (selection and checks, pure) and
@@ -47,7 +47,7 @@ The parts on the queue (each module's docstring is its reference, with a runnabl
 * ``ray``          (a package, the ``ray`` extra, the only importer of Ray) the distributed
                    mode: a controller actor, a generation actor per node, the storage probe.
 
-Checkpoints, restore and branches (issue 15; import them from their modules):
+Checkpoints, restore and branches (import them from their modules):
 
 * ``checkpoint``   ``Checkpointer``: the joint checkpoint of step k (model files, live
                    queue and builder state, retained payloads, the commit marker last, RL9);
@@ -59,7 +59,7 @@ Checkpoints, restore and branches (issue 15; import them from their modules):
 * ``savelock``     one controller per save directory (a flock that dies with its holder);
 * ``checkpoint_files``, ``checkpoint_errors``: the directory layout and the errors.
 
-The layer's state machine is ``spec/rollout.py`` (RL1-RL9, section 9 of ``spec/SPEC.md``),
+The layer's state machine is ``spec/rollout.py`` (RL1-RL12, section 9 of ``spec/SPEC.md``),
 explored with a mutant per rule by ``just model``; ``tests/conformance/
 test_rollout_conformance.py`` drives this package against it on SimFS with crashes, and
 ``fault_injection/rollout_fuzz.py`` kills its processes at random in ``just fuzz``.
@@ -68,69 +68,25 @@ test_rollout_conformance.py`` drives this package against it on SimFS with crash
 from __future__ import annotations
 
 from .archive import RolloutArchive
-from .builder import COLLECTION_PREFIX, Accepted, BatchBuilder, default_convert
-from .codec import GROUP_SCHEMA, GROUP_VERSION, group_from_records, group_records
+from .builder import Accepted, BatchBuilder, default_convert
 from .config import RolloutConfig
 from .controller import RolloutController
-from .data_source import (
-    MAX_REFILL,
-    MIN_REFILL,
-    PRODUCER_ID,
-    PROMPT_PREFIX,
-    Cursor,
-    DataSource,
-    Refill,
-    cursor_from_producer_state,
-    producer_state,
-    refill_size,
-    task_id,
-)
+from .data_source import DataSource
 from .environments import Composition, EnvironmentMix, MixState
 from .generation import GenerationClient, Returned
 from .online_gc import OnlineGC, OnlineGCFailed
 from .replay import Replay, ReplayGroup, ReplayPlan, plan_replay, replay_archives
-from .samples import (
-    Sample,
-    SampleGroup,
-    Stage,
-    Status,
-    VersionSpan,
-    captures_cover,
-    captures_cover_group,
-    classify,
-)
-from .scheduling import (
-    NO_VERSION_KEY,
-    SUBMITTED_PROMPT_KEY,
-    Decision,
-    StalenessBound,
-    StalenessPolicy,
-    Verdict,
-    acquisition_order,
-    decide,
-    numeric_version,
-    priority,
-    queue_order,
-    restart_from_prompt,
-    scheduling_key,
-    staleness,
-    staleness_metrics,
-)
-from .shards import RankBatchRef, RankShard, check_batch_identities, partition_by_tokens
+from .samples import Sample, SampleGroup, Stage, Status
+from .scheduling import StalenessBound, StalenessPolicy, staleness
+from .shards import RankBatchRef, RankShard
 
+# the layer's interface; everything else is imported from its module
 __all__ = [
     "RolloutConfig", "RolloutController", "GenerationClient", "Returned",
-    "Sample", "SampleGroup", "Stage", "Status", "VersionSpan", "classify", "captures_cover",
-    "captures_cover_group",
-    "NO_VERSION_KEY", "SUBMITTED_PROMPT_KEY", "numeric_version", "scheduling_key", "priority",
-    "queue_order", "acquisition_order", "staleness", "staleness_metrics", "StalenessBound",
-    "StalenessPolicy", "Decision", "Verdict", "decide", "restart_from_prompt",
-    "Cursor", "DataSource", "Refill", "MIN_REFILL", "MAX_REFILL", "PRODUCER_ID",
-    "PROMPT_PREFIX", "producer_state", "cursor_from_producer_state", "refill_size", "task_id",
-    "EnvironmentMix", "MixState", "Composition",
-    "GROUP_SCHEMA", "GROUP_VERSION", "group_records", "group_from_records",
-    "BatchBuilder", "Accepted", "default_convert", "COLLECTION_PREFIX",
-    "RankBatchRef", "RankShard", "check_batch_identities", "partition_by_tokens",
+    "Sample", "SampleGroup", "Stage", "Status",
+    "StalenessBound", "StalenessPolicy", "staleness",
+    "DataSource", "EnvironmentMix", "MixState", "Composition",
+    "BatchBuilder", "Accepted", "default_convert", "RankBatchRef", "RankShard",
     "OnlineGC", "OnlineGCFailed",
     "RolloutArchive", "ReplayPlan", "ReplayGroup", "plan_replay", "Replay", "replay_archives",
 ]

@@ -70,8 +70,8 @@ Example (runnable; a generation client completes prompt tasks in a real job)::
 
     import dataclasses, tempfile
     from straw import Coordinator, SharedFilesystemStore, TaskSpec
-    from straw.rollout import (BatchBuilder, EnvironmentMix, Sample, SampleGroup,
-                               Status, group_records)
+    from straw.rollout import BatchBuilder, EnvironmentMix, Sample, SampleGroup, Status
+    from straw.rollout.codec import group_records
 
     root = tempfile.mkdtemp()
     store = SharedFilesystemStore(root, "job")

@@ -82,8 +82,9 @@ from fault_injection.simfs import SimFS
 from straw import LeaseExpired, SharedFilesystemStore, StaleAttempt
 from straw.clock import ManualClock
 from straw.refs import RecordSetRef
-from straw.rollout import EnvironmentMix, RolloutConfig, Status, group_from_records
+from straw.rollout import EnvironmentMix, RolloutConfig, Status
 from straw.rollout.builder import COLLECTION_PREFIX, BatchBuilder
+from straw.rollout.codec import group_from_records
 from straw.rollout.controller import RolloutController
 from straw.rollout.data_source import (
     PRODUCER_ID,

@@ -13,10 +13,11 @@ from typing import Any
 import numpy as np
 
 from straw import SharedFilesystemStore
-from straw.rollout import EnvironmentMix, RolloutConfig, Status, VersionSpan
+from straw.rollout import EnvironmentMix, RolloutConfig, Status
 from straw.rollout.generation import GenerationClient
 from straw.rollout.resolve import resolve_checkpoint
 from straw.rollout.restore import RolloutJob, open_job
+from straw.rollout.samples import VersionSpan
 
 PROMPTS = [(i, i + 1, i + 2) for i in range(200)]
 BATCH = 2  # groups per batch

@@ -15,7 +15,9 @@ from bench.archive_bench import published_samples  # noqa: F401 - the archive te
 from bench.counting import CountingFS
 from straw import Coordinator, SharedFilesystemStore, TaskSpec
 from straw.fs import Buffer, Filesystem, PosixFS
-from straw.rollout import Sample, SampleGroup, Status, VersionSpan, group_records
+from straw.rollout import Sample, SampleGroup, Status
+from straw.rollout.codec import group_records
+from straw.rollout.samples import VersionSpan
 
 
 class ByteCountingFS(CountingFS):

@@ -15,9 +15,10 @@ import pytest
 from straw import SharedFilesystemStore
 from straw.errors import CorruptData, InvalidReference, UnsupportedSchema
 from straw.fs import PosixFS
-from straw.rollout import RolloutArchive, Sample, Status, VersionSpan
+from straw.rollout import RolloutArchive, Sample, Status
 from straw.rollout.archive import ADJACENT_POOL
 from straw.rollout.archive_pt import PT_FORMAT, PT_VERSION, load_pt, sample_dict
+from straw.rollout.samples import VersionSpan
 from straw.tensor import TensorRef
 
 from .pool import published_samples

@@ -17,16 +17,10 @@ from hypothesis import strategies as st
 
 from straw import IdempotencyConflict, InvalidReference
 from straw.codec import sample_records
-from straw.rollout import (
-    BatchBuilder,
-    EnvironmentMix,
-    RankBatchRef,
-    Status,
-    check_batch_identities,
-    partition_by_tokens,
-)
+from straw.rollout import BatchBuilder, EnvironmentMix, RankBatchRef, Status
 from straw.rollout import builder as builder_module
 from straw.rollout.codec import group_value
+from straw.rollout.shards import check_batch_identities, partition_by_tokens
 from straw.tensor import TensorRef
 
 from .pool import ByteCountingFS, Pool, make_group

@@ -14,7 +14,8 @@ from fault_injection.rules import MUTATING_OPS
 from fault_injection.simfs import SimFS
 from straw import IndeterminateCommit, SharedFilesystemStore, StorageUnavailable
 from straw.clock import ManualClock
-from straw.rollout import DataSource, RolloutConfig, Status, group_from_records
+from straw.rollout import DataSource, RolloutConfig, Status
+from straw.rollout.codec import group_from_records
 from straw.rollout.controller import RolloutController
 
 PROMPTS = [(i, i + 1, i + 2) for i in range(20)]
@@ -88,7 +89,7 @@ def test_prompt_tasks_spend_the_configured_attempts(tmp_path, max_attempts):
 def completed_items(store, assignments, tag="g"):
     """complete_many's items for ``assignments``: each group completed and published
     (submission ids ``<tag><i>``)."""
-    from straw.rollout import group_records
+    from straw.rollout.codec import group_records
     from straw.rollout.controller import named_records
 
     items = []

@@ -9,8 +9,9 @@ import dataclasses
 
 import pytest
 
-from straw.rollout import Sample, SampleGroup, Status, VersionSpan
+from straw.rollout import Sample, SampleGroup, Status
 from straw.rollout.generate import check_generated, extend_sample
+from straw.rollout.samples import VersionSpan
 
 
 def group(*samples: Sample) -> SampleGroup:

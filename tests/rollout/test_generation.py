@@ -20,18 +20,12 @@ import pytest
 from straw import IdempotencyConflict, SharedFilesystemStore, StaleAttempt
 from straw.checks import INT64_MAX
 from straw.clock import ManualClock
-from straw.rollout import (
-    RolloutConfig,
-    Sample,
-    SampleGroup,
-    StalenessBound,
-    Status,
-    VersionSpan,
-    group_from_records,
-)
+from straw.rollout import RolloutConfig, Sample, SampleGroup, StalenessBound, Status
 from straw.rollout import remote as remote_mod
+from straw.rollout.codec import group_from_records
 from straw.rollout.controller import RolloutController
 from straw.rollout.generation import GenerationClient
+from straw.rollout.samples import VersionSpan
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PROMPTS = [(i, i + 1) for i in range(40)]

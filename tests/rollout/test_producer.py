@@ -12,7 +12,8 @@ import dataclasses
 import pytest
 
 from straw import QuotaExceeded, SharedFilesystemStore, StorageUnavailable
-from straw.rollout import RolloutConfig, SampleGroup, Status, group_from_records
+from straw.rollout import RolloutConfig, SampleGroup, Status
+from straw.rollout.codec import group_from_records
 from straw.rollout.controller import RolloutController
 from straw.rollout.generate import extend_sample
 from straw.rollout.generation import GenerationClient

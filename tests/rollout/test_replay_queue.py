@@ -16,19 +16,11 @@ from straw.coordinator import queue_dir
 from straw.errors import CorruptData, InvalidReference, UnsupportedSchema
 from straw.fs import PosixFS
 from straw.refs import Publication, Record
-from straw.rollout import (
-    BatchBuilder,
-    EnvironmentMix,
-    RolloutArchive,
-    Sample,
-    SampleGroup,
-    Status,
-    group_records,
-)
+from straw.rollout import BatchBuilder, EnvironmentMix, RolloutArchive, Sample, SampleGroup, Status
 from straw.rollout.archive import CHUNK_SCHEMA, CHUNK_VERSION, chunk_sample, read_chunk
 from straw.rollout.builder import lazy_group
 from straw.rollout.checkpoint_errors import BranchStarted
-from straw.rollout.codec import _sample_value
+from straw.rollout.codec import _sample_value, group_records
 from straw.rollout.replay import REPLAY_NAMESPACE, plan_replay, replay_archives
 from straw.rollout.replay_group import REPLAY_GROUP_SCHEMA
 

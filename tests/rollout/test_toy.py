@@ -9,8 +9,9 @@ import asyncio
 import numpy as np
 import pytest
 
-from straw.rollout import Sample, SampleGroup, Stage, Status, VersionSpan, classify
+from straw.rollout import Sample, SampleGroup, Stage, Status
 from straw.rollout.generate import check_generated
+from straw.rollout.samples import VersionSpan, classify
 from straw.rollout.toy import ToyPolicy, ToyTask, grpo_advantages
 
 TASK = ToyTask(length=4, vocab=8)

@@ -28,7 +28,8 @@ ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from straw import SharedFilesystemStore  # noqa: E402
-from straw.rollout import RolloutConfig, SampleGroup, Status, group_from_records  # noqa: E402
+from straw.rollout import RolloutConfig, SampleGroup, Status  # noqa: E402
+from straw.rollout.codec import group_from_records  # noqa: E402
 from straw.rollout.generate import extend_sample  # noqa: E402
 from straw.rollout.generation import GenerationClient  # noqa: E402
 from straw.rollout.ray import (  # noqa: E402
