@@ -125,6 +125,10 @@ class NFSClient(DelegatingFilesystem):
         self.inner.unlink(path)
         self._changed()
 
+    def unlink_beneath(self, root: str, rel: str) -> None:
+        self.inner.unlink_beneath(root, rel)
+        self._changed()
+
 
 def parse_options(options: str) -> dict[str, float]:
     """NFS mount options -> NFSClient timeouts (only what the model knows)."""

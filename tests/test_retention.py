@@ -186,10 +186,10 @@ def test_interrupted_collection_is_finished_by_the_next(tmp_path):
     class CrashOnUnlink(PosixFS):
         armed = True
 
-        def unlink(self, path):  # type: ignore[no-untyped-def]
-            if self.armed and path.endswith(".pack"):
+        def unlink_beneath(self, root, rel):  # type: ignore[no-untyped-def]
+            if self.armed and rel.endswith(".pack"):  # how a collection deletes a pack
                 raise KeyboardInterrupt("simulated crash between tombstone and unlink")
-            super().unlink(path)
+            super().unlink_beneath(root, rel)
 
     fs = CrashOnUnlink()
     with _store(tmp_path) as store:
@@ -217,8 +217,8 @@ def test_interrupted_collection_is_finished_by_the_next(tmp_path):
 
 def test_unlink_errors_other_than_enoent_are_raised(tmp_path):
     class EIOUnlink(PosixFS):
-        def unlink(self, path):  # type: ignore[no-untyped-def]
-            raise OSError(errno.EIO, "I/O error", path)
+        def unlink_beneath(self, root, rel):  # type: ignore[no-untyped-def]
+            raise OSError(errno.EIO, "I/O error", rel)
 
     with _store(tmp_path) as store:
         a = _pub(store, "a")
