@@ -1,0 +1,239 @@
+"""Leases and readers of a queue: derived names, lease checks, expiry (Q3, D5).
+
+A lease names its task, attempt (generation), worker and the epoch that granted it; its
+``attempt_id`` and ``token`` are names derived from the queue's identity (the same in
+every process and after recovery), so a lease edited by hand is not current.  A lease
+may commit only while it is current: its task is leased to that attempt and worker by
+this coordinator's epoch, and its deadline (in memory: recovery revokes every lease
+anyway) has not passed.  An expired lease is journaled as ``expire`` when noticed.
+
+A reader's protection outlives its lease (D5): lease expiry, cancellation and a new
+coordinator revoke the right to commit, never the read; only the reader's own
+completion, failure or yield, ``release_task_reads`` or ``retire_worker`` end it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..errors import LeaseExpired, StaleAttempt
+from ..protocol import CommitReceipt, Lease, TaskSpec
+from ..queue_state import LEASED
+from .checks import check_id as _check_id
+from .checks import check_lease_fields as _check_lease_fields
+from .checks import int_or_none as _int_or_none
+from .epochs import QueueEpochs
+
+_ID_MEMO_SIZE = 1 << 16  # derived attempt ids and tokens remembered (see QueueLeases._derived)
+
+
+class QueueLeases(QueueEpochs):
+    """Derived names, lease checks and expiry, and the readers' protections (D5)."""
+
+    # --- derived names ----------------------------------------------------------------
+    def _id(self, *parts: Any) -> str:
+        """A name derived from this queue's identity (run, namespace, queue) and ``parts``:
+        the same in every process and after recovery, distinct across queues and runs.
+        The hashed text is ``json.dumps([run, namespace, queue, *parts])``; its constant
+        head is encoded once (``_id_head``), which gives the same text."""
+        key = self._id_head + json.dumps(parts, separators=(",", ":"))[1:]
+        return hashlib.sha256(key.encode()).hexdigest()
+
+    def _derived(self, parts: tuple[Any, ...], size: int) -> str:
+        """``_id(*parts)[:size]``, remembered: every lease check derives its attempt id and
+        token again, and hashing them was a visible part of a completion's cost.  The
+        memo only saves the hashing (the values are pure functions of ``parts``); it is
+        bounded by starting afresh when full."""
+        got = self._id_memo.get(parts)
+        if got is None:
+            if len(self._id_memo) >= _ID_MEMO_SIZE:
+                self._id_memo.clear()
+            got = self._id_memo[parts] = self._id(*parts)[:size]
+        return got
+
+    def _attempt_id(self, task_id: str, generation: int) -> str:
+        # generations are never reused (lease grants are journaled), so neither is this
+        return self._derived(("attempt", task_id, generation), 32)
+
+    def _token(self, attempt_id: str, worker_id: str, epoch: int) -> str:
+        # binds the lease's fields: a lease edited by hand (another worker, another epoch)
+        # is not current; it is a checksum, not a secret
+        return self._derived(("lease", attempt_id, worker_id, epoch), 64)
+
+    # --- leases -------------------------------------------------------------------------
+    def _task(self, task_id: object) -> Any:
+        if not isinstance(task_id, str):
+            raise TypeError(f"task_id must be a str, got {type(task_id).__name__}")
+        task = self.state.tasks.get(task_id)
+        if task is None:
+            raise ValueError(f"queue {self.owner}: unknown task id {task_id!r}")
+        return task
+
+    def _check_lease(self, lease: object, *, allow_expired: bool = False,
+                     where: str = "lease") -> Any:
+        """The task of a current lease (mutex held); StaleAttempt/LeaseExpired otherwise."""
+        lease = _check_lease_fields(lease, where)
+        if lease.queue_id != self.queue_id or lease.run_id != self.store.run_id:
+            # another queue's lease authorises nothing here: stale, as straw-queue answers
+            # it, so a heartbeat reports it per lease rather than failing the whole call
+            raise StaleAttempt(f"{where} of queue {lease.queue_id!r} (run {lease.run_id!r}) "
+                               f"given to queue {self.queue_id!r} (run "
+                               f"{self.store.run_id!r}): drop the work, or pass the lease "
+                               "to the coordinator of the queue that granted it")
+        if lease.coordinator_epoch != str(self._epoch):
+            raise StaleAttempt(
+                f"lease of task {lease.task_id!r} attempt {lease.attempt_id} was granted by "
+                f"coordinator epoch {lease.coordinator_epoch}; the queue is at epoch "
+                f"{self._epoch}. Drop the work; the task was returned to the queue")
+        task = self.state.tasks.get(lease.task_id)
+        if task is None:
+            # a lease naming a task the queue does not know (a task id edited, or another
+            # queue's lease) authorises nothing: stale, as straw-queue answers it, so a
+            # heartbeat or release reports it per lease and never fails the whole call
+            raise StaleAttempt(
+                f"lease of task {lease.task_id!r} attempt {lease.attempt_id}: queue "
+                f"{self.owner} has no such task; drop the work (pass the lease that "
+                "acquire returned, unedited)")
+        current = (task.status == LEASED and task.lease is not None
+                   and task.lease[0] == lease.generation and task.lease[1] == lease.worker_id)
+        if not current or lease.attempt_id != self._attempt_id(task.task_id, lease.generation) \
+                or lease.token != self._token(lease.attempt_id, lease.worker_id, self._epoch):
+            raise StaleAttempt(
+                f"task {lease.task_id!r} attempt {lease.attempt_id} (generation "
+                f"{lease.generation}) is no longer leased to {lease.worker_id!r} (status "
+                f"{task.status}, generation {task.attempt})")
+        if not allow_expired and self.clock.now() > self._deadlines.get(lease.task_id, 0.0):
+            # journaled as an expiry by the next acquire; the right to commit ends now
+            raise LeaseExpired(
+                f"lease of task {lease.task_id!r} attempt {lease.attempt_id} expired; renew "
+                "leases with heartbeat before their deadline")
+        return task
+
+    def _expire_locked(self, task: Any) -> int:
+        self._deadlines.pop(task.task_id, None)
+        return self._enqueue({"t": "expire", "task": task.task_id, "attempt": task.attempt})
+
+    def _expire_due(self) -> int | None:
+        """Journal the expiry of every lease past its deadline (mutex held)."""
+        now = self.clock.now()
+        seq = None
+        for tid, deadline in list(self._deadlines.items()):
+            if deadline < now:
+                task = self.state.tasks[tid]
+                if task.status == LEASED:
+                    seq = self._expire_locked(task)
+                else:
+                    del self._deadlines[tid]
+        return seq
+
+    def _lease_from(self, task_id: str, generation: int, worker_id: str, epoch: int) -> Lease:
+        attempt_id = self._attempt_id(task_id, generation)
+        return Lease(self.store.run_id, self.queue_id, task_id, attempt_id, generation,
+                     str(epoch), self._token(attempt_id, worker_id, epoch), worker_id)
+
+    def _lease_of(self, task: Any) -> Lease:
+        generation, worker, epoch = task.lease
+        return self._lease_from(task.task_id, generation, worker, epoch)
+
+    def _spec_of(self, task: Any) -> TaskSpec:
+        records, nbytes, tokens = task.estimates
+        return TaskSpec(task.task_id, self._to_ref(task.input), task.metadata,
+                        task.allow_empty, task.max_attempts, records, nbytes, tokens,
+                        task.control, task.priority, task.key)
+
+    def _receipt(self, pos: int) -> CommitReceipt:
+        rec = self.state.commits[pos]
+        ref = self._to_ref(rec.result)
+        assert ref is not None
+        return CommitReceipt(self._id("commit", pos, rec.submission_id)[:32], rec.task_id,
+                             rec.submission_id, rec.digest, pos, ref)
+
+    # --- readers (D5) ------------------------------------------------------------------
+    def outstanding_reads(self) -> tuple[Lease, ...]:
+        """The leases whose reads were not ended (D5: a reader's protection outlives its
+        lease; only its own completion, failure or yield, ``release_task_reads`` or
+        ``retire_worker`` end it)."""
+        self._check_process()
+        with self._mutex:
+            st = self.state
+            return tuple(self._lease_from(t, a, w, st.read_epochs.get((w, t, a), 0))
+                         for (w, t, a) in sorted(st.reads))
+
+    def release_task_reads(self, leases: Sequence[Lease]) -> None:
+        """A supervisor confirmed that the readers of these leases finished (expired,
+        cancelled or recovered leases included): drop their protection.
+
+        As straw-queue: a lease whose attempt has no outstanding reader (released
+        already, or never granted) releases nothing; a lease naming an outstanding
+        reader's attempt but differing from that reader's lease (an edited task id,
+        worker, generation or token) is ``StaleAttempt`` for the whole call, and nothing
+        is released (D5: only the reader's own lease ends its protection)."""
+        self._check_process()
+        if isinstance(leases, (Lease, Mapping)) or not isinstance(leases, Sequence):
+            raise TypeError("leases must be a list of Lease")
+        leases = [_check_lease_fields(le, f"leases[{i}]") for i, le in enumerate(leases)]
+        seq = None
+        with self._mutex:
+            self._check_usable()
+            st = self.state
+            by_attempt: dict[str, tuple[str, str, int]] | None = None
+            ending = []
+            for i, lease in enumerate(leases):
+                key: tuple[str, str, int] | None = (lease.worker_id, lease.task_id,
+                                                    lease.generation)
+                if key not in st.reads or \
+                        self._attempt_id(lease.task_id, lease.generation) != lease.attempt_id:
+                    # not a reader's own fields: find the reader its attempt id names (the
+                    # whole read set hashed once, only for such a lease)
+                    if by_attempt is None:
+                        by_attempt = {self._attempt_id(t, a): (w, t, a)
+                                      for (w, t, a) in st.reads}
+                    key = by_attempt.get(lease.attempt_id)
+                if key is None:
+                    continue
+                w, t, a = key
+                # 0: a grant recorded before its epoch was (an older snapshot); the token
+                # still binds the epoch the lease states
+                epoch = st.read_epochs.get(key, 0) or _int_or_none(lease.coordinator_epoch)
+                if epoch is None or lease != self._lease_from(t, a, w, epoch):
+                    raise StaleAttempt(
+                        f"leases[{i}] (task {lease.task_id!r}, attempt {lease.attempt_id}, "
+                        f"worker {lease.worker_id!r}) is not the lease of that attempt's "
+                        f"reader (task {t!r}, generation {a}, worker {w!r}); nothing was "
+                        "released. Pass the leases acquire or outstanding_reads returned, "
+                        "unedited")
+                ending.append(key)
+            for _w, t, a in dict.fromkeys(ending):
+                seq = self._enqueue({"t": "reads", "task": t, "attempt": a})
+        if seq is not None:
+            self._wait(seq)
+
+    def retire_worker(self, worker_id: str) -> list[dict[str, Any]]:
+        """The worker is confirmed stopped: its leases are revoked (each spends one unit of
+        its task's budget, failure ``{"category": "WorkerLost"}``) and its read
+        protections dropped.  Returns the receipts (as dicts) of its accepted results
+        that the designated consumer has not processed yet, for the caller to deliver."""
+        self._check_process()
+        _check_id("worker_id", worker_id)
+        with self._mutex:
+            self._check_usable()
+            st = self.state
+            leased = [t for t in self._deadlines if (task := st.tasks[t]).status == LEASED
+                      and task.lease is not None and task.lease[1] == worker_id]
+            seq = None
+            if leased or any(k[0] == worker_id for k in st.reads):
+                seq = self._enqueue({"t": "retire", "worker": worker_id, "revoke": True})
+                for t in leased:
+                    self._deadlines.pop(t, None)
+            c = st.consumers.get(self.consumer_id)
+            start = c.processed if c is not None else 0
+            mine = [pos for pos in range(start, self._durable_commits)
+                    if (st.commits[pos].metadata or {}).get("worker") == worker_id]
+            receipts = [dataclasses.asdict(self._receipt(pos)) for pos in mine]
+        if seq is not None:
+            self._wait(seq)
+        return receipts
