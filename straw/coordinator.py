@@ -70,6 +70,7 @@ from .queue.checks import check_lease_fields as _check_lease_fields
 from .queue.checks import digest as _digest
 from .queue.checks import ref_tuple as _ref_tuple
 from .queue.epochs import queue_dir
+from .queue.names import QueueNames
 from .queue.pipeline import _Adopted
 from .queue.replay import read_state, replay
 from .queue.views import QueueViews
@@ -196,10 +197,7 @@ class Coordinator(QueueViews):
         self.queue_id = queue_id
         self.namespace = namespace
         self.owner = f"queue:{namespace}/{queue_id}"
-        # the constant head of every derived name's hashed text (see _id)
-        self._id_head = json.dumps([store.run_id, namespace, queue_id],
-                                   separators=(",", ":"))[:-1] + ","
-        self._id_memo: dict[tuple[Any, ...], str] = {}
+        self._names = QueueNames(store.run_id, namespace, queue_id)  # derived names
         self.lease_seconds = float(lease_seconds)
         self.exclusive_owner = exclusive_owner
         # deadlines follow the caller's clock; the journal and lock stamps a wall clock
@@ -755,7 +753,7 @@ class Coordinator(QueueViews):
         if [rec.task_id, rec.attempt, rec.digest] != key:
             raise IdempotencyConflict(
                 f"submission_id {submission_id!r} already accepted task {rec.task_id!r} "
-                f"attempt {self._attempt_id(rec.task_id, rec.attempt)} with another result; "
+                f"attempt {self._names.attempt_id(rec.task_id, rec.attempt)} with another result; "
                 "use a new submission_id")
         return self._receipt(pos)
 

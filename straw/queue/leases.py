@@ -15,8 +15,6 @@ completion, failure or yield, ``release_task_reads`` or ``retire_worker`` end it
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -28,41 +26,9 @@ from .checks import check_lease_fields as _check_lease_fields
 from .checks import int_or_none as _int_or_none
 from .epochs import QueueEpochs
 
-_ID_MEMO_SIZE = 1 << 16  # derived attempt ids and tokens remembered (see QueueLeases._derived)
-
 
 class QueueLeases(QueueEpochs):
     """Derived names, lease checks and expiry, and the readers' protections (D5)."""
-
-    # --- derived names ----------------------------------------------------------------
-    def _id(self, *parts: Any) -> str:
-        """A name derived from this queue's identity (run, namespace, queue) and ``parts``:
-        the same in every process and after recovery, distinct across queues and runs.
-        The hashed text is ``json.dumps([run, namespace, queue, *parts])``; its constant
-        head is encoded once (``_id_head``), which gives the same text."""
-        key = self._id_head + json.dumps(parts, separators=(",", ":"))[1:]
-        return hashlib.sha256(key.encode()).hexdigest()
-
-    def _derived(self, parts: tuple[Any, ...], size: int) -> str:
-        """``_id(*parts)[:size]``, remembered: every lease check derives its attempt id and
-        token again, and hashing them was a visible part of a completion's cost.  The
-        memo only saves the hashing (the values are pure functions of ``parts``); it is
-        bounded by starting afresh when full."""
-        got = self._id_memo.get(parts)
-        if got is None:
-            if len(self._id_memo) >= _ID_MEMO_SIZE:
-                self._id_memo.clear()
-            got = self._id_memo[parts] = self._id(*parts)[:size]
-        return got
-
-    def _attempt_id(self, task_id: str, generation: int) -> str:
-        # generations are never reused (lease grants are journaled), so neither is this
-        return self._derived(("attempt", task_id, generation), 32)
-
-    def _token(self, attempt_id: str, worker_id: str, epoch: int) -> str:
-        # binds the lease's fields: a lease edited by hand (another worker, another epoch)
-        # is not current; it is a checksum, not a secret
-        return self._derived(("lease", attempt_id, worker_id, epoch), 64)
 
     # --- leases -------------------------------------------------------------------------
     def _task(self, task_id: object) -> Any:
@@ -100,8 +66,9 @@ class QueueLeases(QueueEpochs):
                 "acquire returned, unedited)")
         current = (task.status == LEASED and task.lease is not None
                    and task.lease[0] == lease.generation and task.lease[1] == lease.worker_id)
-        if not current or lease.attempt_id != self._attempt_id(task.task_id, lease.generation) \
-                or lease.token != self._token(lease.attempt_id, lease.worker_id, self._epoch):
+        names = self._names
+        if not current or lease.attempt_id != names.attempt_id(task.task_id, lease.generation) \
+                or lease.token != names.token(lease.attempt_id, lease.worker_id, self._epoch):
             raise StaleAttempt(
                 f"task {lease.task_id!r} attempt {lease.attempt_id} (generation "
                 f"{lease.generation}) is no longer leased to {lease.worker_id!r} (status "
@@ -131,9 +98,9 @@ class QueueLeases(QueueEpochs):
         return seq
 
     def _lease_from(self, task_id: str, generation: int, worker_id: str, epoch: int) -> Lease:
-        attempt_id = self._attempt_id(task_id, generation)
+        attempt_id = self._names.attempt_id(task_id, generation)
         return Lease(self.store.run_id, self.queue_id, task_id, attempt_id, generation,
-                     str(epoch), self._token(attempt_id, worker_id, epoch), worker_id)
+                     str(epoch), self._names.token(attempt_id, worker_id, epoch), worker_id)
 
     def _lease_of(self, task: Any) -> Lease:
         generation, worker, epoch = task.lease
@@ -149,7 +116,7 @@ class QueueLeases(QueueEpochs):
         rec = self.state.commits[pos]
         ref = self._to_ref(rec.result)
         assert ref is not None
-        return CommitReceipt(self._id("commit", pos, rec.submission_id)[:32], rec.task_id,
+        return CommitReceipt(self._names.name("commit", pos, rec.submission_id)[:32], rec.task_id,
                              rec.submission_id, rec.digest, pos, ref)
 
     # --- readers (D5) ------------------------------------------------------------------
@@ -186,11 +153,11 @@ class QueueLeases(QueueEpochs):
                 key: tuple[str, str, int] | None = (lease.worker_id, lease.task_id,
                                                     lease.generation)
                 if key not in st.reads or \
-                        self._attempt_id(lease.task_id, lease.generation) != lease.attempt_id:
+                        self._names.attempt_id(lease.task_id, lease.generation) != lease.attempt_id:
                     # not a reader's own fields: find the reader its attempt id names (the
                     # whole read set hashed once, only for such a lease)
                     if by_attempt is None:
-                        by_attempt = {self._attempt_id(t, a): (w, t, a)
+                        by_attempt = {self._names.attempt_id(t, a): (w, t, a)
                                       for (w, t, a) in st.reads}
                     key = by_attempt.get(lease.attempt_id)
                 if key is None:

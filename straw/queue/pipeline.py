@@ -54,6 +54,7 @@ from ..queue_state import QueueState, RefTuple
 from ..refs import RecordSetRef, SegmentRef, canonical_metadata, ref_from_tuple
 from ..store import SharedFilesystemStore
 from .checks import check_id as _check_id
+from .names import QueueNames
 
 # adopted extents: each one's segment and, when its checked manifest was at hand (a result's,
 # at completion), what it needs (``ReadSession.needs``), so a collection's walk over the
@@ -90,8 +91,7 @@ class CommitPipeline(ProcessBound):
     journal_dir: str
     history_dir: str
     _marker: QueueMarker | None
-    _id_head: str
-    _id_memo: dict[tuple[Any, ...], str]
+    _names: QueueNames
     # the epoch, its lock, the journal and the state (QueueEpochs._open)
     _epoch: int
     _lock_fd: int | None
