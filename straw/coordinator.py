@@ -46,7 +46,6 @@ from .errors import (
     Fenced,
     IdempotencyConflict,
     InvalidReference,
-    LeaseExpired,
     ResourceLimitExceeded,
     StaleAttempt,
     StorageUnavailable,
@@ -64,6 +63,7 @@ from .protocol import (
     TaskSpec,
     unenforced,
 )
+from .queue import rules
 from .queue.checks import check_id as _check_id
 from .queue.checks import check_int64 as _check_int64
 from .queue.checks import check_lease_fields as _check_lease_fields
@@ -483,20 +483,15 @@ class Coordinator(QueueViews):
             self._fence_check()  # a fenced coordinator must not keep workers busy
         except Fenced as e:
             self._fail(e)
-        out = []
         with self._mutex:
             self._check_usable()
-            for i, lease in enumerate(leases):
-                try:
-                    task = self._check_lease(lease, where=f"leases[{i}]")
-                except LeaseExpired:
-                    out.append("LeaseExpired")
-                    continue
-                except StaleAttempt:
-                    out.append("StaleAttempt")
-                    continue
-                self._deadlines[task.task_id] = self.clock.now() + self.lease_seconds
-                out.append("extended")
+            now = self.clock.now()
+            out = rules.heartbeat(self.state, self._names, leases, self._epoch, now,
+                                  self._deadlines)
+            deadline = now + self.lease_seconds
+            for lease, outcome in zip(leases, out, strict=True):
+                if outcome == "extended":
+                    self._deadlines[lease.task_id] = deadline
         return out
 
     def complete_task(self, lease: Lease, *, submission_id: str, result_ref: RecordSetRef,

@@ -18,9 +18,10 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..errors import LeaseExpired, StaleAttempt
+from ..errors import StaleAttempt
 from ..protocol import CommitReceipt, Lease, TaskSpec
 from ..queue_state import LEASED
+from . import rules
 from .checks import check_id as _check_id
 from .checks import check_lease_fields as _check_lease_fields
 from .checks import int_or_none as _int_or_none
@@ -41,60 +42,21 @@ class QueueLeases(QueueEpochs):
 
     def _check_lease(self, lease: object, *, allow_expired: bool = False,
                      where: str = "lease") -> Any:
-        """The task of a current lease (mutex held); StaleAttempt/LeaseExpired otherwise."""
+        """The task of a current lease (mutex held); StaleAttempt/LeaseExpired otherwise
+        (``rules.current_task``; an expired lease counts with ``allow_expired``)."""
         lease = _check_lease_fields(lease, where)
-        if lease.queue_id != self.queue_id or lease.run_id != self.store.run_id:
-            # another queue's lease authorises nothing here: stale, as straw-queue answers
-            # it, so a heartbeat reports it per lease rather than failing the whole call
-            raise StaleAttempt(f"{where} of queue {lease.queue_id!r} (run {lease.run_id!r}) "
-                               f"given to queue {self.queue_id!r} (run "
-                               f"{self.store.run_id!r}): drop the work, or pass the lease "
-                               "to the coordinator of the queue that granted it")
-        if lease.coordinator_epoch != str(self._epoch):
-            raise StaleAttempt(
-                f"lease of task {lease.task_id!r} attempt {lease.attempt_id} was granted by "
-                f"coordinator epoch {lease.coordinator_epoch}; the queue is at epoch "
-                f"{self._epoch}. Drop the work; the task was returned to the queue")
-        task = self.state.tasks.get(lease.task_id)
-        if task is None:
-            # a lease naming a task the queue does not know (a task id edited, or another
-            # queue's lease) authorises nothing: stale, as straw-queue answers it, so a
-            # heartbeat or release reports it per lease and never fails the whole call
-            raise StaleAttempt(
-                f"lease of task {lease.task_id!r} attempt {lease.attempt_id}: queue "
-                f"{self.owner} has no such task; drop the work (pass the lease that "
-                "acquire returned, unedited)")
-        current = (task.status == LEASED and task.lease is not None
-                   and task.lease[0] == lease.generation and task.lease[1] == lease.worker_id)
-        names = self._names
-        if not current or lease.attempt_id != names.attempt_id(task.task_id, lease.generation) \
-                or lease.token != names.token(lease.attempt_id, lease.worker_id, self._epoch):
-            raise StaleAttempt(
-                f"task {lease.task_id!r} attempt {lease.attempt_id} (generation "
-                f"{lease.generation}) is no longer leased to {lease.worker_id!r} (status "
-                f"{task.status}, generation {task.attempt})")
-        if not allow_expired and self.clock.now() > self._deadlines.get(lease.task_id, 0.0):
-            # journaled as an expiry by the next acquire; the right to commit ends now
-            raise LeaseExpired(
-                f"lease of task {lease.task_id!r} attempt {lease.attempt_id} expired; renew "
-                "leases with heartbeat before their deadline")
-        return task
-
-    def _expire_locked(self, task: Any) -> int:
-        self._deadlines.pop(task.task_id, None)
-        return self._enqueue({"t": "expire", "task": task.task_id, "attempt": task.attempt})
+        now = None if allow_expired else self.clock.now()
+        return rules.current_task(self.state, self._names, lease, self._epoch, now,
+                                  self._deadlines, where)
 
     def _expire_due(self) -> int | None:
-        """Journal the expiry of every lease past its deadline (mutex held)."""
-        now = self.clock.now()
+        """Journal the expiry of every lease past its deadline (mutex held; spec
+        requeue_expired, ``rules.expiries``); the sequence number of the last one."""
         seq = None
-        for tid, deadline in list(self._deadlines.items()):
-            if deadline < now:
-                task = self.state.tasks[tid]
-                if task.status == LEASED:
-                    seq = self._expire_locked(task)
-                else:
-                    del self._deadlines[tid]
+        for tid, txn in rules.expiries(self.state, self._deadlines, self.clock.now()):
+            del self._deadlines[tid]
+            if txn is not None:
+                seq = self._enqueue(txn)
         return seq
 
     def _lease_from(self, task_id: str, generation: int, worker_id: str, epoch: int) -> Lease:

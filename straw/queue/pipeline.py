@@ -38,7 +38,6 @@ from ..clock import Clock
 from ..errors import (
     Closed,
     Fenced,
-    IdempotencyConflict,
     IndeterminateCommit,
     InvalidReference,
     ResourceLimitExceeded,
@@ -53,6 +52,7 @@ from ..queue_marker import QueueMarker
 from ..queue_state import QueueState, RefTuple
 from ..refs import RecordSetRef, SegmentRef, canonical_metadata, ref_from_tuple
 from ..store import SharedFilesystemStore
+from . import rules
 from .checks import check_id as _check_id
 from .names import QueueNames
 
@@ -245,14 +245,7 @@ class CommitPipeline(ProcessBound):
     def _known(self, request_id: str, digest: str, kind: str) -> tuple[str, ...] | None:
         """The reply of an earlier request with this id (mutex held): D7, a retry is
         answered from the state; another content under the id is a conflict."""
-        known = self.state.requests.get(request_id)
-        if known is None:
-            return None
-        if known[0] != digest:
-            raise IdempotencyConflict(
-                f"queue {self.owner}: request_id {request_id!r} was already used for other "
-                f"content (this is a {kind}); use a new request_id for new content")
-        return known[1]
+        return rules.known(self.state, self.owner, request_id, digest, kind)
 
     def _replayed(self, result: tuple[str, ...]) -> tuple[str, ...]:
         """Answer a retry once the original is durable (it may still be in flight)."""
