@@ -312,32 +312,13 @@ class Coordinator(QueueViews):
         try:
             with self._mutex:
                 self._check_usable()
-                known = self._known(request_id, digest, "submit")
-                if known is not None:
-                    seq = -1  # a concurrent retry got there first: replayed below
-                elif self.state.sealed or self._draining:
-                    raise ValueError(f"queue {self.owner}: input is sealed or draining; no "
-                                     "more tasks")
-                else:
-                    for r in rows:
-                        if r[0] in self.state.tasks:
-                            raise IdempotencyConflict(
-                                f"queue {self.owner}: task id {r[0]!r} already exists "
-                                "(submitted by another request); task ids are new within a "
-                                "queue")
-                    if self.state.pending_count + len(rows) > self._bounds.pending_tasks:
-                        raise ResourceLimitExceeded(
-                            f"queue {self.owner} holds {self.state.pending_count} pending "
-                            f"tasks; the limit is {self.limits.pending_tasks} "
-                            "(Limits.pending_tasks)")
-                    seq = self._enqueue({"t": "submit", "req": request_id, "digest": digest,
-                                         "tasks": rows, "producer": producer})
+                decision = rules.submit(self.state, self.owner, request_id, digest, rows,
+                                        producer, draining=self._draining, bounds=self._bounds,
+                                        limits=self.limits)
+                seq = self._commit_decision(decision)
         finally:
             self._done_adopting(adopted)
-        if known is not None:  # outside the mutex: replaying waits for the original
-            return list(self._replayed(known))
-        self._wait(seq, adopted)
-        return [r[0] for r in rows]
+        return self._reply(decision, seq, adopted)
 
     def _task_row(self, w: str, spec: object, seen: set[str]) -> list[Any]:
         """A TaskSpec checked and as its journal row (see ``straw.queue_state``)."""

@@ -247,6 +247,28 @@ class CommitPipeline(ProcessBound):
         answered from the state; another content under the id is a conflict."""
         return rules.known(self.state, self.owner, request_id, digest, kind)
 
+    def _commit_decision(self, decision: rules.Decision,
+                         ending: Iterable[str] = ()) -> int | None:
+        """Mutex held: enqueue ``decision``'s transaction, if it has one, and drop the
+        deadlines of the leases it ends; its sequence number, else None."""
+        if decision.txn is None:
+            return None
+        seq = self._enqueue(decision.txn)
+        for task_id in ending:
+            self._deadlines.pop(task_id, None)
+        return seq
+
+    def _reply(self, decision: rules.Decision, seq: int | None,
+               adopted: _Adopted | None = None) -> Any:
+        """Outside the mutex: ``decision``'s reply once what it answers is durable — its
+        own transaction (``seq``; then the staging of ``adopted`` may go, D2), or for a
+        retry the original, which may still be in flight (D7)."""
+        if decision.replayed:
+            return self._replayed(decision.reply)
+        if seq is not None:
+            self._wait(seq, adopted)
+        return decision.reply
+
     def _replayed(self, result: tuple[str, ...]) -> tuple[str, ...]:
         """Answer a retry once the original is durable (it may still be in flight)."""
         self._wait(self._last_seq)
