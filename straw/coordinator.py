@@ -77,11 +77,9 @@ from .queue.views import QueueViews
 from .queue_marker import QueueMarker
 from .queue_names import check_queue_id
 from .queue_state import (
-    CANCELLED,
     FAILED,
     LEASED,
     PENDING,
-    TERMINAL,
 )
 from .refs import (
     NAME_RE,
@@ -980,22 +978,9 @@ class Coordinator(QueueViews):
         digest = _digest(["cancel", task_id])
         with self._mutex:
             self._check_usable()
-            known = None if request_id is None else self._known(request_id, digest, "cancel")
-            if known is None:
-                task = self._task(task_id)
-                if task.status in TERMINAL:
-                    raise ValueError(f"queue {self.owner}: task {task_id!r} is already "
-                                     f"{task.status}; only pending or leased tasks can be "
-                                     "cancelled")
-                txn: dict[str, Any] = {"t": "cancel", "task": task_id}
-                if request_id is not None:
-                    txn.update(req=request_id, digest=digest, result=[CANCELLED])
-                seq = self._enqueue(txn)
-                self._deadlines.pop(task_id, None)
-        if known is not None:
-            return self._replayed(known)[0]
-        self._wait(seq)
-        return CANCELLED
+            decision = rules.cancel(self.state, self.owner, task_id, request_id, digest)
+            seq = self._commit_decision(decision, [task_id])
+        return self._reply(decision, seq)
 
     def seal_input(self, request_id: str | None = None) -> str:
         """No more submissions: ``acquire`` answers ``end_of_input`` once all are done.

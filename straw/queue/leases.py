@@ -32,14 +32,6 @@ class QueueLeases(QueueEpochs):
     """Derived names, lease checks and expiry, and the readers' protections (D5)."""
 
     # --- leases -------------------------------------------------------------------------
-    def _task(self, task_id: object) -> Any:
-        if not isinstance(task_id, str):
-            raise TypeError(f"task_id must be a str, got {type(task_id).__name__}")
-        task = self.state.tasks.get(task_id)
-        if task is None:
-            raise ValueError(f"queue {self.owner}: unknown task id {task_id!r}")
-        return task
-
     def _check_lease(self, lease: object, *, allow_expired: bool = False,
                      where: str = "lease") -> Any:
         """The task of a current lease (mutex held); StaleAttempt/LeaseExpired otherwise
