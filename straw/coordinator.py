@@ -78,7 +78,6 @@ from .queue_marker import QueueMarker
 from .queue_names import check_queue_id
 from .queue_state import (
     FAILED,
-    LEASED,
     PENDING,
 )
 from .refs import (
@@ -385,36 +384,13 @@ class Coordinator(QueueViews):
     def _grant_locked(self, worker_id: str, max_tasks: int, task_ids: Sequence[str] | None,
                       task_prefix: str | None, control: bool
                       ) -> tuple[str, list[Any], dict[str, Any] | None]:
-        """acquire's choice (mutex held, expiries journaled): (status, the tasks chosen, the
-        lease transaction granting them — for the caller to enqueue — or None)."""
-        lim = self._bounds
-        st = self.state
-        held = in_lane = 0
-        for t in self._deadlines:
-            task = st.tasks[t]
-            if task.status != LEASED or task.lease is None:
-                continue
-            held += task.lease[1] == worker_id
-            in_lane += task.control == control
-        lane_limit = lim.control_tasks if control else lim.inflight_tasks
-        room = min(lim.max_leases_per_worker - held, lane_limit - in_lane)
-        # the control lane drains produced work: a lagging consumer does not hold it
-        lagging = (not control and lim.max_unconsumed_results is not None and
-                   len(st.commits) - st.retirement_cursor(self.consumer_id)
-                   >= lim.max_unconsumed_results)
-        chosen: list[Any] = []
-        if self._draining:  # drain(): nothing more is handed out here
-            status = "draining"
-        elif room <= 0 or lagging:
-            status = "backpressured"
-        else:
-            chosen = self._choose(max_tasks, task_prefix, task_ids, control, room)
-            status = "acquired" if chosen else self._idle_status()
-        if not chosen:
-            return status, chosen, None
-        grants = [[t.task_id, t.attempt + 1] for t in chosen]
-        return status, chosen, {"t": "lease", "epoch": self._epoch, "worker": worker_id,
-                                "grants": grants}
+        """acquire's choice (mutex held, expiries journaled; ``rules.acquire``): (status,
+        the tasks chosen, the lease transaction granting them — for the caller to
+        enqueue — or None)."""
+        return rules.acquire(self.state, worker_id, max_tasks, task_ids, task_prefix, control,
+                             leased=self._deadlines, draining=self._draining,
+                             bounds=self._bounds, consumer_id=self.consumer_id,
+                             epoch=self._epoch)
 
     def _assigned(self, chosen: list[Any]) -> tuple[Assignment, ...]:
         """The assignments of tasks just leased (mutex held, lease applied): their
@@ -423,31 +399,6 @@ class Coordinator(QueueViews):
         for t in chosen:
             self._deadlines[t.task_id] = deadline
         return tuple(Assignment(self._spec_of(t), self._lease_of(t)) for t in chosen)
-
-    def _choose(self, n: int, prefix: str | None, task_ids: Sequence[str] | None,
-                control: bool, room: int) -> list[Any]:
-        n = min(n, room)
-        if task_ids is None:
-            return self.state.best_pending(control, n, prefix)
-        wanted = []
-        for tid in dict.fromkeys(task_ids):  # a repeated id is one task, leased once
-            if not isinstance(tid, str):
-                raise TypeError(f"task_ids must hold str task ids, got {type(tid).__name__}")
-            task = self.state.tasks.get(tid)
-            if task is not None and task.status == PENDING and task.control == control and \
-                    (prefix is None or tid.startswith(prefix)):
-                wanted.append(task)
-        wanted.sort(key=lambda t: t.order())  # scheduling order decides among them
-        return wanted[:n]
-
-    def _idle_status(self) -> str:
-        # straw-queue's answers: ``end_of_input`` only once input is sealed and no task is
-        # pending or leased (a leased one may still come back to pending); ``draining`` is
-        # ``drain()``'s alone (answered before any choice is made)
-        st = self.state
-        if st.sealed and st.pending_count == 0 and st.leased_count == 0:
-            return "end_of_input"
-        return "empty"
 
     def heartbeat(self, leases: Sequence[Lease]) -> list[str]:
         """Renew leases.  One outcome per lease, in order: ``extended`` (its deadline moved
