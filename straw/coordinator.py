@@ -521,14 +521,6 @@ class Coordinator(QueueViews):
             self._complete_seconds.append(time.perf_counter() - started)
         return out
 
-    def _completion_txn(self, task_id: str, lease: Lease, submission_id: str,
-                        ref: RecordSetRef) -> dict[str, Any]:
-        """The journal transaction of an accepted completion (complete_task's and each
-        accepted item of complete_tasks')."""
-        return {"t": "complete", "task": task_id, "attempt": lease.generation,
-                "sub": submission_id, "result": list(_ref_tuple(ref)), "digest": ref.digest,
-                "epoch": self._epoch, "meta": {"worker": lease.worker_id}}
-
     def _complete_batch(self, args: list[tuple[str, Lease, RecordSetRef, list[Any]]],
                         outcomes: list[CommitReceipt | StrawError | None],
                         announced: Announcement) -> tuple[int, _Adopted]:
@@ -568,20 +560,21 @@ class Coordinator(QueueViews):
         try:
             with self._mutex:
                 self._check_usable()
+                now = self.clock.now()
                 txns = []
                 for i, lease, sub, ref, key in checked:
                     try:
-                        done = self._completed_receipt(sub, key)
-                        if done is not None:  # a concurrent call (or an earlier item)
-                            outcomes[i] = done
-                            continue
-                        task = self._check_lease(lease)
+                        pos, txn = rules.complete(self.state, self._names, lease, sub, key,
+                                                  ref, self._epoch, now, self._deadlines)
                     except StrawError as e:
                         outcomes[i] = e
                         continue
-                    txn = self._completion_txn(task.task_id, lease, sub, ref)
+                    if txn is None:  # a concurrent call (or an earlier item)
+                        assert pos is not None
+                        outcomes[i] = self._receipt(pos)
+                        continue
                     self.state.apply(txn)  # journal order = apply order (one frame)
-                    self._deadlines.pop(task.task_id, None)
+                    self._deadlines.pop(txn["task"], None)
                     txns.append(txn)
                 if txns:
                     seq = self.journal.enqueue_many(
@@ -622,8 +615,9 @@ class Coordinator(QueueViews):
         with self._mutex:
             self._check_usable()
             done = self._completed_receipt(submission_id, key)
-            if done is None:
-                allow_empty = self._check_lease(lease, allow_expired=True).allow_empty
+            if done is None:  # the lease is current, expired or not (spec complete)
+                allow_empty = rules.current_task(self.state, self._names, lease, self._epoch,
+                                                 None, self._deadlines).allow_empty
         if done is not None:
             return self._last_seq, done, {}, None
         if key[2] != ref.digest:
@@ -635,18 +629,16 @@ class Coordinator(QueueViews):
         try:
             with self._mutex:
                 self._check_usable()
-                done = self._completed_receipt(submission_id, key)
-                if done is None:
-                    task = self._check_lease(lease)
-                    txn = self._completion_txn(task.task_id, lease, submission_id, ref)
-                    if then_acquire is None:
-                        seq = self._enqueue(txn)
-                        self._deadlines.pop(task.task_id, None)
-                    else:
-                        seq, got = self._complete_then_grant(txn, lease.worker_id,
-                                                             *then_acquire)
+                pos, txn = rules.complete(self.state, self._names, lease, submission_id, key,
+                                          ref, self._epoch, self.clock.now(), self._deadlines)
+                if txn is None:  # a concurrent retry got there first
+                    assert pos is not None
+                    done, seq = self._receipt(pos), self._last_seq
+                elif then_acquire is None:
+                    seq = self._enqueue(txn)
+                    self._deadlines.pop(txn["task"], None)
                 else:
-                    seq = self._last_seq
+                    seq, got = self._complete_then_grant(txn, lease.worker_id, *then_acquire)
         finally:
             self._done_adopting(adopted)
         return seq, done, adopted, got
@@ -671,16 +663,9 @@ class Coordinator(QueueViews):
         return seq, AcquireResult(status, self._assigned(chosen))
 
     def _completed_receipt(self, submission_id: str, key: list[Any]) -> CommitReceipt | None:
-        pos = self.state.submissions.get(submission_id)
-        if pos is None:
-            return None
-        rec = self.state.commits[pos]
-        if [rec.task_id, rec.attempt, rec.digest] != key:
-            raise IdempotencyConflict(
-                f"submission_id {submission_id!r} already accepted task {rec.task_id!r} "
-                f"attempt {self._names.attempt_id(rec.task_id, rec.attempt)} with another result; "
-                "use a new submission_id")
-        return self._receipt(pos)
+        """The receipt of an accepted completion with this submission id (D7), or None."""
+        pos = rules.completed(self.state, self._names, submission_id, key)
+        return None if pos is None else self._receipt(pos)
 
     def _check_result(self, ref: RecordSetRef, lease: Lease, allow_empty: bool) -> None:
         """The result belongs to the lease's attempt and is within the result limits."""
