@@ -77,7 +77,6 @@ from .queue.views import QueueViews
 from .queue_marker import QueueMarker
 from .queue_names import check_queue_id
 from .queue_state import (
-    FAILED,
     PENDING,
 )
 from .refs import (
@@ -721,22 +720,10 @@ class Coordinator(QueueViews):
                           retryable])
         with self._mutex:
             self._check_usable()
-            known = None if request_id is None else self._known(request_id, digest, "fail")
-            if known is None:
-                task = self._check_lease(lease)
-                final = (not retryable) or task.failures + 1 >= task.max_attempts
-                outcome = FAILED if final else PENDING
-                txn: dict[str, Any] = {"t": "fail", "task": task.task_id,
-                                       "attempt": lease.generation, "error": error,
-                                       "final": final}
-                if request_id is not None:
-                    txn.update(req=request_id, digest=digest, result=[outcome])
-                seq = self._enqueue(txn)
-                self._deadlines.pop(task.task_id, None)
-        if known is not None:
-            return self._replayed(known)[0]
-        self._wait(seq)
-        return outcome
+            decision = rules.fail(self.state, self._names, lease, request_id, digest, error,
+                                  retryable, self._epoch, self.clock.now(), self._deadlines)
+            seq = self._commit_decision(decision, [lease.task_id])
+        return self._reply(decision, seq)
 
     def yield_task(self, lease: Lease, *, request_id: str,
                    input_ref: RecordSetRef | None) -> str:
