@@ -47,7 +47,6 @@ from .errors import (
     IdempotencyConflict,
     InvalidReference,
     ResourceLimitExceeded,
-    StaleAttempt,
     StorageUnavailable,
     StrawError,
     UnsafeRecovery,
@@ -860,35 +859,11 @@ class Coordinator(QueueViews):
                                       for le in leases]])
         with self._mutex:
             self._check_usable()
-            known = None if request_id is None else self._known(request_id, digest,
-                                                                "release")
-            if known is None:
-                rows, outcomes = [], []
-                for i, lease in enumerate(leases):
-                    try:
-                        task = self._check_lease(lease, allow_expired=True,
-                                                 where=f"leases[{i}]")
-                    except StaleAttempt:
-                        outcomes.append("StaleAttempt")
-                        continue
-                    if [task.task_id, lease.generation] in rows:
-                        outcomes.append("StaleAttempt")  # given twice: released once
-                        continue
-                    rows.append([task.task_id, lease.generation])
-                    outcomes.append("released")
-                seq = None
-                if rows:
-                    txn: dict[str, Any] = {"t": "release", "leases": rows}
-                    if request_id is not None:
-                        txn.update(req=request_id, digest=digest, result=outcomes)
-                    seq = self._enqueue(txn)
-                    for tid, _ in rows:
-                        self._deadlines.pop(tid, None)
-        if known is not None:
-            return list(self._replayed(known))
-        if seq is not None:
-            self._wait(seq)
-        return outcomes
+            decision = rules.release_leases(self.state, self._names, leases, request_id,
+                                            digest, self._epoch)
+            ended = [] if decision.txn is None else [r[0] for r in decision.txn["leases"]]
+            seq = self._commit_decision(decision, ended)
+        return self._reply(decision, seq)
 
     def cancel_task(self, task_id: str, *, request_id: str | None = None) -> str:
         """Cancel a pending or leased task (its lease can no longer commit; a reader keeps
