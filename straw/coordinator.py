@@ -766,29 +766,13 @@ class Coordinator(QueueViews):
         try:
             with self._mutex:
                 self._check_usable()
-                known = self._known(request_id, digest, "yield")
-                if known is None:
-                    txn_rows = []
-                    for i, (lease, ref, prio, key, meta) in enumerate(rows):
-                        task = self._check_lease(lease, where=f"updates[{i}]['lease']")
-                        prio = task.priority if prio is None else prio
-                        key = task.key if key is None else key
-                        meta = task.metadata if meta is None else meta
-                        new_input = list(_ref_tuple(ref)) if ref is not None else (
-                            list(task.input) if task.input else None)
-                        txn_rows.append([task.task_id, lease.generation, new_input, prio, key,
-                                         meta])
-                    seq = self._enqueue({"t": "yield", "req": request_id, "digest": digest,
-                                         "updates": txn_rows})
-                    for r in txn_rows:
-                        self._deadlines.pop(r[0], None)
+                decision = rules.yield_tasks(self.state, self._names, rows, request_id, digest,
+                                             self._epoch, self.clock.now(), self._deadlines)
+                ended = [] if decision.txn is None else [r[0] for r in decision.txn["updates"]]
+                seq = self._commit_decision(decision, ended)
         finally:
             self._done_adopting(adopted)
-        if known is not None:
-            self._replayed(known)
-            return PENDING
-        self._wait(seq, adopted)
-        return PENDING
+        return self._reply(decision, seq, adopted)
 
     def _updates(self, updates: object) -> list[tuple[int, Mapping[str, Any]]]:
         if isinstance(updates, (Mapping, str, bytes)) or not isinstance(updates, Sequence):

@@ -25,7 +25,7 @@ MODULE_LINES, CLASS_LINES, FUNCTION_LINES = 600, 500, 70
 # (kind, qualified name) -> lines today.  May only shrink; remove an entry once it fits.
 OVERSIZED: dict[tuple[str, str], int] = {
     ("class", "straw.catalog.Catalog"): 1013,
-    ("class", "straw.coordinator.Coordinator"): 809,
+    ("class", "straw.coordinator.Coordinator"): 793,
     ("class", "straw.journal.Journal"): 575,
     ("class", "straw.reader.ReadSession"): 975,
     ("class", "straw.rollout.builder.BatchBuilder"): 732,
@@ -62,7 +62,7 @@ OVERSIZED: dict[tuple[str, str], int] = {
     ("module", "straw.catalog"): 1470,
     ("module", "straw.cli.demo"): 666,
     ("module", "straw.codec"): 650,
-    ("module", "straw.coordinator"): 926,
+    ("module", "straw.coordinator"): 910,
     ("module", "straw.fs"): 611,
     ("module", "straw.journal"): 1324,
     ("module", "straw.queue_state"): 1089,
