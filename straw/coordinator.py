@@ -75,9 +75,7 @@ from .queue.replay import read_state, replay
 from .queue.views import QueueViews
 from .queue_marker import QueueMarker
 from .queue_names import check_queue_id
-from .queue_state import (
-    PENDING,
-)
+from .queue_state import PENDING
 from .refs import (
     NAME_RE,
     RecordSetRef,

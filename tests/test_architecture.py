@@ -62,7 +62,7 @@ OVERSIZED: dict[tuple[str, str], int] = {
     ("module", "straw.catalog"): 1470,
     ("module", "straw.cli.demo"): 666,
     ("module", "straw.codec"): 650,
-    ("module", "straw.coordinator"): 910,
+    ("module", "straw.coordinator"): 908,
     ("module", "straw.fs"): 611,
     ("module", "straw.journal"): 1324,
     ("module", "straw.queue_state"): 1089,
