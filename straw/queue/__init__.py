@@ -1,0 +1,21 @@
+"""The queue: one coordinator per queue, the single writer of its journal.
+
+The ``Coordinator`` (``straw.coordinator``, the module path callers import) is assembled
+from one class per concern, each in its own module and each built on the ones below it
+(a layer uses only what is beneath it)::
+
+    Coordinator        straw.coordinator   argument checks, then the pipeline with the rule
+    QueueViews         views.py            reads of the state, inspection, metrics
+    QueueBatches       batches.py          batches and checkpoints
+    QueueConsumers     consumers.py        consumers: tokens, saves, acknowledgements, rewinds
+    QueueLeases        leases.py           derived names, lease checks, expiry, readers (D5)
+    QueueEpochs        epochs.py           exclusivity, epochs, recovery, fencing (D8, D9)
+    CommitPipeline     pipeline.py         mutex, adopt (D2), enqueue, wait, reply; collection
+
+Beside them, ``rules.py`` holds the decisions themselves: one pure function per spec
+action (``spec/actions.py``), which reads the ``QueueState`` and the call's arguments and
+returns the journal transaction and reply, or raises the straw error; ``checks.py`` the
+argument checks shared by every call; ``replay.py`` the state of a journal (recovery,
+operator views).  This package is core: it never imports ``straw.rollout``, ``straw.cli``
+or ``straw.qualify``.
+"""

@@ -1,0 +1,160 @@
+"""Leases and readers of a queue: derived names, lease checks, expiry (Q3, D5).
+
+A lease names its task, attempt (generation), worker and the epoch that granted it; its
+``attempt_id`` and ``token`` are names derived from the queue's identity (the same in
+every process and after recovery), so a lease edited by hand is not current.  A lease
+may commit only while it is current: its task is leased to that attempt and worker by
+this coordinator's epoch, and its deadline (in memory: recovery revokes every lease
+anyway) has not passed.  An expired lease is journaled as ``expire`` when noticed.
+
+A reader's protection outlives its lease (D5): lease expiry, cancellation and a new
+coordinator revoke the right to commit, never the read; only the reader's own
+completion, failure or yield, ``release_task_reads`` or ``retire_worker`` end it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..errors import StaleAttempt
+from ..protocol import CommitReceipt, Lease, TaskSpec
+from ..queue_state import LEASED
+from . import rules
+from .checks import check_id as _check_id
+from .checks import check_lease_fields as _check_lease_fields
+from .checks import int_or_none as _int_or_none
+from .epochs import QueueEpochs
+
+
+class QueueLeases(QueueEpochs):
+    """Derived names, lease checks and expiry, and the readers' protections (D5)."""
+
+    # --- leases -------------------------------------------------------------------------
+    def _check_lease(self, lease: object, *, allow_expired: bool = False,
+                     where: str = "lease") -> Any:
+        """The task of a current lease (mutex held); StaleAttempt/LeaseExpired otherwise
+        (``rules.current_task``; an expired lease counts with ``allow_expired``)."""
+        lease = _check_lease_fields(lease, where)
+        now = None if allow_expired else self.clock.now()
+        return rules.current_task(self.state, self._names, lease, self._epoch, now,
+                                  self._deadlines, where)
+
+    def _expire_due(self) -> int | None:
+        """Journal the expiry of every lease past its deadline (mutex held; spec
+        requeue_expired, ``rules.expiries``); the sequence number of the last one."""
+        seq = None
+        for tid, txn in rules.expiries(self.state, self._deadlines, self.clock.now()):
+            del self._deadlines[tid]
+            if txn is not None:
+                seq = self._enqueue(txn)
+        return seq
+
+    def _lease_from(self, task_id: str, generation: int, worker_id: str, epoch: int) -> Lease:
+        attempt_id = self._names.attempt_id(task_id, generation)
+        return Lease(self.store.run_id, self.queue_id, task_id, attempt_id, generation,
+                     str(epoch), self._names.token(attempt_id, worker_id, epoch), worker_id)
+
+    def _lease_of(self, task: Any) -> Lease:
+        generation, worker, epoch = task.lease
+        return self._lease_from(task.task_id, generation, worker, epoch)
+
+    def _spec_of(self, task: Any) -> TaskSpec:
+        records, nbytes, tokens = task.estimates
+        return TaskSpec(task.task_id, self._to_ref(task.input), task.metadata,
+                        task.allow_empty, task.max_attempts, records, nbytes, tokens,
+                        task.control, task.priority, task.key)
+
+    def _receipt(self, pos: int) -> CommitReceipt:
+        rec = self.state.commits[pos]
+        ref = self._to_ref(rec.result)
+        assert ref is not None
+        return CommitReceipt(self._names.name("commit", pos, rec.submission_id)[:32], rec.task_id,
+                             rec.submission_id, rec.digest, pos, ref)
+
+    # --- readers (D5) ------------------------------------------------------------------
+    def outstanding_reads(self) -> tuple[Lease, ...]:
+        """The leases whose reads were not ended (D5: a reader's protection outlives its
+        lease; only its own completion, failure or yield, ``release_task_reads`` or
+        ``retire_worker`` end it)."""
+        self._check_process()
+        with self._mutex:
+            st = self.state
+            return tuple(self._lease_from(t, a, w, st.read_epochs.get((w, t, a), 0))
+                         for (w, t, a) in sorted(st.reads))
+
+    def release_task_reads(self, leases: Sequence[Lease]) -> None:
+        """A supervisor confirmed that the readers of these leases finished (expired,
+        cancelled or recovered leases included): drop their protection.
+
+        As straw-queue: a lease whose attempt has no outstanding reader (released
+        already, or never granted) releases nothing; a lease naming an outstanding
+        reader's attempt but differing from that reader's lease (an edited task id,
+        worker, generation or token) is ``StaleAttempt`` for the whole call, and nothing
+        is released (D5: only the reader's own lease ends its protection)."""
+        self._check_process()
+        if isinstance(leases, (Lease, Mapping)) or not isinstance(leases, Sequence):
+            raise TypeError("leases must be a list of Lease")
+        leases = [_check_lease_fields(le, f"leases[{i}]") for i, le in enumerate(leases)]
+        seq = None
+        with self._mutex:
+            self._check_usable()
+            st = self.state
+            by_attempt: dict[str, tuple[str, str, int]] | None = None
+            ending = []
+            for i, lease in enumerate(leases):
+                key: tuple[str, str, int] | None = (lease.worker_id, lease.task_id,
+                                                    lease.generation)
+                if key not in st.reads or \
+                        self._names.attempt_id(lease.task_id, lease.generation) != lease.attempt_id:
+                    # not a reader's own fields: find the reader its attempt id names (the
+                    # whole read set hashed once, only for such a lease)
+                    if by_attempt is None:
+                        by_attempt = {self._names.attempt_id(t, a): (w, t, a)
+                                      for (w, t, a) in st.reads}
+                    key = by_attempt.get(lease.attempt_id)
+                if key is None:
+                    continue
+                w, t, a = key
+                # 0: a grant recorded before its epoch was (an older snapshot); the token
+                # still binds the epoch the lease states
+                epoch = st.read_epochs.get(key, 0) or _int_or_none(lease.coordinator_epoch)
+                if epoch is None or lease != self._lease_from(t, a, w, epoch):
+                    raise StaleAttempt(
+                        f"leases[{i}] (task {lease.task_id!r}, attempt {lease.attempt_id}, "
+                        f"worker {lease.worker_id!r}) is not the lease of that attempt's "
+                        f"reader (task {t!r}, generation {a}, worker {w!r}); nothing was "
+                        "released. Pass the leases acquire or outstanding_reads returned, "
+                        "unedited")
+                ending.append(key)
+            for _w, t, a in dict.fromkeys(ending):
+                seq = self._enqueue({"t": "reads", "task": t, "attempt": a})
+        if seq is not None:
+            self._wait(seq)
+
+    def retire_worker(self, worker_id: str) -> list[dict[str, Any]]:
+        """The worker is confirmed stopped: its leases are revoked (each spends one unit of
+        its task's budget, failure ``{"category": "WorkerLost"}``) and its read
+        protections dropped.  Returns the receipts (as dicts) of its accepted results
+        that the designated consumer has not processed yet, for the caller to deliver."""
+        self._check_process()
+        _check_id("worker_id", worker_id)
+        with self._mutex:
+            self._check_usable()
+            st = self.state
+            leased = [t for t in self._deadlines if (task := st.tasks[t]).status == LEASED
+                      and task.lease is not None and task.lease[1] == worker_id]
+            seq = None
+            if leased or any(k[0] == worker_id for k in st.reads):
+                seq = self._enqueue({"t": "retire", "worker": worker_id, "revoke": True})
+                for t in leased:
+                    self._deadlines.pop(t, None)
+            c = st.consumers.get(self.consumer_id)
+            start = c.processed if c is not None else 0
+            mine = [pos for pos in range(start, self._durable_commits)
+                    if (st.commits[pos].metadata or {}).get("worker") == worker_id]
+            receipts = [dataclasses.asdict(self._receipt(pos)) for pos in mine]
+        if seq is not None:
+            self._wait(seq)
+        return receipts
