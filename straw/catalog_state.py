@@ -245,17 +245,21 @@ class CatalogState:
             todo.extend(self.edges.get(e, ()))
         return None
 
-    def live_extents(self) -> set[Extent]:
-        todo = [e for roots in self.owners.values() for e in roots]
-        todo.extend(self.staged_extents())
-        live: set[Extent] = set()
+    def closure(self, roots: Iterable[Extent]) -> set[Extent]:
+        """``roots`` and every extent they reach through dependency edges (D4)."""
+        todo = list(roots)
+        seen: set[Extent] = set()
         while todo:
             e = todo.pop()
-            if e in live:
+            if e in seen:
                 continue
-            live.add(e)
+            seen.add(e)
             todo.extend(self.edges.get(e, ()))
-        return live
+        return seen
+
+    def live_extents(self) -> set[Extent]:
+        return self.closure([*(e for roots in self.owners.values() for e in roots),
+                             *self.staged_extents()])
 
     def live_packs(self) -> set[str]:
         live = {p for p, _ in self.live_extents()}

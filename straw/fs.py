@@ -347,12 +347,8 @@ class PosixFS(Filesystem):
         # so there is no window between a check and the open.  O_NONBLOCK: opening a FIFO
         # must not wait for a writer (it has no effect on regular files).
         parts = beneath_parts(rel)
-        dir_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        dir_fd = _parent_beneath(root, parts, rel)
         try:
-            for name in parts[:-1]:
-                nxt = _open_at(name, _DIR_FLAGS, dir_fd, rel)
-                os.close(dir_fd)
-                dir_fd = nxt
             fd = _open_at(parts[-1], _FILE_FLAGS, dir_fd, rel)
         finally:
             os.close(dir_fd)
@@ -369,12 +365,8 @@ class PosixFS(Filesystem):
 
     def unlink_beneath(self, root: str, rel: str) -> None:
         parts = beneath_parts(rel)
-        dir_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        dir_fd = _parent_beneath(root, parts, rel)
         try:
-            for name in parts[:-1]:
-                nxt = _open_at(name, _DIR_FLAGS, dir_fd, rel)
-                os.close(dir_fd)
-                dir_fd = nxt
             os.unlink(parts[-1], dir_fd=dir_fd)  # a final symlink is removed, not followed
         finally:
             os.close(dir_fd)
@@ -509,6 +501,21 @@ _fallocate = _load_fallocate()
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+
+
+def _parent_beneath(root: str, parts: list[str], rel: str) -> int:
+    """A descriptor of the directory holding ``parts[-1]`` beneath ``root``, reached
+    component by component with O_NOFOLLOW (``NotBeneath`` at a symlink)."""
+    dir_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for name in parts[:-1]:
+            nxt = _open_at(name, _DIR_FLAGS, dir_fd, rel)
+            os.close(dir_fd)
+            dir_fd = nxt
+    except BaseException:
+        os.close(dir_fd)
+        raise
+    return dir_fd
 
 
 def _open_at(name: str, flags: int, dir_fd: int, rel: str) -> int:

@@ -107,14 +107,7 @@ def _size(fs: Filesystem, root: str, rel: str) -> int:
 
 def _closure(st: CatalogState, roots: Iterable[tuple[str, int]]) -> set[str]:
     """Packs reached from ``roots`` through dependency edges (D4)."""
-    todo, seen = list(roots), set()
-    while todo:
-        e = todo.pop()
-        if e in seen:
-            continue
-        seen.add(e)
-        todo.extend(st.edges.get(e, ()))
-    return {p for p, _ in seen}
+    return {p for p, _ in st.closure(roots)}
 
 
 def catalog_view(fs: Filesystem, root: str, st: CatalogState) -> dict[str, Any]:

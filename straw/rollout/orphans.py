@@ -140,30 +140,27 @@ def namers(pool_root: str | os.PathLike[str], directories: Sequence[str] | None 
                 return path
         return None
 
-    def incomplete() -> tuple[str, str]:
-        return UNKNOWN, (f"the search of {where} stopped short ({found.entries} entries; "
-                         "a bound or an unreadable directory): search a narrower directory")
+    def judge(run: str, name: str, file: str, live_saver: bool, why: str
+              ) -> tuple[str, str]:
+        path = named_by(run, name)
+        if path is not None:
+            return NAMED, f"{file} {path}"
+        if not found.complete:
+            return UNKNOWN, (f"the search of {where} stopped short ({found.entries} "
+                             "entries; a bound or an unreadable directory): search a "
+                             "narrower directory")
+        if live_saver and found.live_controllers:
+            return UNKNOWN, (f"no {file} under {where} names it, but the controller of "
+                             f"{found.live_controllers[0]} may be saving it now")
+        return ORPHAN, f"no {file} under {where} names it ({why})"
 
     def checkpoint(run: str, name: str) -> tuple[str, str]:
-        path = named_by(run, name)
-        if path is not None:
-            return NAMED, f"commit marker {path}"
-        if not found.complete:
-            return incomplete()
-        if found.live_controllers:
-            return UNKNOWN, (f"no commit marker under {where} names it, but the controller "
-                             f"of {found.live_controllers[0]} may be saving it now")
-        return ORPHAN, (f"no commit marker under {where} names it (a save killed before "
-                        "its marker, or a deleted checkpoint)")
+        return judge(run, name, "commit marker", True,
+                     "a save killed before its marker, or a deleted checkpoint")
 
     def archive(run: str, name: str) -> tuple[str, str]:
-        path = named_by(run, name)
-        if path is not None:
-            return NAMED, f"archive index {path}"
-        if not found.complete:
-            return incomplete()
-        return ORPHAN, (f"no archive index under {where} names it (deleted, or moved "
-                        "elsewhere: search there too)")
+        return judge(run, name, "archive index", False,
+                     "deleted, or moved elsewhere: search there too")
 
     return {CHECKPOINT_PREFIX: checkpoint, ARCHIVE_PREFIX: archive}
 
