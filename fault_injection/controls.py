@@ -51,11 +51,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from fault_injection.journal_campaign import JOURNAL_CONTROLS
-from straw import catalog, framing, pack, recovery, writer
+from straw import catalog, framing
 from straw.catalog import Catalog
 from straw.catalog_read import decode_ops
 from straw.catalog_state import LEGACY_RUN, CatalogState
 from straw.errors import CorruptData
+from straw.pool import pack, recovery, writer
 
 
 class _SkipOps:
