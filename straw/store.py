@@ -17,10 +17,25 @@ from .errors import (
     UnknownCodec,
     UnsupportedSchema,
     WriterBusy,
+    storage_error,
 )
 from .fs import Filesystem, PosixFS
-from .pool.pack import EXTENT_PREFIX, encode_extent, storage_error
-from .pool.recovery import incarnations, recover_writer, ref_from_entry, seal_dead_writers
+from .pool.arguments import (
+    BUILTIN_CODECS,
+    MANIFEST_CODECS,
+    PIN_OWNER_PREFIX,
+    RESERVED_OWNER_PREFIXES,
+    check_owner,
+)
+from .pool.opening import ONLINE_GC_MARKER, POOL_FORMAT
+from .pool.pack import EXTENT_PREFIX, encode_extent
+from .pool.recovery import (
+    Submission,
+    incarnations,
+    recover_writer,
+    ref_from_entry,
+    seal_dead_writers,
+)
 from .pool.refs import (
     NAME_RE,
     PACK_SUFFIXES,
@@ -35,24 +50,16 @@ from .pool.refs import (
     check_name,
     payload_view,
 )
+from .pool.retention import HOLD_API, Pin
 from .pool.store import (
-    BUILTIN_CODECS,
     DEFAULT_MAX_BUFFER_BYTES,
     DEFAULT_MAX_RECORD_BYTES,
     DEFAULT_RESERVE,
     DEFAULT_SEGMENT_TARGET,
-    HOLD_API,
-    MANIFEST_CODECS,
     MAX_RECORDS,
-    ONLINE_GC_MARKER,
-    PIN_OWNER_PREFIX,
-    POOL_FORMAT,
-    RESERVED_OWNER_PREFIXES,
-    Pin,
     SharedFilesystemStore,
-    check_owner,
 )
-from .pool.writer import RETIRED, Submission, WriterIncarnation
+from .pool.writer import RETIRED, WriterIncarnation
 from .process import ProcessBound
 from .reader import PackStatus, ReadSession, drop_reclaimed, envelope_dict
 

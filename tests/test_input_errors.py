@@ -20,7 +20,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 import straw.codec as C
-import straw.pool.store as store_mod
+import straw.pool.arguments as store_mod
 from straw import (
     CorruptData,
     InvalidReference,
