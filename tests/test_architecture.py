@@ -29,7 +29,6 @@ OVERSIZED: dict[tuple[str, str], int] = {
     ("class", "straw.journal.Journal"): 575,
     ("class", "straw.reader.ReadSession"): 975,
     ("class", "straw.rollout.builder.BatchBuilder"): 732,
-    ("class", "straw.pool.store.SharedFilesystemStore"): 526,
     ("class", "straw.tensor.TensorRef"): 683,
     ("function", "fault_injection.campaigns.main"): 74,
     ("function", "fault_injection.store_fuzz._writer_loop"): 77,
@@ -69,7 +68,6 @@ OVERSIZED: dict[tuple[str, str], int] = {
     ("module", "straw.rollout.builder"): 1178,
     ("module", "straw.rollout.generation"): 617,
     ("module", "straw.rollout.ray.actors"): 613,
-    ("module", "straw.pool.store"): 644,
     ("module", "straw.tensor"): 1455,
 }
 

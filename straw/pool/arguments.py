@@ -16,7 +16,7 @@ from typing import Any
 import msgpack
 import xxhash
 
-from ..checks import check_u64, check_usage_total, short_repr
+from ..checks import check_count, check_seconds, check_u64, check_usage_total, short_repr
 from ..errors import (
     InvalidRecordId,
     InvalidReference,
@@ -32,6 +32,7 @@ from .refs import (
     RecordRef,
     RecordSetRef,
     canonical_metadata,
+    check_name,
     payload_view,
 )
 
@@ -288,3 +289,26 @@ def checked(refs: Iterable[Any], where: str, run_id: str, canonical: Callable[[A
                                    f"this store is run {run_id!r}")
         out.append(r)
     return out
+
+
+def check_options(segment_target_bytes: int, max_record_bytes: int, max_buffer_bytes: int,
+                  reserve_bytes: int, visibility_retries: int, visibility_backoff: float,
+                  online_gc: bool, enforce_limits: bool, codecs: Iterable[str]) -> set[str]:
+    """The store's options checked (``TypeError``/``ValueError`` naming the first wrong
+    one); the codec names it adds to the built-ins."""
+    check_count("segment_target_bytes", segment_target_bytes)
+    check_count("max_record_bytes", max_record_bytes, minimum=1)
+    check_count("max_buffer_bytes", max_buffer_bytes, minimum=1)
+    check_count("reserve_bytes", reserve_bytes)
+    check_count("visibility_retries", visibility_retries)
+    check_seconds("visibility_backoff", visibility_backoff, positive=False)
+    if not isinstance(online_gc, bool):
+        raise TypeError(f"online_gc must be a bool, got {type(online_gc).__name__}")
+    if not isinstance(enforce_limits, bool):
+        raise TypeError(f"enforce_limits must be a bool, got {type(enforce_limits).__name__}")
+    if isinstance(codecs, str):
+        raise TypeError("codecs must be an iterable of codec names, not one str")
+    extra = set()
+    for c in codecs:
+        extra.add(check_name("codec name", c))
+    return extra

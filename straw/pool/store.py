@@ -53,21 +53,19 @@ from typing import Any
 from .. import framing
 from ..backend import FilesystemBackend
 from ..catalog import Catalog, Extent
-from ..checks import check_count, check_seconds
 from ..clock import Clock, SystemClock
-from ..errors import Closed, InvalidReference, StorageUnavailable, StrawError
+from ..errors import Closed, InvalidReference, StorageUnavailable
 from ..fs import Filesystem, PosixFS
 from ..process import ProcessBound
-from ..reader import PackStatus, ReadSession, drop_reclaimed, envelope_dict
+from ..reader import PackStatus, ReadSession, envelope_dict
 from . import hold_owners
-from .arguments import BUILTIN_CODECS, MANIFEST_CODECS, PublicationRules
+from .arguments import BUILTIN_CODECS, MANIFEST_CODECS, PublicationRules, check_options
+from .collection import collect, disk_usage, pack_status
 from .opening import check_backend, mark_online_gc, open_pool
 from .pack import EXTENT_PREFIX
 from .publisher import Publisher
 from .receipts import WriterReceipts
-from .recovery import seal_dead_writers
 from .refs import (
-    PACK_SUFFIXES,
     Manifest,
     Publication,
     Record,
@@ -138,9 +136,9 @@ class SharedFilesystemStore(ProcessBound):
         # that restarts: its submission ids survive its incarnations (D7).
         self._writer_id = check_name("writer_id", writer_id) if writer_id is not None \
             else uuid.uuid4().hex
-        extra = _check_options(segment_target_bytes, max_record_bytes, max_buffer_bytes,
-                               reserve_bytes, visibility_retries, visibility_backoff,
-                               online_gc, enforce_limits, codecs)
+        extra = check_options(segment_target_bytes, max_record_bytes, max_buffer_bytes,
+                              reserve_bytes, visibility_retries, visibility_backoff,
+                              online_gc, enforce_limits, codecs)
         self.codecs = frozenset(BUILTIN_CODECS) | frozenset(MANIFEST_CODECS) | extra
         self.fs = fs or PosixFS()
         self.clock = clock or SystemClock()
@@ -241,7 +239,6 @@ class SharedFilesystemStore(ProcessBound):
             self._check_open()
             if self._writer is not None:
                 self._writer.seal()
-
 
     # --- publishing ---------------------------------------------------------------------
     def publish(self, records: Sequence[Record], *, submission_id: str,
@@ -395,20 +392,7 @@ class SharedFilesystemStore(ProcessBound):
         and the damage their recovery found (``damaged``).  It also drops the preparation
         holds of writers it finds dead (``straw.pool.hold_owners``)."""
         self._check_open()
-        with self._write_lock:
-            if self._writer is not None:
-                self._writer.seal_abandoned()
-                self._writer.seal_if_full()  # no later publication would add to it
-        on_behalf, damaged = seal_dead_writers(self.fs, self.root, self.catalog, self.clock,
-                                              run=self.run_id)
-        result = self.catalog.collect()
-        hold_owners.release_holds_of_dead_writers(self.fs, self.root, self.catalog, self.clock,
-                                            result["owner_names"], live_writer=self.writer_id)
-        drop_reclaimed(self._session.real_root,
-                       result["tombstoned"] + result["finished_interrupted"])
-        result["sealed_for_dead_writers"] = on_behalf
-        result["damaged"] = [d.as_dict() for d in damaged]
-        return result
+        return collect(self)
 
     def repair_catalog(self) -> list[dict[str, Any]]:
         """Operator repair of a damaged catalog (after ``CorruptData`` naming this call).
@@ -565,50 +549,14 @@ class SharedFilesystemStore(ProcessBound):
         return self._receipts.retire_writer(writer_id, policy=policy)
 
     def _pack_status(self, path: str) -> PackStatus | None:
-        """What the catalog knows of pack ``path``, read fresh under the pool lock; None
-        if it cannot tell.  Reads ask only after a read failed, to tell a final pack
-        (nothing to wait for) from another client's visibility lag."""
-        if self.closed or not self.fs.probe(self.catalog.path):
-            return None
-        w = self._writer
-        pack = w.pack if w is not None else None
-        if pack is not None and w is not None and w.pack_rel == path:
-            # this store's own open pack: written through this client, so a short or
-            # zeroed read is damage, never another client's visibility lag
-            return PackStatus("own", frozenset(e.offset for e in list(pack.entries)))
-        try:
-            with self.catalog.locked() as st:
-                info = st.packs.get(path)
-                if info is None:
-                    return PackStatus("unknown")
-                return PackStatus("tombstoned" if info.tombstoned else info.state,
-                                  frozenset(info.offsets))
-        except (StrawError, OSError):
-            return None
+        """What the catalog knows of pack ``path`` (``straw.pool.collection.pack_status``)."""
+        return pack_status(self, path)
 
     # --- inspection ---------------------------------------------------------------------
     def disk_usage(self) -> dict[str, int]:
         """Pack files and bytes of this run on disk (for demos and operators)."""
         self._check_process()
-        files = 0
-        total = 0
-        run_dir = os.path.join(self.root, "runs", self.run_id)
-        stack = [run_dir]
-        while stack:
-            d = stack.pop()
-            try:
-                names = self.fs.listdir(d)
-            except FileNotFoundError:
-                continue
-            for name in names:
-                p = os.path.join(d, name)
-                st = self.fs.stat(p)
-                if st.is_dir:
-                    stack.append(p)
-                elif name.endswith(PACK_SUFFIXES):
-                    files += 1
-                    total += st.size
-        return {"pack_files": files, "bytes": total}
+        return disk_usage(self.fs, self.root, self.run_id)
 
     def writer_info(self) -> Mapping[str, Any] | None:
         """This store's writer (once it published or looked a submission up): writer id,
@@ -616,29 +564,6 @@ class SharedFilesystemStore(ProcessBound):
         earlier incarnations found and did not index (pack, offset, reason)."""
         self._check_process()
         return self._writer.describe() if self._writer else None
-
-
-def _check_options(segment_target_bytes: int, max_record_bytes: int, max_buffer_bytes: int,
-                   reserve_bytes: int, visibility_retries: int, visibility_backoff: float,
-                   online_gc: bool, enforce_limits: bool, codecs: Iterable[str]) -> set[str]:
-    """The store's options checked (``TypeError``/``ValueError`` naming the first wrong
-    one); the codec names it adds to the built-ins."""
-    check_count("segment_target_bytes", segment_target_bytes)
-    check_count("max_record_bytes", max_record_bytes, minimum=1)
-    check_count("max_buffer_bytes", max_buffer_bytes, minimum=1)
-    check_count("reserve_bytes", reserve_bytes)
-    check_count("visibility_retries", visibility_retries)
-    check_seconds("visibility_backoff", visibility_backoff, positive=False)
-    if not isinstance(online_gc, bool):
-        raise TypeError(f"online_gc must be a bool, got {type(online_gc).__name__}")
-    if not isinstance(enforce_limits, bool):
-        raise TypeError(f"enforce_limits must be a bool, got {type(enforce_limits).__name__}")
-    if isinstance(codecs, str):
-        raise TypeError("codecs must be an iterable of codec names, not one str")
-    extra = set()
-    for c in codecs:
-        extra.add(check_name("codec name", c))
-    return extra
 
 
 __all__ = ["SharedFilesystemStore", "BUILTIN_CODECS", "MAX_RECORDS", "Pin", "StorageUnavailable"]
