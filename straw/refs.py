@@ -1,7 +1,26 @@
-"""References' old path: ``straw.pool.refs``."""
+"""The old path of records and references: ``straw.pool.records``, ``straw.pool.refs``,
+``straw.pool.ref_forms``."""
 
 from .checks import INT64_MAX, INT64_MIN, UINT64_MAX, short_repr
 from .errors import CorruptData, InvalidReference, UnsupportedSchema
+from .pool.records import (
+    Manifest,
+    Publication,
+    Record,
+    RecordInfo,
+    canonical_metadata,
+    parse_metadata,
+    payload_view,
+)
+from .pool.ref_forms import (
+    AnyRef,
+    RefTuple,
+    alias_parts,
+    canonical_ref,
+    ref_from_tuple,
+    ref_identity,
+    ref_to_tuple,
+)
 from .pool.refs import (
     CHECKSUM_ALGORITHM,
     MAX_METADATA_DEPTH,
@@ -9,28 +28,14 @@ from .pool.refs import (
     PACK_PATH_RE,
     PACK_SUFFIXES,
     SEGMENT_VERSION,
-    AnyRef,
-    Manifest,
-    Publication,
-    Record,
-    RecordInfo,
     RecordRef,
     RecordSetRef,
-    RefTuple,
     SegmentRef,
-    alias_parts,
-    canonical_metadata,
-    canonical_ref,
     check_name,
     check_pack_path,
     pack_path_run,
-    parse_metadata,
-    payload_view,
     record_set_ref,
     record_sets_in,
-    ref_from_tuple,
-    ref_identity,
-    ref_to_tuple,
     segment_id_of,
 )
 

@@ -29,6 +29,14 @@ from .pool.arguments import (
 )
 from .pool.opening import ONLINE_GC_MARKER, POOL_FORMAT
 from .pool.pack import EXTENT_PREFIX, encode_extent
+from .pool.records import (
+    Manifest,
+    Publication,
+    Record,
+    RecordInfo,
+    canonical_metadata,
+    payload_view,
+)
 from .pool.recovery import (
     Submission,
     incarnations,
@@ -36,20 +44,7 @@ from .pool.recovery import (
     ref_from_entry,
     seal_dead_writers,
 )
-from .pool.refs import (
-    NAME_RE,
-    PACK_SUFFIXES,
-    Manifest,
-    Publication,
-    Record,
-    RecordInfo,
-    RecordRef,
-    RecordSetRef,
-    SegmentRef,
-    canonical_metadata,
-    check_name,
-    payload_view,
-)
+from .pool.refs import NAME_RE, PACK_SUFFIXES, RecordRef, RecordSetRef, SegmentRef, check_name
 from .pool.retention import HOLD_API, Pin
 from .pool.store import (
     DEFAULT_MAX_BUFFER_BYTES,

@@ -63,7 +63,6 @@ OVERSIZED: dict[tuple[str, str], int] = {
     ("module", "straw.journal"): 1324,
     ("module", "straw.queue_state"): 1089,
     ("module", "straw.reader"): 1327,
-    ("module", "straw.pool.refs"): 715,
     ("module", "straw.rollout.archive"): 688,
     ("module", "straw.rollout.builder"): 1178,
     ("module", "straw.rollout.generation"): 617,

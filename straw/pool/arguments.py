@@ -24,17 +24,8 @@ from ..errors import (
     ResourceLimitExceeded,
     UnknownCodec,
 )
-from .refs import (
-    NAME_RE,
-    Publication,
-    Record,
-    RecordInfo,
-    RecordRef,
-    RecordSetRef,
-    canonical_metadata,
-    check_name,
-    payload_view,
-)
+from .records import Publication, Record, RecordInfo, canonical_metadata, payload_view
+from .refs import NAME_RE, RecordRef, RecordSetRef, check_name
 
 BUILTIN_CODECS = ("bytes.v1", "json.v1", "tensor.v1", "sample.v1")
 # straw-queue's manifest codecs, which every straw-queue store accepts for callers' own

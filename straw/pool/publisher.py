@@ -18,8 +18,9 @@ from . import hold_owners
 from .arguments import Normalized, PublicationRules, check_submission_id, check_usage, sequence_of
 from .pack import encode_extent
 from .parts import StoreParts
+from .records import Publication, Record
 from .recovery import ref_from_entry
-from .refs import Publication, Record, RecordRef, RecordSetRef, SegmentRef
+from .refs import RecordRef, RecordSetRef, SegmentRef
 from .retention import Retention
 from .writer import Submission, WriterIncarnation
 

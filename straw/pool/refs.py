@@ -1,18 +1,12 @@
-"""Records, publications and references: the values users hand to and get from a store.
+"""References: the values a store hands back for what it published, and their checks.
 
 References are small, frozen, hashable, and serialise with ``to_dict``/``from_dict`` (or
 ``dataclasses.asdict``).  They hold only paths *relative to the pool root*, in one fixed
 shape (``runs/<run>/writers/<writer>/i<incarnation>/pack-<n>.pack``); ``check_pack_path``
 refuses anything else, so a reference can never make straw open a file outside the pool.
 A reference's offsets, sizes and counts are ints in 0..2**63-1 (``InvalidReference``
-otherwise): what a file offset can be.
-
-Record metadata is JSON (``canonical_metadata``): dicts with str keys, lists, str, bool,
-None, finite floats, and integers that fit in 64 bits (-2**63..2**64-1, what msgpack
-carries: the coordinator journals metadata as msgpack), nested at most
-``MAX_METADATA_DEPTH`` containers deep and without cycles.  Anything else is a
-``TypeError``/``ValueError`` naming the path of the offending value, never an
-``OverflowError`` or ``RecursionError``.
+otherwise): what a file offset can be.  Records and publications are in
+``straw.pool.records``; aliases and the stored tuple form in ``straw.pool.ref_forms``.
 
 Every name and path pattern is anchored at the very end of the string (not with ``$``,
 which also matches before a final newline).
@@ -21,15 +15,13 @@ which also matches before a final newline).
 from __future__ import annotations
 
 import functools
-import json
-import math
 import re
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from ..checks import INT64_MAX, INT64_MIN, UINT64_MAX, short_repr
-from ..errors import CorruptData, InvalidReference, UnsupportedSchema
+from ..checks import INT64_MAX, UINT64_MAX, short_repr
+from ..errors import InvalidReference, UnsupportedSchema
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
 # A pack is ``pack-<n>.pack`` (straw-queue's suffix, which its callers glob for to size a
@@ -82,134 +74,6 @@ def check_pack_path(path: object, run_id: str) -> str:
             f"{run_id!r}; open a store of that run to read it"
         )
     return path
-
-
-# --- records ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, eq=False)
-class Record:
-    """One named payload with its codec name, JSON metadata and token count.
-
-    ``payload`` accepts any C-contiguous buffer (bytes, bytearray, memoryview, NumPy
-    arrays); records read back carry ``bytes`` (read straight into the bytes object, no
-    second copy; tensors and ranges read into their destination instead, see
-    ``straw.tensor`` and ``read_range``).  ``tokens`` defaults to 0 as in straw-queue;
-    None is accepted on input as "no count" and reads back as 0."""
-
-    record_id: str
-    payload: Any
-    codec: str = "bytes.v1"
-    metadata: Mapping[str, Any] = field(default_factory=dict)
-    tokens: int | None = 0
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Record):
-            return NotImplemented
-        return (
-            self.record_id == other.record_id
-            and self.codec == other.codec
-            and dict(self.metadata) == dict(other.metadata)
-            and self.tokens == other.tokens
-            and bytes(memoryview(self.payload).cast("B")) == bytes(
-                memoryview(other.payload).cast("B")
-            )
-        )
-
-
-@dataclass(frozen=True)
-class Publication:
-    """One logical publication for ``publish_many``: records plus dependencies, each a
-    ``RecordSetRef`` or the index of an earlier publication in the same call."""
-
-    records: Sequence[Record]
-    dependencies: Sequence[RecordSetRef | int] = ()
-
-
-def payload_view(payload: object, where: str) -> memoryview:
-    """A flat byte view of a payload, without copying; clear errors otherwise."""
-    if isinstance(payload, str):
-        raise TypeError(f"{where}.payload is a str; encode it to bytes first (e.g. .encode())")
-    try:
-        mv = memoryview(payload)  # type: ignore[arg-type]
-    except TypeError:
-        raise TypeError(
-            f"{where}.payload must be a bytes-like buffer (bytes, bytearray, memoryview, "
-            f"NumPy array), got {type(payload).__name__}"
-        ) from None
-    if not mv.c_contiguous:
-        raise ValueError(
-            f"{where}.payload is not C-contiguous; pass numpy.ascontiguousarray(x) or "
-            "tensor.contiguous()"
-        )
-    return mv.cast("B") if (mv.ndim != 1 or mv.format != "B") else mv
-
-
-def _check_json(value: Any, where: str, depth: int = 0,
-                active: set[int] | None = None) -> None:
-    """Refuse what JSON (or the msgpack journal) cannot carry.  ``depth`` counts the
-    containers around ``value``; ``active`` holds the ids of those containers, so that a
-    cycle is a ValueError naming where it closes (the recursion stays below
-    ``MAX_METADATA_DEPTH`` frames, never near Python's recursion limit)."""
-    if value is None or isinstance(value, (bool, str)):
-        return
-    if isinstance(value, int):
-        if not INT64_MIN <= value <= UINT64_MAX:
-            raise ValueError(f"{where} is {short_repr(value)}, which does not fit in 64 bits; "
-                             "metadata integers must lie in -2**63..2**64-1 (store larger "
-                             "numbers as str)")
-        return
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError(f"{where} is {value!r}; metadata numbers must be finite")
-        return
-    if isinstance(value, (Mapping, list, tuple)):
-        if depth >= MAX_METADATA_DEPTH:
-            raise ValueError(f"{where}: metadata nests deeper than {MAX_METADATA_DEPTH} "
-                             "containers; flatten it, or put the structure in a payload")
-        active = set() if active is None else active
-        if id(value) in active:
-            raise ValueError(f"{where} refers back to a container that encloses it: "
-                             "metadata must not contain cycles")
-        active.add(id(value))
-        try:
-            if isinstance(value, Mapping):
-                for k, v in value.items():
-                    if not isinstance(k, str):
-                        raise TypeError(f"{where} has key {short_repr(k)}; JSON metadata keys must "
-                                        "be str")
-                    _check_json(v, f"{where}[{k!r}]", depth + 1, active)
-            else:
-                for i, v in enumerate(value):
-                    _check_json(v, f"{where}[{i}]", depth + 1, active)
-        finally:
-            active.discard(id(value))
-        return
-    raise TypeError(
-        f"{where} is a {type(value).__name__}; metadata must be JSON (dict, list, str, "
-        "finite int/float, bool, None); put large or binary content in a payload"
-    )
-
-
-def canonical_metadata(metadata: object, where: str) -> str:
-    """Validated, canonical JSON text of a record's metadata."""
-    if not isinstance(metadata, Mapping):
-        raise TypeError(f"{where}.metadata must be a dict, got {type(metadata).__name__}")
-    _check_json(metadata, f"{where}.metadata")
-    return json.dumps(metadata, sort_keys=True, separators=(",", ":"), allow_nan=False)
-
-
-def parse_metadata(text: str, where: str) -> dict[str, Any]:
-    """Stored metadata text back as a dict.  It passed its checksum, so text that is not
-    a JSON object was crafted or written wrong: ``CorruptData`` naming ``where``."""
-    try:
-        value = json.loads(text)
-    except (ValueError, RecursionError) as e:  # RecursionError: nesting past the C parser
-        raise CorruptData(f"{where}: stored metadata is not JSON ({e})") from None
-    if not isinstance(value, dict):
-        raise CorruptData(f"{where}: stored metadata is a {type(value).__name__}, not a "
-                          "JSON object")
-    return value
 
 
 # --- references -------------------------------------------------------------------------
@@ -530,59 +394,6 @@ def _exact_record_set(value: object) -> RecordSetRef | None:
                         value["payload_bytes"], value["tokens"])
 
 
-# --- aliases: another spelling of a pack's path -------------------------------------------
-#
-# A reference may name its pack through a symbolic link inside the pool (an operator's
-# ``alias.pack`` -> ``runs/.../pack-000001.pack``, a linked directory, a chain of links),
-# as straw-queue allows.  Such a reference is rewritten to the pack's one canonical path
-# before anything else looks at it, so that reading, retaining, pinning and collecting
-# all see one identity (a pack retained through an alias is the pack GC keeps).  The
-# resolver (``ReadSession.resolve_alias``) refuses a link that leads outside the pool
-# root; nothing is ever opened through the link (reads open the canonical path beneath
-# the root with ``open_beneath``).  A canonical path costs nothing: no I/O.
-
-AnyRef = Any  # SegmentRef | RecordRef | RecordSetRef, or anything (returned unchanged)
-
-
-def canonical_ref(ref: AnyRef, resolve: Callable[[str], str]) -> AnyRef:
-    """``ref`` with its pack path replaced by ``resolve(path)`` when that path is not
-    canonical; ``ref`` itself otherwise (and for anything that is not a reference: the
-    caller's checks refuse it)."""
-    if isinstance(ref, SegmentRef):
-        seg = ref
-    elif isinstance(ref, RecordRef):
-        seg = ref.segment
-    elif isinstance(ref, RecordSetRef) and isinstance(ref.manifest, RecordRef):
-        seg = ref.manifest.segment
-    else:
-        return ref
-    if not isinstance(seg, SegmentRef) or not isinstance(seg.path, str) \
-            or pack_path_run(seg.path) is not None:
-        return ref
-    path = resolve(seg.path)
-    if path == seg.path:
-        return ref
-    moved = SegmentRef(seg.run_id, path, seg.segment_id, seg.size, seg.checksum,
-                       seg.version, seg.checksum_algorithm, seg.offset)
-    if isinstance(ref, SegmentRef):
-        return moved
-    if isinstance(ref, RecordRef):
-        return RecordRef(moved, ref.ordinal)
-    return RecordSetRef(ref.manifest, ref.digest, ref.records, ref.payload_bytes, ref.tokens,
-                        segment=moved)
-
-
-def alias_parts(path: str) -> list[str] | None:
-    """The components of a relative alias path worth resolving, or None (absolute, empty
-    components, ``.``/``..``, NUL: the reference's own check refuses it as it is)."""
-    if not path or path.startswith("/") or "\0" in path:
-        return None
-    parts = path.split("/")
-    if any(p in ("", ".", "..") for p in parts):
-        return None
-    return parts
-
-
 def record_sets_in(value: Any, *, strict: bool = True) -> tuple[Any, list[RecordSetRef]]:
     """``value`` (JSON-like state, e.g. a producer's) with every ``RecordSetRef`` in it
     replaced by its dict form, and the references it names: those objects and every dict
@@ -633,38 +444,6 @@ def record_set_ref(run_id: str, path: str, offset: int, size: int, checksum: str
                                   ordinal), digest, records, payload_bytes, tokens)
 
 
-# The stored tuple form of a RecordSetRef (journal, snapshots, manifests' dependencies):
-# (path, offset, size, checksum, digest, records, ordinal, payload_bytes, tokens).  The
-# previous straw stored the first six only; its extents hold all their records themselves
-# (ordinal = records) and did not record payload bytes or tokens: such a tuple decodes with
-# ``payload_bytes = tokens = 0`` ("not recorded"), and reads do not check those two fields
-# against an extent of that format (it has nothing to check them against).
-RefTuple = tuple[Any, ...]
-
-
-def ref_to_tuple(ref: RecordSetRef) -> RefTuple:
-    return (ref.path, ref.offset, ref.size, ref.checksum, ref.digest, ref.records,
-            ref.manifest.ordinal, ref.payload_bytes, ref.tokens)
-
-
-def ref_identity(t: Sequence[Any]) -> tuple[Any, ...]:
-    """What identifies a stored reference: its first six fields (the extent and the
-    publication's digest and record count; the other three follow from the extent).
-    Idempotency keys and request digests use this, so that they are the same for a
-    reference the previous straw journaled and for the same reference now."""
-    return tuple(t[:6])
-
-
-def ref_from_tuple(run_id: str, t: Sequence[Any]) -> RecordSetRef:
-    if len(t) == 6:
-        path, offset, size, checksum, digest, records = t
-        return record_set_ref(run_id, path, offset, size, checksum, digest, records,
-                              records, 0, 0)
-    if len(t) != 9:
-        raise CorruptData(f"stored reference {short_repr(t)} has {len(t)} fields, not 6 or 9")
-    return record_set_ref(run_id, *t)
-
-
 def _legacy_record_set_ref(value: Mapping[str, Any]) -> RecordSetRef:
     """The dict form of the previous straw (flat: run_id, path, offset, size, checksum,
     digest, records), e.g. inside samples written before: same extent, counts not
@@ -690,26 +469,3 @@ def _legacy_record_ref(value: Mapping[str, Any]) -> RecordRef:
     ref = RecordRef(rs.segment, d["index"])
     ref.check()
     return ref
-
-
-@dataclass(frozen=True)
-class RecordInfo:
-    """A manifest entry: everything about a record except its bytes."""
-
-    record_id: str
-    codec: str
-    metadata: Mapping[str, Any]
-    tokens: int | None
-    length: int
-    checksum: str
-
-
-@dataclass(frozen=True)
-class Manifest:
-    """The checked manifest of a publication."""
-
-    ref: RecordSetRef
-    submission_id: str
-    records: tuple[RecordInfo, ...]
-    dependencies: tuple[RecordSetRef, ...]
-    record_refs: tuple[RecordRef, ...]

@@ -65,15 +65,8 @@ from .opening import check_backend, mark_online_gc, open_pool
 from .pack import EXTENT_PREFIX
 from .publisher import Publisher
 from .receipts import WriterReceipts
-from .refs import (
-    Manifest,
-    Publication,
-    Record,
-    RecordRef,
-    RecordSetRef,
-    SegmentRef,
-    check_name,
-)
+from .records import Manifest, Publication, Record
+from .refs import RecordRef, RecordSetRef, SegmentRef, check_name
 from .retention import Pin, Retention
 from .writer import WriterIncarnation
 
