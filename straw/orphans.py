@@ -7,7 +7,7 @@ is what releases it in the end::
     kind         owner name                            named by
     queue        queue:<ns>/<id>                       the queue's directory in the pool
     pin          publication:pin:<host>:<pid>:<uuid>   the reader process holding the pin
-    hold         publication:hold:<writer>:<key>       its writer, while alive (straw.holds)
+    hold         publication:hold:<writer>:<key>       its writer, while alive (pool.hold_owners)
     (layers)     checkpoint:..., archive:...           a file of the layer that made it
     application  any other name                        the application: never judged here
 
@@ -17,7 +17,7 @@ frees it.  ``survey`` classifies every owner of a pool as ``named``, ``orphan`` 
 ``release`` drops the owners an operator chose (``straw gc --release-orphans``).
 
 Straw cleans by itself only what it can prove: a hold of a dead writer goes at the next
-collection (``straw.holds``), and so does the hold under which a rollout archive's save
+collection (``straw.pool.hold_owners``), and so does the hold under which a rollout archive's save
 keeps its data until its index names its owner.  Everything else needs the operator's
 word, because a namer may be out of sight (another host's process, an index copied
 elsewhere): the survey only reports.
@@ -156,7 +156,7 @@ def release(root: str | os.PathLike[str], owners: Iterable[tuple[str, str]], *,
             fs: Filesystem | None = None) -> list[tuple[str, str]]:
     """Release the owners ``(run, name)`` an operator chose; returns those released (an
     owner gone meanwhile is skipped).  Queue owners and holds are refused (``ValueError``):
-    a queue's coordinator and a hold's writer manage them (``straw.holds``)."""
+    a queue's coordinator and a hold's writer manage them (``straw.pool.hold_owners``)."""
     fs = fs or PosixFS()
     root = os.path.abspath(root)
     check_pool(fs, root)

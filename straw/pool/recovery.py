@@ -2,14 +2,14 @@
 packs a crash (or an I/O error) left open.
 
 Two callers run the same code, each holding that writer id's ``LOCK`` (so the packs it reads
-are written by nobody): a new incarnation of the writer at start-up (``straw.writer``), and
+are written by nobody): a new incarnation of the writer at start-up (``straw.pool.writer``), and
 a collection on behalf of a writer that died and was never restarted (``seal_dead_writers``,
 called from ``SharedFilesystemStore.collect_garbage``).  A pack the catalog calls "open"
 whose writer's lock is free belongs to a dead writer: collection seals it in the catalog on
 that writer's behalf (the file stays as it is: a later incarnation still finds its
 submissions), so that it can be reclaimed once released (L1).
 
-Per pack: a sealed pack's SEAL index; otherwise a scan (``straw.pack.scan_pack``), fsynced
+Per pack: a sealed pack's SEAL index; otherwise a scan (``straw.pool.pack.scan_pack``), fsynced
 before its extents are trusted (D1: a killed writer may have written without syncing).  A
 damaged synced extent in a pack left open (D6) no longer makes the writer id unusable: the
 extents before it are kept, the damaged one (and its write group) is not indexed, the scan
@@ -51,7 +51,7 @@ _PACK_RE = re.compile(r"^pack-([0-9]{6,})\.(?:pack|strw)\Z")  # refs.PACK_SUFFIX
 @dataclass(frozen=True)
 class Submission:
     """What a submission id stands for: one digest and one reference per publication,
-    and the call that published it (``straw.pack.APIS``)."""
+    and the call that published it (``straw.pool.pack.APIS``)."""
 
     digests: tuple[bytes, ...]
     refs: tuple[RecordSetRef, ...]

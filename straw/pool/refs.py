@@ -188,8 +188,7 @@ class SegmentRef:
     @classmethod
     def _parsed(cls, value: Mapping[str, Any]) -> SegmentRef:
         """The fields of ``value``, not yet ``check``ed: the caller checks the reference
-        holding it once (a check per nesting level made a restore's 10,000 references
-        check each segment three times)."""
+        holding it once (not once per nesting level)."""
         return cls(**_fields(cls, value, ("run_id", "path", "segment_id", "size", "checksum"),
                              ("version", "checksum_algorithm", "offset")))
 
@@ -282,7 +281,7 @@ class RecordSetRef:
                                        f"RecordRef, got {type(manifest).__name__}")
             manifest = RecordRef(segment, manifest.ordinal)
         # set as a frozen dataclass's own __init__ sets them (no loop over a tuple built
-        # per call: a restore constructs 10,000)
+        # per call: a restore constructs one per restored reference)
         setattr_ = object.__setattr__
         setattr_(self, "manifest", manifest)
         setattr_(self, "digest", digest)
@@ -343,8 +342,7 @@ class RecordSetRef:
         """Structural validity (no I/O): types, ranges, and a pool-relative pack path.
         Decided once per object: a reference is frozen (its fields, and its manifest's and
         segment's, are immutable str and int once they pass), so a reference that passed
-        stays valid; a restore's 10,000 references parsed, then retained, then named by
-        the builder were checked three times each."""
+        stays valid, however many times it is parsed, retained and named again."""
         if self._checked:
             return
         if not isinstance(self.manifest, RecordRef):
@@ -378,8 +376,7 @@ def _exact_record_set(value: object) -> RecordSetRef | None:
     ``RecordSetRef.to_dict`` writes (every key of every level, nothing else); None for
     any other shape, which the general path of ``from_dict`` parses or refuses.  The same
     reference the general path builds from such a dict, without its per-level dict copies
-    and keyword calls (a checkpoint restore parses 10,000 of them: that was most of its
-    cost)."""
+    and keyword calls (a checkpoint restore parses one per restored reference)."""
     if type(value) is not dict or value.keys() != _RECORD_SET_KEYS:
         return None
     m = value["manifest"]

@@ -6,7 +6,7 @@ Pool layout::
     <root>/ONLINE_GC             present once a store opened the pool with online_gc=True
     <root>/POOL                  format marker (UnsupportedSchema if newer) and the
                                  pool's id (``pool_id``, written once by its creator)
-    <root>/runs/<run_id>/...     writers, their incarnations and packs (straw.writer),
+    <root>/runs/<run_id>/...     writers, their incarnations and packs (straw.pool.writer),
                                  queues (straw.coordinator)
     <root>/CATALOG               owners, packs, tombstones of every run (straw.catalog)
 
@@ -17,16 +17,22 @@ another retains.
 
 The store validates every input before any byte is written (``TypeError``/``ValueError``
 naming the field; counts and sizes are ints within 64 bits, bools refused, see
-``straw.checks``), lays publications out as
-extents (``straw.pack``), writes a ``publish_many`` batch with one ``writev`` and one data
-sync, and returns references only after that sync (D1).  Submission ids are the
-idempotency ids (D7): a retry with the same id and content returns the original
-references, different content raises ``IdempotencyConflict``; the index survives writer
-restarts (``straw.writer``).  Reads go through ``straw.reader.ReadSession`` (D6); after a
-failed read it may ask the catalog whether the pack is final (``_pack_status``).  A
-reference that is retained, pinned or depended on must name a publication of the pool
-(``check_published``: one small read of its frame header), else ``InvalidReference``
-before anything is written.
+``straw.pool.arguments``), lays publications out as extents (``straw.pool.pack``), writes a
+``publish_many`` batch with one ``writev`` and one data sync, and returns references only
+after that sync (D1).  Submission ids are the idempotency ids (D7): a retry with the same
+id and content returns the original references, different content raises
+``IdempotencyConflict``; the index survives writer restarts (``straw.pool.writer``).  Reads
+go through ``straw.reader.ReadSession`` (D6); after a failed read it may ask the catalog
+whether the pack is final (``_pack_status``).  A reference that is retained, pinned or
+depended on must name a publication of the pool (``check_published``: one small read of
+its frame header), else ``InvalidReference`` before anything is written.
+
+The class states the store's contract and delegates, one concern per part it holds:
+``Publisher`` (``straw.pool.publisher``: publication and idempotency), ``Retention``
+(``straw.pool.retention``: owners, pins, staging, holds) and ``WriterReceipts``
+(``straw.pool.receipts``: other writers' receipts and retirement); ``straw.pool.opening``
+opens the pool and ``straw.pool.collection`` runs its collection.  The store keeps the
+state they share: the writer's slot, the write lock, the read session and the catalog.
 
 Writing is lazy: a store that only reads takes no writer lock and creates nothing.
 Publishing is serialised per store (one write in flight); use one store per writer
@@ -371,7 +377,7 @@ class SharedFilesystemStore(ProcessBound):
         run reaches (D4): tombstone them durably, then unlink them (D3).  Packs of other
         runs sharing the root are never deleted.  First, packs a writer left open are
         sealed in the catalog on its behalf when that writer is dead (its lock is free;
-        ``straw.recovery``), as are this store's own packs abandoned after an I/O error.
+        ``straw.pool.recovery``), as are this store's own packs abandoned after an I/O error.
         Every read session of this process on this pool then drops its cached descriptors
         of the reclaimed packs, so that the reclaimed bytes are free when this returns.
         Returns straw-queue's counts (``reclaimed_files``, ``reclaimed_bytes``,
@@ -430,7 +436,7 @@ class SharedFilesystemStore(ProcessBound):
         return self._session.manifest(ref)
 
     def checked_manifest(self, ref: RecordSetRef) -> Manifest:
-        """straw's own view of a publication's checked manifest (``straw.refs.Manifest``:
+        """straw's own view of a publication's checked manifest (``straw.pool.records.Manifest``:
         submission id, record entries, dependencies, record references)."""
         self._check_process()
         return self._session.checked_manifest(ref)

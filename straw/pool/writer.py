@@ -14,7 +14,7 @@ Layout under the pool root::
 Each incarnation owns a fresh directory and never appends to a pack a crashed
 predecessor left open.  Submission ids (D7) are scoped to the writer id: at start-up the
 new incarnation rebuilds the index of its predecessors and seals the packs they left open
-in the catalog (``straw.recovery``, which collection also runs on behalf of a writer that
+in the catalog (``straw.pool.recovery``, which collection also runs on behalf of a writer that
 died and was never restarted).  A damaged extent found there is reported
 (``describe()["damaged"]``), not fatal.
 
@@ -163,7 +163,7 @@ class WriterIncarnation(ProcessBound):
     def _check_lock(self) -> None:
         """Fencing of a writer whose lock was lost (a shared filesystem may expire a
         partitioned client's locks): a collection may then have taken the lock and sealed
-        our open pack on our behalf (``straw.recovery``), and an extent written on into it
+        our open pack on our behalf (``straw.pool.recovery``), and an extent written on into it
         would not be staged (D4).  Any other holder rewrites the LOCK note, so a changed
         note means the lock is gone: write nothing more.  Checked before a write at most
         every ``_LOCK_CHECK_SECONDS`` (losing a lock takes a much longer partition)."""
