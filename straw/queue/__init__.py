@@ -2,13 +2,16 @@
 
 The ``Coordinator`` (``straw.coordinator``, the module path callers import) is assembled
 from one class per concern, each in its own module and each built on the ones below it
-(a layer uses only what is beneath it)::
+(a layer uses only what is beneath it; completions and the consumer side are two branches
+over the leases)::
 
     Coordinator        straw.coordinator   argument checks, then the pipeline with the rule
+    QueueCompletions   completions.py      results accepted exactly once (D7): one, many,
+                                           or one with the worker's next grant
     QueueViews         views.py            reads of the state, inspection, metrics
     QueueBatches       batches.py          batches and checkpoints
     QueueConsumers     consumers.py        consumers: tokens, saves, acknowledgements, rewinds
-    QueueLeases        leases.py           derived names, lease checks, expiry, readers (D5)
+    QueueLeases        leases.py           grants, renewals, lease checks, expiry, readers (D5)
     QueueEpochs        epochs.py           exclusivity, epochs, recovery, fencing (D8, D9)
     CommitPipeline     pipeline.py         mutex, adopt (D2), enqueue, wait, reply; collection
 

@@ -109,6 +109,23 @@ class QueueEpochs(CommitPipeline):
     def _epoch_path(self, epoch: int) -> str:
         return os.path.join(self.epochs_dir, f"e-{epoch:06d}")
 
+    def _start(self, recover: bool, takeover: bool) -> None:
+        """Create the queue's directories and open it under a new epoch (``_open``); the
+        epoch lock is released if that fails."""
+        self._refuse_legacy_layout()
+        try:
+            self.fs.makedirs_durable(self.epochs_dir)
+            self.fs.makedirs_durable(self.journal_dir)
+        except OSError as e:
+            raise storage_error(e, f"cannot create queue directory {self.dir}") from e
+        self._lock_fd = None
+        self._fence_path = None  # (epoch, the next epoch's file)
+        try:
+            self._open(recover, takeover)
+        except BaseException:
+            self._release_lock()
+            raise
+
     def _open(self, recover: bool, takeover: bool) -> None:
         existing = [int(m.group(1)) for n in self.fs.listdir(self.epochs_dir)
                     if (m := _EPOCH_RE.match(n))]

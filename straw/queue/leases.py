@@ -1,4 +1,4 @@
-"""Leases and readers of a queue: derived names, lease checks, expiry (Q3, D5).
+"""Leases and readers of a queue: grants, renewals, lease checks, expiry (Q3, D5).
 
 A lease names its task, attempt (generation), worker and the epoch that granted it; its
 ``attempt_id`` and ``token`` are names derived from the queue's identity (the same in
@@ -18,8 +18,9 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..errors import StaleAttempt
-from ..protocol import CommitReceipt, Lease, TaskSpec
+from ..checks import check_count
+from ..errors import Fenced, StaleAttempt
+from ..protocol import AcquireResult, Assignment, CommitReceipt, Lease, TaskSpec
 from ..queue_state import LEASED
 from . import rules
 from .checks import check_id as _check_id
@@ -29,7 +30,8 @@ from .epochs import QueueEpochs
 
 
 class QueueLeases(QueueEpochs):
-    """Derived names, lease checks and expiry, and the readers' protections (D5)."""
+    """Granting (``acquire``) and renewing (``heartbeat``) leases, lease checks and
+    expiry, and the readers' protections (D5)."""
 
     # --- leases -------------------------------------------------------------------------
     def _check_lease(self, lease: object, *, allow_expired: bool = False,
@@ -72,6 +74,78 @@ class QueueLeases(QueueEpochs):
         assert ref is not None
         return CommitReceipt(self._names.name("commit", pos, rec.submission_id)[:32], rec.task_id,
                              rec.submission_id, rec.digest, pos, ref)
+
+    # --- granting and renewing ---------------------------------------------------------
+    def acquire(self, worker_id: str, max_tasks: int = 1, *,
+                task_ids: Sequence[str] | None = None, task_prefix: str | None = None,
+                control: bool = False) -> AcquireResult:
+        """Lease up to ``max_tasks`` pending tasks of the default lane (of the control lane
+        with ``control=True``) in scheduling order; ``task_ids`` is a set filter (repeated,
+        unknown or non-pending ids are skipped), ``task_prefix`` another."""
+        self._check_process()
+        _check_id("worker_id", worker_id)
+        check_count("max_tasks", max_tasks, minimum=1)
+        if task_prefix is not None and not isinstance(task_prefix, str):
+            raise TypeError(f"task_prefix must be None or a str, got {type(task_prefix).__name__}")
+        if isinstance(task_ids, (str, bytes)):  # a str would lease its characters
+            raise TypeError("task_ids must be a list of task ids, not one str")
+        if not isinstance(control, bool):
+            raise TypeError(f"control must be a bool, got {type(control).__name__}")
+        with self.journal.incoming(), self._mutex:
+            self._check_usable()
+            last = self._expire_due()
+            status, chosen, grant = self._grant_locked(worker_id, max_tasks, task_ids,
+                                                       task_prefix, control)
+            if grant is not None:
+                last = self._enqueue(grant)
+            out = self._assigned(chosen)
+        if last is not None:
+            self._wait(last)
+        return AcquireResult(status, out)
+
+    def _grant_locked(self, worker_id: str, max_tasks: int, task_ids: Sequence[str] | None,
+                      task_prefix: str | None, control: bool
+                      ) -> tuple[str, list[Any], dict[str, Any] | None]:
+        """acquire's choice (mutex held, expiries journaled; ``rules.acquire``): (status,
+        the tasks chosen, the lease transaction granting them — for the caller to
+        enqueue — or None)."""
+        return rules.acquire(self.state, worker_id, max_tasks, task_ids, task_prefix, control,
+                             leased=self._deadlines, draining=self._draining,
+                             bounds=self._bounds, consumer_id=self.consumer_id,
+                             epoch=self._epoch)
+
+    def _assigned(self, chosen: list[Any]) -> tuple[Assignment, ...]:
+        """The assignments of tasks just leased (mutex held, lease applied): their
+        deadlines start now."""
+        deadline = self.clock.now() + self.lease_seconds
+        for t in chosen:
+            self._deadlines[t.task_id] = deadline
+        return tuple(Assignment(self._spec_of(t), self._lease_of(t)) for t in chosen)
+
+    def heartbeat(self, leases: Sequence[Lease]) -> list[str]:
+        """Renew leases.  One outcome per lease, in order: ``extended`` (its deadline moved
+        on), ``LeaseExpired`` (its deadline had passed: it can no longer commit) or
+        ``StaleAttempt`` (it is not current: completed, re-leased, cancelled, or of an older
+        coordinator epoch).  ``Fenced`` if this coordinator is no longer the queue's."""
+        self._check_process()
+        if isinstance(leases, (Lease, Mapping)) or not isinstance(leases, Sequence):
+            raise TypeError("leases must be a list of Lease")
+        leases = [_check_lease_fields(le, f"leases[{i}]") for i, le in enumerate(leases)]
+        try:
+            self._fence_check()  # a fenced coordinator must not keep workers busy
+        except Fenced as e:
+            self._fail(e)
+        with self._mutex:
+            self._check_usable()
+            now = self.clock.now()
+            out = rules.heartbeat(self.state, self._names, leases, self._epoch, now,
+                                  self._deadlines)
+            deadline = now + self.lease_seconds
+            for lease, outcome in zip(leases, out, strict=True):
+                if outcome == "extended":
+                    self._deadlines[lease.task_id] = deadline
+        return out
+
 
     # --- readers (D5) ------------------------------------------------------------------
     def outstanding_reads(self) -> tuple[Lease, ...]:
