@@ -57,12 +57,12 @@ from .queue.checks import digest as _digest
 from .queue.checks import ref_tuple as _ref_tuple
 from .queue.completions import QueueCompletions
 from .queue.epochs import queue_dir
+from .queue.ids import check_queue_id
+from .queue.marker import QueueMarker
 from .queue.names import QueueNames
 from .queue.replay import read_state, replay
+from .queue.state import PENDING
 from .queue.views import QueueViews
-from .queue_marker import QueueMarker
-from .queue_names import check_queue_id
-from .queue_state import PENDING
 from .refs import (
     NAME_RE,
     RecordSetRef,
@@ -216,7 +216,7 @@ class Coordinator(QueueCompletions, QueueViews):
         self.epochs_dir = os.path.join(self.dir, "epochs")
         self.journal_dir = os.path.join(self.dir, "journal")
         self.history_dir = os.path.join(self.dir, "history")
-        # straw-queue's ``queues/<digest>/run.json``, which its callers probe (queue_marker)
+        # straw-queue's ``queues/<digest>/run.json``, which its callers probe (``marker``)
         self._marker = (QueueMarker(self.fs, store.root, run_id=store.run_id,
                                     queue_id=queue_id, namespace=namespace)
                         if namespace == NAMESPACE_TRUE else None)
@@ -298,7 +298,7 @@ class Coordinator(QueueCompletions, QueueViews):
         return self._reply(decision, seq, adopted)
 
     def _task_row(self, w: str, spec: object, seen: set[str]) -> list[Any]:
-        """A TaskSpec checked and as its journal row (see ``straw.queue_state``)."""
+        """A TaskSpec checked and as its journal row (see ``straw.queue.state``)."""
         if not isinstance(spec, TaskSpec):
             raise TypeError(f"{w} must be a TaskSpec, got {type(spec).__name__}")
         _check_id(f"{w}.task_id", spec.task_id)

@@ -31,7 +31,7 @@ from straw.errors import IdempotencyConflict, LeaseExpired, StaleAttempt
 from straw.protocol import Lease, Limits, unenforced
 from straw.queue import rules
 from straw.queue.names import QueueNames
-from straw.queue_state import QueueState
+from straw.queue.state import QueueState
 from straw.refs import RecordSetRef, ref_from_tuple
 
 RUN, QUEUE = "run", "q0"

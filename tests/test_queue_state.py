@@ -11,7 +11,7 @@ import msgpack
 import pytest
 
 from straw.errors import CorruptData
-from straw.queue_state import (
+from straw.queue.state import (
     CANCELLED,
     COMPLETED,
     FAILED,

@@ -24,7 +24,6 @@ from typing import Any
 
 from ..checks import check_count
 from ..errors import IdempotencyConflict, InvalidReference, StaleAttempt, UnsafeRecovery
-from ..queue_state import RefTuple
 from ..refs import RecordSetRef
 from .checks import check_id as _check_id
 from .checks import digest as _digest
@@ -32,6 +31,7 @@ from .checks import ref_dict as _ref_dict
 from .checks import ref_tuple as _ref_tuple
 from .leases import QueueLeases
 from .pipeline import _Released
+from .state import RefTuple
 
 
 def _common_release(a: _Released, b: _Released) -> _Released:

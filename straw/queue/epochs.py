@@ -7,7 +7,7 @@ Layout under the pool root (``Q`` = ``runs/<run_id>/queues/<namespace>/<queue_id
     Q/epochs/e-<n>.lock     flocked by epoch n's coordinator while it lives; its text names
                             it (host, pid, since)
     Q/journal/              segments and snapshots (straw.journal)
-    Q/history/              history segments named by the journal snapshot (straw.history)
+    Q/history/              history segments named by the journal snapshot (straw.queue.history)
 
 A queue belongs to the run of its store, like its catalog owner ``queue:<ns>/<id>`` (an
 owner of that run): coordinators of runs sharing a root with the same ``queue_id`` serve
@@ -51,8 +51,8 @@ from ..catalog_roots import RootSet
 from ..errors import Fenced, UnsafeRecovery, UnsupportedSchema
 from ..pack import storage_error
 from ..process import close_quietly
-from ..queue_names import queue_dir_name
 from ..refs import ref_from_tuple
+from .ids import queue_dir_name
 from .pipeline import CommitPipeline
 from .replay import replay
 

@@ -21,12 +21,12 @@ from typing import Any
 from ..checks import check_count
 from ..errors import Fenced, StaleAttempt
 from ..protocol import AcquireResult, Assignment, CommitReceipt, Lease, TaskSpec
-from ..queue_state import LEASED
 from . import rules
 from .checks import check_id as _check_id
 from .checks import check_lease_fields as _check_lease_fields
 from .checks import int_or_none as _int_or_none
 from .epochs import QueueEpochs
+from .state import LEASED
 
 
 class QueueLeases(QueueEpochs):

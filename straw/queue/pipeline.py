@@ -44,18 +44,18 @@ from ..errors import (
     ResourceLimitExceeded,
 )
 from ..fs import Filesystem
-from ..history import History
 from ..journal import Journal
 from ..pack import storage_error
 from ..process import ProcessBound
 from ..protocol import Limits
-from ..queue_marker import QueueMarker
-from ..queue_state import QueueState, RefTuple
 from ..refs import RecordSetRef, SegmentRef, canonical_metadata, ref_from_tuple
 from ..store import SharedFilesystemStore
 from . import rules
 from .checks import check_id as _check_id
+from .history import History
+from .marker import QueueMarker
 from .names import QueueNames
+from .state import QueueState, RefTuple
 
 # adopted extents: each one's segment and, when its checked manifest was at hand (a result's,
 # at completion), what it needs (``ReadSession.needs``), so a collection's walk over the

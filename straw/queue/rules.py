@@ -61,9 +61,9 @@ from typing import Any, NamedTuple
 
 from ..errors import IdempotencyConflict, LeaseExpired, ResourceLimitExceeded, StaleAttempt
 from ..protocol import Lease, Limits
-from ..queue_state import CANCELLED, FAILED, LEASED, PENDING, TERMINAL, QueueState, Task
 from ..refs import RecordSetRef, ref_to_tuple
 from .names import QueueNames
+from .state import CANCELLED, FAILED, LEASED, PENDING, TERMINAL, QueueState, Task
 
 
 class Decision(NamedTuple):
@@ -172,7 +172,7 @@ def submit(state: QueueState, owner: str, request_id: str, digest: str,
            rows: list[list[Any]], producer: list[Any] | None, *, draining: bool,
            bounds: Limits, limits: Limits) -> Decision:
     """spec coord_journal_submit (its inputs adopted first, coord_retain_input): new tasks
-    ``rows`` (``straw.queue_state``'s journal rows) and the producer's state, in one
+    ``rows`` (``straw.queue.state``'s journal rows) and the producer's state, in one
     transaction; refused once input is sealed or draining, for a task id the queue knows,
     or past the pending-tasks limit.  Reply: the task ids."""
     found = known(state, owner, request_id, digest, "submit")
