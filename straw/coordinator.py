@@ -61,7 +61,7 @@ from .queue.ids import check_queue_id
 from .queue.marker import QueueMarker
 from .queue.names import QueueNames
 from .queue.replay import read_state, replay
-from .queue.state import PENDING
+from .queue.tasks import PENDING
 from .queue.views import QueueViews
 from .refs import (
     NAME_RE,

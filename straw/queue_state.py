@@ -1,8 +1,13 @@
-"""The queue's in-memory state, at its module path of old: it lives in ``straw.queue.state``."""
+"""The queue's in-memory state, at its module path of old: it lives in ``straw.queue``
+(``state``: ``QueueState``; ``tasks``: the task table; ``commits``: the commit log and
+tiered dicts; ``records``: consumers, batches, checkpoints)."""
 
 from __future__ import annotations
 
-from .queue.state import (
+from .queue.commits import CommitLog, CommitRecord, TieredDict
+from .queue.records import Batch, Checkpoint, Consumer
+from .queue.state import QueueState
+from .queue.tasks import (
     CANCELLED,
     COMPLETED,
     FAILED,
@@ -10,16 +15,9 @@ from .queue.state import (
     PENDING,
     TASK_ROW_FIELDS,
     TERMINAL,
-    Batch,
-    Checkpoint,
-    CommitLog,
-    CommitRecord,
-    Consumer,
-    QueueState,
     RefTuple,
     Task,
     TaskTable,
-    TieredDict,
     bulk_objects,
     history_value,
     task_from_history,

@@ -61,7 +61,6 @@ OVERSIZED: dict[tuple[str, str], int] = {
     ("module", "straw.cli.demo"): 666,
     ("module", "straw.codec"): 650,
     ("module", "straw.journal"): 1324,
-    ("module", "straw.queue.state"): 1089,
     ("module", "straw.reader"): 1327,
     ("module", "straw.refs"): 715,
     ("module", "straw.rollout.archive"): 688,

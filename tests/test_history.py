@@ -14,7 +14,7 @@ from straw.coordinator import Coordinator
 from straw.fs import PosixFS
 from straw.protocol import Limits, TaskSpec
 from straw.queue.history import BLOCK_ENTRIES, MISSING, Delta, History
-from straw.queue.state import COMPLETED, Task
+from straw.queue.tasks import COMPLETED, Task
 
 
 @pytest.fixture
@@ -193,7 +193,7 @@ def test_orphan_segment_of_an_interrupted_snapshot_is_ignored_then_deleted(store
 
 
 def test_history_task_roundtrip_keeps_tuples_and_json_lists():
-    from straw.queue.state import history_value, task_from_history
+    from straw.queue.tasks import history_value, task_from_history
     t = Task("a", ("p", 1, 2, "c", "d", 1, 0, 3, 4), {"x": [1, 2]}, 1, 2, 3, False, 5,
              status=COMPLETED, attempt=1, lease=(1, "w", 2), position=0,
              last_error={"e": [1]}, estimates=(1, 2, 3))

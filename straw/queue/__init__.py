@@ -19,6 +19,16 @@ Beside them, ``rules.py`` holds the decisions themselves: one pure function per 
 action (``spec/actions.py``), which reads the ``QueueState`` and the call's arguments and
 returns the journal transaction and reply, or raises the straw error; ``checks.py`` the
 argument checks shared by every call; ``replay.py`` the state of a journal (recovery,
-operator views).  This package is core: it never imports ``straw.rollout``, ``straw.cli``
-or ``straw.qualify``.
+operator views).
+
+The state the rules read and the journal's transactions change (pure, no I/O):
+``state.py`` (``QueueState``: ``apply``, retention, snapshots), ``tasks.py`` (tasks and
+their table), ``commits.py`` (the commit log, submissions and request answers),
+``records.py`` (consumers, batches, checkpoints); ``history.py`` the immutable history
+segments a snapshot moves finished state to (D9).  Names: ``ids.py`` (queue ids and
+their directories), ``names.py`` (attempt ids and tokens derived from a queue's
+identity), ``marker.py`` (straw-queue's queue marker).
+
+This package is core: it never imports ``straw.rollout``, ``straw.cli`` or
+``straw.qualify``.
 """

@@ -20,7 +20,7 @@ from ..checks import check_count, short_repr
 from ..errors import NotAnInteger
 from ..protocol import INT64, Lease
 from ..refs import RecordSetRef, ref_to_tuple
-from .state import RefTuple
+from .tasks import RefTuple
 
 
 def ref_tuple(ref: RecordSetRef) -> RefTuple:

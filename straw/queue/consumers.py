@@ -31,7 +31,7 @@ from .checks import ref_dict as _ref_dict
 from .checks import ref_tuple as _ref_tuple
 from .leases import QueueLeases
 from .pipeline import _Released
-from .state import RefTuple
+from .tasks import RefTuple
 
 
 def _common_release(a: _Released, b: _Released) -> _Released:

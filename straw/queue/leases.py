@@ -26,7 +26,7 @@ from .checks import check_id as _check_id
 from .checks import check_lease_fields as _check_lease_fields
 from .checks import int_or_none as _int_or_none
 from .epochs import QueueEpochs
-from .state import LEASED
+from .tasks import LEASED
 
 
 class QueueLeases(QueueEpochs):

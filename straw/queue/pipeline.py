@@ -55,7 +55,8 @@ from .checks import check_id as _check_id
 from .history import History
 from .marker import QueueMarker
 from .names import QueueNames
-from .state import QueueState, RefTuple
+from .state import QueueState
+from .tasks import RefTuple
 
 # adopted extents: each one's segment and, when its checked manifest was at hand (a result's,
 # at completion), what it needs (``ReadSession.needs``), so a collection's walk over the

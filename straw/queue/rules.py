@@ -63,7 +63,8 @@ from ..errors import IdempotencyConflict, LeaseExpired, ResourceLimitExceeded, S
 from ..protocol import Lease, Limits
 from ..refs import RecordSetRef, ref_to_tuple
 from .names import QueueNames
-from .state import CANCELLED, FAILED, LEASED, PENDING, TERMINAL, QueueState, Task
+from .state import QueueState
+from .tasks import CANCELLED, FAILED, LEASED, PENDING, TERMINAL, Task
 
 
 class Decision(NamedTuple):

@@ -50,536 +50,57 @@ most one lease; leases carry the epoch that granted them and an ``epoch`` record
 every older one; scheduling order is priority desc, key asc, FIFO; read roots (D5) end only
 by ``reads``/``retire`` or the reader's own complete/fail/yield/release.
 
-Recovery cost (D9).  A long-lived queue's state is mostly history: terminal tasks, the
-commit log, submission ids and request answers.  Each journal snapshot moves what became
+Recovery cost (D9). A long-lived queue's state is mostly history: terminal tasks, the
+commit log, submission ids and request answers. Each journal snapshot moves what became
 history since the previous one into an immutable history segment (``straw.queue.history``,
 spec H1) and carries only the live state plus the segments' manifest, so recovery decodes
-live state only; ``TaskTable``, ``CommitLog`` and ``TieredDict`` (submissions, requests)
-look history up in the segments on demand (a Bloom filter per segment answers most misses
-without a read).  A snapshot of an older straw still holds its terminal tasks and commits:
-``from_snapshot`` decodes them into compact tuples (in C, by msgpack) and makes a ``Task``
-of a terminal task only when something reads it, until the next snapshot moves them out.
-The decoded objects go straight to the garbage collector's oldest generation
-(``bulk_objects``), so no young collection has to traverse them.  What callers observe is
-unchanged.
+live state only; ``TaskTable`` (``tasks.py``), ``CommitLog`` and ``TieredDict``
+(submissions, requests; ``commits.py``) look history up in the segments on demand (a Bloom
+filter per segment answers most misses without a read). A snapshot of an older straw still
+holds its terminal tasks and commits: ``from_snapshot`` decodes them into compact tuples
+(in C, by msgpack) and makes a ``Task`` of a terminal task only when something reads it,
+until the next snapshot moves them out. The decoded objects go straight to the garbage
+collector's oldest generation (``bulk_objects``), so no young collection has to traverse
+them. What callers observe is unchanged.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import functools
-import gc
 import heapq
-import itertools
 import operator
 from collections import Counter
-from collections.abc import (
-    Callable,
-    ItemsView,
-    Iterable,
-    Iterator,
-    MutableMapping,
-    Sequence,
-    ValuesView,
-)
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, cast, overload
+from typing import Any
 
 import msgpack
 
 from ..errors import CorruptData
 from ..refs import record_sets_in, ref_to_tuple
-from .history import MISSING as _HMISSING
-from .history import Delta, History, row_usage
-
-# straw.refs.ref_to_tuple: 9 fields (6 in journals of the previous straw)
-RefTuple = tuple[Any, ...]
-
-PENDING = "pending"
-LEASED = "leased"
-COMPLETED = "completed"
-FAILED = "failed"
-CANCELLED = "cancelled"
-TERMINAL = frozenset({COMPLETED, FAILED, CANCELLED})
-
-
-@dataclass(slots=True)
-class Task:
-    task_id: str
-    input: RefTuple | None
-    metadata: Any
-    priority: int
-    key: int
-    max_attempts: int
-    control: bool  # the control lane (acquired only with acquire(control=True))
-    fifo: int
-    status: str = PENDING
-    attempt: int = 0  # leases granted so far (attempt numbers start at 1)
-    failures: int = 0  # fail_task and expiries: the attempt budget
-    # (attempt, worker, epoch): the current lease while LEASED, the last one once terminal
-    # (task_status shows it); None while pending
-    lease: tuple[int, str, int] | None = None
-    position: int | None = None
-    last_error: Any = None  # the last failure (JSON: fail_task's failure, or a reason)
-    allow_empty: bool = False  # may complete with a result of no records
-    estimates: tuple[int, int, int] = (1, 0, 0)  # estimated records, bytes, tokens
-
-    def order(self) -> tuple[int, int, int]:
-        return (-self.priority, self.key, self.fifo)
-
-
-class CommitRecord(NamedTuple):
-    """One accepted result (immutable: the commit log only grows)."""
-
-    task_id: str
-    attempt: int
-    submission_id: str
-    result: RefTuple
-    digest: str
-    epoch: int
-    metadata: Any
-
-
-# a snapshot task row: Task's fields in order (metadata None: it is kept apart)
-_TASK_FIELDS = [f.name for f in dataclasses.fields(Task)]
-TASK_ROW_FIELDS = len(_TASK_FIELDS)
-# rows of snapshots written before allow_empty/estimates existed (they take the defaults)
-_OLD_TASK_ROW_FIELDS = _TASK_FIELDS.index("allow_empty")
-_STATUS = _TASK_FIELDS.index("status")
-_MISSING: Any = object()
-# a CommitRecord from a decoded row, in C (no per-row Python frame)
-_record = cast(Callable[[Iterable[Any]], CommitRecord],
-               functools.partial(tuple.__new__, CommitRecord))
-
-
-@contextlib.contextmanager
-def bulk_objects(promote: bool = False) -> Iterator[None]:
-    """Around building many long-lived objects at once (recovery): the cyclic garbage
-    collector is off meanwhile (it would rescan them many times over; none of them forms a
-    cycle).  With ``promote`` (a large state), afterwards everything built goes straight
-    to the oldest generation (``gc.freeze`` then ``gc.unfreeze``: two list splices), so the
-    next young collections do not traverse it either (with 100,000 completed tasks that
-    first traversal alone took about 0.1 s, more than half of the decoding).  The young
-    generations are collected first: objects moved this way are not counted towards the
-    next full collection, so garbage moved with them would stay until then (recovering
-    thousands of small queues in a crash campaign ran out of memory that way — hence
-    also only for large states).  Promotion is skipped if the application keeps frozen
-    objects of its own (``gc.freeze``, e.g. before forking): unfreezing would hand them
-    back to the collector.  Nested use only counts at the outermost level."""
-    if not gc.isenabled():
-        yield
-        return
-    if promote:
-        gc.collect(1)  # young garbage is not promoted with what we build
-    gc.disable()
-    try:
-        yield
-    finally:
-        if promote and gc.get_freeze_count() == 0:
-            gc.freeze()
-            gc.unfreeze()
-        gc.enable()
-
-
-class TaskTable(MutableMapping[str, Task]):
-    """The queue's tasks by id, in insertion order: a ``dict[str, Task]`` to its users.
-
-    Tasks recovered from a snapshot in a terminal status stay their decoded snapshot row
-    until something reads them; then the row becomes a ``Task``, in place and once (every
-    later read gets the same object).  Every task not in a terminal status is always a
-    ``Task`` already (``loaded``), so scheduling, leases and retention never load history.
-    """
-
-    __slots__ = ("_map", "_rows", "_meta", "history")
-
-    def __init__(self) -> None:
-        # a Task, or the index of its row in _rows/_meta (not loaded yet: terminal)
-        self._map: dict[str, Task | int] = {}
-        self._rows: Sequence[Sequence[Any]] = ()
-        self._meta: Sequence[Any] = ()
-        # terminal tasks moved to history segments (straw.queue.history): looked up on demand,
-        # never loaded at recovery; a task id is in _map or in history, never both
-        self.history: History | None = None
-
-    @classmethod
-    def from_rows(cls, rows: Sequence[Sequence[Any]], meta: Sequence[Any]
-                  ) -> tuple[TaskTable, list[Task]]:
-        """A table over snapshot rows (``to_snapshot_rows``) and their metadata; also
-        returns the tasks not in a terminal status (loaded), in order."""
-        if len(meta) != len(rows):
-            raise CorruptData(f"queue snapshot: {len(rows)} task rows but {len(meta)} "
-                              "metadata entries")
-        if any(n not in (TASK_ROW_FIELDS, _OLD_TASK_ROW_FIELDS) for n in set(map(len, rows))):
-            raise CorruptData(f"queue snapshot: task rows must have {TASK_ROW_FIELDS} fields")
-        table = cls()
-        ids = list(map(operator.itemgetter(0), rows))
-        table._map = dict(zip(ids, range(len(rows)), strict=True))
-        if len(table._map) != len(rows):
-            raise CorruptData("queue snapshot: a task id appears twice")
-        table._rows, table._meta = rows, meta
-        # the rows not in a terminal status, found without a Python loop over history
-        live = itertools.compress(range(len(rows)), map(
-            operator.not_, map(TERMINAL.__contains__, map(operator.itemgetter(_STATUS), rows))))
-        return table, [table._load(ids[i], i) for i in live]
-
-    def _load(self, task_id: str, i: int) -> Task:
-        task = Task(*self._rows[i])
-        task.metadata = self._meta[i]
-        task.control = bool(task.control)  # an older journal's default lane was None
-        self._map[task_id] = task
-        return task
-
-    def _from_history(self, task_id: str) -> Task | None:
-        """A terminal task kept in a history segment, as a fresh ``Task`` (it never
-        changes again, so a new object per read is indistinguishable)."""
-        if self.history is None:
-            return None
-        v = self.history.get("t", task_id)
-        if v is _HMISSING:
-            return None
-        return task_from_history(v)
-
-    def _load_all(self) -> None:
-        if self._rows:
-            for task_id, i in [kv for kv in self._map.items() if isinstance(kv[1], int)]:
-                self._load(task_id, cast(int, i))
-            self._rows = self._meta = ()
-
-    def status_counts(self) -> Counter[str]:
-        """How many tasks are in each status, without loading history (an unloaded row is
-        terminal: its status cannot change before it is loaded)."""
-        rows = self._rows
-        out = Counter(rows[v][_STATUS] if isinstance(v, int) else v.status
-                      for v in self._map.values())
-        if self.history is not None:
-            out.update(self.history.status)
-        return out
-
-    def __getitem__(self, task_id: str) -> Task:
-        v = self._map.get(task_id, _MISSING)
-        if v is _MISSING:
-            task = self._from_history(task_id)
-            if task is None:
-                raise KeyError(task_id)
-            return task
-        return self._load(task_id, v) if isinstance(v, int) else v
-
-    def get(self, task_id: str, default: Any = None) -> Any:
-        v = self._map.get(task_id, _MISSING)
-        if v is _MISSING:
-            task = self._from_history(task_id)
-            return default if task is None else task
-        return self._load(task_id, v) if isinstance(v, int) else v
-
-    def __contains__(self, task_id: object) -> bool:
-        if task_id in self._map:
-            return True
-        return (isinstance(task_id, str) and self.history is not None
-                and self.history.get("t", task_id) is not _HMISSING)
-
-    def __setitem__(self, task_id: str, task: Task) -> None:
-        self._map[task_id] = task
-
-    def __delitem__(self, task_id: str) -> None:
-        del self._map[task_id]
-
-    def __len__(self) -> int:
-        return len(self._map) + (0 if self.history is None else self.history.counts["t"])
-
-    def __iter__(self) -> Iterator[str]:
-        """History first (in task id order), then the tasks of the live state."""
-        if self.history is not None:
-            yield from (k for k, _ in self.history.items("t"))
-        yield from self._map
-
-    def values(self) -> ValuesView[Task]:
-        self._load_all()
-        if self.history is not None:  # reads every history segment (inspection only)
-            return cast(ValuesView[Task], dict(self.items()).values())
-        return cast(ValuesView[Task], self._map.values())
-
-    def items(self) -> ItemsView[str, Task]:
-        self._load_all()
-        if self.history is not None:  # reads every history segment (inspection only)
-            hist = {k: task_from_history(v) for k, v in self.history.items("t")}
-            return cast(ItemsView[str, Task], {**hist, **self._map}.items())
-        return cast(ItemsView[str, Task], self._map.items())
-
-    def terminal(self) -> list[tuple[str, Any]]:
-        """(task id, history value) of every terminal task of the live state: what the
-        next history segment takes (``history_value``)."""
-        out = []
-        for tid, v in self._map.items():
-            if isinstance(v, int):
-                row, meta = self._rows[v], self._meta[v]
-                out.append((tid, [list(row), meta]))
-            elif v.status in TERMINAL:
-                out.append((tid, history_value(v)))
-        return out
-
-    def forget(self, task_ids: Iterable[str]) -> None:
-        """Drop tasks now held by a durable history segment."""
-        for tid in task_ids:
-            del self._map[tid]
-        if self._rows and not any(isinstance(v, int) for v in self._map.values()):
-            self._rows = self._meta = ()
-
-    def loaded_task(self, task_id: str) -> Task | None:
-        """The task if it is a loaded ``Task`` of the live state (every non-terminal task
-        is), else None: nothing is loaded or read from history."""
-        v = self._map.get(task_id)
-        return v if isinstance(v, Task) else None
-
-    def loaded(self) -> Iterator[Task]:
-        """The tasks that are ``Task`` objects: every non-terminal one (and terminal ones
-        read since recovery), without loading anything."""
-        for v in self._map.values():
-            if not isinstance(v, int):
-                yield v
-
-    def to_snapshot_rows(self) -> tuple[list[Sequence[Any]], list[Any]]:
-        """(rows, metadata) in order; rows not loaded are written back as they were read."""
-        rows: list[Sequence[Any]] = []
-        meta: list[Any] = []
-        for v in self._map.values():
-            if isinstance(v, int):
-                rows.append(self._rows[v])
-                meta.append(self._meta[v])
-            else:
-                rows.append((v.task_id, v.input, None, v.priority, v.key, v.max_attempts,
-                             v.control, v.fifo, v.status, v.attempt, v.failures, v.lease,
-                             v.position, v.last_error, v.allow_empty, v.estimates))
-                meta.append(v.metadata)
-        return rows, meta
-
-    def __repr__(self) -> str:
-        return f"TaskTable({len(self._map)} tasks)"
-
-
-def history_value(task: Task) -> list[Any]:
-    """A terminal task as a history segment stores it: [its snapshot row, metadata]."""
-    return [[task.task_id, task.input, None, task.priority, task.key, task.max_attempts,
-             task.control, task.fifo, task.status, task.attempt, task.failures, task.lease,
-             task.position, task.last_error, task.allow_empty, task.estimates],
-            task.metadata]
-
-
-def task_from_history(value: Sequence[Any]) -> Task:
-    """The ``Task`` of a history value (decoded with lists: references become tuples
-    again, user JSON keeps its lists)."""
-    try:
-        row, meta = value
-        task = Task(*row)
-    except (TypeError, ValueError) as e:
-        raise CorruptData(f"queue history: a task entry does not have the fields of a task "
-                          f"({e})") from None
-    task.metadata = meta
-    task.control = bool(task.control)
-    task.input = _tuple_or_none(task.input)
-    task.lease = _tuple_or_none(task.lease)
-    task.estimates = tuple(task.estimates)  # type: ignore[assignment]
-    return task
-
-
-class TieredDict(MutableMapping[str, Any]):
-    """A dict whose older entries live in history segments (``table`` of a
-    ``straw.queue.history.History``), looked up on demand; new entries are kept in memory until
-    the next snapshot moves them.  ``decode`` turns a stored value into the live form."""
-
-    __slots__ = ("live", "history", "table", "decode")
-
-    def __init__(self, table: str, decode: Callable[[Any], Any] = lambda v: v) -> None:
-        self.live: dict[str, Any] = {}
-        self.history: History | None = None
-        self.table, self.decode = table, decode
-
-    def __getitem__(self, key: str) -> Any:
-        v = self.live.get(key, _MISSING)
-        if v is not _MISSING:
-            return v
-        if self.history is not None and isinstance(key, str):
-            h = self.history.get(self.table, key)
-            if h is not _HMISSING:
-                return self.decode(h)
-        raise KeyError(key)
-
-    def __setitem__(self, key: str, value: Any) -> None:
-        self.live[key] = value
-
-    def __delitem__(self, key: str) -> None:
-        del self.live[key]
-
-    def __contains__(self, key: object) -> bool:
-        try:
-            self[key]  # type: ignore[index]
-        except KeyError:
-            return False
-        return True
-
-    def __len__(self) -> int:
-        return len(self.live) + (0 if self.history is None
-                                 else self.history.counts[self.table])
-
-    def __iter__(self) -> Iterator[str]:
-        if self.history is not None:  # reads every history segment (inspection only)
-            yield from (k for k, _ in self.history.items(self.table))
-        yield from self.live
-
-    def items(self) -> ItemsView[str, Any]:
-        out = {} if self.history is None else {
-            k: self.decode(v) for k, v in self.history.items(self.table)}
-        out.update(self.live)
-        return out.items()
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, (TieredDict, dict)):
-            return dict(self.items()) == dict(other.items())
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return f"TieredDict({len(self)} entries)"
-
-
-def _request_value(v: Sequence[Any]) -> tuple[str, tuple[str, ...]]:
-    return (v[0], tuple(v[1]))
-
-
-class CommitLog(Sequence[CommitRecord]):
-    """The commit log, append-only: a ``list[CommitRecord]`` to its readers.  Rows recovered
-    from a snapshot stay the decoded tuples; reading makes ``CommitRecord``s (immutable, so
-    a fresh one per read is indistinguishable)."""
-
-    __slots__ = ("_rows", "_base", "history")
-
-    def __init__(self, rows: Iterable[Sequence[Any]] = ()) -> None:
-        self._rows: list[Sequence[Any]] = list(rows)
-        # positions below _base live in history segments (straw.queue.history), read on demand
-        self._base = 0
-        self.history: History | None = None
-
-    def __len__(self) -> int:
-        return self._base + len(self._rows)
-
-    def _row(self, i: int) -> Sequence[Any]:
-        if i < self._base:
-            assert self.history is not None
-            return self.history.commit(i)
-        return self._rows[i - self._base]
-
-    @overload
-    def __getitem__(self, i: int) -> CommitRecord: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> list[CommitRecord]: ...
-
-    def __getitem__(self, i: int | slice) -> CommitRecord | list[CommitRecord]:
-        if isinstance(i, slice):
-            if not self._base:
-                return list(map(_record, self._rows[i]))
-            return [_record(self._row(p)) for p in range(*i.indices(len(self)))]
-        n = len(self)
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError("commit log index out of range")
-        return _record(self._row(i))
-
-    def __iter__(self) -> Iterator[CommitRecord]:
-        if self._base:
-            yield from map(_record, map(self._row, range(self._base)))
-        yield from map(_record, self._rows)
-
-    def usage(self, start: int, skip: Iterable[int] = ()) -> dict[str, int]:
-        """Bytes, records and tokens of the results at positions >= ``start`` except
-        ``skip`` (``history.row_usage``): history segments answer from their index's
-        per-block sums, so this costs the live rows, not the history."""
-        out = [0, 0, 0]
-        if self._base > start:
-            assert self.history is not None
-            out = self.history.commit_usage(start)
-        for row in self._rows[max(0, start - self._base):]:
-            for k, v in enumerate(row_usage(row)):
-                out[k] += v
-        for p in set(skip):
-            if start <= p < len(self):
-                for k, v in enumerate(row_usage(self._row(p))):
-                    out[k] -= v
-        return {"bytes": out[0], "records": out[1], "tokens": out[2]}
-
-    @property
-    def base(self) -> int:
-        """Commits held by history segments (positions 0..base-1)."""
-        return self._base
-
-    def attach(self, history: History, base: int) -> None:
-        """Commits below ``base`` are now read from ``history``; drop them from memory."""
-        del self._rows[:base - self._base]
-        self._base, self.history = base, history
-
-    def append(self, record: CommitRecord) -> None:
-        self._rows.append(record)
-
-    def rows(self) -> list[Sequence[Any]]:
-        """The rows held in memory (positions base.., tuples in CommitRecord field order):
-        do not modify."""
-        return self._rows
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, CommitLog):
-            return NotImplemented
-        return list(map(tuple, self)) == list(map(tuple, other))
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return f"CommitLog({len(self._rows)} commits)"
-
-
-@dataclass
-class Consumer:
-    """A consumer's saved progress.  ``sparse`` and ``finished`` come from its progress
-    record (``progress``): positions processed past the contiguous prefix, and batches
-    every rank finished reading.  Its ownership token is not here: a token belongs to one
-    coordinator process (recovery ends every open consumer), so it is not journaled."""
-
-    fetch: int = 0
-    processed: int = 0
-    state: RefTuple | None = None
-    progress: RefTuple | None = None
-    sparse: tuple[int, ...] = ()
-    finished: tuple[str, ...] = ()
-
-
-@dataclass
-class Batch:
-    """A planned training batch of ``consumer``: the commit positions it reads and its
-    plan; ``ref`` once it is ready.  It is finished while its consumer's saved progress
-    lists it (so a rewind to older progress makes it unfinished, and kept, again)."""
-
-    positions: tuple[int, ...]
-    consumer: str = "training"
-    plan: RefTuple | None = None
-    digest: str = ""
-    ref: RefTuple | None = None
-    ready_digest: str = ""
-    # the consumer state saved with it: (fetch, processed, state, progress)
-    ready_state: tuple[Any, ...] | None = None
-
-
-@dataclass
-class Checkpoint:
-    """A registered checkpoint: its root ``ref`` (kept with its dependencies), the ready
-    batches it names (their plan and ready refs are kept too) and, optionally, a commit
-    ``cursor`` from which every result is kept (a consumer may rewind there)."""
-
-    ref: RefTuple | None
-    cursor: int | None = None
-    batches: tuple[str, ...] = ()
-    digest: str = ""
-    record: Any = None  # the checkpoint record's JSON, as checked at registration
+from .commits import CommitLog, CommitRecord, TieredDict, request_value
+from .history import Delta, History
+from .records import (
+    Batch,
+    Checkpoint,
+    Consumer,
+    batch_from_row,
+    checkpoint_from_row,
+    consumer_from_row,
+)
+from .tasks import (
+    CANCELLED,
+    COMPLETED,
+    FAILED,
+    LEASED,
+    PENDING,
+    STATUS_COLUMN,
+    TERMINAL,
+    RefTuple,
+    Task,
+    TaskTable,
+    bulk_objects,
+    tuple_or_none,
+)
 
 
 @dataclass
@@ -591,7 +112,7 @@ class QueueState:
     # in history segments (TieredDict)
     submissions: TieredDict = field(default_factory=lambda: TieredDict("s"))
     requests: TieredDict = field(
-        default_factory=lambda: TieredDict("r", _request_value))
+        default_factory=lambda: TieredDict("r", request_value))
     producers: dict[str, Any] = field(default_factory=dict)
     # derived from ``producers`` (never stored): the references each state names, roots
     # of the queue while that state is its producer's latest
@@ -619,7 +140,7 @@ class QueueState:
         """What the next history segment takes: every terminal task, commit row,
         submission and request answer held in memory (nothing changes here)."""
         tasks = self.tasks.terminal()
-        status: Counter[str] = Counter(v[0][_STATUS] for _, v in tasks)
+        status: Counter[str] = Counter(v[0][STATUS_COLUMN] for _, v in tasks)
         return Delta(tasks=tasks, subs=list(self.submissions.live.items()),
                      reqs=[(k, [d, list(r)]) for k, (d, r) in self.requests.live.items()],
                      commits=list(self.commits.rows()), lo=self.commits.base,
@@ -1052,38 +573,12 @@ class QueueState:
         for w, t, a, r, *e in snap["reads"]:  # the grant's epoch: absent in older snapshots
             st.reads[(w, t, a)] = tuple(r)  # type: ignore[assignment]
             st.read_epochs[(w, t, a)] = e[0] if e else 0
-        _t = _tuple_or_none
-        for row in snap["consumers"]:
-            if len(row) == 6:  # an older straw's row: [k, token, fetch, processed, state, fin]
-                k, _token, fetch, processed, state, finished = row
-                st.consumers[k] = Consumer(fetch, processed, _t(state), None, (),
-                                           tuple(finished))
-                continue
-            k, fetch, processed, state, progress, sparse, finished = row
-            st.consumers[k] = Consumer(fetch, processed, _t(state), _t(progress),
-                                       tuple(sparse), tuple(finished))
+        _t = tuple_or_none
+        st.consumers = {row[0]: consumer_from_row(row) for row in snap["consumers"]}
         for k, r, d, v in snap.get("consumer_requests", ()):
             fetch, processed, state, progress = v
             st.consumer_requests[(k, r)] = (d, (fetch, processed, _t(state), _t(progress)))
-        for row in snap["batches"]:
-            if len(row) == 4:  # older: [k, positions, ready ref, finished flag]
-                k, positions, ref, _finished = row
-                st.batches[k] = Batch(tuple(positions), ref=_t(ref))
-                continue
-            k, positions, consumer, plan, digest, ref, ready_digest, saved = row
-            if saved is not None:
-                saved = (saved[0], saved[1], _t(saved[2]), _t(saved[3]))
-            st.batches[k] = Batch(tuple(positions), consumer, _t(plan), digest, _t(ref),
-                                  ready_digest, saved)
-        for row in snap["checkpoints"]:
-            if len(row) == 3:  # older: [k, ref, cursor]
-                k, r, cur = row
-                st.checkpoints[k] = Checkpoint(_t(r), cur)
-                continue
-            k, r, cur, batches, digest, record = row
-            st.checkpoints[k] = Checkpoint(_t(r), cur, tuple(batches), digest, record)
+        st.batches = {row[0]: batch_from_row(row) for row in snap["batches"]}
+        st.checkpoints = {row[0]: checkpoint_from_row(row) for row in snap["checkpoints"]}
         return st
 
-
-def _tuple_or_none(ref: Sequence[Any] | None) -> Any:
-    return tuple(ref) if ref else None

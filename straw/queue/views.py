@@ -24,7 +24,7 @@ from .checks import check_id as _check_id
 from .checks import check_int64 as _check_int64
 from .checks import plain as _plain
 from .checks import usage_of as _usage_of
-from .state import COMPLETED, LEASED
+from .tasks import COMPLETED, LEASED
 
 
 class QueueViews(QueueBatches):
