@@ -446,19 +446,13 @@ class Coordinator(QueueCompletions, QueueViews):
         try:
             with self._mutex:
                 self._check_usable()
-                known = self._known(request_id, digest, "save_task_progress")
-                if known is None:
-                    txn_rows = [[self._check_lease(le, where=f"updates[{i}]['lease']").task_id,
-                                 le.generation, list(_ref_tuple(r))]
-                                for i, (le, r) in enumerate(rows)]
-                    seq = self._enqueue({"t": "progress", "req": request_id, "digest": digest,
-                                         "updates": txn_rows, "result": ["saved"]})
+                decision = rules.save_progress(self.state, self._names, rows, request_id,
+                                               digest, self._epoch, self.clock.now(),
+                                               self._deadlines)
+                seq = self._commit_decision(decision)
         finally:
             self._done_adopting(adopted)
-        if known is not None:
-            return self._replayed(known)[0]
-        self._wait(seq, adopted)
-        return "saved"
+        return self._reply(decision, seq, adopted)
 
     def release_tasks(self, leases: Sequence[Lease], *,
                       request_id: str | None = None) -> list[str]:
@@ -502,9 +496,10 @@ class Coordinator(QueueCompletions, QueueViews):
         self._request_id(request_id, optional=True)
         with self._mutex:
             self._check_usable()
-            seq = None if self.state.sealed else self._enqueue({"t": "seal"})
+            decision = rules.seal(self.state)
+            seq = self._commit_decision(decision)
         self._wait(self._last_seq if seq is None else seq)
-        return "sealed"
+        return decision.reply
 
     # --- draining, closing ---------------------------------------------------------------
 

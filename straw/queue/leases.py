@@ -19,14 +19,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..checks import check_count
-from ..errors import Fenced, StaleAttempt
+from ..errors import Fenced
 from ..protocol import AcquireResult, Assignment, CommitReceipt, Lease, TaskSpec
 from . import rules
 from .checks import check_id as _check_id
 from .checks import check_lease_fields as _check_lease_fields
-from .checks import int_or_none as _int_or_none
 from .epochs import QueueEpochs
-from .tasks import LEASED
 
 
 class QueueLeases(QueueEpochs):
@@ -53,14 +51,9 @@ class QueueLeases(QueueEpochs):
                 seq = self._enqueue(txn)
         return seq
 
-    def _lease_from(self, task_id: str, generation: int, worker_id: str, epoch: int) -> Lease:
-        attempt_id = self._names.attempt_id(task_id, generation)
-        return Lease(self.store.run_id, self.queue_id, task_id, attempt_id, generation,
-                     str(epoch), self._names.token(attempt_id, worker_id, epoch), worker_id)
-
     def _lease_of(self, task: Any) -> Lease:
         generation, worker, epoch = task.lease
-        return self._lease_from(task.task_id, generation, worker, epoch)
+        return self._names.lease(task.task_id, generation, worker, epoch)
 
     def _spec_of(self, task: Any) -> TaskSpec:
         records, nbytes, tokens = task.estimates
@@ -155,7 +148,7 @@ class QueueLeases(QueueEpochs):
         self._check_process()
         with self._mutex:
             st = self.state
-            return tuple(self._lease_from(t, a, w, st.read_epochs.get((w, t, a), 0))
+            return tuple(self._names.lease(t, a, w, st.read_epochs.get((w, t, a), 0))
                          for (w, t, a) in sorted(st.reads))
 
     def release_task_reads(self, leases: Sequence[Lease]) -> None:
@@ -174,36 +167,8 @@ class QueueLeases(QueueEpochs):
         seq = None
         with self._mutex:
             self._check_usable()
-            st = self.state
-            by_attempt: dict[str, tuple[str, str, int]] | None = None
-            ending = []
-            for i, lease in enumerate(leases):
-                key: tuple[str, str, int] | None = (lease.worker_id, lease.task_id,
-                                                    lease.generation)
-                if key not in st.reads or \
-                        self._names.attempt_id(lease.task_id, lease.generation) != lease.attempt_id:
-                    # not a reader's own fields: find the reader its attempt id names (the
-                    # whole read set hashed once, only for such a lease)
-                    if by_attempt is None:
-                        by_attempt = {self._names.attempt_id(t, a): (w, t, a)
-                                      for (w, t, a) in st.reads}
-                    key = by_attempt.get(lease.attempt_id)
-                if key is None:
-                    continue
-                w, t, a = key
-                # 0: a grant recorded before its epoch was (an older snapshot); the token
-                # still binds the epoch the lease states
-                epoch = st.read_epochs.get(key, 0) or _int_or_none(lease.coordinator_epoch)
-                if epoch is None or lease != self._lease_from(t, a, w, epoch):
-                    raise StaleAttempt(
-                        f"leases[{i}] (task {lease.task_id!r}, attempt {lease.attempt_id}, "
-                        f"worker {lease.worker_id!r}) is not the lease of that attempt's "
-                        f"reader (task {t!r}, generation {a}, worker {w!r}); nothing was "
-                        "released. Pass the leases acquire or outstanding_reads returned, "
-                        "unedited")
-                ending.append(key)
-            for _w, t, a in dict.fromkeys(ending):
-                seq = self._enqueue({"t": "reads", "task": t, "attempt": a})
+            for txn in rules.release_reads(self.state, self._names, leases):
+                seq = self._enqueue(txn)
         if seq is not None:
             self._wait(seq)
 
@@ -217,13 +182,9 @@ class QueueLeases(QueueEpochs):
         with self._mutex:
             self._check_usable()
             st = self.state
-            leased = [t for t in self._deadlines if (task := st.tasks[t]).status == LEASED
-                      and task.lease is not None and task.lease[1] == worker_id]
-            seq = None
-            if leased or any(k[0] == worker_id for k in st.reads):
-                seq = self._enqueue({"t": "retire", "worker": worker_id, "revoke": True})
-                for t in leased:
-                    self._deadlines.pop(t, None)
+            decision = rules.retire_worker(st, worker_id, self._deadlines)
+            ended = [] if decision.txn is None else decision.reply
+            seq = self._commit_decision(decision, ended)
             c = st.consumers.get(self.consumer_id)
             start = c.processed if c is not None else 0
             mine = [pos for pos in range(start, self._durable_commits)
