@@ -189,7 +189,7 @@ def successors(s: State, eng: Engine) -> list[tuple[State, Engine]]:
         out += lease_successors(s, eng, le)
     s2 = spec_steps(s, ("coord_crash", (0,)), ("coord_recover", (0,)))
     if s2 is not None:
-        nxt = eng.then({"t": "epoch", "epoch": eng.epoch + 1, "spend": True})
+        nxt = eng.then(rules.recover(eng.epoch + 1, True))
         nxt.deadlines, nxt.epoch = {}, eng.epoch + 1
         out.append((s2, nxt))
     return out
@@ -330,7 +330,7 @@ def check(s: State, eng: Engine) -> None:
 
 
 def start() -> tuple[State, Engine]:
-    return initial_state(CFG), Engine().then({"t": "epoch", "epoch": 1, "spend": True})
+    return initial_state(CFG), Engine().then(rules.recover(1, True))
 
 
 def explore(depth: int = BFS_DEPTH) -> int:

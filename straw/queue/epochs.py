@@ -52,6 +52,7 @@ from ..errors import Fenced, UnsafeRecovery, UnsupportedSchema
 from ..pack import storage_error
 from ..process import close_quietly
 from ..refs import ref_from_tuple
+from . import rules
 from .ids import queue_dir_name
 from .pipeline import CommitPipeline
 from .replay import replay
@@ -171,8 +172,7 @@ class QueueEpochs(CommitPipeline):
         )
         self._mark_started()
         # D9: revoke older leases, durably, before serving anyone
-        self._commit_now({"t": "epoch", "epoch": self._epoch,
-                          "spend": self.recovery_spends_budget})
+        self._commit_now(rules.recover(self._epoch, self.recovery_spends_budget))
         self._durable_commits = len(self.state.commits)
         self._claim_roots()
 

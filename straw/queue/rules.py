@@ -39,21 +39,28 @@ release_reads                release_task_reads              reads (one per read
 retire_worker                retire_worker                   retire
                              (``retire_worker``)
 coord_recover                Coordinator(recover=True)       epoch
+                             (``recover``)
 old_coord_complete           any call of a fenced            (none: Fenced /
                              coordinator                     IndeterminateCommit, D8)
-consume, acknowledge,        save_consumer_state,            cons_save (batch_ready)
-restore, rewind              batch_ready
+consume, acknowledge,        save_consumer_state,            cons_save (inside
+restore, rewind              batch_ready (``c.known_save``,  batch_ready)
+                             ``c.ready_known``,
+                             ``c.consumer_save``)
 register_checkpoint          register_checkpoint             ckpt
+                             (``c.register_checkpoint``)
 release_checkpoint           release_checkpoint              ckpt_release
+                             (``c.release_checkpoint``)
 hist_write .. hist_cleanup   (journal snapshots)             (snapshot, history segment)
 ===========================  ==============================  ==========================
 
 Calls the spec does not model (below its abstraction): ``save_task_progress`` (progress;
-``save_progress``), ``seal_input`` (seal; ``seal``), ``plan_batch`` (batch_plan).  Spec
-actions of other parties are not the coordinator's: ``submit`` (the producer sends),
-``expire`` (the clock passes a deadline), ``abandon`` (a worker drops a stale lease),
-``consumer_drop`` (the consumer's own owner), crashes and pauses.  The rules named in
-brackets live here; the others are still decided inside their ``Coordinator`` methods.
+``save_progress``), ``seal_input`` (seal; ``seal``), ``plan_batch`` (batch_plan;
+``c.plan_batch``).  Spec actions of other parties are not the coordinator's: ``submit``
+(the producer sends), ``expire`` (the clock passes a deadline), ``abandon`` (a worker
+drops a stale lease), ``consumer_drop`` (the consumer's own owner), crashes and pauses.
+The rules in brackets live here, those marked ``c.`` in ``rules_consumers.py``.  What
+is not a rule is the pipeline's: the fence check (D8, ``QueueEpochs._fence_check``) and
+the snapshots with their history segments (``CommitPipeline._write_snapshot``).
 """
 
 from __future__ import annotations
@@ -468,3 +475,11 @@ def retire_worker(state: QueueState, worker_id: str, leased: Iterable[str]) -> D
     if not revoked and not any(k[0] == worker_id for k in state.reads):
         return Decision(None, revoked)
     return Decision({"t": "retire", "worker": worker_id, "revoke": True}, revoked)
+
+
+def recover(epoch: int, spend: bool) -> dict[str, Any]:
+    """spec coord_recover (once the new epoch is durable and the journal replayed): the
+    ``epoch`` transaction revoking every older lease, each spending one unit of its
+    task's budget with ``spend`` (the recovery policy, journaled with it, Q6).  It
+    refuses nothing: exclusivity is the epoch lock's (D8)."""
+    return {"t": "epoch", "epoch": epoch, "spend": spend}
