@@ -17,7 +17,9 @@ over the leases)::
 
 Beside them, ``rules.py`` holds the decisions themselves: one pure function per spec
 action (``spec/actions.py``), which reads the ``QueueState`` and the call's arguments and
-returns the journal transaction and reply, or raises the straw error; ``checks.py`` the
+returns the journal transaction and reply, or raises the straw error (its header maps
+spec actions to methods and transaction types; ``rules_consumers.py`` holds the
+consumers', batches' and checkpoints'); ``checks.py`` the
 argument checks shared by every call; ``replay.py`` the state of a journal (recovery,
 operator views).
 
