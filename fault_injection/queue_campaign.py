@@ -79,13 +79,13 @@ from fault_injection.sweep import (
     sweep,
 )
 from straw import Record, RecordSetRef, SharedFilesystemStore
-from straw import history as history_mod
 from straw.catalog import Catalog
 from straw.clock import ManualClock
 from straw.coordinator import Coordinator
 from straw.errors import CorruptData, Fenced, IndeterminateCommit
 from straw.fs import Filesystem
 from straw.protocol import Lease, TaskSpec
+from straw.queue import history as history_mod
 
 ROOT = "/pool"
 RUN = "run"

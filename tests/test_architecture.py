@@ -25,7 +25,6 @@ MODULE_LINES, CLASS_LINES, FUNCTION_LINES = 600, 500, 70
 # (kind, qualified name) -> lines today.  May only shrink; remove an entry once it fits.
 OVERSIZED: dict[tuple[str, str], int] = {
     ("class", "straw.catalog.Catalog"): 1002,
-    ("class", "straw.coordinator.Coordinator"): 793,
     ("class", "straw.journal.Journal"): 575,
     ("class", "straw.reader.ReadSession"): 975,
     ("class", "straw.rollout.builder.BatchBuilder"): 732,
@@ -43,7 +42,6 @@ OVERSIZED: dict[tuple[str, str], int] = {
     ("function", "straw.catalog.Catalog._refresh"): 72,
     ("function", "straw.cli.demo.check"): 86,
     ("function", "straw.codec._Encoder.enc"): 78,
-    ("function", "straw.coordinator.Coordinator.__init__"): 125,
     ("function", "straw.journal._recover"): 138,
     ("function", "straw.qualify.clauses.rename_atomic"): 73,
     ("function", "straw.reader.ReadSession._read_and_hash"): 86,
@@ -59,9 +57,7 @@ OVERSIZED: dict[tuple[str, str], int] = {
     ("module", "straw.catalog"): 1350,
     ("module", "straw.cli.demo"): 666,
     ("module", "straw.codec"): 650,
-    ("module", "straw.coordinator"): 908,
     ("module", "straw.journal"): 1324,
-    ("module", "straw.queue_state"): 1089,
     ("module", "straw.reader"): 1327,
     ("module", "straw.rollout.archive"): 688,
     ("module", "straw.rollout.builder"): 1178,

@@ -12,9 +12,9 @@ from straw import CorruptData, IdempotencyConflict, Record, SharedFilesystemStor
 from straw.clock import ManualClock
 from straw.coordinator import Coordinator
 from straw.fs import PosixFS
-from straw.history import BLOCK_ENTRIES, MISSING, Delta, History
 from straw.protocol import Limits, TaskSpec
-from straw.queue_state import COMPLETED, Task
+from straw.queue.history import BLOCK_ENTRIES, MISSING, Delta, History
+from straw.queue.tasks import COMPLETED, Task
 
 
 @pytest.fixture
@@ -193,7 +193,7 @@ def test_orphan_segment_of_an_interrupted_snapshot_is_ignored_then_deleted(store
 
 
 def test_history_task_roundtrip_keeps_tuples_and_json_lists():
-    from straw.queue_state import history_value, task_from_history
+    from straw.queue.tasks import history_value, task_from_history
     t = Task("a", ("p", 1, 2, "c", "d", 1, 0, 3, 4), {"x": [1, 2]}, 1, 2, 3, False, 5,
              status=COMPLETED, attempt=1, lease=(1, "w", 2), position=0,
              last_error={"e": [1]}, estimates=(1, 2, 3))
@@ -222,7 +222,7 @@ def test_snapshot_size_follows_live_state_not_history(store):
 def test_usage_of_unprocessed_commits_from_block_sums(store):
     """metrics()' usage of accepted, unprocessed results: history answers from per-block
     sums, and the figures are those of the rows themselves."""
-    from straw.history import row_usage
+    from straw.queue.history import row_usage
     q = _coord(store, snapshot_every=40)
     q.submit_tasks("r", [TaskSpec(f"t{i:03d}") for i in range(300)])
     _complete_all(store, q)

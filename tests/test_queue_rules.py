@@ -5,8 +5,8 @@ orders disagree, ``t0`` with one continuation, two workers, two failures of budg
 coordinator recovery) is enumerated breadth-first; the engine's ``QueueState`` follows
 along, each spec step mirrored by the transaction the rule decides (replayed from its
 msgpack form, as recovery reads it).  In every state, for every call the spec models —
-submit, acquire, heartbeat, complete, fail, release_lease, yield, cancel, requeue_expired
-— the rule accepts, answers a retry, or refuses exactly where the spec's action does;
+submit, acquire, heartbeat, complete, fail, release_lease, yield, cancel, requeue_expired,
+release_reads, retire_worker — the rule accepts, answers a retry, or refuses exactly where the spec's action does;
 the engine's tasks (status, attempt, failures) equal the spec's.
 
 What the rules do not decide is held fixed here: the coordinator serving is the latest
@@ -31,7 +31,7 @@ from straw.errors import IdempotencyConflict, LeaseExpired, StaleAttempt
 from straw.protocol import Lease, Limits, unenforced
 from straw.queue import rules
 from straw.queue.names import QueueNames
-from straw.queue_state import QueueState
+from straw.queue.state import QueueState
 from straw.refs import RecordSetRef, ref_from_tuple
 
 RUN, QUEUE = "run", "q0"
@@ -180,12 +180,16 @@ def successors(s: State, eng: Engine) -> list[tuple[State, Engine]]:
         for t in sorted({r[1] for r in s.reads if r[0] == w}):
             if not any(le.worker == w and le.task == t for le in s.leases):
                 s2 = spec_steps(s, ("release_reads", (w, t)))
-                out.append((s2, eng.then({"t": "reads", "task": TASKS[t], "attempt": None})))
+                nxt = eng
+                for txn in rules.release_reads(st, NAMES, [reader_lease(eng, worker,
+                                                                        TASKS[t])]):
+                    nxt = nxt.then(txn)
+                out.append((s2, nxt))
     for le in sorted(s.leases):
         out += lease_successors(s, eng, le)
     s2 = spec_steps(s, ("coord_crash", (0,)), ("coord_recover", (0,)))
     if s2 is not None:
-        nxt = eng.then({"t": "epoch", "epoch": eng.epoch + 1, "spend": True})
+        nxt = eng.then(rules.recover(eng.epoch + 1, True))
         nxt.deadlines, nxt.epoch = {}, eng.epoch + 1
         out.append((s2, nxt))
     return out
@@ -287,15 +291,46 @@ def check_leases(s: State, eng: Engine) -> None:
             assert outcome(fn) == spec_outcome(s, le, call), (call, le, s.tasks[le.task])
 
 
+def reader_lease(eng: Engine, worker: str, task_id: str) -> Lease:
+    """The lease of ``worker``'s outstanding reader of ``task_id`` (as outstanding_reads
+    gives it), or of an attempt it never read (the task's next one)."""
+    st = eng.state
+    for w, t, a in st.reads:
+        if w == worker and t == task_id:
+            return NAMES.lease(t, a, w, st.read_epochs.get((w, t, a), eng.epoch))
+    task = st.tasks.get(task_id)
+    return NAMES.lease(task_id, (task.attempt if task is not None else 0) + 1, worker,
+                       eng.epoch)
+
+
+def check_readers(s: State, eng: Engine) -> None:
+    """release_reads and retire_worker: the rule ends a worker's reads, or retires it,
+    exactly where the spec's action is enabled, and a retirement leaves the spec's tasks."""
+    st = eng.state
+    for w, worker in enumerate(WORKERS):
+        for t, name in enumerate(TASKS):
+            ended = rules.release_reads(st, NAMES, [reader_lease(eng, worker, name)])
+            assert bool(ended) == (A.release_reads(CFG, CORRECT, s, w, t) is not None), \
+                (worker, name)
+        if any(r[0] == w for r in s.reads):
+            continue  # the spec retires a stopped worker: one that reads nothing
+        decision = rules.retire_worker(st, worker, eng.deadlines)
+        o = A.retire_worker(CFG, CORRECT, s, w, 0)
+        assert (decision.txn is not None) == (o is not None), worker
+        if o is not None:
+            assert eng.then(decision.txn).observe() == observe_spec(o.state)
+
+
 def check(s: State, eng: Engine) -> None:
     assert eng.observe() == observe_spec(s), (eng.observe(), observe_spec(s))
     check_tasks(s, eng)
     check_workers(s, eng)
     check_leases(s, eng)
+    check_readers(s, eng)
 
 
 def start() -> tuple[State, Engine]:
-    return initial_state(CFG), Engine().then({"t": "epoch", "epoch": 1, "spend": True})
+    return initial_state(CFG), Engine().then(rules.recover(1, True))
 
 
 def explore(depth: int = BFS_DEPTH) -> int:
@@ -354,3 +389,16 @@ def test_the_universe_is_the_spec_one() -> None:
     """The machine's tasks keep the spec's scheduling order distinct (no FIFO ties)."""
     orders = {(d.priority, d.key) for d in CFG.tasks}
     assert len(orders) == len(CFG.tasks)
+
+
+def test_a_retirement_that_keeps_leases_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Negative control: a retirement that only drops reads (the worker's leases stay)
+    disagrees with the spec's retire_worker."""
+    real = rules.retire_worker
+
+    def keeps_leases(state: QueueState, worker_id: str, leased: Any) -> rules.Decision:
+        return real(state, worker_id, ())
+
+    monkeypatch.setattr(rules, "retire_worker", keeps_leases)
+    with pytest.raises(AssertionError):
+        explore(5)

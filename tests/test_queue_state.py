@@ -11,14 +11,14 @@ import msgpack
 import pytest
 
 from straw.errors import CorruptData
-from straw.queue_state import (
+from straw.queue.commits import CommitRecord
+from straw.queue.state import QueueState
+from straw.queue.tasks import (
     CANCELLED,
     COMPLETED,
     FAILED,
     LEASED,
     PENDING,
-    CommitRecord,
-    QueueState,
     Task,
     TaskTable,
     bulk_objects,

@@ -16,8 +16,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..checks import check_count
-from ..errors import IdempotencyConflict, InvalidReference, ResourceLimitExceeded
+from ..errors import InvalidReference
 from ..refs import RecordSetRef
+from . import rules_consumers
 from .checks import canonical as _canonical
 from .checks import check_id as _check_id
 from .checks import digest as _digest
@@ -47,28 +48,15 @@ class QueueBatches(QueueConsumers):
 
         def step(final: bool) -> tuple[str, Any]:
             self._check_token(consumer_id, token)
-            b = self.state.batches.get(batch_id)
-            if b is not None:
-                if b.digest != digest:
-                    raise IdempotencyConflict(
-                        f"batch {batch_id!r} was planned with other positions, plan or "
-                        "consumer; use a new batch_id")
+            decision = rules_consumers.plan_batch(
+                self.state, batch_id, consumer_id, pos, _ref_tuple(ref), digest,
+                durable_commits=self._durable_commits, bounds=self._bounds,
+                limits=self.limits)
+            if decision.replayed:
                 return "done", True
-            for p in pos:
-                if p >= self._durable_commits:
-                    raise InvalidReference(
-                        f"batch {batch_id!r} input position {p} is not an accepted commit "
-                        f"({self._durable_commits} durable commits)")
-            unfinished = sum(1 for k in self.state.batches if not self.state.batch_finished(k))
-            if unfinished >= self._bounds.max_ready_batches:
-                raise ResourceLimitExceeded(
-                    f"{unfinished} unfinished batches; the limit is "
-                    f"{self.limits.max_ready_batches} (Limits.max_ready_batches)")
             if not final:
                 return "need", []
-            return "seq", self._enqueue({"t": "batch_plan", "batch": batch_id,
-                                         "consumer": consumer_id, "positions": pos,
-                                         "plan": list(_ref_tuple(ref)), "digest": digest})
+            return "seq", self._commit_decision(decision)
 
         if self._retain_then_journal([ref], step) is not None:
             self._wait(self._last_seq)  # the original may still be in flight
@@ -92,18 +80,9 @@ class QueueBatches(QueueConsumers):
         digest = _digest([list(_ref_tuple(ready)), save.digest])
 
         def replay() -> dict[str, Any] | None:
-            b = self.state.batches.get(batch_id)
-            if b is None or b.consumer != consumer_id:
-                raise InvalidReference(
-                    f"batch {batch_id!r} is not a planned batch of consumer {consumer_id!r}; "
-                    "plan_batch it first")
-            if b.ref is None:
-                return None
-            if b.ready_digest != digest:
-                raise IdempotencyConflict(
-                    f"batch {batch_id!r} was already made ready with another ready reference "
-                    "or consumer state")
-            return self._ready_view(batch_id)
+            if rules_consumers.ready_known(self.state, batch_id, consumer_id, digest):
+                return self._ready_view(batch_id)
+            return None
 
         def txn() -> dict[str, Any]:
             return {"t": "batch_ready", "batch": batch_id, "ref": list(_ref_tuple(ready)),
@@ -156,36 +135,15 @@ class QueueBatches(QueueConsumers):
         digest = _digest([list(_ref_tuple(ref)), cursor])
 
         def step(final: bool) -> tuple[str, Any]:
-            known = self.state.checkpoints.get(checkpoint_id)
-            if known is not None:
-                if known.digest != digest:
-                    raise IdempotencyConflict(
-                        f"checkpoint {checkpoint_id!r} is registered with another reference "
-                        "or cursor; release it first, or use a new id")
+            decision, needed = rules_consumers.register_checkpoint(
+                self.state, checkpoint_id, _ref_tuple(ref), cursor, record, digest,
+                designated=self.consumer_id, durable_commits=self._durable_commits)
+            if decision.replayed:
                 return "done", True
-            for b in record["batch_ids"]:
-                batch = self.state.batches.get(b)
-                if batch is None or batch.ref is None:
-                    raise InvalidReference(
-                        f"checkpoint {checkpoint_id!r} names batch {b!r}, which is not a "
-                        "ready batch of this queue")
-            again: list[RecordSetRef] = []
-            if cursor is not None:
-                if cursor > self._durable_commits:
-                    raise ValueError(f"cursor {cursor} is past the commit log "
-                                     f"({self._durable_commits} durable commits)")
-                # keeping results from cursor on: acknowledged ones are needed again
-                c = self.state.consumers.get(self.consumer_id)
-                floor = self.state.checkpoint_floor()
-                floor = cursor if floor is None else min(floor, cursor)
-                again = self._unrooted(self._history_needed(self._acknowledged(
-                    c.processed if c else 0, c.sparse if c else (), floor)))
+            again = self._unrooted(needed)
             if again or not final:
                 return "need", again
-            return "seq", self._enqueue({"t": "ckpt", "id": checkpoint_id,
-                                         "ref": list(_ref_tuple(ref)), "cursor": cursor,
-                                         "batches": list(record["batch_ids"]),
-                                         "digest": digest, "record": record})
+            return "seq", self._commit_decision(decision)
 
         if self._retain_then_journal([ref], step) is not None:
             self._wait(self._last_seq)  # the original may still be in flight
@@ -238,7 +196,7 @@ class QueueBatches(QueueConsumers):
         _check_id("checkpoint_id", checkpoint_id)
         with self._mutex:
             self._check_usable()
-            if checkpoint_id not in self.state.checkpoints:
-                return
-            seq = self._enqueue({"t": "ckpt_release", "id": checkpoint_id})
-        self._wait(seq)
+            seq = self._commit_decision(rules_consumers.release_checkpoint(self.state,
+                                                                           checkpoint_id))
+        if seq is not None:
+            self._wait(seq)

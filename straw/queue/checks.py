@@ -19,8 +19,8 @@ import xxhash
 from ..checks import check_count, short_repr
 from ..errors import NotAnInteger
 from ..protocol import INT64, Lease
-from ..queue_state import RefTuple
 from ..refs import RecordSetRef, ref_to_tuple
+from .tasks import RefTuple
 
 
 def ref_tuple(ref: RecordSetRef) -> RefTuple:

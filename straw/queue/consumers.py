@@ -23,15 +23,16 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ..checks import check_count
-from ..errors import IdempotencyConflict, InvalidReference, StaleAttempt, UnsafeRecovery
-from ..queue_state import RefTuple
+from ..errors import InvalidReference, StaleAttempt, UnsafeRecovery
 from ..refs import RecordSetRef
+from . import rules_consumers
 from .checks import check_id as _check_id
 from .checks import digest as _digest
 from .checks import ref_dict as _ref_dict
 from .checks import ref_tuple as _ref_tuple
 from .leases import QueueLeases
 from .pipeline import _Released
+from .tasks import RefTuple
 
 
 def _common_release(a: _Released, b: _Released) -> _Released:
@@ -131,17 +132,11 @@ class QueueConsumers(QueueLeases):
         save = self._prepare_save(consumer_id, state_ref, fetch_cursor, processed_cursor,
                                   progress_ref)
         save.txn["req"] = request_id
-        key = (consumer_id, request_id)
 
         def replay() -> dict[str, Any] | None:
-            known = self.state.consumer_requests.get(key)
-            if known is None:
-                return None
-            if known[0] != save.digest:
-                raise IdempotencyConflict(
-                    f"consumer {consumer_id!r} request_id {request_id!r} was used for another "
-                    "state; use a new request_id for new content")
-            return self._consumer_view(*known[1])
+            known = rules_consumers.known_save(self.state, consumer_id, request_id,
+                                               save.digest)
+            return None if known is None else self._consumer_view(*known)
 
         done = self._commit_save(consumer_id, token, save, replay, lambda: save.txn)
         if done is not None:
@@ -221,63 +216,11 @@ class QueueConsumers(QueueLeases):
             raise InvalidReference(f"{where} lists a position or a batch twice")
         return tuple(sorted(positions)), tuple(batches)
 
-    def _check_save(self, consumer_id: str, txn: dict[str, Any]) -> None:
-        """Mutex held: the save fits the queue (cursors, positions, batches)."""
-        fetch, processed = txn["fetch"], txn["processed"]
-        if fetch > self._durable_commits:
-            raise ValueError(f"fetch_cursor {fetch} is past the commit log "
-                             f"({self._durable_commits} durable commits)")
-        for p in txn["sparse"]:
-            if not processed <= p < fetch:
-                raise InvalidReference(
-                    f"progress of consumer {consumer_id!r} lists position {p}, outside the "
-                    f"fetched, unprocessed range [{processed}, {fetch})")
-        for b in txn["finished"]:
-            batch = self.state.batches.get(b)
-            if batch is None or batch.consumer != consumer_id or batch.ref is None:
-                raise InvalidReference(
-                    f"progress of consumer {consumer_id!r} lists batch {b!r}, which is not a "
-                    "ready batch of that consumer (batch_ready it first)")
-
-    def _acknowledged(self, processed: int, sparse: Iterable[int],
-                      floor: int | None) -> _Released:
-        """What the designated consumer's ``processed`` cursor and ``sparse`` positions
-        acknowledge, given the lowest checkpoint cursor ``floor``."""
-        cursor = processed if floor is None else min(processed, floor)
-        return cursor, frozenset(p for p in sparse if p >= cursor and
-                                 (floor is None or p < floor))
-
-    def _current_acknowledged(self) -> _Released:
-        return (self.state.retirement_cursor(self.consumer_id),
-                self.state.retired_sparse(self.consumer_id))
-
-    def _history_needed(self, new: _Released) -> list[RefTuple]:
-        """Mutex held: results acknowledged now that ``new`` needs again (a rewind)."""
-        old = self._current_acknowledged()
-        again = [p for p in range(new[0], old[0]) if p not in new[1]]
-        again += [p for p in old[1] if p >= new[0] and p not in new[1]]
-        return [self.state.commits[p].result for p in sorted(again)]
-
     def _unrooted(self, refs: Iterable[RefTuple]) -> list[RecordSetRef]:
         """Mutex held: those of ``refs`` the queue does not root now (a collection may
         have dropped them since they were acknowledged)."""
         out = [self._to_ref(t) for t in dict.fromkeys(refs) if (t[0], t[1]) not in self._rooted]
         return [r for r in out if r is not None]
-
-    def _rewound(self, consumer_id: str, txn: dict[str, Any]) -> list[RecordSetRef]:
-        """Mutex held: what a save makes needed again that the queue may no longer root
-        (a rewind): acknowledged results it no longer acknowledges, and the plan and
-        ready data of batches it no longer lists as finished."""
-        out: list[RefTuple] = []
-        if consumer_id == self.consumer_id:
-            out += self._history_needed(self._acknowledged(
-                txn["processed"], txn["sparse"], self.state.checkpoint_floor()))
-        c = self.state.consumers.get(consumer_id)
-        kept = {b for ck in self.state.checkpoints.values() for b in ck.batches}
-        for b in set(c.finished if c else ()) - set(txn["finished"]) - kept:
-            batch = self.state.batches[b]
-            out += [r for r in (batch.plan, batch.ref) if r is not None]
-        return self._unrooted(out)
 
     def _commit_save(self, consumer_id: str, token: str, save: _Save,
                      replay: Callable[[], Any], make_txn: Callable[[], dict[str, Any]],
@@ -290,13 +233,14 @@ class QueueConsumers(QueueLeases):
             done = replay()
             if done is not None:
                 return "done", done
-            self._check_save(consumer_id, save.txn)
-            again = self._rewound(consumer_id, save.txn)
+            again = self._unrooted(rules_consumers.consumer_save(
+                self.state, consumer_id, save.txn, designated=self.consumer_id,
+                durable_commits=self._durable_commits))
             if again or not final:
                 return "need", again
             seq = self._enqueue(make_txn())
             if consumer_id == self.consumer_id:
-                self._released = _common_release(self._released, self._acknowledged(
+                self._released = _common_release(self._released, rules_consumers.acknowledged(
                     save.txn["processed"], save.txn["sparse"], self.state.checkpoint_floor()))
             return "seq", seq
 

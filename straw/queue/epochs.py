@@ -7,7 +7,7 @@ Layout under the pool root (``Q`` = ``runs/<run_id>/queues/<namespace>/<queue_id
     Q/epochs/e-<n>.lock     flocked by epoch n's coordinator while it lives; its text names
                             it (host, pid, since)
     Q/journal/              segments and snapshots (straw.journal)
-    Q/history/              history segments named by the journal snapshot (straw.history)
+    Q/history/              history segments named by the journal snapshot (straw.queue.history)
 
 A queue belongs to the run of its store, like its catalog owner ``queue:<ns>/<id>`` (an
 owner of that run): coordinators of runs sharing a root with the same ``queue_id`` serve
@@ -51,8 +51,9 @@ from ..catalog_roots import RootSet
 from ..errors import Fenced, UnsafeRecovery, UnsupportedSchema
 from ..pack import storage_error
 from ..process import close_quietly
-from ..queue_names import queue_dir_name
 from ..refs import ref_from_tuple
+from . import rules
+from .ids import queue_dir_name
 from .pipeline import CommitPipeline
 from .replay import replay
 
@@ -109,6 +110,23 @@ class QueueEpochs(CommitPipeline):
     def _epoch_path(self, epoch: int) -> str:
         return os.path.join(self.epochs_dir, f"e-{epoch:06d}")
 
+    def _start(self, recover: bool, takeover: bool) -> None:
+        """Create the queue's directories and open it under a new epoch (``_open``); the
+        epoch lock is released if that fails."""
+        self._refuse_legacy_layout()
+        try:
+            self.fs.makedirs_durable(self.epochs_dir)
+            self.fs.makedirs_durable(self.journal_dir)
+        except OSError as e:
+            raise storage_error(e, f"cannot create queue directory {self.dir}") from e
+        self._lock_fd = None
+        self._fence_path = None  # (epoch, the next epoch's file)
+        try:
+            self._open(recover, takeover)
+        except BaseException:
+            self._release_lock()
+            raise
+
     def _open(self, recover: bool, takeover: bool) -> None:
         existing = [int(m.group(1)) for n in self.fs.listdir(self.epochs_dir)
                     if (m := _EPOCH_RE.match(n))]
@@ -154,8 +172,7 @@ class QueueEpochs(CommitPipeline):
         )
         self._mark_started()
         # D9: revoke older leases, durably, before serving anyone
-        self._commit_now({"t": "epoch", "epoch": self._epoch,
-                          "spend": self.recovery_spends_budget})
+        self._commit_now(rules.recover(self._epoch, self.recovery_spends_budget))
         self._durable_commits = len(self.state.commits)
         self._claim_roots()
 

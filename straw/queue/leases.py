@@ -1,4 +1,4 @@
-"""Leases and readers of a queue: derived names, lease checks, expiry (Q3, D5).
+"""Leases and readers of a queue: grants, renewals, lease checks, expiry (Q3, D5).
 
 A lease names its task, attempt (generation), worker and the epoch that granted it; its
 ``attempt_id`` and ``token`` are names derived from the queue's identity (the same in
@@ -18,18 +18,18 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..errors import StaleAttempt
-from ..protocol import CommitReceipt, Lease, TaskSpec
-from ..queue_state import LEASED
+from ..checks import check_count
+from ..errors import Fenced
+from ..protocol import AcquireResult, Assignment, CommitReceipt, Lease, TaskSpec
 from . import rules
 from .checks import check_id as _check_id
 from .checks import check_lease_fields as _check_lease_fields
-from .checks import int_or_none as _int_or_none
 from .epochs import QueueEpochs
 
 
 class QueueLeases(QueueEpochs):
-    """Derived names, lease checks and expiry, and the readers' protections (D5)."""
+    """Granting (``acquire``) and renewing (``heartbeat``) leases, lease checks and
+    expiry, and the readers' protections (D5)."""
 
     # --- leases -------------------------------------------------------------------------
     def _check_lease(self, lease: object, *, allow_expired: bool = False,
@@ -51,14 +51,9 @@ class QueueLeases(QueueEpochs):
                 seq = self._enqueue(txn)
         return seq
 
-    def _lease_from(self, task_id: str, generation: int, worker_id: str, epoch: int) -> Lease:
-        attempt_id = self._names.attempt_id(task_id, generation)
-        return Lease(self.store.run_id, self.queue_id, task_id, attempt_id, generation,
-                     str(epoch), self._names.token(attempt_id, worker_id, epoch), worker_id)
-
     def _lease_of(self, task: Any) -> Lease:
         generation, worker, epoch = task.lease
-        return self._lease_from(task.task_id, generation, worker, epoch)
+        return self._names.lease(task.task_id, generation, worker, epoch)
 
     def _spec_of(self, task: Any) -> TaskSpec:
         records, nbytes, tokens = task.estimates
@@ -73,6 +68,78 @@ class QueueLeases(QueueEpochs):
         return CommitReceipt(self._names.name("commit", pos, rec.submission_id)[:32], rec.task_id,
                              rec.submission_id, rec.digest, pos, ref)
 
+    # --- granting and renewing ---------------------------------------------------------
+    def acquire(self, worker_id: str, max_tasks: int = 1, *,
+                task_ids: Sequence[str] | None = None, task_prefix: str | None = None,
+                control: bool = False) -> AcquireResult:
+        """Lease up to ``max_tasks`` pending tasks of the default lane (of the control lane
+        with ``control=True``) in scheduling order; ``task_ids`` is a set filter (repeated,
+        unknown or non-pending ids are skipped), ``task_prefix`` another."""
+        self._check_process()
+        _check_id("worker_id", worker_id)
+        check_count("max_tasks", max_tasks, minimum=1)
+        if task_prefix is not None and not isinstance(task_prefix, str):
+            raise TypeError(f"task_prefix must be None or a str, got {type(task_prefix).__name__}")
+        if isinstance(task_ids, (str, bytes)):  # a str would lease its characters
+            raise TypeError("task_ids must be a list of task ids, not one str")
+        if not isinstance(control, bool):
+            raise TypeError(f"control must be a bool, got {type(control).__name__}")
+        with self.journal.incoming(), self._mutex:
+            self._check_usable()
+            last = self._expire_due()
+            status, chosen, grant = self._grant_locked(worker_id, max_tasks, task_ids,
+                                                       task_prefix, control)
+            if grant is not None:
+                last = self._enqueue(grant)
+            out = self._assigned(chosen)
+        if last is not None:
+            self._wait(last)
+        return AcquireResult(status, out)
+
+    def _grant_locked(self, worker_id: str, max_tasks: int, task_ids: Sequence[str] | None,
+                      task_prefix: str | None, control: bool
+                      ) -> tuple[str, list[Any], dict[str, Any] | None]:
+        """acquire's choice (mutex held, expiries journaled; ``rules.acquire``): (status,
+        the tasks chosen, the lease transaction granting them — for the caller to
+        enqueue — or None)."""
+        return rules.acquire(self.state, worker_id, max_tasks, task_ids, task_prefix, control,
+                             leased=self._deadlines, draining=self._draining,
+                             bounds=self._bounds, consumer_id=self.consumer_id,
+                             epoch=self._epoch)
+
+    def _assigned(self, chosen: list[Any]) -> tuple[Assignment, ...]:
+        """The assignments of tasks just leased (mutex held, lease applied): their
+        deadlines start now."""
+        deadline = self.clock.now() + self.lease_seconds
+        for t in chosen:
+            self._deadlines[t.task_id] = deadline
+        return tuple(Assignment(self._spec_of(t), self._lease_of(t)) for t in chosen)
+
+    def heartbeat(self, leases: Sequence[Lease]) -> list[str]:
+        """Renew leases.  One outcome per lease, in order: ``extended`` (its deadline moved
+        on), ``LeaseExpired`` (its deadline had passed: it can no longer commit) or
+        ``StaleAttempt`` (it is not current: completed, re-leased, cancelled, or of an older
+        coordinator epoch).  ``Fenced`` if this coordinator is no longer the queue's."""
+        self._check_process()
+        if isinstance(leases, (Lease, Mapping)) or not isinstance(leases, Sequence):
+            raise TypeError("leases must be a list of Lease")
+        leases = [_check_lease_fields(le, f"leases[{i}]") for i, le in enumerate(leases)]
+        try:
+            self._fence_check()  # a fenced coordinator must not keep workers busy
+        except Fenced as e:
+            self._fail(e)
+        with self._mutex:
+            self._check_usable()
+            now = self.clock.now()
+            out = rules.heartbeat(self.state, self._names, leases, self._epoch, now,
+                                  self._deadlines)
+            deadline = now + self.lease_seconds
+            for lease, outcome in zip(leases, out, strict=True):
+                if outcome == "extended":
+                    self._deadlines[lease.task_id] = deadline
+        return out
+
+
     # --- readers (D5) ------------------------------------------------------------------
     def outstanding_reads(self) -> tuple[Lease, ...]:
         """The leases whose reads were not ended (D5: a reader's protection outlives its
@@ -81,7 +148,7 @@ class QueueLeases(QueueEpochs):
         self._check_process()
         with self._mutex:
             st = self.state
-            return tuple(self._lease_from(t, a, w, st.read_epochs.get((w, t, a), 0))
+            return tuple(self._names.lease(t, a, w, st.read_epochs.get((w, t, a), 0))
                          for (w, t, a) in sorted(st.reads))
 
     def release_task_reads(self, leases: Sequence[Lease]) -> None:
@@ -100,36 +167,8 @@ class QueueLeases(QueueEpochs):
         seq = None
         with self._mutex:
             self._check_usable()
-            st = self.state
-            by_attempt: dict[str, tuple[str, str, int]] | None = None
-            ending = []
-            for i, lease in enumerate(leases):
-                key: tuple[str, str, int] | None = (lease.worker_id, lease.task_id,
-                                                    lease.generation)
-                if key not in st.reads or \
-                        self._names.attempt_id(lease.task_id, lease.generation) != lease.attempt_id:
-                    # not a reader's own fields: find the reader its attempt id names (the
-                    # whole read set hashed once, only for such a lease)
-                    if by_attempt is None:
-                        by_attempt = {self._names.attempt_id(t, a): (w, t, a)
-                                      for (w, t, a) in st.reads}
-                    key = by_attempt.get(lease.attempt_id)
-                if key is None:
-                    continue
-                w, t, a = key
-                # 0: a grant recorded before its epoch was (an older snapshot); the token
-                # still binds the epoch the lease states
-                epoch = st.read_epochs.get(key, 0) or _int_or_none(lease.coordinator_epoch)
-                if epoch is None or lease != self._lease_from(t, a, w, epoch):
-                    raise StaleAttempt(
-                        f"leases[{i}] (task {lease.task_id!r}, attempt {lease.attempt_id}, "
-                        f"worker {lease.worker_id!r}) is not the lease of that attempt's "
-                        f"reader (task {t!r}, generation {a}, worker {w!r}); nothing was "
-                        "released. Pass the leases acquire or outstanding_reads returned, "
-                        "unedited")
-                ending.append(key)
-            for _w, t, a in dict.fromkeys(ending):
-                seq = self._enqueue({"t": "reads", "task": t, "attempt": a})
+            for txn in rules.release_reads(self.state, self._names, leases):
+                seq = self._enqueue(txn)
         if seq is not None:
             self._wait(seq)
 
@@ -143,13 +182,9 @@ class QueueLeases(QueueEpochs):
         with self._mutex:
             self._check_usable()
             st = self.state
-            leased = [t for t in self._deadlines if (task := st.tasks[t]).status == LEASED
-                      and task.lease is not None and task.lease[1] == worker_id]
-            seq = None
-            if leased or any(k[0] == worker_id for k in st.reads):
-                seq = self._enqueue({"t": "retire", "worker": worker_id, "revoke": True})
-                for t in leased:
-                    self._deadlines.pop(t, None)
+            decision = rules.retire_worker(st, worker_id, self._deadlines)
+            ended = [] if decision.txn is None else decision.reply
+            seq = self._commit_decision(decision, ended)
             c = st.consumers.get(self.consumer_id)
             start = c.processed if c is not None else 0
             mine = [pos for pos in range(start, self._durable_commits)

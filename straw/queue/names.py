@@ -13,6 +13,8 @@ import hashlib
 import json
 from typing import Any
 
+from ..protocol import Lease
+
 _MEMO_SIZE = 1 << 16  # derived attempt ids and tokens remembered (see QueueNames.derived)
 
 
@@ -57,3 +59,10 @@ class QueueNames:
         # binds the lease's fields: a lease edited by hand (another worker, another epoch)
         # is not current; it is a checksum, not a secret
         return self.derived(("lease", attempt_id, worker_id, epoch), 64)
+
+    def lease(self, task_id: str, generation: int, worker_id: str, epoch: int) -> Lease:
+        """The lease of ``task_id``'s attempt ``generation`` granted to ``worker_id`` by
+        coordinator ``epoch``: every field derived, so equal grants give equal leases."""
+        attempt_id = self.attempt_id(task_id, generation)
+        return Lease(self.run_id, self.queue_id, task_id, attempt_id, generation, str(epoch),
+                     self.token(attempt_id, worker_id, epoch), worker_id)

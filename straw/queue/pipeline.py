@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -43,18 +44,19 @@ from ..errors import (
     ResourceLimitExceeded,
 )
 from ..fs import Filesystem
-from ..history import History
 from ..journal import Journal
 from ..pack import storage_error
 from ..process import ProcessBound
 from ..protocol import Limits
-from ..queue_marker import QueueMarker
-from ..queue_state import QueueState, RefTuple
 from ..refs import RecordSetRef, SegmentRef, canonical_metadata, ref_from_tuple
 from ..store import SharedFilesystemStore
 from . import rules
 from .checks import check_id as _check_id
+from .history import History
+from .marker import QueueMarker
 from .names import QueueNames
+from .state import QueueState
+from .tasks import RefTuple
 
 # adopted extents: each one's segment and, when its checked manifest was at hand (a result's,
 # at completion), what it needs (``ReadSession.needs``), so a collection's walk over the
@@ -120,6 +122,32 @@ class CommitPipeline(ProcessBound):
     _complete_seconds: deque[float]
     _cpu_started: float
 
+    def _init_pipeline(self) -> None:
+        """The pipeline's own state, before the queue is opened."""
+        self._mutex = threading.RLock()
+        self._deadlines = {}
+        self._rooted = RootSet()  # the queue owner's roots as this coordinator knows them
+        self._adding = Counter()
+        # adopted extents whose staging (and their dependencies', SPEC
+        # release_publications) the next collection drops (``_Adopted``)
+        self._unstage = {}
+        # (retirement cursor, commits, sparse) of a recovered journal whose results'
+        # staging the next collection drops (``QueueEpochs._claim_roots``)
+        self._recovered_results = None
+        self._broken = None
+        self._closed = False
+        self._last_seq = 0
+        self._seq_commits = {}
+        self._durable_commits = 0
+        self._since_snapshot = 0
+        self.snapshot_failures = 0
+        # consumer id -> (token, exclusive owner): this process's open consumers
+        self._consumer_owners = {}
+        self._draining = False  # drain(): no more acquisitions or submissions here
+        self._complete_seconds = deque(maxlen=1024)
+        self._cpu_started = time.process_time()
+        self.recovery_seconds = 0.0
+
     # --- the commit path ----------------------------------------------------------------
     def _check_usable(self) -> None:
         self._check_process()
@@ -178,6 +206,15 @@ class CommitPipeline(ProcessBound):
         self._last_seq = seq
         self._seq_commits[seq] = len(self.state.commits)
         self._since_snapshot += 1
+        return seq
+
+    def _enqueue_applied(self, txns: Sequence[dict[str, Any]]) -> int:
+        """Enqueue transactions already applied, in apply order, as one journal frame
+        (call with the mutex held; ``Journal.enqueue_many``): a crash keeps all or none."""
+        seq = self.journal.enqueue_many([msgpack.packb(t, use_bin_type=True) for t in txns])
+        self._last_seq = seq
+        self._seq_commits[seq] = len(self.state.commits)
+        self._since_snapshot += len(txns)
         return seq
 
     def _wait(self, seq: int, adopted: _Adopted | None = None) -> None:

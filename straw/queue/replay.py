@@ -13,8 +13,9 @@ import msgpack
 
 from .. import journal as journal_mod
 from ..fs import Filesystem
-from ..history import History
-from ..queue_state import QueueState, bulk_objects
+from .history import History
+from .state import QueueState
+from .tasks import bulk_objects
 
 
 def replay(recovered: journal_mod.Recovered, fs: Filesystem | None = None,

@@ -34,24 +34,33 @@ release_lease                release_tasks                   release
 yield                        yield_tasks, yield_task         yield
                              (``yield_tasks``)
 cancel                       cancel_task (``cancel``)        cancel
-release_reads                release_task_reads              reads
+release_reads                release_task_reads              reads (one per reader)
+                             (``release_reads``)
 retire_worker                retire_worker                   retire
+                             (``retire_worker``)
 coord_recover                Coordinator(recover=True)       epoch
+                             (``recover``)
 old_coord_complete           any call of a fenced            (none: Fenced /
                              coordinator                     IndeterminateCommit, D8)
-consume, acknowledge,        save_consumer_state,            cons_save (batch_ready)
-restore, rewind              batch_ready
+consume, acknowledge,        save_consumer_state,            cons_save (inside
+restore, rewind              batch_ready (``c.known_save``,  batch_ready)
+                             ``c.ready_known``,
+                             ``c.consumer_save``)
 register_checkpoint          register_checkpoint             ckpt
+                             (``c.register_checkpoint``)
 release_checkpoint           release_checkpoint              ckpt_release
+                             (``c.release_checkpoint``)
 hist_write .. hist_cleanup   (journal snapshots)             (snapshot, history segment)
 ===========================  ==============================  ==========================
 
-Calls the spec does not model (below its abstraction): ``save_task_progress`` (progress),
-``seal_input`` (seal), ``plan_batch`` (batch_plan).  Spec actions of other parties are
-not the coordinator's: ``submit`` (the producer sends), ``expire`` (the clock passes a
-deadline), ``abandon`` (a worker drops a stale lease), ``consumer_drop`` (the consumer's
-own owner), crashes and pauses.  The rules named in brackets live here; the others are
-still decided inside their ``Coordinator`` methods.
+Calls the spec does not model (below its abstraction): ``save_task_progress`` (progress;
+``save_progress``), ``seal_input`` (seal; ``seal``), ``plan_batch`` (batch_plan;
+``c.plan_batch``).  Spec actions of other parties are not the coordinator's: ``submit``
+(the producer sends), ``expire`` (the clock passes a deadline), ``abandon`` (a worker
+drops a stale lease), ``consumer_drop`` (the consumer's own owner), crashes and pauses.
+The rules in brackets live here, those marked ``c.`` in ``rules_consumers.py``.  What
+is not a rule is the pipeline's: the fence check (D8, ``QueueEpochs._fence_check``) and
+the snapshots with their history segments (``CommitPipeline._write_snapshot``).
 """
 
 from __future__ import annotations
@@ -61,9 +70,11 @@ from typing import Any, NamedTuple
 
 from ..errors import IdempotencyConflict, LeaseExpired, ResourceLimitExceeded, StaleAttempt
 from ..protocol import Lease, Limits
-from ..queue_state import CANCELLED, FAILED, LEASED, PENDING, TERMINAL, QueueState, Task
 from ..refs import RecordSetRef, ref_to_tuple
+from .checks import int_or_none
 from .names import QueueNames
+from .state import QueueState
+from .tasks import CANCELLED, FAILED, LEASED, PENDING, TERMINAL, Task
 
 
 class Decision(NamedTuple):
@@ -172,7 +183,7 @@ def submit(state: QueueState, owner: str, request_id: str, digest: str,
            rows: list[list[Any]], producer: list[Any] | None, *, draining: bool,
            bounds: Limits, limits: Limits) -> Decision:
     """spec coord_journal_submit (its inputs adopted first, coord_retain_input): new tasks
-    ``rows`` (``straw.queue_state``'s journal rows) and the producer's state, in one
+    ``rows`` (``straw.queue.state``'s journal rows) and the producer's state, in one
     transaction; refused once input is sealed or draining, for a task id the queue knows,
     or past the pending-tasks limit.  Reply: the task ids."""
     found = known(state, owner, request_id, digest, "submit")
@@ -391,3 +402,84 @@ def cancel(state: QueueState, owner: str, task_id: str, request_id: str | None,
     if request_id is not None:
         txn.update(req=request_id, digest=digest, result=[CANCELLED])
     return Decision(txn, CANCELLED)
+
+
+def seal(state: QueueState) -> Decision:
+    """``seal_input`` (not a spec action: the spec's producer submits a fixed set): no
+    more submissions.  Idempotent: sealed input journals nothing.  Reply: ``sealed``."""
+    return Decision(None if state.sealed else {"t": "seal"}, "sealed")
+
+
+ProgressRow = tuple[Lease, RecordSetRef]
+
+
+def save_progress(state: QueueState, names: QueueNames, rows: Sequence[ProgressRow],
+                  request_id: str, digest: str, epoch: int, now: float,
+                  deadlines: Mapping[str, float]) -> Decision:
+    """``save_task_progress`` (not a spec action: below its abstraction, a continuation
+    saved while the lease is kept): each live lease's task takes its continuation
+    (``rows``: lease, input) as its input, atomically; one stale or expired lease refuses
+    them all.  Reply: ``saved``."""
+    found = known(state, names.owner, request_id, digest, "save_task_progress")
+    if found is not None:
+        return Decision(None, found[0], True)
+    updates = [[current_task(state, names, le, epoch, now, deadlines,
+                             f"updates[{i}]['lease']").task_id,
+                le.generation, list(ref_to_tuple(r))] for i, (le, r) in enumerate(rows)]
+    return Decision({"t": "progress", "req": request_id, "digest": digest,
+                     "updates": updates, "result": ["saved"]}, "saved")
+
+
+# --- readers and workers (D5) ----------------------------------------------------------------
+def release_reads(state: QueueState, names: QueueNames,
+                  leases: Sequence[Lease]) -> list[dict[str, Any]]:
+    """spec release_reads: the ``reads`` transactions (one per reader, in the order of
+    ``leases``) ending the protection of each lease's outstanding reader.  A lease whose
+    attempt has no outstanding reader ends nothing; a lease naming an outstanding reader's
+    attempt but differing from that reader's lease is ``StaleAttempt`` for the whole call
+    (D5: only the reader's own lease ends its protection)."""
+    by_attempt: dict[str, tuple[str, str, int]] | None = None
+    ending = []
+    for i, lease in enumerate(leases):
+        key: tuple[str, str, int] | None = (lease.worker_id, lease.task_id, lease.generation)
+        if key not in state.reads or \
+                names.attempt_id(lease.task_id, lease.generation) != lease.attempt_id:
+            # not a reader's own fields: find the reader its attempt id names (the whole
+            # read set hashed once, only for such a lease)
+            if by_attempt is None:
+                by_attempt = {names.attempt_id(t, a): (w, t, a) for (w, t, a) in state.reads}
+            key = by_attempt.get(lease.attempt_id)
+        if key is None:
+            continue
+        w, t, a = key
+        # 0: a grant recorded before its epoch was (an older snapshot); the token still
+        # binds the epoch the lease states
+        epoch = state.read_epochs.get(key, 0) or int_or_none(lease.coordinator_epoch)
+        if epoch is None or lease != names.lease(t, a, w, epoch):
+            raise StaleAttempt(
+                f"leases[{i}] (task {lease.task_id!r}, attempt {lease.attempt_id}, "
+                f"worker {lease.worker_id!r}) is not the lease of that attempt's reader "
+                f"(task {t!r}, generation {a}, worker {w!r}); nothing was released. Pass "
+                "the leases acquire or outstanding_reads returned, unedited")
+        ending.append(key)
+    return [{"t": "reads", "task": t, "attempt": a} for _w, t, a in dict.fromkeys(ending)]
+
+
+def retire_worker(state: QueueState, worker_id: str, leased: Iterable[str]) -> Decision:
+    """spec retire_worker (the caller confirmed the worker stopped): revoke every lease
+    this coordinator granted the worker (``leased``: the tasks it leased; each spends one
+    unit of its task's budget, as an expiry) and drop the worker's read protections, in
+    one ``retire`` transaction; none when it holds neither.  Reply: the revoked tasks."""
+    revoked = [t for t in leased if (task := state.tasks[t]).status == LEASED
+               and task.lease is not None and task.lease[1] == worker_id]
+    if not revoked and not any(k[0] == worker_id for k in state.reads):
+        return Decision(None, revoked)
+    return Decision({"t": "retire", "worker": worker_id, "revoke": True}, revoked)
+
+
+def recover(epoch: int, spend: bool) -> dict[str, Any]:
+    """spec coord_recover (once the new epoch is durable and the journal replayed): the
+    ``epoch`` transaction revoking every older lease, each spending one unit of its
+    task's budget with ``spend`` (the recovery policy, journaled with it, Q6).  It
+    refuses nothing: exclusivity is the epoch lock's (D8)."""
+    return {"t": "epoch", "epoch": epoch, "spend": spend}

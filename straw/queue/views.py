@@ -17,7 +17,6 @@ from typing import Any
 from ..checks import check_count, check_usage_total
 from ..errors import InvalidReference
 from ..protocol import CommitPage, CommitReceipt, TaskSpec
-from ..queue_state import COMPLETED, LEASED
 from ..refs import Record, RecordSetRef
 from .batches import QueueBatches
 from .checks import canonical as _canonical
@@ -25,6 +24,7 @@ from .checks import check_id as _check_id
 from .checks import check_int64 as _check_int64
 from .checks import plain as _plain
 from .checks import usage_of as _usage_of
+from .tasks import COMPLETED, LEASED
 
 
 class QueueViews(QueueBatches):
