@@ -67,10 +67,7 @@ OVERSIZED: dict[tuple[str, str], int] = {
     ("module", "straw.queue_state"): 1089,
     ("module", "straw.reader"): 1327,
     ("module", "straw.refs"): 715,
-    ("module", "straw.rollout.archive"): 688,
     ("module", "straw.rollout.builder"): 1178,
-    ("module", "straw.rollout.generation"): 617,
-    ("module", "straw.rollout.ray.actors"): 613,
     ("module", "straw.store"): 1455,
     ("module", "straw.tensor"): 1455,
 }
