@@ -28,7 +28,6 @@ OVERSIZED: dict[tuple[str, str], int] = {
     ("class", "straw.coordinator.Coordinator"): 793,
     ("class", "straw.journal.Journal"): 575,
     ("class", "straw.reader.ReadSession"): 975,
-    ("class", "straw.rollout.builder.BatchBuilder"): 732,
     ("class", "straw.store.SharedFilesystemStore"): 1170,
     ("class", "straw.tensor.TensorRef"): 683,
     ("function", "fault_injection.campaigns.main"): 74,
@@ -64,7 +63,6 @@ OVERSIZED: dict[tuple[str, str], int] = {
     ("module", "straw.queue_state"): 1089,
     ("module", "straw.reader"): 1327,
     ("module", "straw.refs"): 715,
-    ("module", "straw.rollout.builder"): 1178,
     ("module", "straw.store"): 1455,
     ("module", "straw.tensor"): 1455,
 }
