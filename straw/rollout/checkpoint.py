@@ -74,7 +74,8 @@ from straw.errors import CorruptData, IdempotencyConflict
 from straw.fs import Filesystem
 from straw.refs import Record, RecordSetRef
 
-from .builder import COLLECTION_PREFIX, Accepted, backlog_columns, backlog_of_columns
+from .batches.entries import Accepted, backlog_columns, backlog_of_columns
+from .batches.records import COLLECTION_PREFIX
 from .checkpoint_errors import BranchChanged, CheckpointExists, ComponentChanged
 from .checkpoint_files import (
     BUILDER_STATE_VERSION,

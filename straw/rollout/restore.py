@@ -60,7 +60,9 @@ from straw import Coordinator
 from straw.fs import Filesystem
 from straw.protocol import TaskSpec
 
-from .builder import COLLECTION_PREFIX, Accepted, BatchBuilder, read_accepted
+from .batches import Accepted, BatchBuilder
+from .batches.groups import read_accepted
+from .batches.records import COLLECTION_PREFIX
 from .checkpoint import (
     Checkpointer,
     check_builder_state,

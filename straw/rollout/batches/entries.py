@@ -106,8 +106,8 @@ def backlog_of_columns(value: Any, *, restored_from: int | None = None,
     the rows whose commit id is not in ``leave_out``, in selection order
     (``Accepted.order``), as restored entries ranked from ``restored_from`` on, which is
     what ``isolated.restored_backlog`` makes of them (it keeps such entries as they are).
-    The rows are sorted on the columns and each entry built once: parsing 10,000, sorting
-    the entries and building them again for their ranks cost a tenth of a restore."""
+    The rows are sorted on the columns and each entry built once (a restore reads
+    backlogs of many thousand groups)."""
     if not isinstance(value, dict) or set(value) != set(COLUMNS):
         got = sorted(value) if isinstance(value, dict) else type(value).__name__
         raise CorruptData(f"the stored builder state's backlog is not a table of the "

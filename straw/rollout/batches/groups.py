@@ -24,8 +24,8 @@ from .entries import Accepted
 
 PAGE = 256  # commits read from the log at a time
 # token ids the builder keeps decoded between a group's scan and its build (the
-# package docstring, "Memory"): a Sample holds its ids as a tuple of Python ints (~40
-# bytes each at worst), so this is ~20 MiB at most
+# package docstring, "Memory"): a Sample holds its ids as a tuple of Python ints, at
+# most about 40 bytes each, so this bounds the tables to about 20 MiB each
 DECODED_TOKENS_KEPT = 1 << 19
 
 

@@ -78,7 +78,7 @@ class BuilderState:
             self.recent else list(self.recent)
         self.quarantined = [dict(q) for q in value["quarantined"]]
         # an entry may be an Accepted already (a restore hands over the groups it parsed
-        # and retained: parsing 10,000 references again cost a third of the restore)
+        # and retained, not to parse their references twice)
         self.backlog = [e if isinstance(e, Accepted) else Accepted.from_dict(e)
                         for e in value["backlog"]]
         missing = sorted({e.environment for e in self.backlog} - set(mix.environments))

@@ -36,7 +36,7 @@ from straw import SharedFilesystemStore, StrawError
 from straw.protocol import AcquireResult, CommitReceipt, Lease
 from straw.refs import Record, RecordSetRef
 
-from ..builder import BatchBuilder
+from ..batches import BatchBuilder
 from ..config import RolloutConfig
 from ..controller import RolloutController, check_take
 from ..environments import EnvironmentMix
