@@ -27,7 +27,6 @@ OVERSIZED: dict[tuple[str, str], int] = {
     ("class", "straw.catalog.Catalog"): 1002,
     ("class", "straw.journal.Journal"): 575,
     ("class", "straw.reader.ReadSession"): 975,
-    ("class", "straw.rollout.builder.BatchBuilder"): 732,
     ("class", "straw.tensor.TensorRef"): 683,
     ("function", "fault_injection.campaigns.main"): 74,
     ("function", "fault_injection.store_fuzz._writer_loop"): 77,
@@ -45,9 +44,6 @@ OVERSIZED: dict[tuple[str, str], int] = {
     ("function", "straw.journal._recover"): 138,
     ("function", "straw.qualify.clauses.rename_atomic"): 73,
     ("function", "straw.reader.ReadSession._read_and_hash"): 86,
-    ("function", "straw.rollout.checkpoint.Checkpointer.save"): 83,
-    ("function", "straw.rollout.resolve.resolve_checkpoint"): 110,
-    ("function", "straw.rollout.restore.open_job"): 73,
     ("module", "fault_injection.checkpoint_campaign"): 790,
     ("module", "fault_injection.store_fuzz"): 714,
     ("module", "fault_injection.queue_campaign"): 627,
@@ -59,10 +55,6 @@ OVERSIZED: dict[tuple[str, str], int] = {
     ("module", "straw.codec"): 650,
     ("module", "straw.journal"): 1324,
     ("module", "straw.reader"): 1327,
-    ("module", "straw.rollout.archive"): 688,
-    ("module", "straw.rollout.builder"): 1178,
-    ("module", "straw.rollout.generation"): 617,
-    ("module", "straw.rollout.ray.actors"): 613,
     ("module", "straw.tensor"): 1455,
 }
 

@@ -68,7 +68,7 @@ test_rollout_conformance.py`` drives this package against it on SimFS with crash
 from __future__ import annotations
 
 from .archive import RolloutArchive
-from .builder import Accepted, BatchBuilder, default_convert
+from .batches import Accepted, BatchBuilder, default_convert
 from .config import RolloutConfig
 from .controller import RolloutController
 from .data_source import DataSource

@@ -74,7 +74,8 @@ from straw.errors import CorruptData, IdempotencyConflict
 from straw.fs import Filesystem
 from straw.refs import Record, RecordSetRef
 
-from .builder import COLLECTION_PREFIX, Accepted, backlog_columns, backlog_of_columns
+from .batches.entries import Accepted, backlog_columns, backlog_of_columns
+from .batches.records import COLLECTION_PREFIX
 from .checkpoint_errors import BranchChanged, CheckpointExists, ComponentChanged
 from .checkpoint_files import (
     BUILDER_STATE_VERSION,
@@ -196,22 +197,33 @@ class Checkpointer:
             # RL9: the marker last, after every component above is durable
             write_json(self.fs, marker_path, marker)
         except BaseException:
-            try:
-                discard_staged(self.fs, [tmp for tmp, _ in trackers])
-                if not self.fs.exists(marker_path):
-                    # this step's state files without their marker would refuse the step
-                    # later (UncommittedSnapshot): a failed save leaves none behind
-                    discard_staged(self.fs, [rollout_file(self.directory, kind, step)
-                                             for kind in ("queue_state", "builder_state")])
-                self._forget(owner, reg)
-            finally:
-                if staged:  # not kept by a registration any more: reclaimable
-                    self.store.release_publications(staged)
+            self._undo(step, marker_path, owner, reg, trackers, staged)
             raise
-        # then the trackers are installed (only after the marker: they may lag, never
-        # lead), while the earlier registrations are released (this one supersedes them;
-        # their owners stay) and the registration's publications unstaged (the queue
-        # keeps them)
+        self._supersede(reg, trackers, staged)
+        return marker
+
+    def _undo(self, step: int, marker_path: str, owner: str, reg: str,
+              trackers: Sequence[tuple[str, str]], staged: Sequence[RecordSetRef]) -> None:
+        """What a failed save wrote, taken back: its staged trackers, its state files
+        (unless its marker is durable), its owner and registration, its staging."""
+        try:
+            discard_staged(self.fs, [tmp for tmp, _ in trackers])
+            if not self.fs.exists(marker_path):
+                # this step's state files without their marker would refuse the step
+                # later (UncommittedSnapshot): a failed save leaves none behind
+                discard_staged(self.fs, [rollout_file(self.directory, kind, step)
+                                         for kind in ("queue_state", "builder_state")])
+            self._forget(owner, reg)
+        finally:
+            if staged:  # not kept by a registration any more: reclaimable
+                self.store.release_publications(staged)
+
+    def _supersede(self, reg: str, trackers: list[tuple[str, str]],
+                   staged: Sequence[RecordSetRef]) -> None:
+        """After the marker: the trackers are installed (only now: they may lag, never
+        lead), while the earlier registrations are released (this one supersedes them;
+        their owners stay) and the registration's publications unstaged (the queue keeps
+        them)."""
         with concurrent.futures.ThreadPoolExecutor(
                 1, thread_name_prefix="straw.rollout checkpoint") as pool:
             installed = pool.submit(self._install_trackers, trackers)
@@ -222,7 +234,6 @@ class Checkpointer:
                 self.store.release_publications(staged)
             finally:
                 installed.result()
-        return marker
 
     def _write_states(self, step: int, states: Mapping[str, bytes]) -> dict[str, Any]:
         """The state files (``kind -> canonical JSON``), then one fsync of their directory

@@ -53,8 +53,6 @@ Example: see ``straw.rollout.controller``.
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import threading
 import uuid
 from collections import OrderedDict
@@ -71,13 +69,20 @@ from straw import (
     StaleAttempt,
     StrawError,
 )
-from straw.protocol import AcquireResult, Assignment, CommitReceipt, Lease, TaskSpec, digest, encode
-from straw.refs import Record, RecordSetRef, payload_view
+from straw.protocol import AcquireResult, Assignment, CommitReceipt, Lease, TaskSpec, digest
+from straw.refs import RecordSetRef
 
 from .codec import group_from_records, group_records
 from .config import RolloutConfig
 from .controller import check_count, check_worker_id, named_records
 from .data_source import task_id as task_id_of
+from .returns import COMPLETED as COMPLETED
+from .returns import REJECTED as REJECTED
+from .returns import RELEASED as RELEASED
+from .returns import REQUEUED as REQUEUED
+from .returns import RETURNED as RETURNED
+from .returns import Returned as Returned
+from .returns import ReturnPlan, content_digest
 from .samples import SampleGroup, Stage, _same_prompt, captures_cover_group, classify
 from .scheduling import (
     Decision,
@@ -95,41 +100,6 @@ HEARTBEAT_POLL = 0.05  # real seconds between looks at the clock
 ENDED_KEPT = 4096  # ended leases (and their publications) kept for retries
 
 KEEP = Verdict(Decision.KEEP, None)  # what decide() answers for any group without a bound
-
-COMPLETED, RETURNED, REQUEUED, RELEASED, REJECTED = (
-    "completed", "returned", "requeued", "released", "rejected")
-
-
-@dataclasses.dataclass(frozen=True)
-class Returned:
-    """What became of one returned group: ``action`` is ``completed`` (``receipt``),
-    ``returned`` (pending again with its continuation, at ``stage``), ``requeued`` (the
-    staleness bound returned its prompt alone), ``released`` (its captures did not cover
-    its tokens: it resumes from its previous input) or ``rejected`` (failed for good,
-    ``reason``)."""
-
-    task_id: str
-    action: str
-    stage: Stage | None = None
-    receipt: CommitReceipt | None = None
-    reason: str = ""
-
-
-@dataclasses.dataclass
-class _Plan:
-    task_id: str
-    lease: Lease
-    group: SampleGroup
-    action: str
-    reason: str = ""
-    ref: RecordSetRef | None = None
-    # what complete_many measures the group's staleness from: with a bound, the per-sample
-    # staleness against the version the bound was applied with; without one, each
-    # sample's version_span, measured by the controller against the version it serves
-    # when it accepts the group (no round trip here to learn it)
-    staleness: list[int | None] = dataclasses.field(default_factory=list)
-    versions: list[list[int] | None] | None = None
-
 
 class GenerationClient:
     """One generation process's queue client (see the module docstring)."""
@@ -317,14 +287,14 @@ class GenerationClient:
 
     def _serving(self) -> object:
         """The serving version a staleness bound is applied with (a call to the
-        controller); None without a bound: nothing here needs it then (``_Plan``)."""
+        controller); None without a bound: nothing here needs it then (``ReturnPlan``)."""
         if self.config.staleness_bound is None:
             return None
         return self.controller.serving_version
 
-    def _plans(self, groups: Sequence[SampleGroup], current: object) -> list[_Plan]:
+    def _plans(self, groups: Sequence[SampleGroup], current: object) -> list[ReturnPlan]:
         """Decide what becomes of each group; raises on bad input, before any change."""
-        plans: list[_Plan] = []
+        plans: list[ReturnPlan] = []
         seen: set[str] = set()
         bound = self.config.staleness_bound
         for i, g in enumerate(groups):
@@ -333,35 +303,35 @@ class GenerationClient:
                 raise ValueError(f"groups[{i}] returns task {tid!r} a second time in one call")
             seen.add(tid)
             if not captures_cover_group(g):
-                plans.append(_Plan(tid, lease, g, RELEASED, "captures do not cover tokens"))
+                plans.append(ReturnPlan(tid, lease, g, RELEASED, "captures do not cover tokens"))
                 continue
             # without a bound every group is kept (decide's answer, without measuring the
             # group's staleness a second time: a ready group's is measured below)
             verdict = KEEP if bound is None else decide(g, current, bound)
             if verdict.decision is Decision.REJECT:
-                plans.append(_Plan(tid, lease, g, REJECTED, verdict.reason))
+                plans.append(ReturnPlan(tid, lease, g, REJECTED, verdict.reason))
             elif verdict.decision is Decision.REQUEUE:
-                plans.append(_Plan(tid, lease, restart_from_prompt(g), REQUEUED,
+                plans.append(ReturnPlan(tid, lease, restart_from_prompt(g), REQUEUED,
                                    verdict.reason))
             elif classify(g) is not Stage.READY:
-                plans.append(_Plan(tid, lease, g, RETURNED))
+                plans.append(ReturnPlan(tid, lease, g, RETURNED))
             elif bound is None:
-                plans.append(_Plan(tid, lease, g, COMPLETED,
+                plans.append(ReturnPlan(tid, lease, g, COMPLETED,
                                    versions=[version_span(s) for s in g]))
             else:
-                plans.append(_Plan(tid, lease, g, COMPLETED, staleness=[
+                plans.append(ReturnPlan(tid, lease, g, COMPLETED, staleness=[
                     staleness(s, current) for s in g]))
         return plans
 
-    def _publish(self, plans: Sequence[_Plan]) -> None:
+    def _publish(self, plans: Sequence[ReturnPlan]) -> None:
         """Publish the groups of ``plans`` (one publication each, record 0 naming the
         lease), once per attempt: a retry reuses the reference."""
-        new: list[tuple[_Plan, str, Publication]] = []
+        new: list[tuple[ReturnPlan, str, Publication]] = []
         for p in plans:
             records, deps = group_records(p.group)
             records = named_records(records, task_id=p.task_id,
                                     attempt_id=p.lease.attempt_id)
-            content = _content_digest(records, deps)
+            content = content_digest(records, deps)
             with self._lock:
                 known = self._published.get(p.lease.attempt_id)
             if known is not None:
@@ -430,7 +400,7 @@ class GenerationClient:
             return returned, self.take(count)
         return returned, self._inputs(got)
 
-    def _failed(self, p: _Plan, e: BaseException, errors: list[BaseException]) -> None:
+    def _failed(self, p: ReturnPlan, e: BaseException, errors: list[BaseException]) -> None:
         if isinstance(e, (StaleAttempt, LeaseExpired)):
             self._end(p.task_id)  # the lease is gone: nothing of it is ours any more
             if p.ref is not None:
@@ -439,7 +409,7 @@ class GenerationClient:
                 self.store.release_publications([p.ref])
         errors.append(e)
 
-    def _release(self, plans: list[_Plan], out: dict[str, Returned],
+    def _release(self, plans: list[ReturnPlan], out: dict[str, Returned],
                  errors: list[BaseException]) -> None:
         if not plans:
             return
@@ -455,7 +425,7 @@ class GenerationClient:
                     f"task {p.task_id!r}: lease {p.lease.attempt_id!r} is no longer current "
                     "(it expired or was taken over); nothing to release"), errors)
 
-    def _reject(self, p: _Plan, category: str, out: dict[str, Returned],
+    def _reject(self, p: ReturnPlan, category: str, out: dict[str, Returned],
                 errors: list[BaseException]) -> None:
         try:
             self.controller.reject(p.lease, category=category, reason=p.reason)
@@ -465,7 +435,7 @@ class GenerationClient:
         self._end(p.task_id)
         out[p.task_id] = Returned(p.task_id, REJECTED, classify(p.group), reason=p.reason)
 
-    def _complete(self, plans: list[_Plan], out: dict[str, Returned],
+    def _complete(self, plans: list[ReturnPlan], out: dict[str, Returned],
                   errors: list[BaseException], *, take: int = 0) -> AcquireResult | None:
         """Complete ``plans``; with ``take``, lease that many groups in the same call
         (its result; None when nothing was completed, so nothing taken)."""
@@ -490,7 +460,7 @@ class GenerationClient:
                 out[p.task_id] = Returned(p.task_id, COMPLETED, Stage.READY, receipt=o)
         return got
 
-    def _update(self, p: _Plan) -> dict[str, Any]:
+    def _update(self, p: ReturnPlan) -> dict[str, Any]:
         with self._lock:
             taken = self._taken.get(p.task_id)
             spec = taken[0] if taken is not None else self._ended[p.task_id][1]
@@ -499,7 +469,7 @@ class GenerationClient:
                 "scheduling_key": scheduling_key(p.group),
                 "metadata": {**spec.metadata, "stage": stage.name.lower(), "returned": True}}
 
-    def _yield(self, plans: list[_Plan], out: dict[str, Returned],
+    def _yield(self, plans: list[ReturnPlan], out: dict[str, Returned],
                errors: list[BaseException]) -> None:
         if not plans:
             return
@@ -543,7 +513,7 @@ class GenerationClient:
         tid, lease, _ = self._lease_for(group, "group")
         out: dict[str, Returned] = {}
         errors: list[BaseException] = []
-        self._reject(_Plan(tid, lease, group, REJECTED, reason), "Filtered", out, errors)
+        self._reject(ReturnPlan(tid, lease, group, REJECTED, reason), "Filtered", out, errors)
         if errors:
             raise errors[0]
         return out[tid]
@@ -568,7 +538,7 @@ class GenerationClient:
         for tid, _, g in plans:
             records, deps = group_records(g)
             records = named_records(records, task_id=tid)
-            contents.append(_content_digest(records, deps))
+            contents.append(content_digest(records, deps))
             pubs.append(Publication(records, tuple(deps)))
         key = digest([[lease.attempt_id, c]
                       for (_, lease, _), c in zip(plans, contents, strict=True)])
@@ -600,17 +570,6 @@ class GenerationClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _content_digest(records: Sequence[Record], deps: Sequence[RecordSetRef]) -> str:
-    """What a group's publication holds: record ids, codecs, metadata, tokens, payloads
-    and dependencies (equal content, equal digest)."""
-    h = hashlib.sha256()
-    for i, r in enumerate(records):
-        h.update(encode([r.record_id, r.codec, dict(r.metadata), r.tokens or 0]))
-        h.update(payload_view(r.payload, f"records[{i}]"))
-    h.update(encode([d.digest for d in deps]))
-    return h.hexdigest()
 
 
 __all__ = ["GenerationClient", "Returned", "COMPLETED", "RETURNED", "REQUEUED", "RELEASED",

@@ -34,7 +34,8 @@ from straw import Coordinator, TaskSpec
 from straw.coordinator import queue_dir
 from straw.errors import UnsafeRecovery
 
-from .builder import Accepted, empty_state
+from .batches.entries import Accepted
+from .batches.state import empty_state
 from .checkpoint_errors import BranchStarted
 from .data_source import PRODUCER_ID
 from .environments import MixState

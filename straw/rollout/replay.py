@@ -85,8 +85,9 @@ from straw import Coordinator
 from straw.errors import InvalidReference
 from straw.refs import RecordSetRef
 
-from .archive import Chunk, RolloutArchive, chunk_sample, read_chunk
-from .builder import Accepted, BatchBuilder
+from .archive import RolloutArchive
+from .archive_chunks import Chunk, chunk_sample, read_chunk
+from .batches import Accepted, BatchBuilder
 from .checkpoint_errors import BranchStarted
 from .environments import EnvironmentMix
 from .isolated import branch_owner, seed_isolated_queue

@@ -27,7 +27,7 @@ from typing import Any
 from straw.errors import CorruptData, UnsupportedSchema
 from straw.refs import Publication, Record, RecordSetRef
 
-from .archive import Chunk, chunk_sample, read_chunk
+from .archive_chunks import Chunk, chunk_sample, read_chunk
 from .samples import SampleGroup
 
 REPLAY_GROUP_SCHEMA = "straw.rollout.replay-group"

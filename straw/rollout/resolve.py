@@ -134,29 +134,13 @@ def resolve_checkpoint(save: str, load: str | None = None, step: int | None = No
     # resuming the active branch: no load, or load = save (the same thing said twice)
     auto = current is not None and (load is None or os.path.abspath(load) == root)
     if load is None and current is None:
-        if _holds_commits(fs, root):
-            # RL10: a run committed here never starts over (that drops its resume)
-            raise ComponentChanged(
-                f"{current_path} is missing, but {root} holds a run's checkpoints: the "
-                "automatic start would begin a new run from dataset offset 0. Restore "
-                f"{CURRENT} (from a backup), or resume explicitly with load={root!r} (the "
-                "newest commit of this directory) or an exact rollout/committed_<k>.json")
-        return Resolution(NEW, root, *_place(fs, root))
+        return _new_run(fs, root, current_path)
     load_path = root if load is None else os.path.abspath(load)
 
     marker_step = step_of_marker(load_path)
     if marker_step is not None:  # an exact commit file
-        if step is not None and step != marker_step:
-            raise ValueError(f"step {step} differs from the explicit commit marker {load_path} "
-                             f"(step {marker_step}): give one of them")
-        source = os.path.dirname(os.path.dirname(load_path))
-        if not fs.exists(load_path):
-            raise NoCheckpoint(f"{load_path} does not exist")
-        files: dict[str, bytes] = {}
-        marker = load_marker(fs, source, marker_step, allow_partial_state, keep=files)
-        return Resolution(EXACT, root, *_place(fs, root), source, marker_step,
-                          marker, {"directory": source, "step": marker_step}, current_text,
-                          state_files=files)
+        return _exact_marker(fs, root, load_path, marker_step, step, allow_partial_state,
+                             current_text)
 
     if not fs.exists(load_path):
         raise NoCheckpoint(f"load directory {load_path} does not exist")
@@ -176,36 +160,88 @@ def resolve_checkpoint(save: str, load: str | None = None, step: int | None = No
         if own:
             chosen = own[-1]
         else:
-            info = _branch(fs, branch)
-            queue, parent = info.get("queue"), info.get("parent")
-            if auto and queue is not None and fs.exists(os.path.join(branch, ROLLOUT, SEEDED)):
-                # a crash before this branch's first checkpoint: reopen its own queue; the
-                # model restarts from the branch point, so do the rollout ids (the batches
-                # the branch planned since are replayed from its queue, identical)
-                return Resolution(RECOVER, root, branch, str(queue["queue_id"]), branch,
-                                  None if parent is None else int(parent["step"]), None,
-                                  parent, current_text, queue=dict(queue), warnings=notes)
-            if auto and queue is not None and parent is None:
-                # a new run that crashed before its queue was seeded: a new run again
-                return Resolution(NEW, root, *_place(fs, root), current=current_text)
-            if auto and queue is not None:
-                unseeded_mode = info.get("mode")  # the start crashed before its seed: redo
-            if parent is None:
-                tracker = read_tracker(fs, branch)
-                if tracker is None:
-                    raise NoCheckpoint(f"{branch} holds no committed checkpoint and no "
-                                       f"model tracker: nothing to load (start without "
-                                       "load, or name a step)")
-                chosen = tracker
-            else:
-                chosen = int(parent["step"])
+            uncommitted = _uncommitted(fs, root, branch, auto, current_text, notes)
+            if isinstance(uncommitted, Resolution):
+                return uncommitted
+            chosen, unseeded_mode = uncommitted
+    return _chosen(fs, root, branch, chosen, auto=auto, explicit=explicit,
+                   unseeded_mode=unseeded_mode, allow_partial_state=allow_partial_state,
+                   current_text=current_text, notes=notes)
+
+
+def _new_run(fs: Filesystem, root: str, current_path: str) -> Resolution:
+    """A start without ``load`` in a directory without a current branch: a new run,
+    unless the directory holds a run's checkpoints (RL10)."""
+    if _holds_commits(fs, root):
+        # RL10: a run committed here never starts over (that drops its resume)
+        raise ComponentChanged(
+            f"{current_path} is missing, but {root} holds a run's checkpoints: the "
+            "automatic start would begin a new run from dataset offset 0. Restore "
+            f"{CURRENT} (from a backup), or resume explicitly with load={root!r} (the "
+            "newest commit of this directory) or an exact rollout/committed_<k>.json")
+    return Resolution(NEW, root, *_place(fs, root))
+
+
+def _exact_marker(fs: Filesystem, root: str, load_path: str, marker_step: int,
+                  step: int | None, allow_partial_state: bool, current_text: bytes | None
+                  ) -> Resolution:
+    """``load`` names an exact commit marker: that commit, restored exactly."""
+    if step is not None and step != marker_step:
+        raise ValueError(f"step {step} differs from the explicit commit marker {load_path} "
+                         f"(step {marker_step}): give one of them")
+    source = os.path.dirname(os.path.dirname(load_path))
+    if not fs.exists(load_path):
+        raise NoCheckpoint(f"{load_path} does not exist")
+    files: dict[str, bytes] = {}
+    marker = load_marker(fs, source, marker_step, allow_partial_state, keep=files)
+    return Resolution(EXACT, root, *_place(fs, root), source, marker_step,
+                      marker, {"directory": source, "step": marker_step}, current_text,
+                      state_files=files)
+
+
+def _uncommitted(fs: Filesystem, root: str, branch: str, auto: bool,
+                 current_text: bytes | None, notes: tuple[str, ...]
+                 ) -> Resolution | tuple[int, Any]:
+    """A branch without a commit of its own: the resolution itself (its queue
+    reopened, or a new run again), else the step to load (its model tracker's, or its
+    branch point) and the mode of the start that crashed before its seed (or None)."""
+    unseeded_mode = None
+    info = _branch(fs, branch)
+    queue, parent = info.get("queue"), info.get("parent")
+    if auto and queue is not None and fs.exists(os.path.join(branch, ROLLOUT, SEEDED)):
+        # a crash before this branch's first checkpoint: reopen its own queue; the
+        # model restarts from the branch point, so do the rollout ids (the batches
+        # the branch planned since are replayed from its queue, identical)
+        return Resolution(RECOVER, root, branch, str(queue["queue_id"]), branch,
+                          None if parent is None else int(parent["step"]), None,
+                          parent, current_text, queue=dict(queue), warnings=notes)
+    if auto and queue is not None and parent is None:
+        # a new run that crashed before its queue was seeded: a new run again
+        return Resolution(NEW, root, *_place(fs, root), current=current_text)
+    if auto and queue is not None:
+        unseeded_mode = info.get("mode")  # the start crashed before its seed: redo
+    if parent is None:
+        tracker = read_tracker(fs, branch)
+        if tracker is None:
+            raise NoCheckpoint(f"{branch} holds no committed checkpoint and no "
+                               f"model tracker: nothing to load (start without "
+                               "load, or name a step)")
+        return tracker, unseeded_mode
+    return int(parent["step"]), unseeded_mode
+
+
+def _chosen(fs: Filesystem, root: str, branch: str, chosen: int, *, auto: bool,
+            explicit: bool, unseeded_mode: Any, allow_partial_state: bool,
+            current_text: bytes | None, notes: tuple[str, ...]) -> Resolution:
+    """The resolution of step ``chosen`` of ``branch``: an empty checkpoint, an exact
+    restore, or a salvage (the automatic resume of the branch's newest commit)."""
     found, kind = _find(fs, branch, chosen)
     if kind == EMPTY:
         cursor, notes = _empty(fs, found, chosen)
         return Resolution(EMPTY, root, *_place(fs, root), found, chosen, None,
                           {"directory": found, "step": chosen}, current_text,
                           dataset_cursor=cursor, warnings=notes)
-    files = {}
+    files: dict[str, bytes] = {}
     marker = load_marker(fs, found, chosen, allow_partial_state, keep=files)
     latest = committed_steps(fs, branch)
     mode = SALVAGE if (auto and not explicit and found == branch and latest

@@ -60,7 +60,9 @@ from straw import Coordinator
 from straw.fs import Filesystem
 from straw.protocol import TaskSpec
 
-from .builder import COLLECTION_PREFIX, Accepted, BatchBuilder, read_accepted
+from .batches import Accepted, BatchBuilder
+from .batches.groups import read_accepted
+from .batches.records import COLLECTION_PREFIX
 from .checkpoint import (
     Checkpointer,
     check_builder_state,
@@ -168,12 +170,7 @@ def open_job(resolution: Resolution, store: Any, dataset: Any, mix: EnvironmentM
         if resolution.mode == RECOVER:
             assert resolution.queue is not None
             ns, qid = resolution.queue["namespace"], resolution.queue["queue_id"]
-            controller = RolloutController(store, dataset, config=config, queue_id=qid,
-                                           namespace=ns, recover=True, clock=clock)
-            # the dead incarnation's reads end with it (the whole job stopped)
-            leases = controller.coordinator.outstanding_reads()
-            if leases:
-                controller.coordinator.release_task_reads(list(leases))
+            controller = _recovered(store, dataset, config, ns, qid, clock)
             state, restored = None, 0
         else:
             ns, qid = BRANCH_NAMESPACE, resolution.branch_id
@@ -202,26 +199,43 @@ def open_job(resolution: Resolution, store: Any, dataset: Any, mix: EnvironmentM
             controller.close()
             raise
         if resolution.mode != RECOVER:
-            # from here on a restart recovers this branch's queue (resolve: recover), so
-            # only now: the builder made its restored state durable (its consumer state).
-            # Written before it, a crash in between recovered a builder without the
-            # restored groups: lost (the crash campaign's seeded_before_builder control).
-            # A crash before this line starts the restore again, into a new branch.
-            try:
-                write_json(fs, os.path.join(resolution.directory, ROLLOUT, SEEDED),
-                           {"version": VERSION, "queue": {"namespace": ns, "queue_id": qid}})
-            except BaseException:
-                try:
-                    builder.close()
-                finally:
-                    controller.close()
-                raise
+            _mark_seeded(fs, resolution, ns, qid, controller, builder)
         checkpointer = Checkpointer(resolution.directory, controller=controller,
                                     builder=builder, logical_root=resolution.root, fs=fs)
     except BaseException:
         lock.close()
         raise
     return RolloutJob(resolution, controller, builder, checkpointer, lock, restored)
+
+
+def _recovered(store: Any, dataset: Any, config: RolloutConfig, ns: str, qid: str,
+               clock: Any) -> RolloutController:
+    """The controller of the branch's own queue, recovered; the dead incarnation's reads
+    end with it (the whole job stopped)."""
+    controller = RolloutController(store, dataset, config=config, queue_id=qid,
+                                   namespace=ns, recover=True, clock=clock)
+    leases = controller.coordinator.outstanding_reads()
+    if leases:
+        controller.coordinator.release_task_reads(list(leases))
+    return controller
+
+
+def _mark_seeded(fs: Filesystem, resolution: Resolution, ns: str, qid: str,
+                 controller: RolloutController, builder: BatchBuilder) -> None:
+    """Mark the branch's queue seeded: from here on a restart recovers it (resolve:
+    recover).  Only once the builder made its restored state durable (its consumer
+    state): written before it, a crash in between recovered a builder without the
+    restored groups, lost (the crash campaign's seeded_before_builder control).  A crash
+    before this mark starts the restore again, into a new branch."""
+    try:
+        write_json(fs, os.path.join(resolution.directory, ROLLOUT, SEEDED),
+                   {"version": VERSION, "queue": {"namespace": ns, "queue_id": qid}})
+    except BaseException:
+        try:
+            builder.close()
+        finally:
+            controller.close()
+        raise
 
 
 def _check_compatible(resolution: Resolution, store: Any) -> None:

@@ -18,7 +18,9 @@ from hypothesis import strategies as st
 from straw import IdempotencyConflict, InvalidReference
 from straw.codec import sample_records
 from straw.rollout import BatchBuilder, EnvironmentMix, RankBatchRef, Status
+from straw.rollout import batches as batches_package
 from straw.rollout import builder as builder_module
+from straw.rollout.batches import groups as groups_module
 from straw.rollout.codec import group_value
 from straw.rollout.shards import check_batch_identities, partition_by_tokens
 from straw.tensor import TensorRef
@@ -571,7 +573,7 @@ def test_a_dict_reward_needs_a_reward_key_or_a_hook(pool):
 
 def test_the_module_docstring_example_runs(tmp_path, monkeypatch):
     monkeypatch.setattr("tempfile.mkdtemp", lambda: str(tmp_path / "example"))
-    text = builder_module.__doc__.split("Example (runnable")[1].split("::", 1)[1]
+    text = batches_package.__doc__.split("Example (runnable")[1].split("::", 1)[1]
     code = "\n".join(line[4:] for line in text.splitlines())
     scope: dict = {}
     exec(compile(code, "builder example", "exec"), scope)
@@ -717,13 +719,13 @@ def test_rank_shards_are_published_concurrently_bounded_by_io_concurrency(pool):
 def _counting_reads(monkeypatch):
     """Count the builder's decodes of a group's stored record 0 (``lazy_group``)."""
     reads: list[str] = []
-    real = builder_module.lazy_group
+    real = groups_module.lazy_group
 
     def counted(store, ref):
         reads.append(ref.digest)
         return real(store, ref)
 
-    monkeypatch.setattr(builder_module, "lazy_group", counted)
+    monkeypatch.setattr(groups_module, "lazy_group", counted)
     return reads
 
 
@@ -736,7 +738,7 @@ def test_each_accepted_group_is_decoded_once_from_scan_to_shard(pool, monkeypatc
         refs = b.next_batch(0)
         assert refs is not None
         assert len(reads) == 4 and len(set(reads)) == 4
-        assert b._kept == {} and b._kept_tokens == 0  # built: nothing held any longer
+        assert b.decoded.kept == {} and b.decoded.kept_tokens == 0  # built: nothing held any longer
         assert len(shard_samples(refs, pool.store)) == 12
 
 
@@ -757,7 +759,7 @@ def test_past_the_decoded_budget_groups_are_read_again_with_the_same_batch(
 
     kept = build(tmp_path / "kept")
     reads = _counting_reads(monkeypatch)
-    monkeypatch.setattr(builder_module, "DECODED_TOKENS_KEPT", 0)
+    monkeypatch.setattr(groups_module, "DECODED_TOKENS_KEPT", 0)
     assert build(tmp_path / "unkept") == kept
     assert len(reads) == 12 and len(set(reads)) == 4
 
@@ -774,7 +776,7 @@ def test_groups_decoded_ahead_are_built_without_a_second_decode(pool, monkeypatc
         assert b.metrics()["backlog"] == 0  # the builder's state did not change
         refs = b.next_batch(0)
         assert len(reads) == 4 and len(set(reads)) == 4  # each group decoded once
-        assert b._ahead == {} and b._ahead_tokens == 0
+        assert b.decoded.ahead == {} and b.decoded.ahead_tokens == 0
         assert sorted({s["group_index"] for s in shard_samples(refs, pool.store)}) == \
             [0, 1, 2, 3]
         pool.accept([make_group(i, n=3) for i in range(4, 6)])
@@ -784,7 +786,7 @@ def test_groups_decoded_ahead_are_built_without_a_second_decode(pool, monkeypatc
 def test_decode_ahead_stops_at_its_budget_and_resumes_where_it_stopped(pool, monkeypatch):
     reads = _counting_reads(monkeypatch)
     pool.accept([make_group(i, n=3) for i in range(4)])  # 3 samples of 8 tokens a group
-    monkeypatch.setattr(builder_module, "DECODED_TOKENS_KEPT", 2 * 3 * 8)
+    monkeypatch.setattr(groups_module, "DECODED_TOKENS_KEPT", 2 * 3 * 8)
     with BatchBuilder(pool.coord, pool.store, EnvironmentMix.single(2), dp_size=1) as b:
         assert b.decode_ahead() == 2 and b.decode_ahead() == 0  # full: waits for the scan
         refs = b.next_batch(0)  # takes the two decoded ahead, decodes the others itself
@@ -842,6 +844,6 @@ def test_decode_ahead_on_another_thread_while_batches_are_built(pool):
         t.join()
     assert errors == []
     assert seen == list(range(24))
-    b._scan()  # (a last decode may have landed after the last scan: the next one drops it)
-    assert b._ahead == {} and b._ahead_tokens == 0
+    b.backlog()  # (a last decode may have landed after the last scan: the next one drops it)
+    assert b.decoded.ahead == {} and b.decoded.ahead_tokens == 0
     b.close()

@@ -164,7 +164,7 @@ def test_the_builder_uses_its_own_collection_as_written(pool, monkeypatch):
     pool.accept([make_group(i, n=2) for i in range(6)])
     with BatchBuilder(pool.coord, pool.store, EnvironmentMix.single(3), dp_size=1) as b:
         refs = b.next_batch(0)
-        assert parsed == [] and b._own_collections == {}
+        assert parsed == [] and b.collections.own == {}
         assert b.metrics()["backlog"] == 3
         digest = refs[0].plan_digest
         # a failing hook leaves batch 1 planned, not ready: a new builder replays it

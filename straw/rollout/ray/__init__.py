@@ -16,14 +16,8 @@ protocol of ``straw.rollout.generate``; the slots that run it are ``straw.rollou
 
 from __future__ import annotations
 
-from .actors import (
-           ControllerLost,
-           ControllerWorker,
-           GenerationWorker,
-           RayController,
-           StorageProbeFailed,
-           controller_state,
-)
+from .actors import ControllerWorker, GenerationWorker, StorageProbeFailed
+from .client import ControllerLost, RayController, controller_state
 from .job import NodeSpec, RayRollout, Worker, default_nodes, share_concurrency
 
 __all__ = ["RayRollout", "NodeSpec", "Worker", "share_concurrency", "default_nodes",

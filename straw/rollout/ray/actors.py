@@ -36,7 +36,7 @@ from straw import SharedFilesystemStore, StrawError
 from straw.protocol import AcquireResult, CommitReceipt, Lease
 from straw.refs import Record, RecordSetRef
 
-from ..builder import BatchBuilder
+from ..batches import BatchBuilder
 from ..config import RolloutConfig
 from ..controller import RolloutController, check_take
 from ..environments import EnvironmentMix
@@ -45,6 +45,10 @@ from ..generation import GenerationClient
 from ..producer import Producer
 from ..restore import RolloutJob, open_job
 from ..shards import RankBatchRef
+from .client import ControllerLost as ControllerLost
+from .client import RayController as RayController
+from .client import controller_lost as controller_lost
+from .client import controller_state as controller_state
 
 CONTROLLER_WRITER = "ray-controller"
 logger = logging.getLogger(__name__)
@@ -59,75 +63,8 @@ PROBE_PREFIX = "storage-probe"
 CONTROLLER_GC_THRESHOLD = 10_000
 
 
-class ControllerLost(RuntimeError):
-    """The job's controller actor died: the job fails (there is no failover)."""
-
-
-def controller_lost(name: str, error: BaseException) -> ControllerLost:
-    return ControllerLost(
-        f"the rollout controller actor {name!r} died ({type(error).__name__}: "
-        f"{str(error).splitlines()[0] if str(error) else ''}); the job fails: there is no "
-        "controller failover. Restart the job: a new controller recovers the queue "
-        "(recover=True) and nothing accepted is lost")
-
-
 class StorageProbeFailed(RuntimeError):
     """A node does not see the job's pool (start-up storage probe)."""
-
-
-class RayController:
-    """The controller actor as a ``GenerationClient`` calls it: the same calls as
-    ``RolloutController``'s worker side, each a blocking Ray call.  Errors the controller
-    raises arrive as their own straw classes (Ray re-raises the cause's type); the actor's
-    death is ``ControllerLost`` naming it."""
-
-    def __init__(self, handle: Any, name: str) -> None:
-        self.handle = handle
-        self.name = name
-
-    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return ray.get(getattr(self.handle, method).remote(*args, **kwargs))
-        except ray.exceptions.RayActorError as e:
-            raise controller_lost(self.name, e) from e
-
-    def take(self, worker_id: str, count: int, *, request_id: str | None = None
-             ) -> AcquireResult:
-        return self._call("take", worker_id, count, request_id=request_id)  # type: ignore[no-any-return]
-
-    def heartbeat(self, leases: Sequence[Lease]) -> list[str]:
-        return self._call("heartbeat", list(leases))  # type: ignore[no-any-return]
-
-    def complete_many(self, items: Sequence[Mapping[str, Any]]
-                      ) -> list[CommitReceipt | StrawError]:
-        return self._call("complete_many", [dict(i) for i in items])  # type: ignore[no-any-return]
-
-    def complete_and_take(self, items: Sequence[Mapping[str, Any]], worker_id: str,
-                          count: int, *, request_id: str
-                          ) -> tuple[list[CommitReceipt | StrawError], AcquireResult]:
-        return self._call("complete_and_take", [dict(i) for i in items],  # type: ignore[no-any-return]
-                          worker_id, count, request_id=request_id)
-
-    def yield_groups(self, updates: Sequence[Mapping[str, Any]], *, request_id: str) -> str:
-        return self._call("yield_groups", [dict(u) for u in updates],  # type: ignore[no-any-return]
-                          request_id=request_id)
-
-    def save_progress(self, updates: Sequence[Mapping[str, Any]], *, request_id: str) -> str:
-        return self._call("save_progress", [dict(u) for u in updates],  # type: ignore[no-any-return]
-                          request_id=request_id)
-
-    def reject(self, lease: Lease, *, category: str, reason: str) -> str:
-        return self._call("reject", lease, category=category, reason=reason)  # type: ignore[no-any-return]
-
-    def release(self, leases: Sequence[Lease], *, request_id: str) -> list[str]:
-        return self._call("release", list(leases), request_id=request_id)  # type: ignore[no-any-return]
-
-    def task_status(self, task_id: str) -> dict[str, Any] | None:
-        return self._call("task_status", task_id)  # type: ignore[no-any-return]
-
-    @property
-    def serving_version(self) -> int | str:
-        return self._call("current_version")  # type: ignore[no-any-return]
 
 
 def node_id() -> str:
@@ -148,22 +85,6 @@ def _check_ahead(max_ahead_groups: object, batch_groups: int | None) -> int | No
                          f"({batch_groups}): fewer accepted groups could never fill a "
                          f"batch; got {max_ahead_groups!r}")
     return max_ahead_groups
-
-
-_controllers: dict[str, Any] = {}
-
-
-async def controller_state(name: str, producer_id: str) -> Any:
-    """The queue's state of ``producer_id``, asked from inside an actor of the job (a
-    generate function loading the weights a trainer recorded with ``record_state``) of
-    the job's controller actor ``name`` (``RayRollout(name=...)``)."""
-    handle = _controllers.get(name)
-    if handle is None:
-        handle = _controllers[name] = ray.get_actor(name)
-    try:
-        return await handle.producer_state.remote(producer_id)
-    except ray.exceptions.RayActorError as e:
-        raise controller_lost(name, e) from e
 
 
 def _marker_record(token: str, who: str) -> Record:

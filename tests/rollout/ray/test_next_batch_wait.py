@@ -93,7 +93,7 @@ def test_accepted_groups_are_scanned_ahead_of_the_driver_and_built_from_that_sca
             assert worker._scanned.wait_for(lambda: builder.metrics()["backlog"] == 2,
                                             timeout=30)
         with worker._batches:
-            assert len(builder._kept) == 2 and worker.scans_ahead >= 1
+            assert len(builder.decoded.kept) == 2 and worker.scans_ahead >= 1
         refs = worker.next_batch(0)
         assert refs is not None
         shard = refs[0].load(gen, rank=0)
