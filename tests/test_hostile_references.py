@@ -16,7 +16,7 @@ import threading
 import numpy as np
 import pytest
 
-import straw.reader as reader_mod
+import straw.read.session as reader_mod
 import straw.tensor as tensor_mod
 from straw import (
     CorruptData,

@@ -25,7 +25,7 @@ from fault_injection.faultyfs import FaultyFS
 from straw import QuotaExceeded, Record, SharedFilesystemStore, StorageUnavailable
 from straw.clock import ManualClock
 from straw.fs import PosixFS
-from straw.reader import _SWEEP_SECONDS
+from straw.read.session import _SWEEP_SECONDS
 from straw.refs import RecordSetRef
 from tests.tmpfs_fixture import free_bytes
 
