@@ -1,15 +1,15 @@
 """Checked reads of publications: the module path callers import; the code lives in
-``straw.read`` (``straw.read.session``)."""
+``straw.read``."""
 
-from .read.session import MANIFEST_CODEC as MANIFEST_CODEC
-from .read.session import ExtentInfo as ExtentInfo
-from .read.session import PackStatus as PackStatus
-from .read.session import PackStatusFn as PackStatusFn
+from .read.buffers import fresh_bytes as fresh_bytes
+from .read.extents import MANIFEST_CODEC as MANIFEST_CODEC
+from .read.extents import ExtentInfo as ExtentInfo
+from .read.extents import envelope_dict as envelope_dict
+from .read.extents import manifest_dict as manifest_dict
 from .read.session import ReadSession as ReadSession
 from .read.session import drop_reclaimed as drop_reclaimed
-from .read.session import envelope_dict as envelope_dict
-from .read.session import fresh_bytes as fresh_bytes
-from .read.session import manifest_dict as manifest_dict
+from .read.visibility import PackStatus as PackStatus
+from .read.visibility import PackStatusFn as PackStatusFn
 
 __all__ = [
     "MANIFEST_CODEC", "ExtentInfo", "PackStatus", "PackStatusFn", "ReadSession",

@@ -9,18 +9,11 @@ This package is core: it imports only the modules beneath it (``straw.fs``, fram
 packs, references), never ``straw.rollout``, ``straw.cli`` or ``straw.qualify``.
 """
 
+from .buffers import fresh_bytes
+from .extents import MANIFEST_CODEC, ExtentInfo, envelope_dict, manifest_dict
 from .ranges import checked_span, read_range, tensor_chunks
-from .session import (
-    MANIFEST_CODEC,
-    ExtentInfo,
-    PackStatus,
-    PackStatusFn,
-    ReadSession,
-    drop_reclaimed,
-    envelope_dict,
-    fresh_bytes,
-    manifest_dict,
-)
+from .session import ReadSession, drop_reclaimed
+from .visibility import PackStatus, PackStatusFn
 
 __all__ = [
     "MANIFEST_CODEC", "ExtentInfo", "PackStatus", "PackStatusFn", "ReadSession",
