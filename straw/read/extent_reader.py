@@ -31,7 +31,7 @@ FIRST_READ = 64 * 1024  # the first read of an extent: header and manifest, as a
 CHUNK = 1 << 19  # read-and-hash granularity of whole-extent reads
 
 # one pass over an extent: (body checksum matched, its manifest, the payloads, the (file
-# offset, bytes) parts read, for the zero-tail rule)
+# offset, bytes) parts read, for the zero-tail rule, which may view the payloads)
 Pass = tuple[bool, "ExtentInfo | None", list[bytes], list[tuple[int, memoryview]]]
 
 
@@ -153,7 +153,10 @@ class ExtentReader:
         payloads = self._payloads(seg, head, seg.offset + framing.HEADER_SIZE + need,
                                   lengths, hasher, parts, keep)
         if hasher.digest() != header.body_hash:
-            return False, None, [], parts
+            # ``parts`` views the payloads' buffers (``fresh_bytes`` views hold no
+            # reference to their bytes): returned with them, they stay alive while the
+            # caller applies the zero-tail rule to ``parts``
+            return False, None, payloads, parts
         if raw is None:
             assert cached is not None
             return True, cached, payloads, parts
