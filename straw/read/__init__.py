@@ -1,9 +1,21 @@
 """Reads of publications: every byte returned is checked against the reference (D6).
 
-``ReadSession`` (``session.py``) is the contract: straw-queue's read-session calls, each
-checking the reference before it reads and the bytes before it returns them.  Its
-collaborators hold one concern each.  ``ranges.py`` reads byte ranges of one record
-against chunk checksums.
+``ReadSession`` is the contract (straw-queue's read-session calls); it checks each
+reference and delegates, one collaborator per concern, each built on those below it::
+
+    ReadSession     session.py        the calls; the process check; the registry that
+                                      lets a collection reach every session
+    PoolReferences  references.py     which references are followed: this run's, by
+                                      their canonical pack path inside the pool
+    ExtentReader    extent_reader.py  manifests, whole extents read and hashed in one
+                                      pass, frame headers in bulk
+    Visibility      visibility.py     missing bytes: another client's lag (bounded
+                                      retries) or loss (a final pack fails at once)
+    PackCache       cache.py          open descriptors and checked manifests; reclaimed
+                                      packs let go (in this process, and swept)
+    (functions)     extents.py        what a checked extent is; reference-vs-extent checks
+                    buffers.py        payload ``bytes`` filled in place, scratch buffers
+                    ranges.py         byte ranges checked against chunk checksums
 
 This package is core: it imports only the modules beneath it (``straw.fs``, framing,
 packs, references), never ``straw.rollout``, ``straw.cli`` or ``straw.qualify``.

@@ -1,5 +1,6 @@
-"""Reads of extents that check what they return: a manifest alone (``extent``), or a
-whole extent hashed against its frame header (``read_extent``).
+"""Reads of extents that check what they return: a manifest alone (``extent``), a
+whole extent hashed against its frame header (``read_extent``), or many extents' frame
+headers in bulk (``confirm_published``).
 
 No buffer larger than one read chunk is allocated for a reference before an
 authenticated frame header at its offset said that the extent has exactly its size and
@@ -12,15 +13,16 @@ times; if it persists it is corruption.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import xxhash
 
 from .. import framing
-from ..errors import CorruptData, InvalidReference
+from ..errors import CorruptData, InvalidReference, StrawError
 from ..pack import EXTENT_PREFIX, decode_manifest, manifest_size
-from ..refs import Record, SegmentRef
+from ..refs import Record, SegmentRef, check_pack_path
 from . import buffers
 from .buffers import fresh_bytes
 from .cache import PackCache
@@ -29,6 +31,10 @@ from .visibility import Attempts, Visibility, zero_tail
 
 FIRST_READ = 64 * 1024  # the first read of an extent: header and manifest, as a rule
 CHUNK = 1 << 19  # read-and-hash granularity of whole-extent reads
+# confirm_published: one read covers headers at most this far apart, and this long in all
+# (the bytes between them are read too: bounded, and cheaper than a read per header)
+BULK_GAP = 64 * 1024
+BULK_SPAN = 4 * 1024 * 1024
 
 # one pass over an extent: (body checksum matched, its manifest, the payloads, the (file
 # offset, bytes) parts read, for the zero-tail rule, which may view the payloads)
@@ -235,3 +241,52 @@ class ExtentReader:
                     parts.append((pos + done + at, memoryview(bytes(chunk[at:at + 1]))))
             done += m
         return pos + n
+
+    def confirm_published(self, segs: Sequence[SegmentRef]) -> list[bool]:
+        """Which of ``segs`` (canonical, structurally checked) are confirmed to name a
+        publication by their frame headers, read in bulk: per pack, one read spans
+        neighbouring extents' headers (at most ``BULK_GAP`` bytes apart, ``BULK_SPAN`` in
+        all).  Confirmed means a valid extent frame of the reference's size and checksum
+        (``check_frame``'s condition); anything else is False, never an error."""
+        run_id = self.visibility.run_id
+        out = [False] * len(segs)
+        by_pack: dict[str, list[int]] = {}
+        for i, seg in enumerate(segs):
+            if seg in self.cache.extents:  # its manifest was checked already
+                out[i] = True
+            elif seg.run_id == run_id and seg.size >= framing.HEADER_SIZE \
+                    + EXTENT_PREFIX.size:
+                by_pack.setdefault(seg.path, []).append(i)
+        for path, idx in by_pack.items():
+            check_pack_path(path, run_id)
+            idx.sort(key=lambda i: segs[i].offset)
+            start = 0
+            for k in range(1, len(idx) + 1):
+                if k < len(idx):
+                    prev, cur = segs[idx[k - 1]].offset, segs[idx[k]].offset
+                    if cur - (prev + framing.HEADER_SIZE) <= BULK_GAP \
+                            and cur - segs[idx[start]].offset <= BULK_SPAN:
+                        continue
+                self._confirm_span(path, [segs[i] for i in idx[start:k]], idx[start:k], out)
+                start = k
+        return out
+
+    def _confirm_span(self, path: str, segs: list[SegmentRef], idx: list[int],
+                      out: list[bool]) -> None:
+        lo = segs[0].offset
+        buf = buffers.alloc(segs[-1].offset + framing.HEADER_SIZE - lo)
+        try:
+            with self.cache.reading():
+                n = self.visibility.fs.readinto(self.cache.fd(path), buf, lo)
+        except OSError:
+            return  # check_published decides (missing, not visible yet, ...)
+        for i, seg in zip(idx, segs, strict=True):
+            at = seg.offset - lo
+            if at + framing.HEADER_SIZE > n:
+                break
+            try:
+                header = framing.decode_header(buf[at:at + framing.HEADER_SIZE])
+            except (StrawError, framing.TornFrame):  # check_published names it
+                continue
+            out[i] = header.kind == framing.KIND_EXTENT and header.frame_length == seg.size \
+                and header.body_hash.hex() == seg.checksum

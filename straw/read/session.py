@@ -3,17 +3,8 @@
 Every read authenticates what it returns: ``read``/``validate`` check the whole extent
 against the checksum the reference names; ``manifest`` checks the manifest;
 ``read_record`` checks the manifest and that one record; ``read_range`` the chunks a
-range touches.  The session checks the reference, then delegates to one collaborator per
-concern:
-
-    PackCache      cache.py          open descriptors and checked manifests; reclaimed
-                                     packs let go (in this process and, swept, others')
-    Visibility     visibility.py     missing bytes: another client's lag (bounded
-                                     retries) or loss (a final pack fails at once)
-    ExtentReader   extent_reader.py  manifests and whole extents, read and hashed in one
-                                     pass; no large buffer before the size is authenticated
-    (functions)    extents.py        what a checked extent is; reference-vs-extent checks
-                   ranges.py         byte ranges checked against chunk checksums
+range touches.  The session checks the reference, then delegates to one collaborator
+per concern (``straw.read`` lists them).
 
 A reference is followed only after ``check_pack_path`` accepted its shape, and its pack
 is opened with ``Filesystem.open_beneath`` from the pool root resolved once when the
@@ -34,7 +25,6 @@ closed the child's copies of the cached descriptors.
 
 from __future__ import annotations
 
-import posixpath
 import threading
 import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -42,29 +32,18 @@ from typing import Any
 
 from .. import framing, tracing
 from ..clock import Clock
-from ..errors import (
-    CorruptData,
-    InvalidRange,
-    InvalidReference,
-    StrawError,
-    WrongReferenceKind,
-)
+from ..errors import CorruptData, InvalidRange, InvalidReference
 from ..fs import Filesystem
-from ..pack import EXTENT_PREFIX
 from ..process import ProcessBound
 from ..refs import (
-    PACK_PATH_RE,
     Manifest,
     Record,
     RecordInfo,
     RecordRef,
     RecordSetRef,
     SegmentRef,
-    alias_parts,
-    canonical_ref,
-    check_pack_path,
 )
-from . import buffers, ranges
+from . import ranges
 from .buffers import fresh_bytes
 from .cache import PackCache
 from .extent_reader import CHUNK, ExtentReader
@@ -77,12 +56,8 @@ from .extents import (
     match,
 )
 from .extents import needs as manifest_needs
+from .references import PoolReferences
 from .visibility import PackStatusFn, Visibility
-
-# confirm_published: one read covers headers at most this far apart, and this long in all
-# (the bytes between them are read too: bounded, and cheaper than a read per header)
-_BULK_GAP = 64 * 1024
-_BULK_SPAN = 4 * 1024 * 1024
 
 # every open session of this process, so that a collection can make them let go of what it
 # reclaimed (weak: a session nobody references is not kept alive by this)
@@ -133,6 +108,7 @@ class ReadSession(ProcessBound):
                                       retries=visibility_retries,
                                       backoff=visibility_backoff, pack_status=pack_status)
         self._reader = ExtentReader(self._cache, self._visibility)
+        self._refs = PoolReferences(fs, root, self.real_root, run_id)
         self.closed = False
         with _SESSIONS_LOCK:
             _SESSIONS.add(self)
@@ -168,7 +144,7 @@ class ReadSession(ProcessBound):
         iterator reaches them."""
         self._check_process()
         ref = self._canonical(ref)
-        self._check_ref(ref)
+        self._refs.check(ref)
         started = self.clock.now() if tracing.enabled() else None
         whole = self._small_extent_at_once(ref.segment)
         ext = whole[0] if whole is not None else self._reader.extent(ref.segment)
@@ -243,7 +219,7 @@ class ReadSession(ProcessBound):
         lengths and checksums, dependencies, record references)."""
         self._check_process()
         ref = self._canonical(ref)
-        self._check_ref(ref)
+        self._refs.check(ref)
         ext = self._reader.extent(ref.segment)
         match(ref, ext)
         return ext.manifest
@@ -254,7 +230,7 @@ class ReadSession(ProcessBound):
         (each once; the publication itself is left out)."""
         self._check_process()
         seg = self._canonical(seg)
-        self._check_ref(seg)
+        self._refs.check(seg)
         return manifest_needs(seg, self._reader.extent(seg).manifest)
 
     def cached_needs(self, seg: SegmentRef) -> list[SegmentRef] | None:
@@ -279,7 +255,7 @@ class ReadSession(ProcessBound):
         self._check_process()
         ref = self._canonical(ref)
         seg = ref.segment if isinstance(ref, RecordSetRef) else ref
-        self._check_ref(ref)
+        self._refs.check(ref)
         if seg in self._cache.extents:
             return
         check_extent_size(seg)
@@ -289,7 +265,7 @@ class ReadSession(ProcessBound):
     def confirm_published(self, segs: Sequence[SegmentRef]) -> list[bool]:
         """Which of ``segs`` (canonical, structurally checked by the caller) are confirmed
         to name a publication (D4) by reading their frame headers in bulk: per pack, ONE
-        read spans neighbouring extents' headers (a gap of at most ``_BULK_GAP`` bytes
+        read spans neighbouring extents' headers (a gap of at most ``BULK_GAP`` bytes
         between them), so retaining a restored backlog of 10,000 groups costs a few reads,
         not 10,000.  A header is confirmed only on the condition ``check_published``
         returns on (a valid extent frame of the reference's size and checksum); anything
@@ -297,47 +273,7 @@ class ReadSession(ProcessBound):
         the caller asks ``check_published`` for it, which retries visibility lag and names
         the fault."""
         self._check_process()
-        out = [False] * len(segs)
-        by_pack: dict[str, list[int]] = {}
-        for i, seg in enumerate(segs):
-            if seg in self._cache.extents:  # its manifest was checked already
-                out[i] = True
-            elif seg.run_id == self.run_id and seg.size >= framing.HEADER_SIZE \
-                    + EXTENT_PREFIX.size:
-                by_pack.setdefault(seg.path, []).append(i)
-        for path, idx in by_pack.items():
-            check_pack_path(path, self.run_id)
-            idx.sort(key=lambda i: segs[i].offset)
-            start = 0
-            for k in range(1, len(idx) + 1):
-                if k < len(idx):
-                    prev, cur = segs[idx[k - 1]].offset, segs[idx[k]].offset
-                    if cur - (prev + framing.HEADER_SIZE) <= _BULK_GAP \
-                            and cur - segs[idx[start]].offset <= _BULK_SPAN:
-                        continue
-                self._confirm_span(path, [segs[i] for i in idx[start:k]], idx[start:k], out)
-                start = k
-        return out
-
-    def _confirm_span(self, path: str, segs: list[SegmentRef], idx: list[int],
-                      out: list[bool]) -> None:
-        lo = segs[0].offset
-        buf = buffers.alloc(segs[-1].offset + framing.HEADER_SIZE - lo)
-        try:
-            with self._cache.reading():
-                n = self.fs.readinto(self._cache.fd(path), buf, lo)
-        except OSError:
-            return  # check_published decides (missing, not visible yet, ...)
-        for i, seg in zip(idx, segs, strict=True):
-            at = seg.offset - lo
-            if at + framing.HEADER_SIZE > n:
-                break
-            try:
-                header = framing.decode_header(buf[at:at + framing.HEADER_SIZE])
-            except (StrawError, framing.TornFrame):  # check_published names it
-                continue
-            out[i] = header.kind == framing.KIND_EXTENT and header.frame_length == seg.size \
-                and header.body_hash.hex() == seg.checksum
+        return self._reader.confirm_published(segs)
 
     def read_record(self, ref: RecordRef) -> Record:
         """One record, reading and checking only its extent's manifest and that record.
@@ -432,23 +368,13 @@ class ReadSession(ProcessBound):
         matches the reference (size, checksum) and the manifest its own checksum."""
         self._check_process()
         seg = self._canonical(seg)
-        self._check_ref(seg)
+        self._refs.check(seg)
         return self._reader.extent(seg)
 
     def _locate(self, record_ref: RecordRef) -> tuple[RecordInfo, tuple[str, int] | None]:
         """A record's checked manifest entry and (path, absolute payload offset); None as
         location for the manifest ordinal."""
-        if isinstance(record_ref, RecordSetRef):
-            raise WrongReferenceKind(
-                f"expected a RecordRef (one record), got a RecordSetRef (a publication: "
-                f"{record_ref!r}); read a publication with read(ref), or pass one of its "
-                "records' RecordRef")
-        if not isinstance(record_ref, RecordRef):
-            raise TypeError(f"expected a RecordRef, got {type(record_ref).__name__}")
-        record_ref = self._canonical(record_ref)
-        record_ref.check()
-        if record_ref.segment.run_id != self.run_id:
-            self._check_ref(record_ref.segment)  # the error naming both runs
+        record_ref = self._refs.record(record_ref)
         ext = self._reader.extent(record_ref.segment)
         o = record_ref.ordinal
         if o < len(ext.local):
@@ -468,48 +394,10 @@ class ReadSession(ProcessBound):
             raise CorruptData(f"record set member {rref!r} differs from the record it names")
         return info
 
-    # --- internals --------------------------------------------------------------------
+    # --- references ------------------------------------------------------------------
     def _canonical(self, ref: Any) -> Any:
-        """``ref`` with an in-pool alias of its pack resolved (``straw.refs.canonical_ref``);
-        a canonical reference is returned as it is, without I/O."""
-        return canonical_ref(ref, self._resolve_alias)
-
-    def _resolve_alias(self, path: str) -> str:
-        """The canonical pack path that ``path`` (not canonical) names through symbolic
-        links inside the pool, else ``path`` unchanged (the reference check then refuses
-        it).  A link whose target lies outside the pool root is ``InvalidReference``:
-        straw never follows a reference out of its pool.  Only names are resolved here;
-        the pack is opened by its canonical path beneath the root."""
-        parts = alias_parts(path)
-        if parts is None:
-            return path
-        try:
-            real = self.fs.realpath(posixpath.join(self.real_root, *parts))
-        except OSError as e:  # a loop of links, say
-            raise InvalidReference(f"reference path {path!r} cannot be resolved inside the "
-                                   f"pool {self.root!r}: {e}") from None
-        base = self.real_root.rstrip("/") + "/"
-        if not real.startswith(base):
-            raise InvalidReference(
-                f"reference path {path!r} leads outside the pool root {self.root!r} (to "
-                f"{real!r}) through a symbolic link; straw follows references only to packs "
-                "inside their pool: use the pack's own path")
-        rel = real[len(base):]
-        return rel if PACK_PATH_RE.match(rel) else path
-
-    def _check_ref(self, ref: object) -> None:
-        if isinstance(ref, RecordRef):
-            raise WrongReferenceKind(
-                f"expected a RecordSetRef (a publication), got a RecordRef (one record: "
-                f"{ref!r}); read one record with read_record(ref), or pass the "
-                "publication's RecordSetRef (record_set(refs, ...) makes one of records)")
-        if not isinstance(ref, (RecordSetRef, SegmentRef)):
-            raise TypeError(f"expected a RecordSetRef, got {type(ref).__name__}")
-        ref.check()
-        if ref.run_id != self.run_id:
-            raise InvalidReference(
-                f"{ref!r} belongs to run {ref.run_id!r}, this store is run {self.run_id!r}"
-            )
+        """``ref`` with an in-pool alias of its pack resolved (``PoolReferences``)."""
+        return self._refs.canonical(ref)
 
     # --- entry points of the store and of tensor loads ----------------------------------
     def _forget(self, paths: set[str]) -> None:
@@ -519,7 +407,7 @@ class ReadSession(ProcessBound):
     def _read_extent(self, seg: SegmentRef, *, keep: bool = True
                      ) -> tuple[ExtentInfo, list[Record]]:
         """Read and check a whole extent (``ExtentReader.read_extent``); ``seg`` is
-        checked by the caller (``_check_ref``)."""
+        checked by the caller (``PoolReferences.check``)."""
         self._check_process()
         return self._reader.read_extent(seg, keep=keep)
 
