@@ -16,7 +16,7 @@ import threading
 import numpy as np
 import pytest
 
-import straw.reader as reader_mod
+import straw.read.buffers as buffers_mod
 import straw.tensor as tensor_mod
 from straw import (
     CorruptData,
@@ -29,6 +29,7 @@ from straw.clock import ManualClock
 from straw.coordinator import Coordinator
 from straw.fs import PosixFS
 from straw.protocol import TaskSpec
+from straw.read.extent_reader import CHUNK
 from straw.tensor import TensorRef, publish_tensors
 from tests.refedit import edited, payload_at
 
@@ -232,13 +233,13 @@ def test_non_regular_file_at_a_pack_path_is_refused_at_once(tmp_path, monkeypatc
 def test_huge_size_in_an_edited_reference_is_refused_before_allocation(
         tmp_path, monkeypatch, size, sealed):
     allocated: list[int] = []
-    real_alloc = reader_mod._alloc
+    real_alloc = buffers_mod.alloc
 
     def recording_alloc(n: int) -> memoryview:
         allocated.append(n)
         return real_alloc(n)
 
-    monkeypatch.setattr(reader_mod, "_alloc", recording_alloc)
+    monkeypatch.setattr(buffers_mod, "alloc", recording_alloc)
     clock = SleepCounter()
     with _store(tmp_path) as store:
         ref = store.publish([Record("a", b"x" * 1000)], submission_id="s")
@@ -252,7 +253,7 @@ def test_huge_size_in_an_edited_reference_is_refused_before_allocation(
             assert bytes(next(reader.read(ref)).payload) == b"x" * 1000
         file_size = os.path.getsize(tmp_path / ref.path)
     # nothing beyond the file, except the bounded buffers of a first read
-    assert max(allocated) <= max(file_size, reader_mod._CHUNK)
+    assert max(allocated) <= max(file_size, CHUNK)
     assert clock.sleeps == []
 
 

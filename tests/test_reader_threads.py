@@ -51,14 +51,14 @@ def test_a_descriptor_dropped_while_another_thread_reads_through_it_stays_open(t
             t = threading.Thread(target=reader)
             t.start()
             assert fs.in_read.wait(10)
-            session._drop_fd(ref.path)  # another thread's drop, under the read
-            retired_meanwhile = list(getattr(session, "_retired", []))
+            session._cache.drop(ref.path)  # another thread's drop, under the read
+            retired_meanwhile = list(session._cache.retired)
             fs.dropped.set()
             t.join(10)
             assert out == [[b"x" * 5000]], out
             assert len(retired_meanwhile) == 1  # retired, not closed, while in flight
             with session._lock:  # closed once the read ended
-                assert session._inflight == 0 and session._retired == []
+                assert session._cache.inflight == 0 and session._cache.retired == []
             assert [r.payload for r in session.read(ref)] == [b"x" * 5000]  # reopened
     finally:
         store.close()
@@ -121,7 +121,7 @@ def test_two_threads_opening_one_pack_together_leak_no_descriptor(tmp_path):
             fs.armed = False
             assert out == [[b"y" * 3000]] * 2, out
             assert len(fs.opened) == 2
-            cached = [fd for fd in fs.opened if fd in session._fds.values()]
+            cached = [fd for fd in fs.opened if fd in session._cache.fds.values()]
             assert len(cached) == 1
             assert [fd for fd in fs.opened if fd not in cached] == \
                 [fd for fd in fs.closed if fd in fs.opened]  # the other one closed, once

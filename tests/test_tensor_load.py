@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 import straw.tensor as T
 from straw import CorruptData, InvalidReference, SharedFilesystemStore
 from straw.fs import PosixFS
-from straw.reader import ReadSession
+from straw.read.cache import PackCache
 from straw.tensor import publish_tensors
 
 MiB = 1 << 20
@@ -81,9 +81,9 @@ def test_a_load_reads_blocks_through_one_descriptor(tamper, monkeypatch):
     (ref,) = publish_tensors(store, {"x": value}, submission_id="a")
     assert np.array_equal(ref.load(), value)  # the manifest is cached from here on
     lookups = []
-    real_fd = ReadSession._fd
-    monkeypatch.setattr(ReadSession, "_fd", lambda self, path: (lookups.append(path),
-                                                               real_fd(self, path))[1])
+    real_fd = PackCache.fd
+    monkeypatch.setattr(PackCache, "fd", lambda self, path: (lookups.append(path),
+                                                            real_fd(self, path))[1])
     fs.calls = 0
     assert np.array_equal(ref.load(), value)
     assert fs.calls == value.nbytes // T._READ_BYTES

@@ -25,7 +25,7 @@ from fault_injection.faultyfs import FaultyFS
 from straw import QuotaExceeded, Record, SharedFilesystemStore, StorageUnavailable
 from straw.clock import ManualClock
 from straw.fs import PosixFS
-from straw.reader import _SWEEP_SECONDS
+from straw.read.cache import SWEEP_SECONDS
 from straw.refs import RecordSetRef
 from tests.tmpfs_fixture import free_bytes
 
@@ -259,7 +259,7 @@ def test_session_drops_descriptors_of_packs_another_process_reclaimed(tmp_path):
         assert gone.path in proc.stdout, proc.stderr
         full = str(tmp_path / gone.path)
         assert [t for t in _fds_to(str(tmp_path)) if t.startswith(full)]  # still held
-        clock.advance(_SWEEP_SECONDS + 1)
+        clock.advance(SWEEP_SECONDS + 1)
         assert store.read(kept)  # the next use of the cache sweeps it
         assert [t for t in _fds_to(str(tmp_path)) if t.startswith(full)] == []
 
