@@ -123,7 +123,7 @@ from .process import ProcessBound
 from .ranges import checked_span
 from .reader import ReadSession
 from .refs import Record, RecordInfo, RecordRef, RecordSetRef, payload_view
-from .tensor_format import (
+from .tensors.format import (
     CHUNK_BYTES,
     CODEC,
     DTYPES,
@@ -131,7 +131,7 @@ from .tensor_format import (
     _check_meta,
     checksum_list,
 )
-from .tensor_format import (
+from .tensors.format import (
     MAX_DIMS as MAX_DIMS,
 )
 

@@ -1,0 +1,12 @@
+"""Tensors in packed publications: the ``tensor.v1`` format, publishing, ``TensorRef``
+and checked loads.
+
+The modules, each on the ones above it in this list::
+
+    format.py   the tensor.v1 record format: dtypes, chunk size, the metadata check
+                (below the store too: ``read_tensor_range`` checks records with it)
+
+``straw.tensor`` and ``straw.tensor_format`` are the module paths callers import: thin
+re-exports of these modules.  This package is core: it never imports ``straw.rollout``,
+``straw.cli`` or ``straw.qualify``.
+"""
