@@ -94,14 +94,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import statistics
 import sys
 import threading
-import time
+import types
 import warnings
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,264 +106,34 @@ import numpy as np
 import xxhash
 
 from . import tracing
-from .checks import check_count, short_repr
+from .checks import short_repr
 from .errors import (
     CorruptData,
     ForkedProcess,
     InvalidReference,
     TensorMismatch,
-    UnsupportedDtype,
     UnsupportedSchema,
 )
-from .fs import runnable_threads
 from .process import ProcessBound
 from .ranges import checked_span
 from .reader import ReadSession
-from .refs import Record, RecordInfo, RecordRef, RecordSetRef, payload_view
-from .tensors.format import (
-    CHUNK_BYTES,
-    CODEC,
-    DTYPES,
-    SOURCES,
-    _check_meta,
-    checksum_list,
-)
-from .tensors.format import (
-    MAX_DIMS as MAX_DIMS,
-)
-
-# straw-queue 0.1.6's names for the limits its tensor helpers open a store with: a
-# tensor's largest payload (our store's default record cap, enforced on request) and the
-# copy buffer of one publication.  Ours read and publish in bounded chunks whatever the
-# size; the names are kept for callers that pass them on to a store.
-MAX_TENSOR_BYTES = 16 * 1024**3
-MAX_PUBLICATION_BYTES = 16 * 1024**2
+from .refs import RecordInfo, RecordRef, RecordSetRef
+from .tensors import records
+from .tensors.binding import _check_same_pool, _pool_id_of, _session_of
+from .tensors.buffers import _buffers, _byte_view
+from .tensors.buffers import set_load_buffer_cache as set_load_buffer_cache
+from .tensors.format import CHUNK_BYTES, CODEC, DTYPES, SOURCES, _check_meta
+from .tensors.format import MAX_DIMS as MAX_DIMS
+from .tensors.frameworks import _can_pin, _is_torch_tensor, _np_dtype, _torch
+from .tensors.records import MAX_PUBLICATION_BYTES as MAX_PUBLICATION_BYTES
+from .tensors.records import MAX_TENSOR_BYTES as MAX_TENSOR_BYTES
+from .tensors.records import _granularity, tensor_record
+from .tensors.records import chunk_checksums as chunk_checksums
+from .tensors.records import tensor_from_record as tensor_from_record
+from .tensors.threads import _Blocks, _executor, _HelperPolicy
 
 _READ_BYTES = 1 << 20  # one read call covers this much (whole chunks), hashed chunk by chunk
-_PARALLEL_MIN = 8 << 20  # publish: chunk checksums of this much data on several threads
 _PARALLEL_LOAD = 8 << 20  # reads: a span of this much is read and verified by two threads
-
-
-# --- optional dependencies --------------------------------------------------------------
-
-
-_no_torch = False  # an import of torch failed once: do not retry it on every load
-
-
-def _torch() -> Any:
-    """torch if importable (imported on first use), else None."""
-    global _no_torch
-    mod = sys.modules.get("torch")
-    if mod is not None or _no_torch:
-        return mod
-    try:
-        import torch
-    except ImportError:
-        _no_torch = True
-        return None
-    return torch
-
-
-def _is_torch_tensor(value: object) -> bool:
-    mod = sys.modules.get("torch")  # a torch tensor implies torch is imported
-    return mod is not None and isinstance(value, mod.Tensor)
-
-
-def _np_dtype(name: str) -> np.dtype[Any]:
-    """The NumPy dtype of a tensor.v1 dtype name (bfloat16: ml_dtypes, else uint16 bits)."""
-    if name == "bfloat16":
-        try:
-            import ml_dtypes
-        except ImportError:
-            return np.dtype(np.uint16)
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(name)
-
-
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
-
-
-def _workers() -> int:
-    return min(4, os.cpu_count() or 1)
-
-
-def _executor() -> ThreadPoolExecutor:
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(_workers(), thread_name_prefix="straw-tensor")
-        return _pool
-
-
-class _Blocks:
-    """The block offsets of one span, handed out once each to whichever thread asks
-    next (thread-safe); ``stop()`` hands out no more."""
-
-    def __init__(self, nbytes: int, block: int) -> None:
-        self.block = block
-        self.count = -(-nbytes // block)
-        self._next = 0
-        self._lock = threading.Lock()
-
-    def __iter__(self) -> _Blocks:
-        return self
-
-    def __next__(self) -> int:
-        with self._lock:
-            i = self._next
-            if i >= self.count:
-                raise StopIteration
-            self._next = i + 1
-        return i * self.block
-
-    def stop(self) -> None:
-        with self._lock:
-            self._next = self.count
-
-
-def _cores() -> int:
-    """The cores this process may run on (1 where the platform cannot tell)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return 1
-
-
-@dataclass
-class _Modes:
-    """What the loads of one size class measured (``_HelperPolicy``): the seconds per
-    byte of the last few loads read by one thread and by two."""
-
-    one: deque[float] = dataclasses.field(default_factory=lambda: deque(maxlen=_WINDOW))
-    two: deque[float] = dataclasses.field(default_factory=lambda: deque(maxlen=_WINDOW))
-    using_two: bool = False  # the mode in use
-    since_probe: int = 0  # loads in the mode in use since the last probe
-    interval: int = 8  # loads between probes
-
-    def times(self, two: bool) -> deque[float]:
-        return self.two if two else self.one
-
-    def estimate(self, two: bool) -> float:
-        return statistics.median(self.times(two))
-
-
-_WINDOW = 5  # loads per mode whose median is its estimate
-
-
-_CPUS = os.cpu_count() or 1  # the machine's CPUs (asked once: the call takes 30 us here)
-
-
-def _core_idle_now() -> bool | None:
-    """Whether a CPU of the machine is idle at this moment: the threads runnable right
-    now (the 4th field of ``/proc/loadavg``, "runnable/total", this thread included)
-    leave one of the CPUs free.  A count at this instant, unlike the load averages,
-    which lag by a minute.  None where the platform does not tell (the load measurements
-    of ``_HelperPolicy`` then decide alone).  About 4 us, on a loaded machine."""
-    runnable = runnable_threads()
-    return None if runnable is None else runnable < _CPUS
-
-
-class _HelperPolicy:
-    """Whether a large load gets a helper thread, judged by what recent loads took.
-
-    A helper pays only on a core nobody else wants: on two free cores it took a float32
-    [8192, 1024] load from 0.70 to 0.98 of a memcpy, while on the two shared cores of the
-    development machine at load averages of 6 to 11 it made loads up to 15% slower
-    (the two threads take turns on one core, the GIL changes hands at every block, and
-    the loader waits for a helper preempted in the middle of its block).  A load average
-    cannot tell these apart in time: the 1-minute one lags the machine by about a minute,
-    and a steady stream of loads keeps it up by itself.  So two present signals decide.
-
-    First, whether a CPU is idle at this moment (``idle``, ``_core_idle_now``: the count
-    of runnable threads): if not, one thread, and nothing is measured (on that loaded
-    machine single loads vary 3x, from preemption alone, and no choice made from their
-    times beat one thread).  If one is, or the platform cannot tell, the loads measure
-    whether a helper pays (a CPU idle by that count may still not be ours: another
-    process's affinity, a hypervisor's steal).
-
-    Per size class (the bit length of the span: how much of a tensor the CPU caches hold
-    differs between 12 and 32 MiB) it keeps the seconds per byte of the last
-    ``_WINDOW`` loads read by one thread and by two; a mode's estimate is their median
-    (on a shared machine single loads vary by 3x either way: a mean, or the latest
-    load, would follow the noise).  A load takes the mode with the lower estimate (an
-    unmeasured mode first: one thread, then two).  After ``interval`` loads in one mode,
-    one load probes the other.  A probe that beats the mode in use is followed by
-    another probe at once, until the other mode's median wins (the choice changes and the
-    interval is reset to ``MIN_INTERVAL``) or a probe loses; a probe that loses doubles
-    the interval, up to ``MAX_INTERVAL``, so where the second core stays busy the
-    probes cost about a percent of the loads.  With fewer than two cores (``cores``) no
-    load gets a helper.  A probe with two threads is cheap: the blocks are shared
-    (``_Blocks``), so a helper that gets no core takes none.  Thread-safe; ``cores``,
-    ``idle`` and ``timer`` (monotonic seconds) are injectable."""
-
-    MIN_INTERVAL = 8
-    MAX_INTERVAL = 128
-
-    def __init__(self, cores: Callable[[], int] = _cores,
-                 idle: Callable[[], bool | None] = _core_idle_now,
-                 timer: Callable[[], float] = time.perf_counter) -> None:
-        self.cores = cores
-        self.idle = idle
-        self.timer = timer
-        self.lock = threading.Lock()
-        self.classes: dict[int, _Modes] = {}
-        self.spans = 0  # large spans asked about (for reports: ``bench.tensor_workloads``)
-        self.helped = 0  # of them, read by two threads
-        self.loads = 0  # of them, measured
-
-    def _modes(self, nbytes: int) -> _Modes:
-        return self.classes.setdefault(nbytes.bit_length(),
-                                       _Modes(interval=self.MIN_INTERVAL))
-
-    def choose(self, nbytes: int) -> bool | None:
-        """Whether a span of ``nbytes`` is read by two threads: True or False (the caller
-        then reports its time to ``record``), or None: one thread, not to be measured."""
-        two = self._choose(nbytes)
-        with self.lock:
-            self.spans += 1
-            self.helped += bool(two)
-        return two
-
-    def _choose(self, nbytes: int) -> bool | None:
-        if self.cores() < 2 or self.idle() is False:
-            return None
-        with self.lock:
-            m = self._modes(nbytes)
-            if not m.one:
-                return False
-            if not m.two:
-                return True
-            if m.since_probe >= m.interval:
-                m.since_probe = 0  # (one probe, even with loads in flight on other threads)
-                return not m.using_two
-            return m.using_two
-
-    def record(self, two: bool, nbytes: int, seconds: float) -> None:
-        """A span of ``nbytes`` took ``seconds``, read by two threads or by one."""
-        if nbytes <= 0:
-            return
-        per_byte = max(seconds, 0.0) / nbytes
-        with self.lock:
-            self.loads += 1
-            m = self._modes(nbytes)
-            first = not m.times(two)
-            m.times(two).append(per_byte)
-            if not (m.one and m.two):
-                return
-            if first:  # both modes measured once: the faster one
-                m.using_two = m.estimate(True) < m.estimate(False)
-                return
-            used = m.estimate(m.using_two)
-            if two == m.using_two:
-                m.since_probe += 1
-            elif per_byte >= used:  # a probe that lost
-                m.interval = min(2 * m.interval, self.MAX_INTERVAL)
-            elif m.estimate(two) >= used:  # won, but its mode's median not yet: again
-                m.since_probe = m.interval
-            if m.estimate(not m.using_two) < m.estimate(m.using_two):
-                m.using_two, m.since_probe, m.interval = (not m.using_two, 0,
-                                                          self.MIN_INTERVAL)
 
 
 _helpers = _HelperPolicy()
@@ -376,208 +143,6 @@ def _use_helper(nbytes: int) -> bool | None:
     """Whether a span of ``nbytes`` gets a helper thread (``_helpers.choose``; tests
     replace this to force one way)."""
     return _helpers.choose(nbytes)
-
-
-def _byte_view(a: Any) -> memoryview:
-    """A flat byte memoryview of a contiguous buffer (NumPy arrays included)."""
-    return memoryview(a).cast("B")
-
-
-def _split(first: int, last: int, parts: int) -> list[tuple[int, int]]:
-    """[first, last) cut into ``parts`` contiguous ranges."""
-    n = last - first
-    step = -(-n // parts)
-    return [(a, min(a + step, last)) for a in range(first, last, step)]
-
-
-class _BufferCache:
-    """Recycled load buffers, so that a steady stream of loads does not page-fault.
-
-    A fresh large allocation is an ``mmap`` whose every page faults, is zeroed by the
-    kernel and, on a VM, may first have to be handed back by the host; that costs more
-    than reading and verifying the tensor.  ``load()`` therefore takes its buffer from
-    here: large slabs (at least ``MIN_BYTES``) that this cache owns.  Every array or
-    tensor made from a slab keeps a reference to it (NumPy views reference their base,
-    ``torch.from_numpy`` references the array), so a slab whose only reference is this
-    cache's is unused and can be handed out again.  Tracked slabs total at most
-    ``max_bytes`` (unused ones are dropped oldest first); ``set_load_buffer_cache(0)``
-    turns the cache off.  Like any caching allocator it keeps up to ``max_bytes`` of
-    unused memory around."""
-
-    MIN_BYTES = 1 << 20
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self.slabs: list[np.ndarray] = []
-        self.lock = threading.Lock()
-
-    @staticmethod
-    def _refs(slab: np.ndarray) -> int:
-        return sys.getrefcount(slab)
-
-    def _free(self, i: int) -> bool:
-        """Whether slab ``i`` is referenced by nothing but this cache (compared with the
-        count of a slab that only the cache holds, measured once at start)."""
-        return self._refs(self.slabs[i]) <= _UNUSED_REFS
-
-    def take(self, nbytes: int) -> np.ndarray:
-        if nbytes < self.MIN_BYTES or self.max_bytes <= 0:
-            return np.empty(nbytes, dtype=np.uint8)
-        with self.lock:
-            for i in range(len(self.slabs)):
-                if nbytes <= self.slabs[i].nbytes <= nbytes + (nbytes >> 2) \
-                        and self._free(i):
-                    slab = self.slabs.pop(i)
-                    self.slabs.append(slab)  # most recently used last
-                    return slab[:nbytes]
-            size = -(-nbytes // self.MIN_BYTES) * self.MIN_BYTES
-            total = sum(s.nbytes for s in self.slabs)
-            i = 0
-            while total + size > self.max_bytes and i < len(self.slabs):
-                if self._free(i):
-                    total -= self.slabs.pop(i).nbytes
-                else:
-                    i += 1
-            if total + size > self.max_bytes:
-                return np.empty(nbytes, dtype=np.uint8)
-            slab = np.empty(size, dtype=np.uint8)
-            self.slabs.append(slab)
-            return slab[:nbytes]
-
-
-def _unused_refs() -> int:
-    probe = _BufferCache(0)
-    probe.slabs.append(np.empty(1, dtype=np.uint8))
-    return probe._refs(probe.slabs[0])
-
-
-_UNUSED_REFS = _unused_refs()
-_buffers = _BufferCache(512 << 20)
-
-
-def set_load_buffer_cache(max_bytes: int) -> None:
-    """Bound (in bytes) the memory of recycled ``load()`` buffers; 0 disables the cache."""
-    check_count("max_bytes", max_bytes)
-    with _buffers.lock:
-        _buffers.max_bytes = max_bytes
-        if max_bytes == 0:
-            _buffers.slabs.clear()
-
-
-# --- publishing -------------------------------------------------------------------------
-
-
-def _tensor_bytes(value: object, where: str) -> tuple[np.ndarray, str, tuple[int, ...], str]:
-    """(flat uint8 view of the bytes, dtype name, shape, source), without copying a
-    contiguous little-endian CPU tensor."""
-    if sys.byteorder != "little":
-        raise UnsupportedSchema("tensor.v1 is little-endian; this host is big-endian")
-    if _is_torch_tensor(value):
-        torch = sys.modules["torch"]
-        t = value.detach()  # type: ignore[attr-defined]
-        if t.layout != torch.strided:
-            raise TypeError(f"{where} is a {t.layout} torch tensor; pass a dense tensor "
-                            "(.to_dense())")
-        name = str(t.dtype).removeprefix("torch.")
-        if name not in DTYPES:
-            raise _unsupported_dtype(where, name)
-        if t.device.type != "cpu":
-            t = t.to("cpu")
-        t = t.resolve_conj().resolve_neg().contiguous()
-        if t.numel() == 0:
-            flat = np.empty(0, dtype=np.uint8)
-        else:
-            flat = t.reshape(-1).view(torch.uint8).numpy()
-        return flat, name, tuple(int(d) for d in t.shape), "torch"
-    if isinstance(value, (np.ndarray, np.generic)):
-        a = np.asarray(value)
-        name = a.dtype.name
-        if name not in DTYPES or (a.dtype.kind == "V" and name != "bfloat16"):
-            raise _unsupported_dtype(where, str(a.dtype))
-        if not a.dtype.isnative:
-            a = a.astype(a.dtype.newbyteorder("="))
-        if not a.flags.c_contiguous:
-            a = a.copy(order="C")  # (np.ascontiguousarray would make a 0-d array 1-d)
-        return a.reshape(-1).view(np.uint8), name, tuple(a.shape), "numpy"
-    raise TypeError(f"{where} is a {type(value).__name__}; publish a NumPy array or a torch "
-                    "tensor (np.asarray(x) for Python numbers and lists)")
-
-
-def _unsupported_dtype(where: str, name: str) -> UnsupportedDtype:
-    # straw-queue's phrase first (its callers match it), then the object and the fix
-    return UnsupportedDtype(
-        f"Unsupported tensor dtype: {name} ({where}); tensor.v1 stores "
-        f"{', '.join(DTYPES)}: convert it first (a complex tensor: torch.view_as_real)")
-
-
-def _granularity(chunk_bytes: int | None) -> int:
-    """The checksum granularity of a new record: ``chunk_bytes`` if given, else this
-    module's ``CHUNK_BYTES`` as it is at the call (read then, not bound at import, so that
-    a caller who sets ``straw.tensor.CHUNK_BYTES`` changes the policy of the records made
-    after, as straw-queue's callers do; a record keeps the granularity it was made with
-    in its metadata, so readers never depend on the module's value)."""
-    size = CHUNK_BYTES if chunk_bytes is None else chunk_bytes
-    check_count("chunk_bytes", size, minimum=1)
-    return size
-
-
-def chunk_checksums(data: np.ndarray, chunk_bytes: int | None = None) -> str:
-    """The hex xxh3-128 of every ``chunk_bytes`` chunk (default ``CHUNK_BYTES``) of
-    ``data``, concatenated."""
-    chunk_bytes = _granularity(chunk_bytes)
-    mv = _byte_view(data)
-    n = mv.nbytes
-    count = -(-n // chunk_bytes)
-
-    def run(lo: int, hi: int) -> str:
-        # xxh3_128(...) hashes without the GIL (the one-shot xxh3_128_hexdigest holds it,
-        # which would serialise the threads below)
-        return "".join(xxhash.xxh3_128(mv[c * chunk_bytes:(c + 1) * chunk_bytes]).hexdigest()
-                       for c in range(lo, hi))
-
-    if n < _PARALLEL_MIN or _workers() < 2:
-        return run(0, count)
-    return "".join(_executor().map(lambda r: run(*r), _split(0, count, _workers())))
-
-
-def tensor_record(value: object, identity: str, *, kind: str | None = None,
-                  chunk_bytes: int | None = None, where: str | None = None) -> Record:
-    """The ``tensor.v1`` record of one tensor, with record id ``identity`` and, in its
-    metadata, ``kind`` (the tensor's name in its publication; ``publish_tensors`` sets it
-    to the mapping's key).  Its payload is a view of the tensor (no copy)."""
-    if isinstance(value, str) and not isinstance(identity, str):
-        raise TypeError(
-            f"tensor_record(value, identity, *, kind=None) takes the tensor first; got the "
-            f"str {value!r} first (the older call tensor_record(name, value)): swap them")
-    if not isinstance(identity, str) or not identity:
-        raise TypeError(f"tensor_record: identity (the record id) must be a non-empty str, "
-                        f"got {short_repr(identity)}")
-    if kind is not None and (not isinstance(kind, str) or not kind):
-        raise TypeError(f"tensor_record: kind must be a non-empty str or None, got "
-                        f"{short_repr(kind)}")
-    chunk_bytes = _granularity(chunk_bytes)
-    flat, dtype, shape, source = _tensor_bytes(value, where or f"tensor {identity!r}")
-    meta = {"dtype": dtype, "shape": list(shape), "source": source, "kind": kind,
-            "chunk_bytes": chunk_bytes,
-            "chunks": checksum_list(chunk_checksums(flat, chunk_bytes))}
-    return Record(identity, flat, CODEC, meta)
-
-
-def tensor_from_record(record: Record, *, where: str | None = None) -> np.ndarray:
-    """The NumPy array an in-memory ``tensor.v1`` record holds (one ``tensor_record`` made,
-    or ``store.read`` returned), its chunk checksums verified (``CorruptData`` on a
-    mismatch, D6), copied out of the record's buffer.  Without a store, so without lazy
-    reads: for those, use ``TensorRef``."""
-    where = where or f"tensor record {getattr(record, 'record_id', '?')!r}"
-    if not isinstance(record, Record) or record.codec != CODEC:
-        raise UnsupportedSchema(f"{where} is not a {CODEC} record (codec "
-                                f"{short_repr(getattr(record, 'codec', None))})")
-    flat = np.frombuffer(payload_view(record.payload, where), dtype=np.uint8)
-    dtype, shape, _, chunk_bytes, chunks = _check_meta(record.metadata, flat.nbytes, where)
-    if chunk_checksums(flat, chunk_bytes) != chunks:
-        raise CorruptData(f"{where}: its bytes do not match their chunk checksums; the "
-                          "record was damaged or edited")
-    return flat.view(_np_dtype(dtype)).reshape(shape).copy()
 
 
 def publish_tensors(store: Any, tensors: Mapping[str, Any], *, submission_id: str,
@@ -657,12 +222,6 @@ def _from_parts(rref: RecordRef, info: RecordInfo, store: Any,
         source=source, chunk_bytes=chunk_bytes, pool_id=_pool_id_of(store))
 
 
-def _pool_id_of(reader: Any) -> str | None:
-    """The pool id a store or read session knows (None: a pool without one)."""
-    pool_id = getattr(reader, "pool_id", None)
-    return pool_id if isinstance(pool_id, str) else None
-
-
 _DEFAULT_CODECS = ("bytes.v1", "json.v1", "tensor.v1")
 
 
@@ -671,30 +230,16 @@ _auto_lock = threading.Lock()
 
 
 def _reset_after_fork() -> None:
-    """In a forked child: the parent's pool threads do not exist there (work submitted to
-    its pool would never run), a lock another thread held at the fork stays held, and the
+    """In a forked child: a lock another thread held at the fork stays held, and the
     cached stores are the parent's (they refuse use in the child).  The helper policy's
     estimates stay (the child runs on the same machine)."""
-    global _pool, _pool_lock, _auto_stores, _auto_lock
-    _pool = None  # never shut down: it is the parent's
-    _pool_lock = threading.Lock()
+    global _auto_stores, _auto_lock
     _auto_stores = {}
     _auto_lock = threading.Lock()
-    _buffers.lock = threading.Lock()
     _helpers.lock = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_reset_after_fork)
-
-
-def _session_of(reader: Any) -> ReadSession:
-    if isinstance(reader, ReadSession):
-        return reader
-    session = getattr(reader, "_session", None)
-    if isinstance(session, ReadSession):
-        return session
-    raise TypeError(f"expected a SharedFilesystemStore or ReadSession, got "
-                    f"{type(reader).__name__}")
 
 
 @dataclass(frozen=True)
@@ -1383,20 +928,6 @@ class TensorRef:
                            validated=validated)._bound(store)
 
 
-def _check_same_pool(store: Any, reader: Any) -> None:
-    """A ``reader=`` must be of the store's pool and run (``InvalidReference`` naming
-    both, before anything is read)."""
-    ours, theirs = _pool_id_of(store), _pool_id_of(reader)
-    if (getattr(reader, "run_id", None) != getattr(store, "run_id", None)
-            or (ours is not None and theirs is not None and ours != theirs)):
-        raise InvalidReference(
-            f"reader of run {getattr(reader, 'run_id', '?')!r} of pool "
-            f"{theirs or '(id unknown)'} at {getattr(reader, 'root', '?')} belongs to a "
-            f"different storage pool or run than the store (run "
-            f"{getattr(store, 'run_id', '?')!r} of pool {ours or '(id unknown)'} at "
-            f"{getattr(store, 'root', '?')}); use a read session of the store")
-
-
 def _unpickle(state: tuple[Any, ...]) -> TensorRef:
     """A reference from ``TensorRef._state`` (its publication's manifest segment restored
     from the record's when it was left out)."""
@@ -1436,19 +967,18 @@ def _from_earlier(value: Mapping[str, Any]) -> dict[str, Any]:
         raise InvalidReference(f"not a TensorRef dict: {short_repr(value)}") from None
 
 
-def _can_pin(torch: Any) -> bool:
-    try:
-        if torch.cuda.is_available():
-            return True
-        acc = getattr(torch, "accelerator", None)
-        if acc is not None and acc.is_available():
-            return True
-    except Exception:  # a broken driver setup: behave as if there were none
-        pass
-    warnings.warn("pin_memory=True but torch has no accelerator; returning ordinary "
-                  "(pageable) memory", stacklevel=5)
-    return False
+class _Module(types.ModuleType):
+    """This module, whose ``CHUNK_BYTES`` straw-queue's callers set to change the checksum
+    granularity of the records made after: the setting reaches ``straw.tensors.records``,
+    which reads it at each call."""
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "CHUNK_BYTES":
+            setattr(records, name, value)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Module
 
 __all__ = ["CHUNK_BYTES", "DTYPES", "TensorRef", "chunk_checksums", "publish_tensors",
            "release_tensor_publications", "set_load_buffer_cache", "tensor_record",

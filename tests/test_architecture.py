@@ -72,13 +72,13 @@ OVERSIZED: dict[tuple[str, str], int] = {
     ("module", "straw.rollout.generation"): 617,
     ("module", "straw.rollout.ray.actors"): 613,
     ("module", "straw.store"): 1455,
-    ("module", "straw.tensor"): 1455,
+    ("module", "straw.tensor"): 985,
 }
 
 # import circles (each a sorted tuple of modules) still to break: none left; may only go
 CIRCLES: set[tuple[str, ...]] = set()
 ROLLOUT_EXPORTS = 28
-TORCH_MODULES = {"straw.tensor", "straw.rollout.archive_pt"}  # lazily, where it is needed
+TORCH_MODULES = {"straw.tensors.frameworks", "straw.rollout.archive_pt"}  # lazily, where it is needed
 
 
 def _modules(package: str) -> Iterator[tuple[str, str]]:

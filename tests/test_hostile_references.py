@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import straw.reader as reader_mod
-import straw.tensor as tensor_mod
+import straw.tensors.buffers as buffers_mod
 from straw import (
     CorruptData,
     InvalidReference,
@@ -258,13 +258,13 @@ def test_huge_size_in_an_edited_reference_is_refused_before_allocation(
 
 def test_huge_tensor_shape_is_refused_before_allocation(tmp_path, monkeypatch):
     requested: list[int] = []
-    real_take = tensor_mod._BufferCache.take
+    real_take = buffers_mod._BufferCache.take
 
     def recording_take(self, nbytes: int):  # type: ignore[no-untyped-def]
         requested.append(nbytes)
         return real_take(self, nbytes)
 
-    monkeypatch.setattr(tensor_mod._BufferCache, "take", recording_take)
+    monkeypatch.setattr(buffers_mod._BufferCache, "take", recording_take)
     rows = 1 << 38
     with _store(tmp_path) as store:
         (t,) = publish_tensors(store, {"x": np.arange(32, dtype=np.float32).reshape(4, 8)},
