@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import straw.fs as straw_fs
-import straw.tensor as T
+import straw.tensors.loads as loads
 import straw.tensors.threads as threads
 from straw import CorruptData, SharedFilesystemStore
 from straw.fs import PosixFS
@@ -179,8 +179,8 @@ class SlowThreadFS(PosixFS):
 
 @pytest.fixture
 def slow(tmp_path, monkeypatch):
-    monkeypatch.setattr(T, "_PARALLEL_LOAD", 2 * T._READ_BYTES)
-    monkeypatch.setattr(T, "_helpers", threads._HelperPolicy(cores=lambda: 2, idle=lambda: True))
+    monkeypatch.setattr(loads, "_PARALLEL_LOAD", 2 * loads._READ_BYTES)
+    monkeypatch.setattr(loads, "_helpers", threads._HelperPolicy(cores=lambda: 2, idle=lambda: True))
     fs = SlowThreadFS()
     with SharedFilesystemStore(str(tmp_path), "t", fs=fs) as store:
         value = np.random.default_rng(3).standard_normal((2048, 1024)).astype(np.float32)
@@ -195,12 +195,12 @@ def _loads(ref, value, fs, n: int, monkeypatch) -> tuple[list[bool], list[bool]]
     chosen, used = [], []
 
     def use(nbytes: int) -> bool | None:
-        two = T._helpers.choose(nbytes)
+        two = loads._helpers.choose(nbytes)
         chosen.append(bool(two))
         fs.other_read, fs.rendezvous = threading.Event(), bool(two)
         return two
 
-    monkeypatch.setattr(T, "_use_helper", use)
+    monkeypatch.setattr(loads, "_use_helper", use)
     for _ in range(n):
         fs.threads.clear()
         assert np.array_equal(ref.load(), value)
@@ -218,7 +218,7 @@ def test_a_helper_on_a_busy_core_is_given_up(slow, monkeypatch):
     # its median takes to rise past one thread's, if the first load, which faults its
     # buffer in, took longer still)
     assert chosen[-5:] == [False] * 5 and sum(chosen) <= 4
-    assert T._helpers.loads == 10 and T._helpers.helped == sum(chosen)
+    assert loads._helpers.loads == 10 and loads._helpers.helped == sum(chosen)
 
 
 def test_a_helper_that_pays_is_kept(slow, monkeypatch):
@@ -231,12 +231,12 @@ def test_a_helper_that_pays_is_kept(slow, monkeypatch):
 
 def test_damage_is_corrupt_data_whichever_thread_reads_it(slow, monkeypatch):
     ref, value, fs = slow
-    monkeypatch.setattr(T, "_use_helper", lambda nbytes: True)
+    monkeypatch.setattr(loads, "_use_helper", lambda nbytes: True)
     at = ref._session().payload_location(ref.record)[2]
     fs.rendezvous = True  # the loader's first block waits for the helper's first
     for block in (0, 1):  # so these two blocks are read one by each thread
         fs.other_read = threading.Event()
-        fs.flip_at = at + block * T._READ_BYTES + 5  # every read of it: damage
+        fs.flip_at = at + block * loads._READ_BYTES + 5  # every read of it: damage
         with pytest.raises(CorruptData, match=rf"chunk {block * 4} "):
             ref.load()
     assert len(set(fs.hit_by)) == 2 and fs.loader in fs.hit_by  # the helper and the loader

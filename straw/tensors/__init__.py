@@ -10,6 +10,7 @@ The modules, each on the ones above it in this list::
     buffers.py     recycled load buffers
     records.py     one tensor as a tensor.v1 record and back, without a store
     binding.py     the store or read session a reference reads through, same-pool checks
+    loads.py       checked reads into a new or the caller's buffer, on one thread or two
 
 ``straw.tensor`` and ``straw.tensor_format`` are the module paths callers import: thin
 re-exports of these modules.  This package is core: it never imports ``straw.rollout``,
