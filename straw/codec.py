@@ -71,10 +71,10 @@ import numpy as np
 from .checks import check_count, short_repr
 from .errors import CorruptData, StrawError, UnsupportedSchema
 from .refs import Record, RecordSetRef
-from .tensor import TensorRef
 from .tensors.format import DTYPES
 from .tensors.frameworks import _is_torch_tensor, _np_dtype
 from .tensors.records import tensor_from_record, tensor_record
+from .tensors.ref import TensorRef
 
 CODEC = "sample.v1"
 FORMAT = 1

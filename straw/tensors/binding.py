@@ -3,6 +3,8 @@ it is of the reference's pool and run."""
 
 from __future__ import annotations
 
+import os
+import threading
 from typing import Any
 
 from ..errors import InvalidReference
@@ -37,3 +39,38 @@ def _check_same_pool(store: Any, reader: Any) -> None:
             f"different storage pool or run than the store (run "
             f"{getattr(store, 'run_id', '?')!r} of pool {ours or '(id unknown)'} at "
             f"{getattr(store, 'root', '?')}); use a read session of the store")
+
+
+_auto_stores: dict[tuple[str, str], Any] = {}
+_auto_lock = threading.Lock()
+
+
+def own_store(root: str, run_id: str, name: str) -> Any:
+    """This process's own read-only store of the pool at ``root`` and run ``run_id``
+    (opened once per pool and run, then shared), for tensor ``name``, a reference bound
+    to no open reader; ``InvalidReference`` when no pool is there."""
+    key = (root, run_id)
+    with _auto_lock:
+        store = _auto_stores.get(key)
+        if store is None:
+            from ..fs import PosixFS
+            from ..store import SharedFilesystemStore
+
+            if not root or not PosixFS().exists(os.path.join(root, "POOL")):
+                raise InvalidReference(
+                    f"tensor {name!r}: no pool at {root!r} on this machine; "
+                    "bind the reference to a store with ref.using(store)")
+            store = SharedFilesystemStore(root, run_id)
+            _auto_stores[key] = store
+    return store
+
+
+def _reset_after_fork() -> None:
+    """In a forked child: a lock another thread held at the fork stays held, and the
+    cached stores are the parent's (they refuse use in the child)."""
+    global _auto_stores, _auto_lock
+    _auto_stores = {}
+    _auto_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)

@@ -4,6 +4,8 @@ checksums, and the array an in-memory record holds (no store involved)."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import xxhash
@@ -22,6 +24,9 @@ from .threads import _executor, _split, _workers
 # size; the names are kept for callers that pass them on to a store.
 MAX_TENSOR_BYTES = 16 * 1024**3
 MAX_PUBLICATION_BYTES = 16 * 1024**2
+
+# ``CHUNK_BYTES`` (imported above) is the granularity of the records made from now on:
+# ``_granularity`` reads it at each call, and ``straw.tensor.CHUNK_BYTES = n`` sets it.
 
 _PARALLEL_MIN = 8 << 20  # publish: chunk checksums of this much data on several threads
 
@@ -137,3 +142,25 @@ def tensor_from_record(record: Record, *, where: str | None = None) -> np.ndarra
         raise CorruptData(f"{where}: its bytes do not match their chunk checksums; the "
                           "record was damaged or edited")
     return flat.view(_np_dtype(dtype)).reshape(shape).copy()
+
+
+def tensor_records(tensors: Mapping[str, Any], prefix: str, chunk_bytes: int
+                   ) -> list[Record]:
+    """The ``tensor.v1`` records of ``{name: tensor}`` in the mapping's order, record ids
+    ``f"{prefix}:{name}"`` and kinds their names (straw-queue's layout), checked: a
+    mapping, not empty, a non-empty str prefix and names."""
+    if not isinstance(tensors, Mapping):
+        raise TypeError(f"tensors must be a mapping of name to tensor, got "
+                        f"{type(tensors).__name__}")
+    if not tensors:
+        raise ValueError("tensors is empty; publish at least one tensor")
+    if not isinstance(prefix, str) or not prefix:
+        raise TypeError(f"record_prefix (else submission_id) must be a non-empty str, got "
+                        f"{short_repr(prefix)}")
+    records = []
+    for name, value in tensors.items():
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"tensor names must be non-empty str, got {name!r}")
+        records.append(tensor_record(value, f"{prefix}:{name}", kind=name,
+                                     chunk_bytes=chunk_bytes, where=f"tensors[{name!r}]"))
+    return records
