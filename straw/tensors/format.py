@@ -1,7 +1,27 @@
-"""The ``tensor.v1`` record format (see ``straw.tensors``): its constants and the check of
-its metadata, shared by the tensors package (above the store) and the store's
-``read_tensor_range`` (layers look down only, so this module imports nothing above
-``straw.errors``)."""
+"""The ``tensor.v1`` record format: its constants and the check of its metadata, shared
+by the tensors package (above the store) and the store's ``read_tensor_range`` (layers
+look down only, so this module imports nothing above ``straw.errors``).
+
+Record layout (``tensor.v1``)::
+
+    payload   the tensor's bytes, C order, little-endian, written straight from the
+              tensor's own memory (``writev`` of a view: no copy for a contiguous CPU
+              tensor; a non-contiguous or CUDA tensor is made contiguous on the CPU first,
+              autograd history is dropped)
+    metadata  {"dtype": name, "shape": [...], "source": "torch"|"numpy", "kind": name,
+               "chunk_bytes": C, "chunks": [hex, ...]}   the xxh3-128 of every C-byte
+              chunk of the payload in order (the last chunk may be shorter), 32 hex digits
+              each (an earlier straw's records concatenate them in one str: still read);
+              "kind" (the tensor's name, or null; absent in records of an earlier straw,
+              whose record id was the name) is carried, not checked
+    record id "<record_prefix or submission_id>:<name>" (straw-queue's)
+
+``CHUNK_BYTES`` is 256 KiB: a one-row read of a float32 [8192, 1024] tensor (4 KiB rows)
+reads and verifies one 256 KiB chunk, and a 32 MiB tensor carries 128 checksums (4 KiB of
+metadata).  The chunk list lives in the publication's manifest, which the reader
+authenticates; ``load()`` checks it rather than the record's whole-payload checksum (the
+same hashing work, done chunk by chunk while the bytes are in the CPU cache).
+"""
 
 from __future__ import annotations
 
