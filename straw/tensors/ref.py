@@ -356,21 +356,26 @@ class TensorRef:
 
     def _checked(self, session: ReadSession) -> tuple[bytes, str, int, int]:
         """The authenticated chunk digests (16 bytes each), pack path, payload offset and
-        chunk size,
-        after ``_chunks`` checked the manifest against this reference: once per session
-        (a reference never changes, nor does a publication, so the answer would be the
-        same every time; each read still checks its path and opens nothing outside the
-        pool).  Remembered on the reference like its binding (not a field: ``using``,
-        pickling and ``from_dict`` make references that check again).  On a 12 MiB tensor
-        the check and the hex decoding cost about 5% of a cache-warm load."""
+        chunk size, after ``_chunks`` checked the manifest against this reference."""
+        return self._verified_reader(session)[0]
+
+    def _verified_reader(self, session: ReadSession
+                         ) -> tuple[tuple[bytes, str, int, int], ChunkReader]:
+        """``_checked``'s answer and the ``ChunkReader`` that reads through ``session`` with
+        it: found once per session (a reference never changes, nor does a publication, so
+        the answer would be the same every time; each read still checks its path and
+        opens nothing outside the pool).  Remembered on the reference like its binding
+        (not a field: ``using``, pickling and ``from_dict`` make references that check
+        again), so that a read of a few rows costs no manifest check and no hex
+        decoding."""
         memo = getattr(self, "_checked_memo", None)
         if memo is not None and memo[0] is session:
             return memo[1]
         chunks, path, origin, chunk_bytes = self._chunks(session)
         where = (bytes.fromhex(chunks), path, origin, chunk_bytes)
-        object.__setattr__(self, "_checked_memo", (session, where))
-        return where
-
+        found = (where, ChunkReader(session, where, self.nbytes, self.name))
+        object.__setattr__(self, "_checked_memo", (session, found))
+        return found
 
     def _materialise(self, row0: int, rows: int | None, *, pin_memory: bool, out: Any,
                      framework: str | None) -> Any:
@@ -378,7 +383,7 @@ class TensorRef:
         # record length agree, so the size below is the real payload's) before anything
         # is allocated: an edited shape must not allocate terabytes.
         session = self._session()
-        where = self._checked(session)
+        where, reader = self._verified_reader(session)
         if rows is None:
             shape, start, stop = self.shape, 0, self.nbytes
         else:
@@ -390,7 +395,7 @@ class TensorRef:
         else:
             result, view = allocate(self.dtype, self.itemsize, shape, want_torch(framework),
                                     pin_memory)
-        ChunkReader(session, where, self.nbytes, self.name).read_into(start, stop, view)
+        reader.read_into(start, stop, view)
         if began is not None:  # straw-queue's load and slices trace as a read_range
             tracing.emit("read_range", root=session.root, size=stop - start,
                          checked_bytes=checked_span(self.nbytes, start, stop, where[3]),
@@ -453,14 +458,13 @@ class TensorRef:
         is checked (straw-queue's internal byte read, kept for its callers)."""
         ref = self if reader is None else self.using(reader)
         session = ref._session()
-        where = ref._checked(session)
+        chunk_reader = ref._verified_reader(session)[1]
         if not (isinstance(start, int) and isinstance(stop, int)
                 and 0 <= start <= stop <= self.nbytes):
             raise ValueError(f"tensor {self.name!r}: byte range [{start}, {stop}) is not "
                              f"within its {self.nbytes} bytes")
         out = bytearray(stop - start)
-        ChunkReader(session, where, ref.nbytes, ref.name).read_into(start, stop,
-                                                                    memoryview(out))
+        chunk_reader.read_into(start, stop, memoryview(out))
         return bytes(out)
 
     def link(self, path: Any) -> TensorRef:
