@@ -1,4 +1,4 @@
-"""Whether a large tensor load gets a helper thread (issue 13): ``_HelperPolicy`` decides
+"""Whether a large tensor load gets a helper thread: ``_HelperPolicy`` decides
 from present signals (a CPU idle at this moment, the times of recent loads), not from a
 lagging load average.  Driven here through its injectable core count and idle signal and
 by the times it is told (the decision logic), then end to end with a helper thread that is

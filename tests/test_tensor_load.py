@@ -1,4 +1,4 @@
-"""Tensor reads on the block path (issue 13): a load reads ``_READ_BYTES`` blocks through
+"""Tensor reads on the block path: a load reads ``_READ_BYTES`` blocks through
 one descriptor and verifies every chunk as its block lands; a chunk that fails once (a
 stale descriptor) is read again the checked way, damage stays ``CorruptData`` naming the
 tensor and the chunk; short reads fall back to the visibility-lag rules; the block and

@@ -25,8 +25,8 @@ class Registry:
         # every container it holds; emptied by every registration
         self._encoder_memo: dict[type, tuple[str, int, Callable[[Any], Any]] | None] = {}
         # built in: references decode through their checking constructor.  Version 1 is
-        # the previous straw's flat dict (still decoded: ``from_dict`` reads both forms),
-        # version 2 straw-queue's shape (``manifest`` RecordRef, usage counts).
+        # the flat dict form (still decoded: ``from_dict`` reads both forms), version 2
+        # straw-queue's shape (``manifest`` RecordRef, usage counts).
         self.register(RecordSetRef, "straw.RecordSetRef", 1, RecordSetRef.to_dict,
                       RecordSetRef.from_dict)
         self.register(RecordSetRef, "straw.RecordSetRef", 2, RecordSetRef.to_dict,

@@ -87,7 +87,7 @@ class _Modes:
 _WINDOW = 5  # loads per mode whose median is its estimate
 
 
-_CPUS = os.cpu_count() or 1  # the machine's CPUs (asked once: the call takes 30 us here)
+_CPUS = os.cpu_count() or 1  # the machine's CPUs (asked once: the call is not free)
 
 
 def _core_idle_now() -> bool | None:
@@ -95,7 +95,8 @@ def _core_idle_now() -> bool | None:
     now (the 4th field of ``/proc/loadavg``, "runnable/total", this thread included)
     leave one of the CPUs free.  A count at this instant, unlike the load averages,
     which lag by a minute.  None where the platform does not tell (the load measurements
-    of ``_HelperPolicy`` then decide alone).  About 4 us, on a loaded machine."""
+    of ``_HelperPolicy`` then decide alone).  Cheap enough to ask before every large
+    load."""
     runnable = runnable_threads()
     return None if runnable is None else runnable < _CPUS
 
@@ -103,25 +104,24 @@ def _core_idle_now() -> bool | None:
 class _HelperPolicy:
     """Whether a large load gets a helper thread, judged by what recent loads took.
 
-    A helper pays only on a core nobody else wants: on two free cores it took a float32
-    [8192, 1024] load from 0.70 to 0.98 of a memcpy, while on the two shared cores of the
-    development machine at load averages of 6 to 11 it made loads up to 15% slower
-    (the two threads take turns on one core, the GIL changes hands at every block, and
-    the loader waits for a helper preempted in the middle of its block).  A load average
-    cannot tell these apart in time: the 1-minute one lags the machine by about a minute,
-    and a steady stream of loads keeps it up by itself.  So two present signals decide.
+    A helper pays only on a core nobody else wants: on two free cores it brings a large
+    load close to a memcpy, while on busy shared cores it makes loads slower (the two
+    threads take turns on one core, the GIL changes hands at every block, and the loader
+    waits for a helper preempted in the middle of its block).  A load average cannot
+    tell these apart in time: the 1-minute one lags the machine by about a minute, and a
+    steady stream of loads keeps it up by itself.  So two present signals decide.
 
     First, whether a CPU is idle at this moment (``idle``, ``_core_idle_now``: the count
-    of runnable threads): if not, one thread, and nothing is measured (on that loaded
-    machine single loads vary 3x, from preemption alone, and no choice made from their
-    times beat one thread).  If one is, or the platform cannot tell, the loads measure
-    whether a helper pays (a CPU idle by that count may still not be ours: another
-    process's affinity, a hypervisor's steal).
+    of runnable threads): if not, one thread, and nothing is measured (on a loaded
+    machine the time of a single load varies widely from preemption alone, and no
+    choice made from such times beats one thread).  If one is, or the platform cannot
+    tell, the loads measure whether a helper pays (a CPU idle by that count may still
+    not be ours: another process's affinity, a hypervisor's steal).
 
     Per size class (the bit length of the span: how much of a tensor the CPU caches hold
     differs between 12 and 32 MiB) it keeps the seconds per byte of the last
     ``_WINDOW`` loads read by one thread and by two; a mode's estimate is their median
-    (on a shared machine single loads vary by 3x either way: a mean, or the latest
+    (on a shared machine single loads vary widely either way: a mean, or the latest
     load, would follow the noise).  A load takes the mode with the lower estimate (an
     unmeasured mode first: one thread, then two).  After ``interval`` loads in one mode,
     one load probes the other.  A probe that beats the mode in use is followed by
