@@ -31,7 +31,7 @@ from .tensors.records import chunk_checksums as chunk_checksums
 from .tensors.records import tensor_from_record as tensor_from_record
 from .tensors.records import tensor_record as tensor_record
 from .tensors.ref import TensorRef as TensorRef
-from .tensors.ref import _unpickle as _unpickle  # (references pickled by name here)
+from .tensors.ref import _unpickle as _unpickle  # (pickled references name it here)
 
 
 class _Module(types.ModuleType):

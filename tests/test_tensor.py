@@ -276,6 +276,9 @@ def test_serialisation_binding_and_edited_refs(store, tmp_path):
     (ref,) = publish_tensors(store, {"x": value}, submission_id=sid())
     unbound = pickle.loads(pickle.dumps(ref))
     assert unbound == ref and getattr(unbound, "_reader", None) is None
+    # a pickle names the module path callers import, whatever module holds the code:
+    # references pickled by straw of either layout load in the other
+    assert b"straw.tensor\x94\x8c\t_unpickle" in pickle.dumps(ref)
     assert dataclasses.asdict(ref)["shape"] == (3, 4)
     assert np.array_equal(unbound.load(), value)  # opens a read-only store at ref.root
     with SharedFilesystemStore(store.root, "t", writer_id="other") as other:

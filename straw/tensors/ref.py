@@ -588,3 +588,9 @@ def _unpickle(state: tuple[Any, ...]) -> TensorRef:
     if fields[8] is None:
         fields[8] = _DEFAULT_CODECS
     return TensorRef(*fields)
+
+
+# A pickle names its reconstructor by module path: ``straw.tensor``, the path callers
+# import, which re-exports this function, so that references pickled by this straw and
+# by an earlier one load in either (Ray workers of two versions, stored pickles).
+_unpickle.__module__ = "straw.tensor"
