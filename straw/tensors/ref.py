@@ -101,7 +101,7 @@ def published(store: Any, records: Sequence[Record], *, submission_id: str,
 class TensorRef:
     """A published tensor: lazy, checked, frozen, serialisable.  ``load()``, ``ref[a:b]``
     (contiguous rows, step 1, negative indices as in Python), ``ref[i]`` (one row),
-    ``validate()``, ``share()``, ``updated()``; see ``straw.tensors.ref`` for what they
+    ``validate()``, ``share()``, ``updated()``; see the module docstring for what they
     return.
 
     The fields are straw-queue 0.1.6's, in its order (a caller constructs, replaces,
