@@ -1,5 +1,20 @@
 """Which store or read session a tensor reference reads through, and the checks that
-it is of the reference's pool and run."""
+it is of the reference's pool and run.
+
+Which pool a reference belongs to: its ``run_id`` and ``pool_id`` (the id written once in
+the pool's ``POOL`` marker, ``SharedFilesystemStore.pool_id``).  Two pools may hold the
+same run id; a reference followed into the wrong one would find no pack and spend the
+whole visibility retry window first.  So every way of reading through a given store or
+session (``using``, ``load(reader=)``, ``from_record_set_many(reader=)``, ``share``, and
+the store an unbound ref opens at ``root``) compares run and pool id first, and refuses
+another pool at once, naming both (``InvalidReference``).  A pool or reference without an
+id (an older straw's, or a read-only mount of one) is checked by run only.
+
+After ``fork()`` (``straw.process``): a ref bound to a store of the parent raises
+``ForkedProcess`` in the child (rebind it with ``ref.using(store)`` to a store opened in
+the child, or send it pickled: pickling drops the binding); an unbound ref reads through
+a store of the child's own.
+"""
 
 from __future__ import annotations
 

@@ -23,19 +23,8 @@ straw-queue 0.1.6's (see the class), then ours.  A ref returned by ``publish_ten
 ``from_record_set_many`` is bound to that store; ``ref.using(store)`` binds a
 deserialised ref; an unbound ref opens (once per process) a read-only store at ``root``.
 
-Which pool a reference belongs to: its ``run_id`` and ``pool_id`` (the id written once in
-the pool's ``POOL`` marker, ``SharedFilesystemStore.pool_id``).  Two pools may hold the
-same run id; a reference followed into the wrong one would find no pack and spend the
-whole visibility retry window first.  So every way of reading through a given store or
-session (``using``, ``load(reader=)``, ``from_record_set_many(reader=)``, ``share``, and
-the store an unbound ref opens at ``root``) compares run and pool id first, and refuses
-another pool at once, naming both (``InvalidReference``).  A pool or reference without an
-id (an older straw's, or a read-only mount of one) is checked by run only.
-
-After ``fork()`` (``straw.process``): a ref bound to a store of the parent raises
-``ForkedProcess`` in the child (rebind it with ``ref.using(store)`` to a store opened in
-the child, or send it pickled: pickling drops the binding); an unbound ref reads through
-a store of the child's own.
+Which pool a reference belongs to, and what a bound reference does after ``fork()``: see
+``straw.tensors.binding``.
 """
 
 from __future__ import annotations
