@@ -26,7 +26,6 @@ MODULE_LINES, CLASS_LINES, FUNCTION_LINES = 600, 500, 70
 OVERSIZED: dict[tuple[str, str], int] = {
     ("class", "straw.catalog.Catalog"): 1002,
     ("class", "straw.journal.Journal"): 575,
-    ("class", "straw.tensor.TensorRef"): 683,
     ("function", "fault_injection.campaigns.main"): 74,
     ("function", "fault_injection.store_fuzz._writer_loop"): 77,
     ("function", "fault_injection.fuzz.main"): 200,
@@ -39,7 +38,6 @@ OVERSIZED: dict[tuple[str, str], int] = {
     ("function", "straw.benchmark.worker"): 100,
     ("function", "straw.catalog.Catalog._refresh"): 72,
     ("function", "straw.cli.demo.check"): 86,
-    ("function", "straw.codec._Encoder.enc"): 78,
     ("function", "straw.journal._recover"): 138,
     ("function", "straw.qualify.clauses.rename_atomic"): 73,
     ("module", "fault_injection.checkpoint_campaign"): 790,
@@ -50,15 +48,13 @@ OVERSIZED: dict[tuple[str, str], int] = {
     ("module", "straw.benchmark"): 613,
     ("module", "straw.catalog"): 1350,
     ("module", "straw.cli.demo"): 666,
-    ("module", "straw.codec"): 650,
     ("module", "straw.journal"): 1324,
-    ("module", "straw.tensor"): 1455,
 }
 
 # import circles (each a sorted tuple of modules) still to break: none left; may only go
 CIRCLES: set[tuple[str, ...]] = set()
 ROLLOUT_EXPORTS = 28
-TORCH_MODULES = {"straw.tensor", "straw.rollout.archive_pt"}  # lazily, where it is needed
+TORCH_MODULES = {"straw.tensors.frameworks", "straw.rollout.archive_pt"}  # lazily, where it is needed
 
 
 def _modules(package: str) -> Iterator[tuple[str, str]]:

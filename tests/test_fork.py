@@ -427,11 +427,13 @@ def test_fork_with_locks_held_by_another_thread(tmp_path):
     assert np.array_equal(tensor.load(), big)  # the pool's threads exist in the parent
     unbound = pickle.loads(pickle.dumps(tensor))
     assert np.array_equal(unbound.load(), big)  # the parent's cached store for unbound refs
-    import straw.tensor as tensor_mod
+    import straw.tensors.binding as binding_mod
+    import straw.tensors.buffers as buffers_mod
+    import straw.tensors.threads as threads_mod
 
     locks = [store._write_lock, store.catalog._mutex, store.catalog._pending_lock,
-             session._lock, q._mutex, q.journal._mu, tensor_mod._pool_lock,
-             tensor_mod._auto_lock, tensor_mod._buffers.lock]
+             session._lock, q._mutex, q.journal._mu, threads_mod._pool_lock,
+             binding_mod._auto_lock, buffers_mod._buffers.lock]
     held, release = threading.Event(), threading.Event()
 
     def hold() -> None:

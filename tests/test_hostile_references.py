@@ -16,8 +16,8 @@ import threading
 import numpy as np
 import pytest
 
-import straw.read.buffers as buffers_mod
-import straw.tensor as tensor_mod
+import straw.read.buffers as read_buffers
+import straw.tensors.buffers as tensor_buffers
 from straw import (
     CorruptData,
     InvalidReference,
@@ -233,13 +233,13 @@ def test_non_regular_file_at_a_pack_path_is_refused_at_once(tmp_path, monkeypatc
 def test_huge_size_in_an_edited_reference_is_refused_before_allocation(
         tmp_path, monkeypatch, size, sealed):
     allocated: list[int] = []
-    real_alloc = buffers_mod.alloc
+    real_alloc = read_buffers.alloc
 
     def recording_alloc(n: int) -> memoryview:
         allocated.append(n)
         return real_alloc(n)
 
-    monkeypatch.setattr(buffers_mod, "alloc", recording_alloc)
+    monkeypatch.setattr(read_buffers, "alloc", recording_alloc)
     clock = SleepCounter()
     with _store(tmp_path) as store:
         ref = store.publish([Record("a", b"x" * 1000)], submission_id="s")
@@ -259,13 +259,13 @@ def test_huge_size_in_an_edited_reference_is_refused_before_allocation(
 
 def test_huge_tensor_shape_is_refused_before_allocation(tmp_path, monkeypatch):
     requested: list[int] = []
-    real_take = tensor_mod._BufferCache.take
+    real_take = tensor_buffers._BufferCache.take
 
     def recording_take(self, nbytes: int):  # type: ignore[no-untyped-def]
         requested.append(nbytes)
         return real_take(self, nbytes)
 
-    monkeypatch.setattr(tensor_mod._BufferCache, "take", recording_take)
+    monkeypatch.setattr(tensor_buffers._BufferCache, "take", recording_take)
     rows = 1 << 38
     with _store(tmp_path) as store:
         (t,) = publish_tensors(store, {"x": np.arange(32, dtype=np.float32).reshape(4, 8)},

@@ -1,4 +1,4 @@
-"""Tensor reads on the block path (issue 13): a load reads ``_READ_BYTES`` blocks through
+"""Tensor reads on the block path: a load reads ``_READ_BYTES`` blocks through
 one descriptor and verifies every chunk as its block lands; a chunk that fails once (a
 stale descriptor) is read again the checked way, damage stays ``CorruptData`` naming the
 tensor and the chunk; short reads fall back to the visibility-lag rules; the block and
@@ -17,6 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import straw.tensor as T
+import straw.tensors.loads as loads
 from straw import CorruptData, InvalidReference, SharedFilesystemStore
 from straw.fs import PosixFS
 from straw.read.cache import PackCache
@@ -86,7 +87,7 @@ def test_a_load_reads_blocks_through_one_descriptor(tamper, monkeypatch):
                                                             real_fd(self, path))[1])
     fs.calls = 0
     assert np.array_equal(ref.load(), value)
-    assert fs.calls == value.nbytes // T._READ_BYTES
+    assert fs.calls == value.nbytes // loads._READ_BYTES
     assert len(lookups) == 1
 
 
@@ -131,7 +132,7 @@ def test_short_block_reads_fall_back_to_the_checked_read(tamper):
     ref.load()
     fs.calls, fs.short = 0, 1  # the first block reads as not visible yet, once
     assert np.array_equal(ref.load(), value)
-    assert fs.calls == value.nbytes // T._READ_BYTES + 1
+    assert fs.calls == value.nbytes // loads._READ_BYTES + 1
 
 
 @pytest.fixture(scope="module")
@@ -150,8 +151,8 @@ def test_block_and_chunk_arithmetic(shared, rows, cols, chunk, blocks, data):
     reads back exactly, and a flipped byte fails exactly the reads touching its chunk."""
     value = np.random.default_rng(rows * 1000 + cols).integers(
         -2**15, 2**15, (rows, cols), dtype=np.int16)
-    saved = T._READ_BYTES
-    T._READ_BYTES = blocks * chunk
+    saved = loads._READ_BYTES
+    loads._READ_BYTES = blocks * chunk
     try:
         _published[0] += 1  # (each example's own tensor: the flip damages only it)
         (ref,) = publish_tensors(shared, {"v": value}, submission_id=f"p{_published[0]}",
@@ -174,7 +175,7 @@ def test_block_and_chunk_arithmetic(shared, rows, cols, chunk, blocks, data):
         with pytest.raises(CorruptData, match=f"chunk {bad} "):
             ref.load()
     finally:
-        T._READ_BYTES = saved
+        loads._READ_BYTES = saved
 
 
 def test_out_buffers_that_do_not_fit_are_refused_before_reading(tamper):
@@ -279,8 +280,8 @@ class ThreadFS(TamperFS):
 def two_threads(tmp_path, monkeypatch):
     import threading
 
-    monkeypatch.setattr(T, "_PARALLEL_LOAD", 2 * T._READ_BYTES)
-    monkeypatch.setattr(T, "_use_helper", lambda nbytes: True)
+    monkeypatch.setattr(loads, "_PARALLEL_LOAD", 2 * loads._READ_BYTES)
+    monkeypatch.setattr(loads, "_use_helper", lambda nbytes: True)
     fs = ThreadFS()
     fs.loader = threading.get_ident()
     with SharedFilesystemStore(str(tmp_path), "t", fs=fs) as store:
@@ -296,7 +297,7 @@ def test_a_large_load_is_read_and_verified_by_two_threads(two_threads):
     fs.rendezvous = True  # the loading thread waits until the helper has read a block
     out = np.empty_like(value)
     assert ref.load(out=out) is out and np.array_equal(out, value)
-    assert len(set(fs.threads)) == 2 and len(fs.threads) == value.nbytes // T._READ_BYTES
+    assert len(set(fs.threads)) == 2 and len(fs.threads) == value.nbytes // loads._READ_BYTES
     fs.rendezvous, fs.other_read = False, type(fs.other_read)()
     assert np.array_equal(ref.rows(1, 1023), value[1:1023])
 
@@ -336,15 +337,15 @@ def test_a_failed_load_returns_only_after_the_helper_stopped(two_threads):
     with pytest.raises(CorruptData, match="chunk 0 "):
         ref.load()
     assert fs.inflight == 0  # nothing still writes into the buffer of the failed load
-    assert len(fs.threads) < value.nbytes // T._READ_BYTES + 1  # the helper stopped early
+    assert len(fs.threads) < value.nbytes // loads._READ_BYTES + 1  # the helper stopped early
 
 
 def test_a_large_load_told_to_use_one_thread_stays_on_it(two_threads, monkeypatch):
     store, fs = two_threads
-    monkeypatch.setattr(T, "_use_helper", lambda nbytes: False)
+    monkeypatch.setattr(loads, "_use_helper", lambda nbytes: False)
     value = _random((1024, 1024), seed=9)
     (ref,) = publish_tensors(store, {"x": value}, submission_id="a")
     ref.load()
     fs.threads.clear()
     assert np.array_equal(ref.load(), value)
-    assert set(fs.threads) == {fs.loader} and len(fs.threads) == value.nbytes // T._READ_BYTES
+    assert set(fs.threads) == {fs.loader} and len(fs.threads) == value.nbytes // loads._READ_BYTES

@@ -1,4 +1,4 @@
-"""Whether a large tensor load gets a helper thread (issue 13): ``_HelperPolicy`` decides
+"""Whether a large tensor load gets a helper thread: ``_HelperPolicy`` decides
 from present signals (a CPU idle at this moment, the times of recent loads), not from a
 lagging load average.  Driven here through its injectable core count and idle signal and
 by the times it is told (the decision logic), then end to end with a helper thread that is
@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 import straw.fs as straw_fs
-import straw.tensor as T
+import straw.tensors.loads as loads
+import straw.tensors.threads as threads
 from straw import CorruptData, SharedFilesystemStore
 from straw.fs import PosixFS
 from straw.tensor import publish_tensors
@@ -23,11 +24,11 @@ MB = 8 << 20  # a span of one size class
 FAST, SLOW = 1e-3, 4e-3  # seconds per MB-span: the mode that pays, the one that costs
 
 
-def _policy(cores: int = 2, idle: bool | None = True) -> T._HelperPolicy:
-    return T._HelperPolicy(cores=lambda: cores, idle=lambda: idle)
+def _policy(cores: int = 2, idle: bool | None = True) -> threads._HelperPolicy:
+    return threads._HelperPolicy(cores=lambda: cores, idle=lambda: idle)
 
 
-def _run(policy: T._HelperPolicy, loads: int, seconds) -> list[bool]:
+def _run(policy: threads._HelperPolicy, loads: int, seconds) -> list[bool]:
     """``loads`` loads of one span: the mode each was given (``seconds(two)`` the time
     each took)."""
     modes = []
@@ -38,7 +39,7 @@ def _run(policy: T._HelperPolicy, loads: int, seconds) -> list[bool]:
     return modes
 
 
-def _run_signalled(policy: T._HelperPolicy, loads: int, seconds) -> list[bool | None]:
+def _run_signalled(policy: threads._HelperPolicy, loads: int, seconds) -> list[bool | None]:
     """As ``_run``, measuring only the loads the policy wants measured."""
     modes = []
     for _ in range(loads):
@@ -57,7 +58,7 @@ def test_one_core_never_gets_a_helper():
 
 def test_no_idle_cpu_now_means_one_thread_and_nothing_measured():
     idle = [False]
-    policy = T._HelperPolicy(cores=lambda: 2, idle=lambda: idle[0])
+    policy = threads._HelperPolicy(cores=lambda: 2, idle=lambda: idle[0])
     assert _run_signalled(policy, 20, lambda two: FAST if two else SLOW) == [None] * 20
     assert policy.loads == 0  # (a busy machine's load times would mislead the choice)
     idle[0] = True  # a CPU fell idle: measured both ways at once, then the faster
@@ -74,10 +75,10 @@ def test_no_idle_cpu_now_means_one_thread_and_nothing_measured():
                                              (b"9/400", False), (b"x", None)])
 def test_an_idle_cpu_is_judged_from_the_threads_runnable_now(monkeypatch, field, idle):
     monkeypatch.setattr(straw_fs, "_loadavg_fd", 99)  # (never read: pread is replaced)
-    monkeypatch.setattr(T, "_CPUS", 2)
-    monkeypatch.setattr(T.os, "pread", lambda fd, n, at: b"7.95 8.10 8.00 " + field
+    monkeypatch.setattr(threads, "_CPUS", 2)
+    monkeypatch.setattr(threads.os, "pread", lambda fd, n, at: b"7.95 8.10 8.00 " + field
                         + b" 4242\n")
-    assert T._core_idle_now() is idle
+    assert threads._core_idle_now() is idle
 
 
 def test_each_mode_is_measured_first_then_the_faster_one_is_used_and_the_other_probed():
@@ -94,7 +95,7 @@ def test_probes_that_keep_losing_grow_rare():
     probes = [i for i, two in enumerate(modes) if two]  # load 1 measured two threads
     gaps = np.diff(probes)
     assert list(gaps[:5]) == [9, 17, 33, 65, 129]  # the interval doubles each confirmation
-    assert max(gaps) == T._HelperPolicy.MAX_INTERVAL + 1  # ... up to MAX_INTERVAL
+    assert max(gaps) == threads._HelperPolicy.MAX_INTERVAL + 1  # ... up to MAX_INTERVAL
     assert len(probes) < 25  # about 1% of 2000 loads paid for a helper
 
 
@@ -178,8 +179,8 @@ class SlowThreadFS(PosixFS):
 
 @pytest.fixture
 def slow(tmp_path, monkeypatch):
-    monkeypatch.setattr(T, "_PARALLEL_LOAD", 2 * T._READ_BYTES)
-    monkeypatch.setattr(T, "_helpers", T._HelperPolicy(cores=lambda: 2, idle=lambda: True))
+    monkeypatch.setattr(loads, "_PARALLEL_LOAD", 2 * loads._READ_BYTES)
+    monkeypatch.setattr(loads, "_helpers", threads._HelperPolicy(cores=lambda: 2, idle=lambda: True))
     fs = SlowThreadFS()
     with SharedFilesystemStore(str(tmp_path), "t", fs=fs) as store:
         value = np.random.default_rng(3).standard_normal((2048, 1024)).astype(np.float32)
@@ -194,12 +195,12 @@ def _loads(ref, value, fs, n: int, monkeypatch) -> tuple[list[bool], list[bool]]
     chosen, used = [], []
 
     def use(nbytes: int) -> bool | None:
-        two = T._helpers.choose(nbytes)
+        two = loads._helpers.choose(nbytes)
         chosen.append(bool(two))
         fs.other_read, fs.rendezvous = threading.Event(), bool(two)
         return two
 
-    monkeypatch.setattr(T, "_use_helper", use)
+    monkeypatch.setattr(loads, "_use_helper", use)
     for _ in range(n):
         fs.threads.clear()
         assert np.array_equal(ref.load(), value)
@@ -217,7 +218,7 @@ def test_a_helper_on_a_busy_core_is_given_up(slow, monkeypatch):
     # its median takes to rise past one thread's, if the first load, which faults its
     # buffer in, took longer still)
     assert chosen[-5:] == [False] * 5 and sum(chosen) <= 4
-    assert T._helpers.loads == 10 and T._helpers.helped == sum(chosen)
+    assert loads._helpers.loads == 10 and loads._helpers.helped == sum(chosen)
 
 
 def test_a_helper_that_pays_is_kept(slow, monkeypatch):
@@ -230,12 +231,12 @@ def test_a_helper_that_pays_is_kept(slow, monkeypatch):
 
 def test_damage_is_corrupt_data_whichever_thread_reads_it(slow, monkeypatch):
     ref, value, fs = slow
-    monkeypatch.setattr(T, "_use_helper", lambda nbytes: True)
+    monkeypatch.setattr(loads, "_use_helper", lambda nbytes: True)
     at = ref._session().payload_location(ref.record)[2]
     fs.rendezvous = True  # the loader's first block waits for the helper's first
     for block in (0, 1):  # so these two blocks are read one by each thread
         fs.other_read = threading.Event()
-        fs.flip_at = at + block * T._READ_BYTES + 5  # every read of it: damage
+        fs.flip_at = at + block * loads._READ_BYTES + 5  # every read of it: damage
         with pytest.raises(CorruptData, match=rf"chunk {block * 4} "):
             ref.load()
     assert len(set(fs.hit_by)) == 2 and fs.loader in fs.hit_by  # the helper and the loader

@@ -90,7 +90,8 @@ def _walked(value, registry=None):
     """Record 0's bytes as the full walk (``_Encoder``) makes them."""
     import msgpack
 
-    from straw.codec import DEFAULT_REGISTRY, _Encoder
+    from straw.codec import DEFAULT_REGISTRY
+    from straw.sample_codec.encode import _Encoder
     enc = _Encoder(DEFAULT_REGISTRY if registry is None else registry)
     return msgpack.packb(enc.enc(value, "sample", 0), use_bin_type=True)
 
@@ -107,7 +108,8 @@ _plain_values = st.recursive(
 @given(st.lists(_plain_values, max_size=3) | st.dictionaries(st.text(max_size=4),
                                                                _plain_values, max_size=4))
 def test_plain_samples_pack_at_once_with_the_walks_bytes(value):
-    from straw.codec import DEFAULT_REGISTRY, _plain_body
+    from straw.codec import DEFAULT_REGISTRY
+    from straw.sample_codec.encode import _plain_body
     body = _plain_body(value, DEFAULT_REGISTRY)
     assert body is not None  # taken: lists, dicts and plain values only
     assert body == _walked(value)
@@ -118,7 +120,8 @@ def test_plain_samples_pack_at_once_with_the_walks_bytes(value):
 
 
 def test_what_plain_packing_cannot_say_goes_through_the_walk():
-    from straw.codec import DEFAULT_REGISTRY, MAX_DEPTH, Registry, _plain_body
+    from straw.codec import DEFAULT_REGISTRY, MAX_DEPTH, Registry
+    from straw.sample_codec.encode import _plain_body
 
     class Text(str):
         pass

@@ -15,6 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import straw.codec as C
+import straw.sample_codec.registry
 from straw import Record, SharedFilesystemStore, UnsupportedSchema
 from straw.codec import MAX_DEPTH, Registry, decode_sample, encode_sample
 from straw.tensor import TensorRef, publish_tensors
@@ -223,7 +224,7 @@ def test_a_registration_after_an_encode_is_used_by_the_next_encode(store):
 
 
 def test_default_registry(store, monkeypatch):
-    monkeypatch.setattr(C, "DEFAULT_REGISTRY", Registry())
+    monkeypatch.setattr(straw.sample_codec.registry, "DEFAULT_REGISTRY", Registry())
     C.register_type(Pt, "pt-default", 1, lambda p: (p.x, p.y), lambda v: Pt(*v))
     ref = encode_sample(store, [Pt(1, 2)], submission_id=sid())
     assert decode_sample(store, ref)[0].y == 2

@@ -1,0 +1,1 @@
+"""Tests of straw.sample_codec (nested samples as msgpack plus tensor records)."""

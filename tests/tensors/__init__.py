@@ -1,0 +1,1 @@
+"""Tests of straw.tensors (the tensor.v1 format, publishing, TensorRef, checked loads)."""
