@@ -35,7 +35,6 @@ OVERSIZED: dict[tuple[str, str], int] = {
     ("function", "fault_injection.store_fuzz.run_target"): 84,
     ("function", "fault_injection.queue_fuzz.check_queue"): 76,
     ("function", "fault_injection.queue_fuzz.run_queue"): 114,
-    ("function", "fault_injection.rollout_fuzz.check"): 126,
     ("function", "straw.benchmark.run"): 149,
     ("function", "straw.benchmark.worker"): 100,
     ("function", "straw.catalog.Catalog._refresh"): 72,
