@@ -133,7 +133,7 @@ def _serve(q: Coordinator, conn: Connection) -> None:
 def coordinator_main(root: str, logdir: str, gen: int, takeover: bool,
                      control: str | None = None, run: str = RUN) -> int:
     if control:  # a negative control: a deliberately broken coordinator
-        from fault_injection.queue_campaign import QUEUE_CONTROLS
+        from fault_injection.queue_controls import QUEUE_CONTROLS
         with QUEUE_CONTROLS[control]():
             return _coordinator(root, logdir, gen, takeover, run)
     return _coordinator(root, logdir, gen, takeover, run)
