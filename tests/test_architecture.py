@@ -41,7 +41,6 @@ OVERSIZED: dict[tuple[str, str], int] = {
     ("function", "straw.rollout.restore.open_job"): 73,
     ("function", "straw.store.SharedFilesystemStore.__init__"): 78,
     ("function", "straw.store.SharedFilesystemStore._normalize"): 100,
-    ("module", "fault_injection.checkpoint_campaign"): 790,
     ("module", "straw.catalog"): 1350,
     ("module", "straw.codec"): 650,
     ("module", "straw.coordinator"): 908,
