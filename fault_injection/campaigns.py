@@ -33,7 +33,7 @@ add the damage modes ``kill+damage/<kind>`` (``journal_campaign.damage_journal``
 flipped byte in the newest journal transaction, the newest segment or every segment of
 the newest epoch deleted), where recovery must raise ``CorruptData`` or lose nothing
 acknowledged; the controls without confirm records, rotated records or started epochs
-must be caught by them (issue 11, finding 3).
+must be caught by them.
 
 Each state runs on a fresh ``SimFS`` whose seed is derived from the state's key
 (``workload:r<reserve>:<nth>:<when>:<mode>``), so a violation replays exactly with

@@ -30,8 +30,8 @@ Frame controls (caught by the frame campaign):
 * ``short-frame-is-corrupt`` -- ``decode_frame`` reports an incomplete frame as corrupt.
 * ``scan-never-corrupt`` -- ``scan_frames`` treats every damaged frame as a torn tail.
 * ``torn-tail-is-corruption`` also breaks the frame campaign's file-level prefix check.
-* ``journal-no-confirm`` -- the queue journal writes no confirm records (as before issue
-  11): a flipped byte in its last, acknowledged transaction looks like a torn tail (D6).
+* ``journal-no-confirm`` -- the queue journal writes no confirm records: a
+  flipped byte in its last, acknowledged transaction looks like a torn tail (D6).
   The journal and coordinator campaigns catch it too (their ``kill+damage`` modes), with
   the journal's other damaged-tail controls (``fault_injection.journal_campaign``).
 

@@ -1,5 +1,5 @@
 """``just fuzz --scenario job``: a whole checkpointed rollout job under SIGKILL, resumed
-from its joint checkpoints (issue 15, item 6).
+from its joint checkpoints.
 
 Role: verification layer 7 of DESIGN.md for ``straw.rollout`` checkpoints (RL6, RL8).
 

@@ -1,4 +1,4 @@
-"""``just fuzz`` rollout scenario: a rollout job's processes under SIGKILL (issue 14, item 8).
+"""``just fuzz`` rollout scenario: a rollout job's processes under SIGKILL.
 
 Role: verification layer 7 of DESIGN.md for ``straw.rollout`` (RL1, RL2, RL4, RL5).
 
