@@ -20,6 +20,9 @@ the whole-job scenario ``job`` (``fault_injection.job_fuzz``: one checkpointed r
 SIGKILLed and resumed through ``resolve_checkpoint`` + ``open_job``; ``--job-seconds``
 split between the filesystems) or ``all`` (the default).  ``--juicefs no`` skips JuiceFS
 for all.
+
+Each scenario is one row of ``SCENARIOS`` (its name, how to start it on one filesystem,
+how to read its summary back); adding a scenario is adding a row and its options.
 """
 
 from __future__ import annotations
