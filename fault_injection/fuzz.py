@@ -163,7 +163,9 @@ SCENARIOS: tuple[Scenario, ...] = (
                        f"{j.replayed} batches replayed, {j.accepted} accepted groups checked",
              seconds="job_seconds"),
 )
-"""The scenarios, in the order they run on each filesystem and are summed up."""
+"""The scenarios, in the order they run on each filesystem and are summed up.  A
+``--control`` whose name starts with ``<scenario>-`` is that scenario's; any other is the
+store's."""
 
 
 def _parser() -> argparse.ArgumentParser:
