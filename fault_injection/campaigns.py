@@ -33,7 +33,7 @@ add the damage modes ``kill+damage/<kind>`` (``journal_campaign.damage_journal``
 flipped byte in the newest journal transaction, the newest segment or every segment of
 the newest epoch deleted), where recovery must raise ``CorruptData`` or lose nothing
 acknowledged; the controls without confirm records, rotated records or started epochs
-must be caught by them (issue 11, finding 3).
+must be caught by them.
 
 Each state runs on a fresh ``SimFS`` whose seed is derived from the state's key
 (``workload:r<reserve>:<nth>:<when>:<mode>``), so a violation replays exactly with
@@ -217,6 +217,21 @@ def classify(violations: Sequence[str]) -> dict[str, list[str]]:
     return dict(sorted(out.items(), key=lambda kv: -len(kv[1])))
 
 
+def _all_controls(max_points: int | None) -> list[ControlResult]:
+    """Every campaign's negative controls, run and reported."""
+    print("negative controls (each must be caught):")
+    controls = run_controls(QUICK_MODES, max_points=max_points)
+    for campaign, run in (("journal", run_journal_controls),
+                          ("queue", run_queue_controls)):
+        t0c = time.perf_counter()
+        found = run(max_points=max_points)
+        per = (time.perf_counter() - t0c) / max(1, len(found))
+        controls += [ControlResult(name, campaign, v is not None,
+                                   (v or "NOT caught").splitlines()[0], per)
+                     for name, v in found.items()]
+    return controls
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m fault_injection.campaigns",
                                  description=__doc__.split("\n\n")[0] if __doc__ else None)
@@ -262,20 +277,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     others: list[Any] = [*jreports, *qreports]
     violations = ([v for r in reports for v in r.violations] + fr.violations
                   + [v for r in others for v in r.violations])
-    missed: list[ControlResult] = []
-    controls: list[ControlResult] = []
-    if not args.no_controls:
-        print("negative controls (each must be caught):")
-        controls = run_controls(QUICK_MODES, max_points=args.max_points)
-        for campaign, run in (("journal", run_journal_controls),
-                              ("queue", run_queue_controls)):
-            t0c = time.perf_counter()
-            found = run(max_points=args.max_points)
-            per = (time.perf_counter() - t0c) / max(1, len(found))
-            controls += [ControlResult(name, campaign, v is not None,
-                                       (v or "NOT caught").splitlines()[0], per)
-                         for name, v in found.items()]
-        missed = [c for c in controls if not c.caught]
+    controls = [] if args.no_controls else _all_controls(args.max_points)
+    missed = [c for c in controls if not c.caught]
     classes = classify(violations)
     for sig, examples in classes.items():
         print(f"\nVIOLATION CLASS ({len(examples)} states): {sig}\n  first: {examples[0]}")

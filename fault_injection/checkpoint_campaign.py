@@ -1,12 +1,13 @@
 """The checkpoint crash campaign (``python -m fault_injection.checkpoint_campaign``).
 
-Role: verification layer 6 for ``straw.rollout``'s checkpoints (issue 15, item 6).  A
-small rollout job (a controller, a builder, a generation worker completing groups) runs
-on SimFS; a probe run counts the mutating filesystem ops of the operation under test,
-then every one of them is a crash point, *before* and *after* it (plus the completed
-run), each under every mode: ``power/<variant>/<k>`` (power loss: SimFS keeps what was
-synced, ``clear-cache``/``torn-seq``/``torn-op``) and ``kill`` (SIGKILL of the process:
-the page cache survives).  Workloads:
+Role: verification layer 6 for ``straw.rollout``'s checkpoints. A small rollout job (a
+controller, a builder, a generation worker completing groups;
+``fault_injection.checkpoint_job``) runs on SimFS; a probe run counts the mutating
+filesystem ops of the operation under test, then every one of them is a crash point,
+*before* and *after* it (plus the completed run), each under every mode:
+``power/<variant>/<k>`` (power loss: SimFS keeps what was synced,
+``clear-cache``/``torn-seq``/``torn-op``) and ``kill`` (SIGKILL of the process: the page
+cache survives).  Workloads:
 
 * ``save-eager`` / ``save-lazy``: a job that trained batch 0, saved step 0 and accepted
   two more groups saves step 1 (the model's files, ``queue_state_1``/``builder_state_1``,
@@ -44,29 +45,50 @@ The checks after each crash (``Violation``):
   queue's files and the checkpoint's files byte for byte as they were.
 
 Each state runs on a fresh ``SimFS`` seeded from its key, so ``--replay KEY`` reruns it.
-The negative controls (``CONTROLS``) break one ordering each through a patch and must be
-caught, each by the check it breaks: the save's state files, or the model's files,
-named by a marker without being fsynced first (a marker before its components are
-durable), the retention after the marker, and a restore that records its branch as
-seeded before the builder's restored state is durable (the bug this campaign found).
+The negative controls (``CONTROLS``, ``fault_injection.checkpoint_controls``) break one
+ordering each through a patch and must be caught, each by the check it breaks: the save's
+state files, or the model's files, named by a marker without being fsynced first (a
+marker before its components are durable), the retention after the marker, and a restore
+that records its branch as seeded before the builder's restored state is durable (the bug
+this campaign found).
 Exit status 1 on any violation or missed control.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import dataclasses
-import hashlib
 import json
-import os
 import sys
 import traceback
-import types
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from fault_injection.checkpoint_controls import CONTROLS as CONTROLS
+from fault_injection.checkpoint_controls import model_unsynced as model_unsynced
+from fault_injection.checkpoint_controls import retain_after_marker as retain_after_marker
+from fault_injection.checkpoint_controls import seeded_before_builder as seeded_before_builder
+from fault_injection.checkpoint_controls import states_unsynced as states_unsynced
+from fault_injection.checkpoint_job import BATCH as BATCH
+from fault_injection.checkpoint_job import CONFIG as CONFIG
+from fault_injection.checkpoint_job import PROMPTS as PROMPTS
+from fault_injection.checkpoint_job import ROOT as ROOT
+from fault_injection.checkpoint_job import RUN as RUN
+from fault_injection.checkpoint_job import SAVE as SAVE
+from fault_injection.checkpoint_job import accept_two as accept_two
+from fault_injection.checkpoint_job import close_job as close_job
+from fault_injection.checkpoint_job import content as content
+from fault_injection.checkpoint_job import payload as payload
+from fault_injection.checkpoint_job import run_prefix as run_prefix
+from fault_injection.checkpoint_job import save_model as save_model
+from fault_injection.checkpoint_job import schedule as schedule
+from fault_injection.checkpoint_job import sim_store as sim_store
+from fault_injection.checkpoint_job import source_files as source_files
+from fault_injection.checkpoint_job import source_queue as source_queue
+from fault_injection.checkpoint_job import source_view as source_view
+from fault_injection.checkpoint_job import start as start
+from fault_injection.checkpoint_job import started_content as started_content
+from fault_injection.checkpoint_job import without_ids as without_ids
 from fault_injection.queue_campaign import crash_in
 from fault_injection.rules import MUTATING_OPS, SimulatedCrash, TraceEntry
 from fault_injection.simfs import SimFS
@@ -79,26 +101,13 @@ from fault_injection.sweep import (
     state_seed,
     sweep,
 )
-from straw import Coordinator, SharedFilesystemStore
 from straw.catalog import Catalog
 from straw.clock import ManualClock
 from straw.refs import RecordSetRef
-from straw.rollout import EnvironmentMix, RolloutConfig, Status
 from straw.rollout import checkpoint as checkpoint_mod
-from straw.rollout import restore as restore_mod
-from straw.rollout.builder import Accepted, lazy_group
+from straw.rollout.builder import Accepted
 from straw.rollout.checkpoint_files import committed_steps, read_json, rollout_file
-from straw.rollout.data_source import PRODUCER_ID, PROMPT_PREFIX
-from straw.rollout.generation import GenerationClient
 from straw.rollout.resolve import Resolution, load_marker, resolve_checkpoint
-from straw.rollout.restore import RolloutJob, open_job
-
-ROOT = "/pool"
-RUN = "job"
-SAVE = "/save"
-PROMPTS = [(i, i + 1, i + 2) for i in range(64)]
-BATCH = 2  # groups per batch
-CONFIG = RolloutConfig(n_samples_per_prompt=2, lease_seconds=60, min_refill=4, max_refill=4)
 
 FULL_MODES: tuple[str, ...] = (
     "power/clear-cache/0", "power/torn-seq/0", "power/torn-op/0", "kill",
@@ -115,212 +124,12 @@ class Violation(Exception):
     """A checkpoint broke RL6, RL9 or old-or-new selection."""
 
 
-# --- the job --------------------------------------------------------------------------------
-
-def sim_store(sim: SimFS, clock: ManualClock, writer: str) -> SharedFilesystemStore:
-    return SharedFilesystemStore(ROOT, RUN, writer_id=writer, fs=sim, clock=clock,
-                                 reserve_bytes=16 * 1024, segment_target_bytes=1 << 20,
-                                 visibility_retries=2, visibility_backoff=0.0)
-
-
-def save_model(sim: SimFS) -> Callable[[str], dict[str, Any]]:
-    """The user's model save: it writes through SimFS WITHOUT syncing, so the
-    checkpoint's own fsyncs must make the model durable before the marker (RL9)."""
-    def save(model_dir: str) -> dict[str, Any]:
-        fd = sim.open(model_dir + "/weights.bin", write=True, create=True)
-        try:
-            sim.writev(fd, [b"w" * 3000], 0)
-        finally:
-            sim.close(fd)
-        return {"files": ["weights.bin"], "optimizer": True, "rng": True}
-    return save
-
-
-def start(sim: SimFS, clock: ManualClock, resolution: Resolution | None = None
-          ) -> tuple[SharedFilesystemStore, RolloutJob]:
-    """A job started from ``resolution`` (default: the automatic one)."""
-    r = resolution if resolution is not None else resolve_checkpoint(SAVE, fs=sim)
-    store = sim_store(sim, clock, "manager")
-    try:
-        job = open_job(r, store, PROMPTS, EnvironmentMix.single(BATCH), dp_size=1,
-                       config=CONFIG, fs=sim, clock=clock)
-    except BaseException:
-        with contextlib.suppress(Exception, SimulatedCrash):
-            store.close()
-        raise
-    return store, job
-
-
-def accept_two(sim: SimFS, clock: ManualClock, job: RolloutJob, tag: str) -> None:
-    """Two groups taken and completed by a generation worker (another writer), one at a
-    time and without a heartbeat thread: their commit order, and so every op of the run,
-    is the same in every run (a crash point names the same op in each)."""
-    gen = sim_store(sim, clock, f"gen-{tag}")
-    client = GenerationClient(job.controller, gen, worker_id=f"gen-{tag}", config=CONFIG,
-                              clock=clock, heartbeat=False)
-    for g in client.take(2):
-        client.return_groups([dataclasses.replace(g, samples=tuple(dataclasses.replace(
-            s, tokens=s.tokens + (7, 8 + (s.index or 0)), response_length=2,
-            status=Status.COMPLETED, reward=float((s.index or 0) % 3)) for s in g.samples))])
-    client.close()
-    gen.close()
-
-
-def run_prefix(sim: SimFS, clock: ManualClock) -> tuple[SharedFilesystemStore, RolloutJob]:
-    """A new run: two groups accepted, batch 0 trained, step 0 saved, two more accepted."""
-    store, job = start(sim, clock)
-    accept_two(sim, clock, job, "a")
-    refs = job.builder.next_batch(0)
-    assert refs is not None
-    job.builder.finish_batch(refs[0].batch_id)
-    job.save(0, save_model(sim))
-    accept_two(sim, clock, job, "b")
-    return store, job
-
-
-def close_job(store: SharedFilesystemStore, job: RolloutJob) -> None:
-    try:
-        job.close()
-    finally:
-        store.close()
-
-
-# --- deterministic schedules (the save's thread) ----------------------------------------------
-
-class _Future:
-    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
-        self.fn, self.args, self.done, self.value = fn, args, False, None
-
-    def result(self) -> Any:
-        if not self.done:
-            self.done = True
-            self.value = self.fn(*self.args)
-        return self.value
-
-
-def _serial_executor(eager: bool) -> type:
-    class Serial:
-        """A one-thread executor run in the caller's thread: ``eager`` at ``submit``,
-        else at ``result`` (the two extreme interleavings of the save's thread)."""
-
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            pass
-
-        def submit(self, fn: Callable[..., Any], *args: Any) -> _Future:
-            f = _Future(fn, args)
-            if eager:
-                f.result()
-            return f
-
-        def __enter__(self) -> Any:
-            return self
-
-        def __exit__(self, *exc: object) -> None:
-            return None
-    return Serial
-
-
-@contextlib.contextmanager
-def schedule(name: str) -> Iterator[None]:
-    """Run the checkpoint module's thread pool serially (``eager`` or ``lazy``)."""
-    fake = types.SimpleNamespace(futures=types.SimpleNamespace(
-        ThreadPoolExecutor=_serial_executor(name == "eager")))
-    saved = checkpoint_mod.concurrent  # type: ignore[attr-defined]
-    checkpoint_mod.concurrent = fake  # type: ignore[attr-defined,assignment]
-    try:
-        yield
-    finally:
-        checkpoint_mod.concurrent = saved  # type: ignore[attr-defined]
-
-
-# --- what a started job holds -----------------------------------------------------------------
-
-def payload(store: SharedFilesystemStore, ref: RecordSetRef) -> str:
-    """The digest of what ``ref``'s records hold, read back (not where they are: a
-    control that reorders writes moves them)."""
-    h = hashlib.sha256()
-    for r in store.read(ref):
-        h.update(json.dumps([r.record_id, r.codec, dict(r.metadata)], sort_keys=True).encode())
-        h.update(bytes(r.payload))
-    return h.hexdigest()
-
-
-def content(store: SharedFilesystemStore, job: RolloutJob) -> dict[str, Any]:
-    """The started job's queue content, independent of ids the start chose (its nonce):
-    the backlog in selection order with each group's payload read back, the mix state,
-    the pending prompt tasks and the dataset cursor."""
-    st = job.builder.state()
-    backlog = []
-    for e in st["backlog"]:
-        a = Accepted.from_dict(e)
-        g = lazy_group(store, a.ref)
-        backlog.append([a.commit_id, a.environment, a.key, list(a.tokens),
-                        [[list(s.tokens), s.reward, s.group_index, s.index]
-                         for s in g.samples]])
-    coord = job.controller.coordinator
-    tasks = sorted([t.task_id, None if t.input_ref is None else payload(store, t.input_ref)]
-                   for t in coord.pending_tasks(task_prefix=PROMPT_PREFIX))
-    return {"backlog": backlog, "mix": st["mix"], "tasks": tasks,
-            "producer": coord.producer_state(PRODUCER_ID)}
-
-
-def without_ids(c: dict[str, Any]) -> dict[str, Any]:
-    """``c`` without the commit ids of its groups (a rerun of a whole job draws new ones;
-    the group's payload still says which prompt and samples it holds)."""
-    return {**c, "backlog": [e[1:] for e in c["backlog"]]}
-
-
-def started_content(sim: SimFS, resolution: Resolution | None = None) -> dict[str, Any]:
-    """Start a job (automatic resolution unless given), take its content, close it."""
-    clock = ManualClock()
-    store, job = start(sim, clock, resolution)
-    try:
-        return content(store, job)
-    finally:
-        close_job(store, job)
-
-
 def _diff(got: Any, want: Any) -> str:
     for k in sorted(set(got) | set(want)):
         if got.get(k) != want.get(k):
             return (f"{k}: got {json.dumps(got.get(k))[:300]}, expected "
                     f"{json.dumps(want.get(k))[:300]}")
     return "equal"
-
-
-def source_queue(sim: SimFS) -> dict[str, str]:
-    """The source run's queue (the one ``SAVE``'s step 0 names)."""
-    marker = read_json(sim, rollout_file(SAVE, "committed", 0), "marker")
-    return dict(marker["queue"])
-
-
-def source_view(sim: SimFS, queue: dict[str, str]) -> dict[str, Any]:
-    """The source queue's logical state, read by recovering it (a dead run's queue: what
-    its own restart would do; nothing of what the view holds changes)."""
-    store = sim_store(sim, ManualClock(), "checker")
-    try:
-        coord = Coordinator(store, queue_id=queue["queue_id"], namespace=queue["namespace"],
-                            recover=True, clock=ManualClock())
-        try:
-            commits = [[r.task_id, r.commit_id, r.position, r.result_ref.to_dict()]
-                       for r in checkpoint_mod.commits_between(coord, 0, None)]
-            tasks = sorted(t.task_id for t in coord.pending_tasks())
-            return {"commits": commits, "tasks": tasks,
-                    "producer": coord.producer_state(PRODUCER_ID),
-                    "checkpoints": sorted(coord.checkpoints)}
-        finally:
-            coord.close()
-    finally:
-        store.close()
-
-
-def source_files(sim: SimFS, queue: dict[str, str]) -> dict[str, bytes]:
-    """The files an exact restore must leave byte for byte: the source queue's and the
-    checkpoints' (markers, state files, models)."""
-    qdir = f"{ROOT}/runs/{RUN}/queues/{queue['namespace']}/{queue['queue_id']}/"
-    keep = (qdir, f"{SAVE}/iter_", f"{SAVE}/rollout/committed_",
-            f"{SAVE}/rollout/queue_state_", f"{SAVE}/rollout/builder_state_")
-    return {p: d for p, d in sim.files().items() if p.startswith(keep)}
 
 
 # --- RL9 -------------------------------------------------------------------------------------
@@ -620,134 +429,6 @@ def replay(key: str) -> str | None:
 
 
 # --- negative controls -------------------------------------------------------------------------
-
-def _unsynced_write_files(fs: Any, directory: str, files: Any) -> None:
-    """The state files renamed into place without any fsync (of theirs or of their
-    directory)."""
-    fs.makedirs_durable(directory)
-    for name, data in files.items():
-        tmp = os.path.join(directory, name + ".tmp")
-        fd = fs.open(tmp, write=True, create=True)
-        try:
-            fs.writev(fd, [data], 0)
-        finally:
-            fs.close(fd)
-        fs.rename(tmp, os.path.join(directory, name))
-
-
-_REAL_WRITE_FILES = checkpoint_mod.write_files
-
-
-@contextlib.contextmanager
-def states_unsynced() -> Iterator[None]:
-    """The queue and builder state files renamed into place unsynced: the marker can be
-    durable before its components (RL9 broken)."""
-    checkpoint_mod.write_files = _unsynced_write_files  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        checkpoint_mod.write_files = _REAL_WRITE_FILES  # type: ignore[assignment]
-
-
-class _NoSync:
-    """A ``Filesystem`` whose fsyncs do nothing (every other call goes through)."""
-
-    def __init__(self, fs: Any) -> None:
-        self._fs = fs
-
-    def fsync(self, fd: int) -> None:
-        pass
-
-    def fsync_dir(self, path: str) -> None:
-        pass
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._fs, name)
-
-
-@contextlib.contextmanager
-def model_unsynced() -> Iterator[None]:
-    """The model's files (and their directory) named in the marker without being made
-    durable first: the user's unsynced save can vanish under a marker (RL9 broken)."""
-    real = checkpoint_mod.Checkpointer._model_durable
-
-    def model_durable(self: Any, paths: Any, dirs: Any) -> Any:
-        fs, self.fs = self.fs, _NoSync(self.fs)
-        try:
-            return real(self, paths, dirs)
-        finally:
-            self.fs = fs
-
-    checkpoint_mod.Checkpointer._model_durable = model_durable  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        checkpoint_mod.Checkpointer._model_durable = real  # type: ignore[method-assign]
-
-
-@contextlib.contextmanager
-def retain_after_marker() -> Iterator[None]:
-    """The payloads retained only after the marker is written (RL7/RL9 broken: a crash
-    between them leaves a marker naming payloads nobody retains)."""
-    real_save = checkpoint_mod.Checkpointer.save
-    pending: list[tuple[Any, str, list[RecordSetRef]]] = []
-
-    def late_retain(self: Any, owner: str, refs: Sequence[RecordSetRef]) -> None:
-        pending.append((self, owner, list(refs)))
-
-    def save(self: Any, step: int, save_model: Any) -> Any:
-        real_retain = self.store.retain
-        self.store.retain = types.MethodType(late_retain, self.store)
-        try:
-            marker = real_save(self, step, save_model)
-        finally:
-            self.store.retain = real_retain
-        for _store, owner, refs in pending:
-            real_retain(owner, refs)
-        pending.clear()
-        return marker
-
-    checkpoint_mod.Checkpointer.save = save  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        checkpoint_mod.Checkpointer.save = real_save  # type: ignore[method-assign]
-
-
-@contextlib.contextmanager
-def seeded_before_builder() -> Iterator[None]:
-    """``seeded.json`` written as soon as the isolated queue is seeded, before the
-    builder's restored state is durable: a crash between them makes a restart recover a
-    branch whose builder never held the restored groups (they are lost)."""
-    real = restore_mod.seed_isolated_queue
-
-    def seed(store: Any, *, namespace: str, queue_id: str, **kwargs: Any) -> Any:
-        out = real(store, namespace=namespace, queue_id=queue_id, **kwargs)
-        branch = f"{SAVE}/branches/{queue_id}" if store.fs.exists(
-            f"{SAVE}/branches/{queue_id}") else SAVE
-        restore_mod.write_json(store.fs, f"{branch}/rollout/{restore_mod.SEEDED}", {
-            "version": restore_mod.VERSION,
-            "queue": {"namespace": namespace, "queue_id": queue_id}})
-        return out
-
-    restore_mod.seed_isolated_queue = seed  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        restore_mod.seed_isolated_queue = real  # type: ignore[assignment]
-
-
-CONTROLS: dict[str, tuple[Callable[[], contextlib.AbstractContextManager[None]],
-                          tuple[str, ...], str]] = {
-    "states_unsynced": (states_unsynced, ("save-eager",), "RL9: committed_"),
-    "model_unsynced": (model_unsynced, ("save-eager",), "RL9: committed_"),
-    "retain_after_marker": (retain_after_marker, ("save-lazy",), "does not retain"),
-    "seeded_before_builder": (seeded_before_builder, ("restore-salvage", "restore-exact"),
-                              "neither never started nor restored"),
-}
-"""name -> (the patch, the workloads that must catch it, what the check that must catch
-it says: a violation of another kind does not count)."""
-
 
 def run_control(name: str, modes: Sequence[str] = QUICK_MODES,
                 max_points: int | None = None,

@@ -30,8 +30,8 @@ Frame controls (caught by the frame campaign):
 * ``short-frame-is-corrupt`` -- ``decode_frame`` reports an incomplete frame as corrupt.
 * ``scan-never-corrupt`` -- ``scan_frames`` treats every damaged frame as a torn tail.
 * ``torn-tail-is-corruption`` also breaks the frame campaign's file-level prefix check.
-* ``journal-no-confirm`` -- the queue journal writes no confirm records (as before issue
-  11): a flipped byte in its last, acknowledged transaction looks like a torn tail (D6).
+* ``journal-no-confirm`` -- the queue journal writes no confirm records: a
+  flipped byte in its last, acknowledged transaction looks like a torn tail (D6).
   The journal and coordinator campaigns catch it too (their ``kill+damage`` modes), with
   the journal's other damaged-tail controls (``fault_injection.journal_campaign``).
 
@@ -58,8 +58,11 @@ from straw.catalog_state import LEGACY_RUN, CatalogState
 from straw.errors import CorruptData
 from straw.pool import pack, recovery, writer
 
+NO_SYNC = frozenset({"fsync", "fsync_dir"})
+"""What ``SkipOps`` skips for a filesystem whose fsyncs do nothing."""
 
-class _SkipOps:
+
+class SkipOps:
     """A ``Filesystem`` stand-in that silently skips some operations (``fsync_dir`` ...)."""
 
     def __init__(self, fs: Any, skip: frozenset[str]) -> None:
@@ -87,7 +90,7 @@ def _reply_before_fsync() -> contextlib.AbstractContextManager[None]:
 
     def append_group(self: pack.PackWriter, extents: Any) -> None:
         real = self.fs
-        self.fs = _SkipOps(real, frozenset({"fdatasync"}))  # type: ignore[assignment]
+        self.fs = SkipOps(real, frozenset({"fdatasync"}))  # type: ignore[assignment]
         try:
             orig(self, extents)
         finally:
@@ -100,7 +103,7 @@ def _no_dir_fsync_new_pack() -> contextlib.AbstractContextManager[None]:
     orig = pack.PackWriter.__init__
 
     def init(self: pack.PackWriter, fs: Any, *args: Any, **kwargs: Any) -> None:
-        orig(self, _SkipOps(fs, frozenset({"fsync_dir"})), *args, **kwargs)  # type: ignore[arg-type]
+        orig(self, SkipOps(fs, frozenset({"fsync_dir"})), *args, **kwargs)  # type: ignore[arg-type]
         self.fs = fs
 
     return _patched(pack.PackWriter, "__init__", init)
@@ -138,7 +141,7 @@ def _recovery_trusts_unsynced() -> contextlib.AbstractContextManager[None]:
     orig = recovery._pack_entries
 
     def pack_entries(fs: Any, root: str, rel: str) -> Any:
-        return orig(_SkipOps(fs, frozenset({"fsync"})), root, rel)
+        return orig(SkipOps(fs, frozenset({"fsync"})), root, rel)
 
     return _patched(recovery, "_pack_entries", pack_entries)
 

@@ -20,6 +20,9 @@ the whole-job scenario ``job`` (``fault_injection.job_fuzz``: one checkpointed r
 SIGKILLed and resumed through ``resolve_checkpoint`` + ``open_job``; ``--job-seconds``
 split between the filesystems) or ``all`` (the default).  ``--juicefs no`` skips JuiceFS
 for all.
+
+Each scenario is one row of ``SCENARIOS`` (its name, how to start it on one filesystem,
+how to read its summary back); adding a scenario is adding a row and its options.
 """
 
 from __future__ import annotations
@@ -31,7 +34,9 @@ import random
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from fault_injection.job_fuzz import JobSummary
 from fault_injection.queue_fuzz import QueueSummary
@@ -55,7 +60,115 @@ def _juicefs(base: str) -> Iterator[tuple[str, str] | str]:
         yield str(e)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+Clients = tuple[str, str]
+"""Two clients (mount points) of one JuiceFS volume."""
+
+
+@dataclass(frozen=True)
+class Fuzz:
+    """What every scenario of one invocation shares: the options, the work directory and
+    the seed."""
+
+    args: argparse.Namespace
+    base: str
+    seed: int
+
+    def control(self, controls: Collection[str]) -> str | None:
+        """``--control`` when it names one of ``controls``, else None."""
+        return self.args.control if self.args.control in controls else None
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One ``--scenario``: a row of ``SCENARIOS``.
+
+    ``start`` runs it once on one filesystem (``target`` "local" with no clients, or
+    "juicefs" with the two clients) for the seconds given and returns its summary, whose
+    ``line()`` is printed as it ends; ``violations`` and ``tally`` read a summary back for
+    the verdict and the closing summary line.  ``seconds`` is the name of the option
+    holding its total duration, split between the filesystems (None: ``--seconds`` on
+    each); ``juicefs`` says whether the options let it run on JuiceFS too."""
+
+    name: str
+    start: Callable[[Fuzz, str, Clients | None, float], Any]
+    violations: Callable[[Any], list[str]]
+    tally: Callable[[Any], str]
+    seconds: str | None = None
+    juicefs: Callable[[argparse.Namespace], bool] = lambda args: True
+
+    def total(self, args: argparse.Namespace) -> float:
+        own = getattr(args, self.seconds) if self.seconds else None
+        return own if own is not None else float(args.seconds)
+
+
+def _start_store(f: Fuzz, target: str, clients: Clients | None, seconds: float) -> Summary:
+    write, read = clients or (os.path.join(f.base, "local"),) * 2
+    prefixes = tuple(f"{s.name}-" for s in SCENARIOS if s.name != "store")
+    control = f.args.control if f.args.control and \
+        not f.args.control.startswith(prefixes) else None
+    return run_target(target, write, read, os.path.join(f.base, f"logs-{target}"),
+                      seconds=seconds, n_writers=f.args.writers, seed=f.seed, control=control)
+
+
+def _start_queue(f: Fuzz, target: str, clients: Clients | None,
+                 seconds: float) -> QueueSummary:
+    from fault_injection.queue_campaign import QUEUE_CONTROLS
+    from fault_injection.queue_fuzz import run_queue
+    return run_queue(os.path.join(f.base, f"queue-{target}"), seconds=seconds,
+                     n_workers=f.args.queue_workers, seed=f.seed, shared=clients, target=target,
+                     control=f.control(QUEUE_CONTROLS))
+
+
+def _start_runs(f: Fuzz, target: str, clients: Clients | None, seconds: float) -> RunsSummary:
+    from fault_injection.controls import RUNS_CONTROLS
+    from fault_injection.runs_fuzz import run_runs
+    return run_runs(os.path.join(f.base, f"runs-{target}"), seconds=seconds,
+                    n_writers=f.args.runs_writers, n_workers=f.args.runs_writers, seed=f.seed,
+                    shared=clients, target=target, control=f.control(RUNS_CONTROLS))
+
+
+def _start_rollout(f: Fuzz, target: str, clients: Clients | None,
+                   seconds: float) -> RolloutSummary:
+    from fault_injection.rollout_fuzz import CONTROLS, run_rollout
+    return run_rollout(os.path.join(f.base, f"rollout-{target}"), seconds=seconds, seed=f.seed,
+                       shared=clients, target=target, control=f.control(CONTROLS))
+
+
+def _start_job(f: Fuzz, target: str, clients: Clients | None, seconds: float) -> JobSummary:
+    from fault_injection.job_fuzz import CONTROLS, run_job
+    # one client: the save directory records absolute paths of its mount
+    return run_job(os.path.join(f.base, f"job-{target}"), seconds=seconds, seed=f.seed,
+                   mount=clients[0] if clients else None, target=target,
+                   control=f.control(CONTROLS))
+
+
+SCENARIOS: tuple[Scenario, ...] = (
+    Scenario("store", _start_store, lambda s: s.violations, lambda s: ""),
+    Scenario("queue", _start_queue, lambda q: q.violations,
+             lambda q: f", queue/{q.target}: {q.worker_kills + q.coordinator_kills} kills, "
+                       f"{q.worker_stops + q.coordinator_stops} stops, {q.takeovers} "
+                       f"takeovers, {q.receipts} receipts verified",
+             seconds="queue_seconds", juicefs=lambda args: args.queue_juicefs),
+    Scenario("runs", _start_runs, lambda r: r.all_violations(),
+             lambda r: f", runs/{r.target}: {sum(s.retained_verified for s in r.stores)} "
+                       f"retained submissions and {sum(q.receipts for q in r.queues)} "
+                       f"receipts verified in two runs",
+             seconds="runs_seconds"),
+    Scenario("rollout", _start_rollout, lambda r: r.violations,
+             lambda r: f", rollout/{r.target}: {sum(r.kills.values())} kills, {r.batches} "
+                       f"batches trained, {r.completed} accepted groups checked",
+             seconds="rollout_seconds"),
+    Scenario("job", _start_job, lambda j: j.violations,
+             lambda j: f", job/{j.target}: {j.kills} kills, {sum(j.starts.values())} starts, "
+                       f"{j.replayed} batches replayed, {j.accepted} accepted groups checked",
+             seconds="job_seconds"),
+)
+"""The scenarios, in the order they run on each filesystem and are summed up.  A
+``--control`` whose name starts with ``<scenario>-`` is that scenario's; any other is the
+store's."""
+
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m fault_injection.fuzz",
                                  description="straw fuzz harness: real processes, SIGKILL, "
                                              "SIGSTOP/SIGCONT, checked against ack logs")
@@ -77,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "rollout-restart-partial), or the job of the job scenario "
                          "(job_fuzz.CONTROLS, e.g. job-exact-resume); the run must then "
                          "report violations")
-    ap.add_argument("--scenario", choices=("store", "queue", "runs", "rollout", "job", "all"),
+    ap.add_argument("--scenario", choices=(*(s.name for s in SCENARIOS), "all"),
                     default="all",
                     help="store: writer/reader processes (per filesystem); queue: a "
                          "coordinator process and worker processes, killed, paused and taken "
@@ -107,153 +220,71 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--job-seconds", type=float, default=None,
                     help="total duration of the job scenario, split between the local "
                          "directory and JuiceFS when it runs (default: --seconds)")
-    args = ap.parse_args(argv)
+    return ap
 
+
+def _run(f: Fuzz, results: dict[str, list[Any]], notes: list[str]) -> int:
+    """Every chosen scenario on the local directory, then on JuiceFS where it runs; 1
+    when JuiceFS is required and missing."""
+    args = f.args
+    chosen = [s for s in SCENARIOS if args.scenario in (s.name, "all")]
+    on_juicefs = [s for s in chosen if args.juicefs != "no" and s.juicefs(args)]
+    mounting = _juicefs(f.base) if on_juicefs else contextlib.nullcontext("")
+    with mounting as mounts:
+        juicefs = [] if isinstance(mounts, str) else on_juicefs
+
+        def run_on(s: Scenario, target: str, clients: Clients | None) -> None:
+            # a total duration is split between the filesystems it runs on
+            seconds = s.total(args) / 2 if s.seconds and s in juicefs else s.total(args)
+            summary = s.start(f, target, clients, seconds)
+            results[s.name].append(summary)
+            print(summary.line(), flush=True)
+
+        for s in chosen:
+            run_on(s, "local", None)
+        if isinstance(mounts, str):
+            if on_juicefs:
+                notes.append(f"JuiceFS skipped: {(mounts.splitlines() or [''])[0]}")
+                if args.juicefs == "yes":
+                    print(notes[-1])
+                    return 1
+        else:
+            for s in juicefs:
+                run_on(s, "juicefs", mounts)
+    return 0
+
+
+def _summary(f: Fuzz, results: dict[str, list[Any]], bad: list[str]) -> str:
+    stores: list[Summary] = results["store"]
+    tallies = "".join(s.tally(x) for s in SCENARIOS for x in results[s.name])
+    return (f"fuzz summary: seed={f.seed}, {len(stores)} filesystem(s), "
+            f"{sum(s.kills for s in stores)} kills, {sum(s.stops for s in stores)} stops, "
+            f"{sum(s.restarts for s in stores)} restarts, "
+            f"{sum(s.publications for s in stores)} acknowledged publications verified"
+            f"{tallies}, {len(bad)} violations"
+            + (f"; files in {f.base}" if f.args.keep or f.args.dir else ""))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
     base = args.dir or tempfile.mkdtemp(prefix="straw-fuzz-")
     os.makedirs(base, exist_ok=True)
-    summaries: list[Summary] = []
-    queue_summaries: list[QueueSummary] = []
+    f = Fuzz(args, base, seed)
+    results: dict[str, list[Any]] = {s.name: [] for s in SCENARIOS}
     notes: list[str] = []
-    store_part = args.scenario in ("store", "all")
-    store_control = args.control if args.control and not args.control.startswith(
-        ("queue-", "runs-", "rollout-", "job-")) else None
-    queue_part = args.scenario in ("queue", "all")
-    queue_total = args.queue_seconds if args.queue_seconds is not None else args.seconds
-    runs_part = args.scenario in ("runs", "all")
-    runs_total = args.runs_seconds if args.runs_seconds is not None else args.seconds
-    runs_summaries: list[RunsSummary] = []
-    rollout_part = args.scenario in ("rollout", "all")
-    rollout_total = args.rollout_seconds if args.rollout_seconds is not None else args.seconds
-    rollout_summaries: list[RolloutSummary] = []
-    job_part = args.scenario in ("job", "all")
-    job_total = args.job_seconds if args.job_seconds is not None else args.seconds
-    job_summaries: list[JobSummary] = []
-
-    def run_queue_on(target: str, shared: tuple[str, str] | None, seconds: float) -> None:
-        from fault_injection.queue_campaign import QUEUE_CONTROLS
-        from fault_injection.queue_fuzz import run_queue
-        qs = run_queue(os.path.join(base, f"queue-{target}"), seconds=seconds,
-                       n_workers=args.queue_workers, seed=seed, shared=shared, target=target,
-                       control=args.control if args.control in QUEUE_CONTROLS else None)
-        queue_summaries.append(qs)
-        print(qs.line(), flush=True)
-
-    def run_runs_on(target: str, shared: tuple[str, str] | None, seconds: float) -> None:
-        from fault_injection.controls import RUNS_CONTROLS
-        from fault_injection.runs_fuzz import run_runs
-        rs = run_runs(os.path.join(base, f"runs-{target}"), seconds=seconds,
-                      n_writers=args.runs_writers, n_workers=args.runs_writers, seed=seed,
-                      shared=shared, target=target,
-                      control=args.control if args.control in RUNS_CONTROLS else None)
-        runs_summaries.append(rs)
-        print(rs.line(), flush=True)
-
-    def run_rollout_on(target: str, shared: tuple[str, str] | None, seconds: float) -> None:
-        from fault_injection.rollout_fuzz import CONTROLS, run_rollout
-        rs = run_rollout(os.path.join(base, f"rollout-{target}"), seconds=seconds, seed=seed,
-                         shared=shared, target=target,
-                         control=args.control if args.control in CONTROLS else None)
-        rollout_summaries.append(rs)
-        print(rs.line(), flush=True)
-
-    def run_job_on(target: str, mount: str | None, seconds: float) -> None:
-        from fault_injection.job_fuzz import CONTROLS, run_job
-        js = run_job(os.path.join(base, f"job-{target}"), seconds=seconds, seed=seed,
-                     mount=mount, target=target,
-                     control=args.control if args.control in CONTROLS else None)
-        job_summaries.append(js)
-        print(js.line(), flush=True)
-
     try:
-        store_jfs = store_part and args.juicefs != "no"
-        queue_jfs = queue_part and args.queue_juicefs and args.juicefs != "no"
-        runs_jfs = runs_part and args.juicefs != "no"
-        rollout_jfs = rollout_part and args.juicefs != "no"
-        job_jfs = job_part and args.juicefs != "no"
-        want_jfs = store_jfs or queue_jfs or runs_jfs or rollout_jfs or job_jfs
-        mounting = _juicefs(base) if want_jfs else contextlib.nullcontext("")
-        with mounting as mounts:
-            # the queue and shared-root scenarios' time is split between the filesystems
-            queue_jfs = queue_jfs and not isinstance(mounts, str)
-            queue_seconds = queue_total / 2 if queue_jfs else queue_total
-            runs_jfs = runs_jfs and not isinstance(mounts, str)
-            runs_seconds = runs_total / 2 if runs_jfs else runs_total
-            rollout_jfs = rollout_jfs and not isinstance(mounts, str)
-            rollout_seconds = rollout_total / 2 if rollout_jfs else rollout_total
-            job_jfs = job_jfs and not isinstance(mounts, str)
-            job_seconds = job_total / 2 if job_jfs else job_total
-            if store_part:
-                local = os.path.join(base, "local")
-                summaries.append(run_target("local", local, local,
-                                            os.path.join(base, "logs-local"),
-                                            seconds=args.seconds, n_writers=args.writers,
-                                            seed=seed, control=store_control))
-                print(summaries[-1].line(), flush=True)
-            if queue_part:
-                run_queue_on("local", None, queue_seconds)
-            if runs_part:
-                run_runs_on("local", None, runs_seconds)
-            if rollout_part:
-                run_rollout_on("local", None, rollout_seconds)
-            if job_part:
-                run_job_on("local", None, job_seconds)
-            if isinstance(mounts, str):
-                if want_jfs:
-                    notes.append(f"JuiceFS skipped: {(mounts.splitlines() or [''])[0]}")
-                    if args.juicefs == "yes":
-                        print(notes[-1])
-                        return 1
-            else:
-                a, b = mounts
-                if store_jfs:
-                    s = run_target("juicefs", a, b, os.path.join(base, "logs-juicefs"),
-                                   seconds=args.seconds, n_writers=args.writers, seed=seed,
-                                   control=store_control)
-                    summaries.append(s)
-                    print(s.line(), flush=True)
-                if queue_jfs:
-                    run_queue_on("juicefs", (a, b), queue_seconds)
-                if runs_jfs:
-                    run_runs_on("juicefs", (a, b), runs_seconds)
-                if rollout_jfs:
-                    run_rollout_on("juicefs", (a, b), rollout_seconds)
-                if job_jfs:
-                    # one client: the save directory records absolute paths of its mount
-                    run_job_on("juicefs", a, job_seconds)
+        if _run(f, results, notes):
+            return 1
     finally:
         if not args.keep and args.dir is None:
             shutil.rmtree(base, ignore_errors=True)
     for n in notes:
         print(n)
-    bad = [v for s in summaries for v in s.violations]
-    bad += [v for q in queue_summaries for v in q.violations]
-    bad += [v for r in runs_summaries for v in r.all_violations()]
-    bad += [v for r in rollout_summaries for v in r.violations]
-    bad += [v for j in job_summaries for v in j.violations]
+    bad = [v for s in SCENARIOS for x in results[s.name] for v in s.violations(x)]
     for v in bad[:20]:
         print("VIOLATION " + v)
-    queue_text = "".join(
-        f", queue/{q.target}: {q.worker_kills + q.coordinator_kills} kills, "
-        f"{q.worker_stops + q.coordinator_stops} stops, {q.takeovers} takeovers, "
-        f"{q.receipts} receipts verified" for q in queue_summaries)
-    queue_text += "".join(
-        f", runs/{r.target}: {sum(s.retained_verified for s in r.stores)} retained "
-        f"submissions and {sum(q.receipts for q in r.queues)} receipts verified in two runs"
-        for r in runs_summaries)
-    queue_text += "".join(
-        f", rollout/{r.target}: {sum(r.kills.values())} kills, {r.batches} batches trained, "
-        f"{r.completed} accepted groups checked" for r in rollout_summaries)
-    queue_text += "".join(
-        f", job/{j.target}: {j.kills} kills, {sum(j.starts.values())} starts, "
-        f"{j.replayed} batches replayed, {j.accepted} accepted groups checked"
-        for j in job_summaries)
-    print(f"fuzz summary: seed={seed}, {len(summaries)} filesystem(s), "
-          f"{sum(s.kills for s in summaries)} kills, {sum(s.stops for s in summaries)} stops, "
-          f"{sum(s.restarts for s in summaries)} restarts, "
-          f"{sum(s.publications for s in summaries)} acknowledged publications verified"
-          f"{queue_text}, {len(bad)} violations"
-          + (f"; files in {base}" if args.keep or args.dir else ""))
+    print(_summary(f, results, bad))
     return 1 if bad else 0
 
 

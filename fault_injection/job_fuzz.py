@@ -1,5 +1,5 @@
 """``just fuzz --scenario job``: a whole checkpointed rollout job under SIGKILL, resumed
-from its joint checkpoints (issue 15, item 6).
+from its joint checkpoints.
 
 Role: verification layer 7 of DESIGN.md for ``straw.rollout`` checkpoints (RL6, RL8).
 
@@ -55,8 +55,7 @@ from typing import Any
 
 import numpy as np
 
-from fault_injection.procs import REPO, Proc, stop_all
-from fault_injection.rollout_fuzz import _AckLog, _read_log
+from fault_injection.procs import REPO, AckLines, Proc, read_ack_lines, stop_all
 from straw import SharedFilesystemStore
 
 RUN = "job-fuzz"
@@ -129,7 +128,7 @@ def _backlog(job: Any, store: Any) -> tuple[list[str], list[str]]:
     return tasks, bad
 
 
-def _generate(client: Any, log: _AckLog, r: random.Random) -> None:
+def _generate(client: Any, log: AckLines, r: random.Random) -> None:
     """One generator call: lease one to three groups, complete each (deterministic
     tokens).  An odd count now and then: a batch of two leaves a group in the backlog."""
     from straw.rollout import Status
@@ -156,7 +155,7 @@ def job_main(root: str, save: str, logdir: str, gen: int, seed: int, control: st
     from straw.rollout.restore import open_job
     signal.signal(signal.SIGTERM, _stop)
     r = random.Random(f"{seed}:job:{gen}")
-    log = _AckLog(os.path.join(logdir, LOG))
+    log = AckLines(os.path.join(logdir, LOG))
     store = SharedFilesystemStore(root, RUN, writer_id=f"job-{gen}")
     gen_store = SharedFilesystemStore(root, RUN, writer_id=f"job-{gen}-gen")
     resolution = resolve_checkpoint(save)
@@ -171,7 +170,7 @@ def job_main(root: str, save: str, logdir: str, gen: int, seed: int, control: st
     rollout = job.next_rollout_id
     if control == "job-trainer-skips-replay":
         # the planted bug: go on after the last batch this job ever trained
-        trained = [e["rollout"] for e in _read_log(os.path.join(logdir, LOG))
+        trained = [e["rollout"] for e in read_ack_lines(os.path.join(logdir, LOG))
                    if e["ev"] == "training"]
         rollout = max(trained, default=-1) + 1
     log.write(ev="start", gen=gen, mode=resolution.mode, step=resolution.step,
@@ -232,7 +231,7 @@ def _argv(role: str, *args: str) -> list[str]:
 
 def _wait_for(path: str, ev: str, count: int, end: float) -> None:
     while time.monotonic() < end:
-        if sum(e["ev"] == ev for e in _read_log(path)) >= count:
+        if sum(e["ev"] == ev for e in read_ack_lines(path)) >= count:
             return
         time.sleep(0.05)
 
@@ -280,7 +279,7 @@ def run_job(base: str, *, seconds: float, seed: int = 0, mount: str | None = Non
             proc.p.wait()
             gen += 1
             proc.argv = argv("job")
-            starts = sum(e["ev"] == "start" for e in _read_log(logpath))
+            starts = sum(e["ev"] == "start" for e in read_ack_lines(logpath))
             proc.start()
     finally:
         out.violations += stop_all([proc])
@@ -300,7 +299,7 @@ def run_job(base: str, *, seconds: float, seed: int = 0, mount: str | None = Non
 
 def check(logpath: str, s: JobSummary) -> list[str]:
     out: list[str] = []
-    log = _read_log(logpath)
+    log = read_ack_lines(logpath)
     completed: dict[str, int] = {}  # task -> index of its logged completion
     taken: set[str] = set()
     digests: dict[int, str] = {}

@@ -1,7 +1,8 @@
 """The fuzz scenarios' process plumbing: child processes started with the repository on
 their path and their stderr kept (``Proc``), stopped or awaited with their exit status
 checked (``stop_all``, ``wait_all``), violations reported to a fsynced log a supervisor
-reads back (``report``, ``logged_violations``), and a child's view of its supervisor
+reads back (``report``, ``logged_violations``), acknowledgement logs of JSON lines
+(``AckLines``, ``read_ack_lines``), and a child's view of its supervisor
 (``orphaned``) and of a predecessor's lock (``until_unlocked``)."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from straw import UnsafeRecovery
 
@@ -20,6 +21,25 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 T = TypeVar("T")
 VIOLATIONS = "violations.jsonl"
 _PARENT = os.getppid()
+
+
+class AckLines:
+    """One process's acknowledgement log: JSON lines, each fsynced before it counts."""
+
+    def __init__(self, path: str) -> None:
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def write(self, **entry: Any) -> None:
+        os.write(self.fd, (json.dumps(entry, sort_keys=True) + "\n").encode())
+        os.fsync(self.fd)
+
+
+def read_ack_lines(path: str) -> list[dict[str, Any]]:
+    """The entries of an ``AckLines`` log that count (fully written)."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:  # a torn last line (killed mid-write) was never acknowledged
+        return [json.loads(line) for line in f if line.endswith("\n")]
 
 
 def report(logdir: str, who: str, message: str) -> None:

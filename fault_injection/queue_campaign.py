@@ -56,16 +56,16 @@ SimFS seeded from its key, so ``--replay KEY`` reproduces a violation.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import posixpath
 import random
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fault_injection.journal_campaign import DAMAGE_MODES, JOURNAL_CONTROLS, damage_journal
+from fault_injection.journal_campaign import DAMAGE_MODES, damage_journal
+from fault_injection.queue_controls import QUEUE_CONTROLS as QUEUE_CONTROLS
 from fault_injection.rules import SimulatedCrash
 from fault_injection.simfs import SimFS
 from fault_injection.sweep import (
@@ -79,13 +79,11 @@ from fault_injection.sweep import (
     sweep,
 )
 from straw import Record, RecordSetRef, SharedFilesystemStore
-from straw.catalog import Catalog
 from straw.clock import ManualClock
 from straw.coordinator import Coordinator
 from straw.errors import CorruptData, Fenced, IndeterminateCommit
 from straw.fs import Filesystem
 from straw.protocol import Lease, TaskSpec
-from straw.queue import history as history_mod
 
 ROOT = "/pool"
 RUN = "run"
@@ -509,99 +507,6 @@ def replay(key: str) -> str | None:
 
 
 # --- negative controls -------------------------------------------------------------------
-
-@contextlib.contextmanager
-def _no_fencing() -> Iterator[None]:
-    """The coordinator skips its fence check after each sync, and ignores the catalog's
-    refusal of an old epoch: a paused old coordinator acknowledges."""
-    fence, adopt = Coordinator._fence_check, Catalog.adopt
-
-    def adopt_anyway(self: Catalog, *a: Any, **k: Any) -> bool:
-        adopt(self, *a, **k)
-        return True
-
-    Coordinator._fence_check = lambda self: None  # type: ignore[method-assign]
-    Catalog.adopt = adopt_anyway  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        Coordinator._fence_check = fence  # type: ignore[method-assign]
-        Catalog.adopt = adopt  # type: ignore[method-assign]
-
-
-@contextlib.contextmanager
-def _reply_before_durable() -> Iterator[None]:
-    """The coordinator replies without waiting for its journal group to be durable."""
-    orig = Coordinator._wait
-
-    def wait(self: Coordinator, seq: int, adopted: Any = ()) -> None:
-        j = self.journal
-        j.wait = lambda seq: seq  # type: ignore[method-assign, assignment]
-        try:
-            orig(self, seq, adopted)
-        finally:
-            del j.wait
-
-    Coordinator._wait = wait  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        Coordinator._wait = orig  # type: ignore[method-assign]
-
-
-@contextlib.contextmanager
-def _no_started_mark() -> Iterator[None]:
-    """The coordinator never marks its epoch started: a journal that lost every segment
-    of the newest epoch recovers the older epoch's state."""
-    orig = Coordinator._mark_started
-    Coordinator._mark_started = lambda self: None  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        Coordinator._mark_started = orig  # type: ignore[method-assign]
-
-
-class _NoSync:
-    """A filesystem whose fsyncs do nothing (for ``_history_not_durable``)."""
-
-    def __init__(self, fs: Filesystem) -> None:
-        self._fs = fs
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._fs, name)
-
-    def fsync(self, fd: int) -> None:
-        pass
-
-    def fsync_dir(self, path: str) -> None:
-        pass
-
-
-@contextlib.contextmanager
-def _history_not_durable() -> Iterator[None]:
-    """History segments are written without fsync (spec H1 broken: the journal snapshot
-    names a segment that a power loss may take away)."""
-    orig = history_mod.write_segment
-
-    def write(fs: Filesystem, *a: Any, **k: Any) -> Any:
-        return orig(_NoSync(fs), *a, **k)  # type: ignore[arg-type]
-
-    history_mod.write_segment = write  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        history_mod.write_segment = orig
-
-
-QUEUE_CONTROLS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
-    "queue-no-fencing": _no_fencing,
-    "queue-reply-before-durable": _reply_before_durable,
-    "queue-no-started-mark": _no_started_mark,
-    "queue-journal-no-confirm": JOURNAL_CONTROLS["journal-no-confirm"],
-    "queue-history-not-durable": _history_not_durable,
-}
-"""Deliberately broken coordinators: each must make the campaign report a violation."""
-
 
 def run_queue_controls(modes: Sequence[str] = QUICK_MODES, *,
                        max_points: int | None = None,

@@ -51,7 +51,6 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from multiprocessing.connection import Client, Connection, Listener
 from typing import Any
 
@@ -63,23 +62,21 @@ from fault_injection.procs import (
     stop_all,
     until_unlocked,
 )
-from straw import Record, RecordSetRef, SharedFilesystemStore
+from fault_injection.queue_check import LEASE_SECONDS as LEASE_SECONDS
+from fault_injection.queue_check import QUEUE as QUEUE
+from fault_injection.queue_check import RUN as RUN
+from fault_injection.queue_check import QueueSummary as QueueSummary
+from fault_injection.queue_check import check_queue as check_queue
+from fault_injection.queue_check import open_coordinator, payload
+from straw import Record, SharedFilesystemStore
 from straw.coordinator import Coordinator
 from straw.fs import PosixFS
 from straw.protocol import Lease, TaskSpec
 from straw.publication_log import AckLog
 
-RUN = "qfuzz"
-QUEUE = "fuzzq"
-LEASE_SECONDS = 2.0
 REFUSALS = {"IndeterminateCommit", "Fenced"}
 EXPECTED = REFUSALS | {"StaleAttempt", "LeaseExpired"}
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def payload(sid: str) -> bytes:
-    r = random.Random(sid)
-    return f"result {sid}|".encode() + r.randbytes(r.choice((0, 64, 256, 3000)))
 
 
 def _open_store(root: str, writer_id: str, run: str = RUN) -> SharedFilesystemStore:
@@ -87,13 +84,6 @@ def _open_store(root: str, writer_id: str, run: str = RUN) -> SharedFilesystemSt
                                   segment_target_bytes=8 << 20)
     until_unlocked(lambda: store.lookup_submission("-"))  # takes the writer lock
     return store
-
-
-def _open_coordinator(store: SharedFilesystemStore, *, recover: bool,
-                      takeover: bool = False) -> Coordinator:
-    return until_unlocked(lambda: Coordinator(
-        store, queue_id=QUEUE, recover=recover, takeover=takeover,
-        lease_seconds=LEASE_SECONDS, snapshot_every=64))
 
 
 # --- the coordinator process -----------------------------------------------------------------
@@ -143,7 +133,7 @@ def _serve(q: Coordinator, conn: Connection) -> None:
 def coordinator_main(root: str, logdir: str, gen: int, takeover: bool,
                      control: str | None = None, run: str = RUN) -> int:
     if control:  # a negative control: a deliberately broken coordinator
-        from fault_injection.queue_campaign import QUEUE_CONTROLS
+        from fault_injection.queue_controls import QUEUE_CONTROLS
         with QUEUE_CONTROLS[control]():
             return _coordinator(root, logdir, gen, takeover, run)
     return _coordinator(root, logdir, gen, takeover, run)
@@ -154,7 +144,7 @@ def _coordinator(root: str, logdir: str, gen: int, takeover: bool, run: str = RU
     store = SharedFilesystemStore(root, run, writer_id=f"coord{gen}")
     q = None
     try:
-        q = _open_coordinator(store, recover=gen > 0, takeover=takeover)
+        q = open_coordinator(store, recover=gen > 0, takeover=takeover)
         # an abstract Unix socket (Linux): no path length limit, nothing left behind
         address = f"\0straw-queue-fuzz-{os.getpid()}-{gen}"
         listener = Listener(address, family="AF_UNIX")
@@ -350,38 +340,6 @@ def _complete(c: _Conn, log: AckLog, logdir: str, worker_id: str,
 
 # --- the supervisor and the checker ----------------------------------------------------------
 
-@dataclass
-class QueueSummary:
-    seed: int
-    seconds: float
-    workers: int
-    target: str = "local"
-    worker_kills: int = 0
-    worker_stops: int = 0
-    coordinator_kills: int = 0
-    coordinator_stops: int = 0
-    takeovers: int = 0
-    slow_takeovers: int = 0
-    refusals: int = 0
-    submits: int = 0
-    receipts: int = 0
-    commits: int = 0
-    final_epoch: int = 0
-    violations: list[str] = field(default_factory=list)
-
-    def line(self) -> str:
-        return (f"fuzz [queue/{self.target}] seed={self.seed} {self.seconds:.0f}s, "
-                f"{self.workers} workers: "
-                f"{self.worker_kills} worker kills, {self.worker_stops} worker stops, "
-                f"{self.coordinator_kills} coordinator kills (recovered), "
-                f"{self.coordinator_stops} coordinator stops, {self.takeovers} takeovers "
-                f"({self.slow_takeovers} waited for the paused holder), "
-                f"{self.refusals} refused replies (fenced/indeterminate); {self.receipts} "
-                f"acknowledged receipts verified, {self.commits} commits, "
-                f"{self.submits} submissions, final epoch {self.final_epoch}; "
-                f"{len(self.violations)} violations")
-
-
 def _argv(role: str, *args: str) -> list[str]:
     return [sys.executable, "-m", "fault_injection.queue_fuzz", "--role", role, *args]
 
@@ -396,6 +354,110 @@ def _wait_serving(logdir: str, gen: int, proc: Any, timeout: float) -> bool:
             return False
         time.sleep(0.02)
     return False
+
+
+class _Supervisor:
+    """The seeded supervisor of one run: it starts the coordinator incarnations (``gen``
+    0, 1, ...; alternating between the two roots) and SIGKILLs, pauses and takes over
+    them, and SIGKILLs and pauses the worker processes, counting it all in ``s``."""
+
+    def __init__(self, s: QueueSummary, rng: random.Random, logdir: str,
+                 roots: tuple[str, str], run: str, control: str | None) -> None:
+        self.s, self.rng, self.logdir, self.roots = s, rng, logdir, roots
+        self.run, self.control = run, control
+        self.gen = 0
+        self.workers: dict[str, Any] = {}
+        self.old_coords: list[Any] = []
+        self.coord = self.start_coord(0, False)
+
+    def start_coord(self, g: int, takeover: bool) -> Any:
+        return Proc(f"coord{g}", _argv("coordinator", "--root", self.roots[g % 2], "--logdir",
+                                        self.logdir, "--run", self.run,
+                                        "--gen", str(g),
+                                        *(("--takeover",) if takeover else ()),
+                                        *(("--control", self.control) if self.control else ())),
+                    self.logdir)
+
+    def unsettle(self, seconds: float, pace: float) -> None:
+        """Seeded actions for ``seconds``; a process that exited on its own is a
+        violation (and restarted)."""
+        s, rng, names = self.s, self.rng, list(self.workers)
+        t_end = time.monotonic() + seconds
+        while time.monotonic() < t_end:
+            time.sleep(rng.uniform(0.2, 0.7) * pace)
+            self._restart_exited()
+            action = rng.choices(["kill-worker", "stop-worker", "kill-coord", "takeover",
+                                  "none"], weights=[4, 2, 2, 2, 1])[0]
+            # even a short run kills and replaces the coordinator at least once each
+            left = t_end - time.monotonic()
+            if s.coordinator_kills == 0 and left < seconds * 2 / 3:
+                action = "kill-coord"
+            elif s.takeovers == 0 and left < seconds / 3:
+                action = "takeover"
+            w = self.workers[rng.choice(names)]
+            if action == "kill-worker":
+                os.kill(w.pid, signal.SIGKILL)
+                w.p.wait()
+                s.worker_kills += 1
+                w.start()
+            elif action == "stop-worker":
+                os.kill(w.pid, signal.SIGSTOP)
+                time.sleep(rng.uniform(0.05, 1.5))
+                os.kill(w.pid, signal.SIGCONT)
+                s.worker_stops += 1
+            elif action == "kill-coord":
+                self._kill_coord()
+            elif action == "takeover":
+                self._takeover()
+
+    def _restart_exited(self) -> None:
+        s = self.s
+        for proc in self.workers.values():
+            rc = proc.p.poll()
+            if rc is not None:
+                s.violations.append(f"{proc.name} exited on its own (rc={rc}):\n"
+                                    f"{proc.tail()}")
+                proc.start()
+        rc = self.coord.p.poll()
+        if rc is not None:
+            s.violations.append(f"{self.coord.name} exited on its own (rc={rc}):\n"
+                                f"{self.coord.tail()}")
+            self.gen += 1
+            self.coord = self.start_coord(self.gen, False)
+            _wait_serving(self.logdir, self.gen, self.coord, 60)
+
+    def _kill_coord(self) -> None:
+        os.kill(self.coord.pid, signal.SIGKILL)
+        self.coord.p.wait()
+        self.s.coordinator_kills += 1
+        self.gen += 1
+        self.coord = self.start_coord(self.gen, False)
+        if not _wait_serving(self.logdir, self.gen, self.coord, 60):
+            self.s.violations.append(f"coordinator {self.gen} did not recover:\n"
+                                     f"{self.coord.tail()}")
+
+    def _takeover(self) -> None:
+        s, rng, gen = self.s, self.rng, self.gen + 1
+        old = self.coord
+        time.sleep(rng.uniform(0.0, 0.05))
+        os.kill(old.pid, signal.SIGSTOP)
+        s.coordinator_stops += 1
+        self.gen = gen
+        self.coord = coord = self.start_coord(gen, True)
+        # the paused holder may hold the pool's catalog lock: then the takeover waits
+        # for it (a liveness matter, counted), so resume it after a while
+        if not _wait_serving(self.logdir, gen, coord, 5):
+            s.slow_takeovers += 1
+            os.kill(old.pid, signal.SIGCONT)
+            if not _wait_serving(self.logdir, gen, coord, 60):
+                s.violations.append(f"takeover {gen} did not start:\n{coord.tail()}")
+        time.sleep(rng.uniform(0.0, 0.3))
+        os.kill(old.pid, signal.SIGCONT)  # it resumes: it must acknowledge nothing
+        s.takeovers += 1
+        time.sleep(rng.uniform(0.2, 1.0))
+        os.kill(old.pid, signal.SIGKILL)
+        old.p.wait()
+        self.old_coords.append(old)
 
 
 def run_queue(base: str, *, seconds: float, n_workers: int, seed: int,
@@ -421,183 +483,23 @@ def run_queue(base: str, *, seconds: float, n_workers: int, seed: int,
     os.makedirs(acks, exist_ok=True)
     os.makedirs(logdir, exist_ok=True)
     s = QueueSummary(seed, seconds, n_workers, target)
-    rng = random.Random(seed)
-    gen = 0
-
-    def start_coord(g: int, takeover: bool) -> Any:
-        return Proc(f"coord{g}", _argv("coordinator", "--root", roots[g % 2], "--logdir",
-                                        logdir, "--run", run,
-                                        "--gen", str(g),
-                                        *(("--takeover",) if takeover else ()),
-                                        *(("--control", control) if control else ())), logdir)
-
-    coord = start_coord(0, False)
-    if not _wait_serving(logdir, 0, coord, 60):
-        s.violations.append(f"the first coordinator did not start:\n{coord.tail()}")
+    sup = _Supervisor(s, random.Random(seed), logdir, roots, run, control)
+    if not _wait_serving(logdir, 0, sup.coord, 60):
+        s.violations.append(f"the first coordinator did not start:\n{sup.coord.tail()}")
     names = [f"qw{i}" for i in range(n_workers)]
-    workers: dict[str, Any] = {
+    sup.workers = {
         w: Proc(w, _argv("worker", "--root", root, "--acks", acks, "--logdir", logdir,
                           "--worker-id", w, "--seed", str(seed), "--run", run), logdir)
         for w in names}
-    old_coords: list[Any] = []
-    t_end = time.monotonic() + seconds
     try:
-        while time.monotonic() < t_end:
-            time.sleep(rng.uniform(0.2, 0.7) * pace)
-            for proc in workers.values():
-                rc = proc.p.poll()
-                if rc is not None:
-                    s.violations.append(f"{proc.name} exited on its own (rc={rc}):\n"
-                                        f"{proc.tail()}")
-                    proc.start()
-            rc = coord.p.poll()
-            if rc is not None:
-                s.violations.append(f"{coord.name} exited on its own (rc={rc}):\n"
-                                    f"{coord.tail()}")
-                gen += 1
-                coord = start_coord(gen, False)
-                _wait_serving(logdir, gen, coord, 60)
-            action = rng.choices(["kill-worker", "stop-worker", "kill-coord", "takeover",
-                                  "none"], weights=[4, 2, 2, 2, 1])[0]
-            # even a short run kills and replaces the coordinator at least once each
-            left = t_end - time.monotonic()
-            if s.coordinator_kills == 0 and left < seconds * 2 / 3:
-                action = "kill-coord"
-            elif s.takeovers == 0 and left < seconds / 3:
-                action = "takeover"
-            w = workers[rng.choice(names)]
-            if action == "kill-worker":
-                os.kill(w.pid, signal.SIGKILL)
-                w.p.wait()
-                s.worker_kills += 1
-                w.start()
-            elif action == "stop-worker":
-                os.kill(w.pid, signal.SIGSTOP)
-                time.sleep(rng.uniform(0.05, 1.5))
-                os.kill(w.pid, signal.SIGCONT)
-                s.worker_stops += 1
-            elif action == "kill-coord":
-                os.kill(coord.pid, signal.SIGKILL)
-                coord.p.wait()
-                s.coordinator_kills += 1
-                gen += 1
-                coord = start_coord(gen, False)
-                if not _wait_serving(logdir, gen, coord, 60):
-                    s.violations.append(f"coordinator {gen} did not recover:\n{coord.tail()}")
-            elif action == "takeover":
-                old = coord
-                time.sleep(rng.uniform(0.0, 0.05))
-                os.kill(old.pid, signal.SIGSTOP)
-                s.coordinator_stops += 1
-                gen += 1
-                coord = start_coord(gen, True)
-                # the paused holder may hold the pool's catalog lock: then the takeover waits
-                # for it (a liveness matter, counted), so resume it after a while
-                if not _wait_serving(logdir, gen, coord, 5):
-                    s.slow_takeovers += 1
-                    os.kill(old.pid, signal.SIGCONT)
-                    if not _wait_serving(logdir, gen, coord, 60):
-                        s.violations.append(f"takeover {gen} did not start:\n{coord.tail()}")
-                time.sleep(rng.uniform(0.0, 0.3))
-                os.kill(old.pid, signal.SIGCONT)  # it resumes: it must acknowledge nothing
-                s.takeovers += 1
-                time.sleep(rng.uniform(0.2, 1.0))
-                os.kill(old.pid, signal.SIGKILL)
-                old.p.wait()
-                old_coords.append(old)
+        sup.unsettle(seconds, pace)
     finally:
-        s.violations += stop_all([*workers.values(), coord])
+        s.violations += stop_all([*sup.workers.values(), sup.coord])
     s.violations += logged_violations(logdir)
     if before_check is not None:
         before_check()
     check_queue(roots[1], acks, logdir, names, s, run=run)
     return s
-
-
-def _coordinators(logdir: str) -> list[dict[str, Any]]:
-    out = []
-    for p in glob.glob(os.path.join(logdir, "coord-*.json")):
-        with open(p) as f:
-            out.append(json.load(f))
-    return sorted(out, key=lambda i: i["gen"])
-
-
-def check_queue(root: str, acks: str, logdir: str, workers: Sequence[str],
-                s: QueueSummary, *, run: str = RUN) -> None:
-    """See the module docstring."""
-    entries = []
-    for w in workers:
-        entries += AckLog(PosixFS(), os.path.join(acks, f"q-{w}.log")).read()
-    receipts = [e for e in entries if e["kind"] == "receipt"]
-    submits = [e for e in entries if e["kind"] == "submit"]
-    s.refusals = sum(1 for e in entries if e["kind"] == "refused")
-    coords = _coordinators(logdir)
-    # no stale acknowledgement: a success of epoch E to a request sent after a newer epoch
-    # was serving
-    for e in receipts:
-        newer = [c for c in coords if c["epoch"] > e["epoch"] and c["t_serving"] < e["t_send"]]
-        if newer:
-            s.violations.append(
-                f"stale acknowledgement: {e['sid']} acknowledged by epoch {e['epoch']} for a "
-                f"request sent {e['t_send'] - newer[0]['t_serving']:.3f}s after epoch "
-                f"{newer[0]['epoch']} started serving")
-    by_pos: dict[int, str] = {}
-    for e in receipts:
-        other = by_pos.setdefault(e["position"], e["sid"])
-        if other != e["sid"]:
-            s.violations.append(f"position {e['position']} acknowledged to {other} and "
-                                f"{e['sid']}")
-    store = SharedFilesystemStore(root, run, writer_id="checker")
-    try:
-        q = _open_coordinator(store, recover=True)
-    except Exception as exc:
-        s.violations.append(f"checker: recovery raised {type(exc).__name__}: {exc}")
-        store.close()
-        return
-    try:
-        s.final_epoch = q.epoch_number
-        for e in receipts:
-            got = q.lookup_submission(e["sid"])
-            ref = RecordSetRef.from_dict(e["ref"])
-            want = (e["task"], e["position"], ref)
-            if got is None or (got.task_id, got.position, got.result_ref) != want:
-                s.violations.append(f"lost receipt {e['sid']} (position {e['position']}, "
-                                    f"epoch {e['epoch']}): lookup returned {got}")
-                continue
-            try:
-                recs = list(store.read(ref))
-                if len(recs) != 1 or bytes(recs[0].payload) != payload(e["sid"]):
-                    raise AssertionError("payload differs")
-            except Exception as exc:
-                s.violations.append(f"result of {e['sid']} does not read back: "
-                                    f"{type(exc).__name__}: {exc}")
-                continue
-            s.receipts += 1
-        seen: dict[str, int] = {}
-        cursor = 0
-        while True:
-            page = q.read_commits(cursor, 1000)
-            if not page.commits:
-                break
-            for cm in page.commits:
-                if not cm.task_id.startswith(f"{run}.") or cm.result_ref.run_id != run:
-                    s.violations.append(f"queue of run {run!r} committed task {cm.task_id} "
-                                        f"with result of run {cm.result_ref.run_id!r}")
-                if cm.task_id in seen:
-                    s.violations.append(f"task {cm.task_id} accepted twice (positions "
-                                        f"{seen[cm.task_id]} and {cm.position})")
-                seen[cm.task_id] = cm.position
-            cursor = page.cursor
-        s.commits = len(seen)
-        for e in submits:
-            for t in e["tasks"]:
-                if q.task_status(t) is None:
-                    s.violations.append(f"task {t} of acknowledged submission {e['req']} "
-                                        "is missing")
-            s.submits += 1
-    finally:
-        q.close()
-        store.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

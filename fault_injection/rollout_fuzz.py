@@ -1,4 +1,4 @@
-"""``just fuzz`` rollout scenario: a rollout job's processes under SIGKILL (issue 14, item 8).
+"""``just fuzz`` rollout scenario: a rollout job's processes under SIGKILL.
 
 Role: verification layer 7 of DESIGN.md for ``straw.rollout`` (RL1, RL2, RL4, RL5).
 
@@ -53,7 +53,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from fault_injection.procs import REPO, Proc, stop_all
+from fault_injection.procs import REPO, AckLines, Proc, read_ack_lines, stop_all
 from straw import (
     Coordinator,
     IndeterminateCommit,
@@ -82,24 +82,6 @@ LEASE_SECONDS = 3.0
 CONTROLS = ("rollout-restart-partial", "rollout-trainer-skips-replay")
 # what a process meets while the controller restarts: it builds its clients again
 _GONE = (ConnectionError, StaleAttempt, LeaseExpired, UnsafeRecovery, IndeterminateCommit)
-
-
-class _AckLog:
-    """One process's acknowledgement log: JSON lines, each fsynced before it counts."""
-
-    def __init__(self, path: str) -> None:
-        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-
-    def write(self, **entry: Any) -> None:
-        os.write(self.fd, (json.dumps(entry, sort_keys=True) + "\n").encode())
-        os.fsync(self.fd)
-
-
-def _read_log(path: str) -> list[dict[str, Any]]:
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:  # a torn last line (killed mid-write) was never acknowledged
-        return [json.loads(line) for line in f if line.endswith("\n")]
 
 
 def _stop(_sig: int, _frame: object) -> None:
@@ -190,7 +172,7 @@ def generation_main(root: str, logdir: str, name: str, gen: int, seed: int,
     from straw.rollout.scheduling import restart_from_prompt
     signal.signal(signal.SIGTERM, _stop)
     r = random.Random(f"{seed}:{name}:{gen}")
-    log = _AckLog(os.path.join(logdir, f"{name}.acks"))
+    log = AckLines(os.path.join(logdir, f"{name}.acks"))
     store = SharedFilesystemStore(root, RUN, writer_id=f"{name}-{gen}")
     while True:
         client = GenerationClient(RemoteController(_url(logdir), token=TOKEN), store,
@@ -206,7 +188,7 @@ def generation_main(root: str, logdir: str, name: str, gen: int, seed: int,
                 pass
 
 
-def _generate(client: Any, log: _AckLog, r: random.Random, logdir: str, name: str,
+def _generate(client: Any, log: AckLines, r: random.Random, logdir: str, name: str,
               control: str | None, restart: Any) -> None:
     while True:
         groups = client.take(r.randint(1, 3))
@@ -251,7 +233,7 @@ def _generate(client: Any, log: _AckLog, r: random.Random, logdir: str, name: st
 
 
 def report(logdir: str, who: str, message: str) -> None:
-    _AckLog(os.path.join(logdir, "violations")).write(who=who, message=message)
+    AckLines(os.path.join(logdir, "violations")).write(who=who, message=message)
 
 
 # --- the trainer ------------------------------------------------------------------------
@@ -259,7 +241,7 @@ def trainer_main(root: str, logdir: str, gen: int, seed: int, control: str | Non
     from straw.rollout import BatchBuilder, EnvironmentMix
     signal.signal(signal.SIGTERM, _stop)
     r = random.Random(f"{seed}:trainer:{gen}")
-    log = _AckLog(os.path.join(logdir, "trainer.acks"))
+    log = AckLines(os.path.join(logdir, "trainer.acks"))
     store = SharedFilesystemStore(root, RUN, writer_id=f"trainer-{gen}")
     while True:
         queue = RemoteCoordinator(_url(logdir), token=TRAINER_TOKEN, timeout=30, retries=2,
@@ -348,7 +330,7 @@ def run_rollout(base: str, *, seconds: float, n_generators: int = 3, seed: int =
     # busy machine; a run of a few seconds must still make progress), at most 60 s
     warm = time.monotonic() + 60
     while time.monotonic() < warm and not any(
-            e["ev"] == "finished" for e in _read_log(os.path.join(logdir, "trainer.acks"))):
+            e["ev"] == "finished" for e in read_ack_lines(os.path.join(logdir, "trainer.acks"))):
         time.sleep(0.2)
     end = time.monotonic() + seconds
     # every role is killed once first (in a seeded order), then at random
@@ -395,137 +377,181 @@ def _await_training(path: str, end: float) -> None:
     """Wait (until ``end`` at most) for the trainer's log to end with a ``training``
     entry: it is training on a batch it has not finished."""
     while time.monotonic() < end:
-        log = _read_log(path)
+        log = read_ack_lines(path)
         if log and log[-1]["ev"] == "training":
             return
         time.sleep(0.05)
 
 
 def check(root: str, logdir: str, names: Sequence[str], s: RolloutSummary) -> list[str]:
-    from straw.rollout import codec, data_source
     out: list[str] = []
     vpath = os.path.join(logdir, "violations")
-    out += [f"{e['who']}: {e['message']}" for e in _read_log(vpath)]
+    out += [f"{e['who']}: {e['message']}" for e in read_ack_lines(vpath)]
     store = SharedFilesystemStore(root, RUN, writer_id="checker")
     coord = Coordinator(store, queue_id=QUEUE, namespace=True, recover=True)
     try:
-        # RL1: the admitted prompt groups are 0..G-1, each dataset index once per epoch
-        cursor = data_source.cursor_from_producer_state(coord.producer_state("dataset"))
-        if cursor is None:
+        admitted = _check_admitted(coord, store, s)
+        if admitted is None:
             return [*out, "the job admitted no prompt group"]
-        count = cursor.sample_group_index
-        s.tasks = count
-        seen: dict[int, list[int]] = {}
-        for gid in range(count + 20):
-            status = coord.task_status(f"prompt:{gid}")
-            if (status is None) != (gid >= count):
-                out.append(f"RL1: task prompt:{gid} {'missing' if status is None else 'exists'}"
-                           f" with the cursor at group {count}")
-                continue
-            if status is None:
-                continue
-            ref = TaskSpec.from_dict(status["spec"]).input_ref
-            assert ref is not None
-            g = codec.group_from_records(list(store.read(ref)))
-            seen.setdefault(g.metadata["epoch_id"], []).append(g.metadata["dataset_index"])
-        for epoch, idx in sorted(seen.items()):
-            if len(set(idx)) != len(idx):
-                out.append(f"RL1: epoch {epoch} admitted a dataset index twice: {sorted(idx)}")
-            if epoch < cursor.epoch_id and sorted(idx) != list(range(N_PROMPTS)):
-                out.append(f"RL1: finished epoch {epoch} lost dataset indices: {sorted(idx)}")
+        out += admitted
         # the commit log: accepted groups and collections
-        commits: list[CommitReceipt] = []
-        pos = 0
-        while True:
-            page = coord.read_commits(pos, 256)
-            commits += page.commits
-            if page.cursor == pos:
-                break
-            pos = page.cursor
+        commits = _all_commits(coord)
         prompt_commits = {c.position: c for c in commits if c.task_id.startswith("prompt:")}
         s.completed = len(prompt_commits)
-        by_task: dict[str, list[int]] = {}
-        for c in prompt_commits.values():
-            by_task.setdefault(c.task_id, []).append(c.position)
-        out += [f"RL2: {t} accepted twice (positions {p})" for t, p in by_task.items()
-                if len(p) > 1]
-        commit_ids = {c.commit_id for c in commits}
-        gen_logs = {n: _read_log(os.path.join(logdir, f"{n}.acks")) for n in names}
-        for n, entries in gen_logs.items():
-            for e in entries:
-                if e["ev"] == "complete" and e["commit_id"] not in commit_ids:
-                    out.append(f"RL2: {n}'s acknowledged completion of {e['task']} "
-                               f"({e['commit_id']}) is not in the commit log")
-        batches: dict[str, set[int]] = {}  # batch id -> positions of its groups
-        by_rollout: dict[str, str] = {}
-        for c in commits:
-            if c.task_id.startswith("collection:"):
-                body = json.loads(bytes(list(store.read(c.result_ref))[0].payload))
-                batches["batch:" + c.commit_id] = {int(e["position"]) for e in body["groups"]}
-                by_rollout[c.task_id[len("collection:"):]] = "batch:" + c.commit_id
-        # the builder's final state, and the batches its progress lists finished
-        view = coord.load_consumer_state(coord.consumer_id)
-        state: dict[str, Any] = {"backlog": [], "scan_cursor": 0} if view is None else \
-            read_stored_state(json.loads(bytes(list(store.read(_ref(view["state_ref"])))[0]
-                                               .payload)))
-        progress: dict[str, Any] = {"finished_batches": []} \
-            if view is None or not view.get("progress_ref") else json.loads(
-            bytes(list(store.read(_ref(view["progress_ref"])))[0].payload))
-        finished = set(progress["finished_batches"])
-        if view is not None and state.get("finished_count") != len(finished):
-            out.append(f"the builder state counts {state.get('finished_count')} finished "
-                       f"batches, its progress lists {len(finished)}")
-        # the backlog: what the builder saved, and what it has not scanned yet
-        backlog = {int(e["position"]) for e in state["backlog"]}
-        backlog |= {p for p in prompt_commits if p >= int(state["scan_cursor"])}
-        tlog = _read_log(os.path.join(logdir, "trainer.acks"))
-        training = {e["batch"]: e for e in tlog if e["ev"] == "training"}
-        logged_done = {e["batch"] for e in tlog if e["ev"] == "finished"}
-        out += [f"RL4: batch {b} finished by the builder but never logged as training"
-                for b in sorted(finished - set(training))]
-        out += [f"batch {b} logged finished but the builder did not finish it"
-                for b in sorted(logged_done - finished)]
-        trained = {b for b in training if b in finished}
-        s.batches = len(trained)
-        # the one batch a restarted trainer would replay (collected, not finished)
-        pending = by_rollout.get(str(len(finished)))
-        where: dict[int, list[str]] = {}
-        for b in trained:
-            want = sorted(prompt_commits[p].task_id for p in batches.get(b, ()))
-            if sorted(training[b]["tasks"]) != want:
-                out.append(f"batch {b} trained tasks {training[b]['tasks']}, its collection "
-                           f"holds {want}")
-            for p in batches.get(b, ()):
-                where.setdefault(p, []).append(b)
-        out += [f"group at position {p} ({prompt_commits[p].task_id}) trained twice: {bs}"
-                for p, bs in where.items() if len(bs) > 1]
-        extra = [b for b in by_rollout.values() if b not in finished and b != pending]
-        out += [f"collection of {b} is neither finished nor the next to replay"
-                for b in extra]
-        for p, c in sorted(prompt_commits.items()):
-            if p not in where and p not in backlog and \
-                    (pending is None or p not in batches[pending]):
-                out.append(f"accepted group {c.task_id} (position {p}) lost: not trained, "
-                           "not in the backlog, not in the pending batch")
-        # RL5: a take resumes at least where any earlier attempt's persisted work got
-        persisted: dict[str, list[tuple[int, int]]] = {}
-        for entries in gen_logs.values():
-            for e in entries:
-                if e["ev"] == "persist":
-                    persisted.setdefault(e["task"], []).append((e["gen"], e["progress"]))
-        for n, entries in gen_logs.items():
-            for e in entries:
-                if e["ev"] != "take":
-                    continue
-                before = [pr for g, pr in persisted.get(e["task"], ()) if g < e["gen"]]
-                if before and e["progress"] < max(before):
-                    out.append(f"RL5: {n} took {e['task']} (attempt {e['gen']}) at progress "
-                               f"{e['progress']}, an earlier attempt persisted {max(before)}")
-                elif e["progress"] > 0:
-                    s.resumed += 1
+        gen_logs = {n: read_ack_lines(os.path.join(logdir, f"{n}.acks")) for n in names}
+        out += _check_accepted(commits, prompt_commits, gen_logs)
+        out += _check_batches(coord, store, logdir, commits, prompt_commits, s)
+        out += _check_resumes(gen_logs, s)
     finally:
         coord.close()
         store.close()
+    return out
+
+
+def _check_admitted(coord: Coordinator, store: SharedFilesystemStore,
+                    s: RolloutSummary) -> list[str] | None:
+    """RL1: the admitted prompt groups are 0..G-1, each dataset index once per epoch
+    (None: no group admitted)."""
+    from straw.rollout import codec, data_source
+    out: list[str] = []
+    cursor = data_source.cursor_from_producer_state(coord.producer_state("dataset"))
+    if cursor is None:
+        return None
+    count = cursor.sample_group_index
+    s.tasks = count
+    seen: dict[int, list[int]] = {}
+    for gid in range(count + 20):
+        status = coord.task_status(f"prompt:{gid}")
+        if (status is None) != (gid >= count):
+            out.append(f"RL1: task prompt:{gid} {'missing' if status is None else 'exists'}"
+                       f" with the cursor at group {count}")
+            continue
+        if status is None:
+            continue
+        ref = TaskSpec.from_dict(status["spec"]).input_ref
+        assert ref is not None
+        g = codec.group_from_records(list(store.read(ref)))
+        seen.setdefault(g.metadata["epoch_id"], []).append(g.metadata["dataset_index"])
+    for epoch, idx in sorted(seen.items()):
+        if len(set(idx)) != len(idx):
+            out.append(f"RL1: epoch {epoch} admitted a dataset index twice: {sorted(idx)}")
+        if epoch < cursor.epoch_id and sorted(idx) != list(range(N_PROMPTS)):
+            out.append(f"RL1: finished epoch {epoch} lost dataset indices: {sorted(idx)}")
+    return out
+
+
+def _all_commits(coord: Coordinator) -> list[CommitReceipt]:
+    commits: list[CommitReceipt] = []
+    pos = 0
+    while True:
+        page = coord.read_commits(pos, 256)
+        commits += page.commits
+        if page.cursor == pos:
+            break
+        pos = page.cursor
+    return commits
+
+
+def _check_accepted(commits: list[CommitReceipt], prompt_commits: dict[int, CommitReceipt],
+                    gen_logs: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """RL2: each group accepted once, and every acknowledged completion in the log."""
+    by_task: dict[str, list[int]] = {}
+    for c in prompt_commits.values():
+        by_task.setdefault(c.task_id, []).append(c.position)
+    out = [f"RL2: {t} accepted twice (positions {p})" for t, p in by_task.items()
+           if len(p) > 1]
+    commit_ids = {c.commit_id for c in commits}
+    for n, entries in gen_logs.items():
+        for e in entries:
+            if e["ev"] == "complete" and e["commit_id"] not in commit_ids:
+                out.append(f"RL2: {n}'s acknowledged completion of {e['task']} "
+                           f"({e['commit_id']}) is not in the commit log")
+    return out
+
+
+def _builder_state(coord: Coordinator,
+                   store: SharedFilesystemStore) -> tuple[Any, dict[str, Any], set[str]]:
+    """The builder's final view, state, and the batches its progress lists finished."""
+    view = coord.load_consumer_state(coord.consumer_id)
+    state: dict[str, Any] = {"backlog": [], "scan_cursor": 0} if view is None else \
+        read_stored_state(json.loads(bytes(list(store.read(_ref(view["state_ref"])))[0]
+                                           .payload)))
+    progress: dict[str, Any] = {"finished_batches": []} \
+        if view is None or not view.get("progress_ref") else json.loads(
+        bytes(list(store.read(_ref(view["progress_ref"])))[0].payload))
+    return view, state, set(progress["finished_batches"])
+
+
+def _check_batches(coord: Coordinator, store: SharedFilesystemStore, logdir: str,
+                   commits: list[CommitReceipt], prompt_commits: dict[int, CommitReceipt],
+                   s: RolloutSummary) -> list[str]:
+    """RL4 and no loss: every finished batch trained once with what its collection holds,
+    every accepted group trained, in the backlog or in the batch to replay."""
+    out: list[str] = []
+    batches: dict[str, set[int]] = {}  # batch id -> positions of its groups
+    by_rollout: dict[str, str] = {}
+    for c in commits:
+        if c.task_id.startswith("collection:"):
+            body = json.loads(bytes(list(store.read(c.result_ref))[0].payload))
+            batches["batch:" + c.commit_id] = {int(e["position"]) for e in body["groups"]}
+            by_rollout[c.task_id[len("collection:"):]] = "batch:" + c.commit_id
+    view, state, finished = _builder_state(coord, store)
+    if view is not None and state.get("finished_count") != len(finished):
+        out.append(f"the builder state counts {state.get('finished_count')} finished "
+                   f"batches, its progress lists {len(finished)}")
+    # the backlog: what the builder saved, and what it has not scanned yet
+    backlog = {int(e["position"]) for e in state["backlog"]}
+    backlog |= {p for p in prompt_commits if p >= int(state["scan_cursor"])}
+    tlog = read_ack_lines(os.path.join(logdir, "trainer.acks"))
+    training = {e["batch"]: e for e in tlog if e["ev"] == "training"}
+    logged_done = {e["batch"] for e in tlog if e["ev"] == "finished"}
+    out += [f"RL4: batch {b} finished by the builder but never logged as training"
+            for b in sorted(finished - set(training))]
+    out += [f"batch {b} logged finished but the builder did not finish it"
+            for b in sorted(logged_done - finished)]
+    trained = {b for b in training if b in finished}
+    s.batches = len(trained)
+    # the one batch a restarted trainer would replay (collected, not finished)
+    pending = by_rollout.get(str(len(finished)))
+    where: dict[int, list[str]] = {}
+    for b in trained:
+        want = sorted(prompt_commits[p].task_id for p in batches.get(b, ()))
+        if sorted(training[b]["tasks"]) != want:
+            out.append(f"batch {b} trained tasks {training[b]['tasks']}, its collection "
+                       f"holds {want}")
+        for p in batches.get(b, ()):
+            where.setdefault(p, []).append(b)
+    out += [f"group at position {p} ({prompt_commits[p].task_id}) trained twice: {bs}"
+            for p, bs in where.items() if len(bs) > 1]
+    extra = [b for b in by_rollout.values() if b not in finished and b != pending]
+    out += [f"collection of {b} is neither finished nor the next to replay"
+            for b in extra]
+    for p, c in sorted(prompt_commits.items()):
+        if p not in where and p not in backlog and \
+                (pending is None or p not in batches[pending]):
+            out.append(f"accepted group {c.task_id} (position {p}) lost: not trained, "
+                       "not in the backlog, not in the pending batch")
+    return out
+
+
+def _check_resumes(gen_logs: dict[str, list[dict[str, Any]]], s: RolloutSummary) -> list[str]:
+    """RL5: a take resumes at least where any earlier attempt's persisted work got."""
+    out: list[str] = []
+    persisted: dict[str, list[tuple[int, int]]] = {}
+    for entries in gen_logs.values():
+        for e in entries:
+            if e["ev"] == "persist":
+                persisted.setdefault(e["task"], []).append((e["gen"], e["progress"]))
+    for n, entries in gen_logs.items():
+        for e in entries:
+            if e["ev"] != "take":
+                continue
+            before = [pr for g, pr in persisted.get(e["task"], ()) if g < e["gen"]]
+            if before and e["progress"] < max(before):
+                out.append(f"RL5: {n} took {e['task']} (attempt {e['gen']}) at progress "
+                           f"{e['progress']}, an earlier attempt persisted {max(before)}")
+            elif e["progress"] > 0:
+                s.resumed += 1
     return out
 
 

@@ -1,7 +1,7 @@
 """``just fuzz`` shared-root scenario: two runs in one pool root, at once.
 
-Role: verification layer 7 of DESIGN.md for run isolation (issue 11, finding 2: owners and
-queues belong to a run; one run's collection never deletes another's data).
+Role: verification layer 7 of DESIGN.md for run isolation (owners and queues belong to a
+run; one run's collection never deletes another's data).
 
 Runs ``runA`` and ``runB`` share one root.  Each run has, at the same time:
 

@@ -11,8 +11,8 @@ two clients of one volume, when one can be mounted):
   the writer appends ``{sid, seq, payload_seed, refs}`` to its own fsynced ``AckLog``.  A
   restarted writer continues after the last acknowledged ``seq``: it first retries the
   one that was in flight when it died, with the same content, so D7 is exercised too.
-* Writers fork mid-run (issue 11, finding 1; after the first submission of every
-  incarnation, then now and then): the forked child first tries the inherited
+* Writers fork mid-run (after the first submission of every incarnation, then now
+  and then): the forked child first tries the inherited
   store (a publication, a lookup, a read) and must get ``ForkedProcess`` every time (else
   a violation); then it opens its own store under its own writer id
   (``<writer>.f<seq>``), publishes a few submissions and logs them in its own ack log like
@@ -70,12 +70,18 @@ from fault_injection.procs import (
     until_unlocked,
     wait_all,
 )
+from fault_injection.store_acks import (
+    Retention,
+    RetentionLog,
+    check_read,
+    content,
+    entry_dep,
+    entry_refs,
+    writer_ids,
+)
 from straw import (
     ForkedProcess,
     InvalidReference,
-    Publication,
-    Record,
-    RecordSetRef,
     SharedFilesystemStore,
     StorageUnavailable,
 )
@@ -87,63 +93,6 @@ READER_STATUS = "reader.status.json"
 FORKS = "forks"  # in logdir: one <writer id>.alive per forked child, flocked while it lives
 FORK_RATE = 0.01  # per submission of an original writer (besides its first)
 FORK_BUDGET = (1, 4)  # submissions a forked child publishes before it exits
-
-
-# --- content ------------------------------------------------------------------------------
-
-def _size(r: random.Random) -> int:
-    x = r.random()
-    if x < 0.75:
-        return r.randint(0, 4096)
-    if x < 0.99:
-        return r.randint(4096, 64 * 1024)
-    return r.randint(64 * 1024, 1024 * 1024)
-
-
-def content(payload_seed: str, dep: RecordSetRef | None) -> list[Publication]:
-    """The publications of one submission, regenerated from its payload seed (``dep``:
-    the writer's previous acknowledged ref, named as a dependency by some batches)."""
-    r = random.Random(payload_seed)
-    n_pubs = 1 if r.random() < 0.7 else r.randint(2, 3)
-    pubs = []
-    for i in range(n_pubs):
-        recs = []
-        for j in range(1 if r.random() < 0.8 else r.randint(2, 3)):
-            size = _size(r)
-            recs.append(Record(f"r{i}.{j}", r.randbytes(size), "bytes.v1",
-                               {"seed": payload_seed, "i": i, "j": j}))
-        deps: list[RecordSetRef | int] = []
-        if i > 0 and r.random() < 0.5:
-            deps.append(i - 1)
-        if dep is not None and r.random() < 0.3:
-            deps.append(dep)
-        pubs.append(Publication(recs, tuple(deps)))
-    return pubs
-
-
-def check_read(store: SharedFilesystemStore, refs: Sequence[RecordSetRef],
-               pubs: Sequence[Publication]) -> int:
-    """Raise AssertionError unless ``refs`` read back as ``pubs``; returns bytes checked."""
-    if len(refs) != len(pubs):
-        raise AssertionError(f"{len(refs)} refs for {len(pubs)} publications")
-    n = 0
-    for ref, pub in zip(refs, pubs, strict=True):
-        got = list(store.read(ref))
-        if len(got) != len(pub.records) or any(
-                g != w for g, w in zip(got, pub.records, strict=True)):
-            raise AssertionError(f"{ref} does not read back as what was published")
-        n += sum(len(bytes(w.payload)) for w in pub.records)
-    return n
-
-
-def _entry_refs(entry: dict[str, Any]) -> tuple[RecordSetRef, ...]:
-    # a tuple, as publish_many and lookup_submission return them
-    return tuple(RecordSetRef.from_dict(d) for d in entry["refs"])
-
-
-def _entry_dep(entries_by_seq: dict[int, dict[str, Any]], seq: int) -> RecordSetRef | None:
-    prev = entries_by_seq.get(seq - 1)
-    return _entry_refs(prev)[0] if prev else None
 
 
 # --- writer process -------------------------------------------------------------------------
@@ -161,84 +110,6 @@ def _open_store(root: str, writer_id: str, run: str = RUN) -> SharedFilesystemSt
                                   segment_target_bytes=16 << 20)
     until_unlocked(lambda: store.lookup_submission("-"))  # take the writer lock now
     return store
-
-
-# --- retention (the shared-root scenario) -------------------------------------------------
-
-RETAIN_WINDOW = 4  # the latest acknowledged submissions a writer's owner holds
-
-
-def _ret_log(acks: str, writer_id: str) -> AckLog:
-    return AckLog(PosixFS(), os.path.join(acks, f"ret-{writer_id}.log"))
-
-
-@dataclass
-class RetentionLog:
-    """What a writer's retention log says: the submissions whose staging may have been
-    dropped (``unstaged``), the window of its last completed retain (``done``) and of the
-    intents since (a retain that a kill cut short may or may not have happened): the
-    owner's roots are one of those windows."""
-
-    unstaged: set[int] = field(default_factory=set)
-    done: list[int] | None = None
-    intents: list[list[int]] = field(default_factory=list)
-
-    @classmethod
-    def read(cls, acks: str, writer_id: str) -> RetentionLog:
-        out = cls()
-        for e in _ret_log(acks, writer_id).read():
-            if e["kind"] == "retain-intent":
-                out.intents.append(e["seqs"])
-            elif e["kind"] == "retain":
-                out.done, out.intents = e["seqs"], []
-            elif e["kind"] == "unstage-intent":
-                out.unstaged.update(e["seqs"])
-        return out
-
-    def windows(self) -> list[list[int] | None]:
-        return [self.done, *self.intents]
-
-
-class Retention:
-    """A writer's retention steps: retain the latest ``RETAIN_WINDOW`` acknowledged
-    submissions under ``keep-<writer>`` (replacing the previous window), drop the staging
-    of all acknowledged so far, and now and then collect garbage; each step logged before
-    it is taken."""
-
-    def __init__(self, acks: str, writer_id: str) -> None:
-        self.log = _ret_log(acks, writer_id)
-        self.owner = f"keep-{writer_id}"
-        self.unstaged = RetentionLog.read(acks, writer_id).unstaged
-
-    def step(self, store: SharedFilesystemStore, by_seq: dict[int, dict[str, Any]],
-             r: random.Random) -> None:
-        x = r.random()
-        if x < 0.2:
-            self.retain(store, by_seq)
-        elif x < 0.26:
-            store.collect_garbage()
-
-    def retain(self, store: SharedFilesystemStore, by_seq: dict[int, dict[str, Any]]) -> None:
-        """Retain the latest window, then drop the staging of everything acknowledged so
-        far (what is not in the window becomes collectable)."""
-        window = sorted(by_seq)[-RETAIN_WINDOW:]
-        self.log.append({"kind": "retain-intent", "seqs": window})
-        store.retain(self.owner, [ref for q in window for ref in _entry_refs(by_seq[q])])
-        self.log.append({"kind": "retain", "seqs": window})
-        staged = [q for q in sorted(by_seq) if q not in self.unstaged]
-        self.log.append({"kind": "unstage-intent", "seqs": staged})
-        self.unstaged.update(staged)
-        store.release_publications([ref for q in staged for ref in _entry_refs(by_seq[q])])
-
-    def finish(self, store: SharedFilesystemStore, by_seq: dict[int, dict[str, Any]]) -> None:
-        """A job's clean end (SIGTERM): seal, retain the last window, collect."""
-        store.seal()
-        if by_seq:
-            self.retain(store, by_seq)
-        store.collect_garbage()
-
-    def close(self) -> None:
-        self.log.close()
 
 
 def writer_main(root: str, acks: str, logdir: str, writer_id: str, seed: int,
@@ -280,7 +151,7 @@ def _writer_loop(root: str, acks: str, logdir: str, writer_id: str, seed: int,
                 budget -= 1
             payload_seed = f"{seed}:{writer_id}:{seq}"
             sid = f"{writer_id}-{seq}"
-            pubs = content(payload_seed, _entry_dep(by_seq, seq))
+            pubs = content(payload_seed, entry_dep(by_seq, seq))
             refs = store.publish_many(pubs, submission_id=sid)
             entry = {"sid": sid, "seq": seq, "payload_seed": payload_seed,
                      "refs": [x.to_dict() for x in refs]}
@@ -288,26 +159,10 @@ def _writer_loop(root: str, acks: str, logdir: str, writer_id: str, seed: int,
             by_seq[seq] = entry
             seq += 1
             time.sleep(r.random() * 0.004)  # leave the shared machine some room
-            x = r.random()
-            # reclaimable (released) submissions have no lookup or retry to check
-            kept = sorted(by_seq) if ret is None else [
-                s for s in sorted(by_seq) if s not in ret.unstaged]
-            if x < 0.05 and len(kept) > 1:  # an earlier submission: lookup and retry
-                old = by_seq[r.choice(kept)]
-                want = _entry_refs(old)
-                got = store.lookup_submission(old["sid"])
-                again = store.publish_many(
-                    content(old["payload_seed"], _entry_dep(by_seq, old["seq"])),
-                    submission_id=old["sid"])
-                if got != want or again != want:
-                    report(logdir, writer_id, f"{old['sid']}: acknowledged {want}, "
-                            f"lookup {got}, retry {again}")
-                    return 3
-            elif x < 0.07:
-                store.seal()
-            elif x < 0.08:  # a clean in-process restart
-                store.close()
-                store = _open_store(root, writer_id, run)
+            after = _random_op(store, by_seq, ret, r, root, logdir, writer_id, run)
+            if after is None:
+                return 3
+            store = after
             if ret is not None:
                 ret.step(store, by_seq, r)
             done += 1
@@ -333,6 +188,35 @@ def _writer_loop(root: str, acks: str, logdir: str, writer_id: str, seed: int,
                 os.kill(pid, signal.SIGTERM)
         _reap(children, logdir, writer_id, block=True)
     return 0
+
+
+def _random_op(store: SharedFilesystemStore, by_seq: dict[int, dict[str, Any]],
+               ret: Retention | None, r: random.Random, root: str, logdir: str,
+               writer_id: str, run: str) -> SharedFilesystemStore | None:
+    """Now and then, after a submission: a lookup and a retry of an earlier one (which
+    must return the acknowledged refs), a seal, or a clean in-process restart.  Returns
+    the store to go on with, None after reporting a violation."""
+    x = r.random()
+    # reclaimable (released) submissions have no lookup or retry to check
+    kept = sorted(by_seq) if ret is None else [
+        s for s in sorted(by_seq) if s not in ret.unstaged]
+    if x < 0.05 and len(kept) > 1:  # an earlier submission: lookup and retry
+        old = by_seq[r.choice(kept)]
+        want = entry_refs(old)
+        got = store.lookup_submission(old["sid"])
+        again = store.publish_many(
+            content(old["payload_seed"], entry_dep(by_seq, old["seq"])),
+            submission_id=old["sid"])
+        if got != want or again != want:
+            report(logdir, writer_id, f"{old['sid']}: acknowledged {want}, "
+                    f"lookup {got}, retry {again}")
+            return None
+    elif x < 0.07:
+        store.seal()
+    elif x < 0.08:  # a clean in-process restart
+        store.close()
+        store = _open_store(root, writer_id, run)
+    return store
 
 
 def _fork_child(store: SharedFilesystemStore, root: str, acks: str, logdir: str,
@@ -369,7 +253,7 @@ def _forked_child_main(store: SharedFilesystemStore, root: str, acks: str, logdi
         "publish": lambda: store.publish_many(content(f"{seed}:{child_id}:inherited", None),
                                               submission_id=f"{child_id}-inherited"),
         "lookup_submission": lambda: store.lookup_submission(f"{writer_id}-0"),
-        "read": lambda: store.read(_entry_refs(last)[0]) if last else store.seal(),
+        "read": lambda: store.read(entry_refs(last)[0]) if last else store.seal(),
         "close": store.close,  # refused too; touches nothing of the parent's
     }
     for name, call in inherited.items():
@@ -421,7 +305,7 @@ def reader_main(root: str, acks: str, logdir: str, writers: Sequence[str], run: 
 
     try:
         while not _stop and not orphaned():
-            for w in _writer_ids(acks, writers):
+            for w in writer_ids(acks, writers):
                 verified.setdefault(w, 0)
                 entries = AckLog(PosixFS(), os.path.join(acks, f"acks-{w}.log")).read()
                 by_seq = {e["seq"]: e for e in entries}
@@ -429,12 +313,12 @@ def reader_main(root: str, acks: str, logdir: str, writers: Sequence[str], run: 
                     if _stop:
                         break
                     try:
-                        pubs = content(e["payload_seed"], _entry_dep(by_seq, e["seq"]))
+                        pubs = content(e["payload_seed"], entry_dep(by_seq, e["seq"]))
                         if retention:  # a pin protects what we read from collection
-                            with store.pin(_entry_refs(e)):
-                                check_read(store, _entry_refs(e), pubs)
+                            with store.pin(entry_refs(e)):
+                                check_read(store, entry_refs(e), pubs)
                         else:
-                            check_read(store, _entry_refs(e), pubs)
+                            check_read(store, entry_refs(e), pubs)
                     except InvalidReference as exc:
                         if retention and e["seq"] in RetentionLog.read(acks, w).unstaged:
                             verified[w] += 1  # passed over: released and reclaimed first
@@ -457,16 +341,6 @@ def reader_main(root: str, acks: str, logdir: str, writers: Sequence[str], run: 
         save()
         store.close()
     return 0
-
-
-def _writer_ids(acks: str, writers: Sequence[str]) -> list[str]:
-    """The original writers and every forked child that logged an acknowledgement."""
-    found = set(writers)
-    with contextlib.suppress(FileNotFoundError):
-        for name in os.listdir(acks):
-            if name.startswith("acks-") and name.endswith(".log"):
-                found.add(name[len("acks-"):-len(".log")])
-    return sorted(found)
 
 
 def _wait_for_forked_children(logdir: str, timeout: float = 60.0) -> tuple[int, list[str]]:
@@ -526,6 +400,48 @@ def _role_argv(role: str, *args: str) -> list[str]:
     return [sys.executable, "-m", "fault_injection.store_fuzz", "--role", role, *args]
 
 
+def _unsettle(s: Summary, rng: random.Random, writers: dict[str, Proc], reader: Proc,
+              seconds: float, pace: float) -> None:
+    """The supervisor's seeded actions for ``seconds``: writers SIGKILLed (some while
+    paused) and restarted, writers and the reader paused and resumed; a process that
+    exited on its own is a violation (and restarted)."""
+    names = list(writers)
+    everyone = [*writers.values(), reader]
+    t_end = time.monotonic() + seconds
+    while time.monotonic() < t_end:
+        time.sleep(rng.uniform(0.1, 0.6) * pace)
+        for proc in everyone:
+            assert proc.p is not None
+            rc = proc.p.poll()
+            if rc is not None:
+                s.violations.append(f"{proc.name} exited on its own (rc={rc}):\n"
+                                    f"{proc.tail()}")
+                proc.start()
+                s.restarts += 1
+        action = rng.choices(["kill", "stop", "stop-reader", "kill-stopped", "none"],
+                             weights=[5, 3, 1, 1, 2])[0]
+        w = writers[rng.choice(names)]
+        if action == "kill":
+            os.kill(w.pid, signal.SIGKILL)
+        elif action == "kill-stopped":  # paused, then killed without resuming
+            os.kill(w.pid, signal.SIGSTOP)
+            s.stops += 1
+            time.sleep(rng.uniform(0.0, 0.2))
+            os.kill(w.pid, signal.SIGKILL)
+        if action in ("kill", "kill-stopped"):
+            assert w.p is not None
+            w.p.wait()
+            s.kills += 1
+            w.start()
+            s.restarts += 1
+        elif action in ("stop", "stop-reader"):
+            victim = reader if action == "stop-reader" else w
+            os.kill(victim.pid, signal.SIGSTOP)
+            time.sleep(rng.uniform(0.05, 0.8))
+            os.kill(victim.pid, signal.SIGCONT)
+            s.stops += 1
+
+
 def run_target(target: str, write_base: str, read_base: str, logdir: str, *,
                seconds: float, n_writers: int, seed: int, control: str | None = None,
                run: str = RUN, pools: tuple[str, str] | None = None,
@@ -559,40 +475,8 @@ def run_target(target: str, write_base: str, read_base: str, logdir: str, *,
                                         *run_args),
                    logdir)
     everyone = [*writers.values(), reader]
-    t_end = time.monotonic() + seconds
     try:
-        while time.monotonic() < t_end:
-            time.sleep(rng.uniform(0.1, 0.6) * pace)
-            for proc in everyone:
-                assert proc.p is not None
-                rc = proc.p.poll()
-                if rc is not None:
-                    s.violations.append(f"{proc.name} exited on its own (rc={rc}):\n"
-                                        f"{proc.tail()}")
-                    proc.start()
-                    s.restarts += 1
-            action = rng.choices(["kill", "stop", "stop-reader", "kill-stopped", "none"],
-                                 weights=[5, 3, 1, 1, 2])[0]
-            w = writers[rng.choice(names)]
-            if action == "kill":
-                os.kill(w.pid, signal.SIGKILL)
-            elif action == "kill-stopped":  # paused, then killed without resuming
-                os.kill(w.pid, signal.SIGSTOP)
-                s.stops += 1
-                time.sleep(rng.uniform(0.0, 0.2))
-                os.kill(w.pid, signal.SIGKILL)
-            if action in ("kill", "kill-stopped"):
-                assert w.p is not None
-                w.p.wait()
-                s.kills += 1
-                w.start()
-                s.restarts += 1
-            elif action in ("stop", "stop-reader"):
-                victim = reader if action == "stop-reader" else w
-                os.kill(victim.pid, signal.SIGSTOP)
-                time.sleep(rng.uniform(0.05, 0.8))
-                os.kill(victim.pid, signal.SIGCONT)
-                s.stops += 1
+        _unsettle(s, rng, writers, reader, seconds, pace)
     finally:
         s.violations += stop_all(everyone)
         s.forks, late = _wait_for_forked_children(logdir)
@@ -608,7 +492,7 @@ def run_target(target: str, write_base: str, read_base: str, logdir: str, *,
         pass
     if before_check is not None:
         before_check()
-    check(read_root, acks_r, _writer_ids(acks_r, names), s, run=run, retention=retention)
+    check(read_root, acks_r, writer_ids(acks_r, names), s, run=run, retention=retention)
     return s
 
 
@@ -637,8 +521,8 @@ def check(root: str, acks: str, writers: Sequence[str], s: Summary, *, run: str 
                 exempt = _check_retained(store, acks, w, by_seq, s)
             for seq in sorted(set(by_seq) - exempt):
                 e = by_seq[seq]
-                refs = _entry_refs(e)
-                pubs = content(e["payload_seed"], _entry_dep(by_seq, seq))
+                refs = entry_refs(e)
+                pubs = content(e["payload_seed"], entry_dep(by_seq, seq))
                 try:
                     s.bytes_verified += check_read(store, refs, pubs)
                     got = store.lookup_submission(e["sid"])
@@ -672,7 +556,7 @@ def _check_retained(store: SharedFilesystemStore, acks: str, writer_id: str,
     def extents(seqs: list[int] | None) -> frozenset[tuple[str, int]] | None:
         if seqs is None:
             return None
-        return frozenset((r.path, r.offset) for q in seqs for r in _entry_refs(by_seq[q]))
+        return frozenset((r.path, r.offset) for q in seqs for r in entry_refs(by_seq[q]))
 
     allowed = {extents(w): w for w in ret.windows()}
     if roots not in allowed:
@@ -682,8 +566,8 @@ def _check_retained(store: SharedFilesystemStore, acks: str, writer_id: str,
     for q in allowed[roots] or ():
         e = by_seq[q]
         try:
-            s.bytes_verified += check_read(store, _entry_refs(e), content(
-                e["payload_seed"], _entry_dep(by_seq, q)))
+            s.bytes_verified += check_read(store, entry_refs(e), content(
+                e["payload_seed"], entry_dep(by_seq, q)))
             s.retained_verified += 1
         except Exception as exc:
             s.violations.append(f"checker: retained {e['sid']} of run {store.run_id!r}: "

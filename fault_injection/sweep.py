@@ -15,7 +15,7 @@ import zlib
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from fault_injection.rules import SimulatedCrash
 from fault_injection.simfs import SimFS
@@ -122,70 +122,102 @@ def run_crash_state(sim: SimFS, key: str, mode: str, run: Callable[[], object], 
     D6) or find everything acknowledged).  A crash counts as one where ``is_crash`` says
     so; ``violation`` is the campaign's violation class and ``module`` names it in the
     replay line."""
-    stage = "workload"
+    state = _CrashState(sim, key, check, kill, recrash_window, is_crash, damage, fail_closed)
     try:
         try:
             run()
         except (SimulatedCrash, Exception) as e:
             if not is_crash(e):
                 raise
-        parts = mode.split("/")
-        if parts[0] == "power":
-            stage = f"power loss ({parts[1]})"
-            sim.crash(parts[1])
-            stage = "recovery"
-            log = check(log, "fresh", None)
-        elif parts[0] in ("kill", "kill+power"):
-            for client in kill:
-                sim.kill_client(client)
-            stage = "recovery after kill"
-            log = check(log, "fresh", None)
-            if parts[0] == "kill+power":
-                stage = f"power loss ({parts[1]}) after recovery"
-                sim.crash(parts[1])
-                stage = "second recovery"
-                log = check(log, "fresh2", None)
-        elif parts[0] == "kill+damage":
-            for client in kill:
-                sim.kill_client(client)
-            if damage is None:
-                raise ValueError(f"mode {mode!r}: this campaign damages nothing")
-            stage = f"damage ({parts[1]}) after kill"
-            done = damage(parts[1])
-            stage = f"recovery after damage ({done})"
-            try:
-                log = check(log, "fresh", None)
-            except fail_closed:
-                return None  # refused, naming the damage: nothing acknowledged was lost
-        elif parts[0] == "power+recrash":
-            stage = f"power loss ({parts[1]})"
-            sim.crash(parts[1])
-            nth = random.Random(key).randint(1, recrash_window)
-            point = sim.crash_at(nth)
-            stage = f"recovery (crash at its op #{nth})"
-            out = log.copy()
-            try:
-                check(log, "fresh", out)
-            except (SimulatedCrash, Exception) as e:
-                if not is_crash(e):
-                    raise
-            point.fired = True  # disarmed if the recovery finished before it
-            stage = f"second power loss ({parts[1]})"
-            sim.crash(parts[1])
-            stage = "second recovery"
-            log = check(out, "fresh2", None)
-        else:
-            raise ValueError(f"unknown mode {mode!r}")
+        after = state.apply(mode, log)
+        if after is None:
+            return None  # refused, naming the damage: nothing acknowledged was lost
         # a clean restart must change nothing
-        stage = "clean restart after recovery"
-        check(log, "fresh-again", None)
+        state.stage = "clean restart after recovery"
+        check(after, "fresh-again", None)
     except (violation, Exception, SimulatedCrash) as e:
         kind = "violation" if isinstance(e, violation) else f"raised {type(e).__name__}"
         tb = "" if isinstance(e, violation) else "\n" + "".join(
             traceback.format_exception(type(e), e, e.__traceback__, limit=-4))
-        return (f"[{key}] {stage}: {kind}: {e}{tb}\n  replay: python -m "
+        return (f"[{key}] {state.stage}: {kind}: {e}{tb}\n  replay: python -m "
                 f"{module} --replay {key}\n  {sim.describe()}")
     return None
+
+
+@dataclass
+class _CrashState(Generic[L]):
+    """The modes of ``run_crash_state`` after the workload crashed; ``stage`` names the
+    step under way, for the violation message."""
+
+    sim: SimFS
+    key: str
+    check: Callable[[L, str, L | None], L]
+    kill: Sequence[str]
+    recrash_window: int
+    is_crash: Callable[[BaseException], bool]
+    damage: Callable[[str], str] | None
+    fail_closed: tuple[type[Exception], ...]
+    stage: str = "workload"
+
+    def apply(self, mode: str, log: L) -> L | None:
+        """``mode`` applied and its checks run: the log to check a clean restart
+        against, or None when the check refused damaged data."""
+        parts = mode.split("/")
+        if parts[0] == "power":
+            self.stage = f"power loss ({parts[1]})"
+            self.sim.crash(parts[1])
+            self.stage = "recovery"
+            return self.check(log, "fresh", None)
+        if parts[0] in ("kill", "kill+power"):
+            return self._kill(parts, log)
+        if parts[0] == "kill+damage":
+            return self._damage(mode, parts, log)
+        if parts[0] == "power+recrash":
+            return self._recrash(parts, log)
+        raise ValueError(f"unknown mode {mode!r}")
+
+    def _kill(self, parts: list[str], log: L) -> L:
+        for client in self.kill:
+            self.sim.kill_client(client)
+        self.stage = "recovery after kill"
+        log = self.check(log, "fresh", None)
+        if parts[0] == "kill+power":
+            self.stage = f"power loss ({parts[1]}) after recovery"
+            self.sim.crash(parts[1])
+            self.stage = "second recovery"
+            log = self.check(log, "fresh2", None)
+        return log
+
+    def _damage(self, mode: str, parts: list[str], log: L) -> L | None:
+        for client in self.kill:
+            self.sim.kill_client(client)
+        if self.damage is None:
+            raise ValueError(f"mode {mode!r}: this campaign damages nothing")
+        self.stage = f"damage ({parts[1]}) after kill"
+        done = self.damage(parts[1])
+        self.stage = f"recovery after damage ({done})"
+        try:
+            return self.check(log, "fresh", None)
+        except self.fail_closed:
+            return None
+
+    def _recrash(self, parts: list[str], log: L) -> L:
+        self.stage = f"power loss ({parts[1]})"
+        self.sim.crash(parts[1])
+        nth = random.Random(self.key).randint(1, self.recrash_window)
+        point = self.sim.crash_at(nth)
+        self.stage = f"recovery (crash at its op #{nth})"
+        out = log.copy()
+        try:
+            self.check(log, "fresh", out)
+        except (SimulatedCrash, Exception) as e:
+            if not self.is_crash(e):
+                raise
+        point.fired = True  # disarmed if the recovery finished before it
+        self.stage = f"second power loss ({parts[1]})"
+        self.sim.crash(parts[1])
+        self.stage = "second recovery"
+        return self.check(out, "fresh2", None)
 
 
 Control = Callable[[], AbstractContextManager[None]]

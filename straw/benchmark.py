@@ -37,237 +37,31 @@ after the last collection).
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import json
 import os
-import random
-import resource
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import threading
 import time
-from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .benchmark_worker import TOKEN_ENV as TOKEN_ENV
+from .benchmark_worker import worker as worker
+from .benchmark_workload import MIB as MIB
+from .benchmark_workload import _check_sizes
+from .benchmark_workload import completion_peak as completion_peak
+from .benchmark_workload import load_sizes as load_sizes
+from .benchmark_workload import percentile as percentile
+from .benchmark_workload import profile as profile
 from .fs import PosixFS
 from .refs import PACK_SUFFIXES
 from .reporting import write_report
 
-TOKEN_ENV = "STRAW_RPC_TOKEN"
 TASK_CHUNK = 128  # tasks per submit_tasks request
-MIB = 1 << 20
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The ``q`` quantile (0..1) of ``values`` by nearest rank below; 0 when empty."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1)))] if ordered else 0
-
-
-def completion_peak(events: Sequence[dict[str, Any]], window: float, *,
-                    checked: bool = False, payload: bool = False) -> float | None:
-    """The highest MiB/s credited to one ``window``-second wall-clock bucket (bytes count
-    when their operation completed); None if ``checked`` and a range read lacks
-    ``checked_bytes``.  ``payload`` counts a write's record payloads only (its
-    ``records[].bytes``), not the whole extent (framing and manifest included)."""
-    if checked and any(e["op"] == "read_range" and "checked_bytes" not in e for e in events):
-        return None
-    buckets: defaultdict[int, int] = defaultdict(int)
-    for e in events:
-        if checked:
-            n = e.get("checked_bytes", e["bytes"])
-        elif payload:
-            n = sum(r["bytes"] for r in e.get("records", []))
-        else:
-            n = e["bytes"]
-        buckets[int(e["time"] // window)] += n
-    return max(buckets.values(), default=0) / window / MIB
-
-
-# --- workloads --------------------------------------------------------------------------
-def load_sizes(args: argparse.Namespace) -> list[list[int]]:
-    """The record sizes of each publication, cycled over the tasks."""
-    if args.profile:
-        data = json.loads(PosixFS().read_file(os.path.abspath(args.profile)))
-        publications = list(data["publications"]) if isinstance(data, dict) else None
-        if not publications:
-            raise ValueError(f"--profile {args.profile}: expected a JSON object with a "
-                             "non-empty 'publications' list (the profile command writes one)")
-        random.Random(0).shuffle(publications)
-        width = args.publications_per_task
-        return [[n for p in publications[i:i + width] for n in p]
-                for i in range(0, len(publications), width)]
-    if args.record_bytes:
-        return [list(args.record_bytes)]
-    # per sample: routed experts (tokens x 48 layers x 8 experts x int32) and top-k ids and
-    # log-probs (tokens x 128 x 4 bytes each): a shape model, not measured traffic
-    rows = args.tokens
-    return [[rows * 48 * 8 * 4, rows * 128 * 4, rows * 128 * 4] * args.samples]
-
-
-def _check_sizes(sizes: list[list[int]]) -> None:
-    if not sizes or any(not row or any(type(n) is not int or n <= 0 for n in row)
-                        for row in sizes):
-        raise ValueError("the workload must consist of non-empty publications of positive "
-                         "integer record sizes")
-
-
-def profile(args: argparse.Namespace) -> dict[str, Any]:
-    """Summarise the traces in ``args.trace`` into a workload profile at ``args.output``."""
-    fs = PosixFS()
-    trace = os.path.abspath(args.trace)
-    events: list[dict[str, Any]] = []
-    for name in sorted(fs.listdir(trace)):
-        if name.endswith(".jsonl"):
-            text = fs.read_file(os.path.join(trace, name)).decode()
-            events.extend(json.loads(line) for line in text.splitlines() if line.strip())
-    writes = [e for e in events if e["op"] == "write"]
-    reads = [e for e in events if e["op"] in ("read", "read_range")]
-    sizes = [[r["bytes"] for r in e.get("records", [])] for e in writes]
-    sizes = [s for s in sizes if s and sum(s) > 0]
-    if not sizes:
-        raise ValueError(f"the traces in {trace} hold no publication with payload (set "
-                         "STRAW_TRACE_DIR in the traced processes)")
-    write_bytes = sum(e["bytes"] for e in writes)
-    read_bytes = sum(e["bytes"] for e in reads)
-    checked_known = all(e["op"] != "read_range" or "checked_bytes" in e for e in reads)
-    checked = sum(e.get("checked_bytes", e["bytes"]) for e in reads) if checked_known else None
-    report = {
-        "version": 1,
-        "publications": sizes,
-        "source_trace": trace,
-        "observed_write_bytes": write_bytes,
-        "observed_write_payload_bytes": sum(map(sum, sizes)),
-        "observed_read_bytes": read_bytes,
-        "checked_read_bytes": checked,
-        "observed_seconds": max(e["time"] for e in events) - min(e["time"] for e in events),
-        "hosts": sorted({e["host"] for e in events}),
-        "read_to_extent_write_ratio": read_bytes / max(1, write_bytes),
-        # bytes verified per byte returned (a range read checks whole chunks): None when
-        # a range read did not report what it checked
-        "checked_read_amplification": None if checked is None or not read_bytes
-        else checked / read_bytes,
-        "write_p50_seconds": percentile([e["seconds"] for e in writes], 0.5),
-        "write_p99_seconds": percentile([e["seconds"] for e in writes], 0.99),
-        "payload_completion_rates": [
-            {"window_seconds": w,
-             "write_peak_mib_s": completion_peak(writes, w, payload=True),
-             "extent_write_peak_mib_s": completion_peak(writes, w),
-             "read_peak_mib_s": completion_peak(reads, w),
-             "checked_read_peak_mib_s": completion_peak(reads, w, checked=True)}
-            for w in (1, 10)],
-        "record_shapes": [r for e in writes for r in e.get("records", []) if "shape" in r],
-    }
-    write_report(args.output, report)
-    return report
-
-
-# --- the worker process -----------------------------------------------------------------
-def worker(args: argparse.Namespace) -> dict[str, Any]:
-    """Writer and reader threads of one host, controlled through ``args.address``."""
-    from . import Record, RecordSetRef, SharedFilesystemStore
-    from .rpc import QueueClient
-    token = os.environ.get(TOKEN_ENV)
-    if not token:
-        raise ValueError(f"the worker needs the coordinator's RPC token in {TOKEN_ENV}")
-    fs = PosixFS()
-    root = os.path.abspath(args.root)
-    pool = os.path.join(root, "queue")
-    stop = os.path.join(root, "STOP")
-    write_report(os.path.join(root, f"worker-{args.index}.pid.json"), {"pid": os.getpid()})
-    client = QueueClient(args.address, token=token)
-    sizes = load_sizes(args)
-    expected = args.tasks_per_writer * args.writers * args.host_count \
-        if args.tasks_per_writer else None
-    while time.time() < args.start_at:  # every host starts at once
-        time.sleep(min(0.1, max(0.0, args.start_at - time.time())))
-    cpu, started = time.process_time(), time.monotonic()
-    totals = {"written_bytes": 0, "read_bytes": 0, "publications": 0, "reads": 0}
-    latencies: dict[str, list[float]] = {"write": [], "read": [], "commit": []}
-    lock = threading.Lock()
-    failed = threading.Event()
-
-    def write(rank: int) -> None:
-        rng = random.Random(args.index * 1000 + rank)
-        cache: dict[int, bytes] = {}  # one publication's buffers, reused (never zeros)
-        done = 0
-        with SharedFilesystemStore(pool, "benchmark", writer_id=f"bench-{args.index}-{rank}",
-                                   segment_target_bytes=args.segment_mib * MIB) as store:
-            while not failed.is_set() and not fs.probe(stop):
-                page = client.call("acquire", worker_id=f"host-{args.index}-writer-{rank}",
-                                   max_tasks=1, task_prefix=f"{args.index}:{rank}:")
-                if not page["assignments"]:
-                    return
-                lease = page["assignments"][0]["lease"]  # the server rebuilds the Lease
-                task = lease["task_id"]
-                # the result names its task and attempt (whichever key the lease uses)
-                meta = {k: lease[k] for k in ("task_id", "attempt", "attempt_id") if k in lease}
-                shape = sizes[done % len(sizes)]
-                cache = {n: cache[n] if n in cache else rng.randbytes(n) for n in set(shape)}
-                t0 = time.monotonic()
-                ref = store.publish([Record(f"{task}:{i}", cache[n], metadata=meta)
-                                     for i, n in enumerate(shape)], submission_id=task)
-                t1 = time.monotonic()
-                client.call("complete_task", lease=lease, submission_id=task, result_ref=ref,
-                            result_digest=ref.digest)
-                t2 = time.monotonic()
-                with lock:
-                    totals["written_bytes"] += sum(shape)
-                    totals["publications"] += 1
-                    latencies["write"].append(t1 - t0)
-                    latencies["commit"].append(t2 - t1)
-                done += 1
-
-    def read(rank: int) -> None:
-        cursor = 0
-        with SharedFilesystemStore(pool, "benchmark",
-                                   writer_id=f"bench-reader-{args.index}-{rank}") as store:
-            while not failed.is_set() and not fs.probe(stop):
-                page = client.call("read_commits", cursor=cursor, limit=64)
-                for receipt in page["commits"]:
-                    producer = int(str(receipt["task_id"]).split(":")[0])
-                    # a ring: each host reads the previous host's results (itself alone)
-                    mine = args.fanout == args.host_count or \
-                        producer == (args.index - 1) % args.host_count
-                    if not mine or receipt["position"] % args.readers != rank:
-                        continue
-                    t0 = time.monotonic()
-                    ref = RecordSetRef.from_dict(receipt["result_ref"])
-                    amount = sum(memoryview(r.payload).nbytes for r in store.read(ref))
-                    with lock:
-                        totals["read_bytes"] += amount
-                        totals["reads"] += 1
-                        latencies["read"].append(time.monotonic() - t0)
-                cursor = page.get("cursor", page.get("next_cursor", cursor))
-                if page.get("end_of_input") or (expected is not None and cursor >= expected):
-                    return
-                if not page["commits"]:
-                    time.sleep(0.02)  # poll the commit log
-
-    with concurrent.futures.ThreadPoolExecutor(args.writers + args.readers) as threads:
-        futures = [threads.submit(write, i) for i in range(args.writers)] + \
-            [threads.submit(read, i) for i in range(args.readers)]
-        for future in concurrent.futures.as_completed(futures):
-            try:
-                future.result()
-            except BaseException:
-                failed.set()
-                raise
-    report = {**totals, "host": socket.gethostname(), "index": args.index,
-              "seconds": time.monotonic() - started, "cpu_seconds": time.process_time() - cpu,
-              "rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
-              "write_p50_seconds": percentile(latencies["write"], 0.5),
-              "write_p99_seconds": percentile(latencies["write"], 0.99),
-              "read_p50_seconds": percentile(latencies["read"], 0.5),
-              "read_p99_seconds": percentile(latencies["read"], 0.99),
-              "commit_p99_seconds": percentile(latencies["commit"], 0.99)}
-    write_report(os.path.join(root, f"worker-{args.index}.json"), report)
-    return report
 
 
 # --- the orchestrator -------------------------------------------------------------------
@@ -399,9 +193,8 @@ def _final_collection(coordinator: Any, store: Any, pool: str,
     return out
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    """One local run; returns (and writes to ``--report``) the report."""
-    from . import Coordinator, SharedFilesystemStore, TaskSpec, rpc
+def _check_args(args: argparse.Namespace) -> tuple[str, str]:
+    """The run's options checked; returns its root and report path."""
     if not args.local:
         raise ValueError("straw.benchmark runs its worker on this machine (--local); to "
                          "spread workers over hosts start `python -m straw.benchmark worker` "
@@ -419,6 +212,121 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     report_path = os.path.abspath(args.report)
     if report_path == root or report_path.startswith(root + os.sep):
         raise ValueError(f"--report {report_path} must lie outside the temporary root {root}")
+    return root, report_path
+
+
+def _start_worker(args: argparse.Namespace, root: str, endpoint: str, token: str,
+                  count: int, output: list[bytes]
+                  ) -> tuple[subprocess.Popen[bytes], threading.Thread]:
+    """The worker process, and the thread draining its output into ``output``."""
+    command = [sys.executable, "-m", "straw.benchmark", "worker", "--root", root,
+               "--address", endpoint, "--index", "0", "--host-count", "1",
+               "--start-at", str(time.time() + 1), "--writers", str(args.writers),
+               "--readers", str(args.readers), "--fanout", "1",
+               "--tokens", str(args.tokens), "--samples", str(args.samples),
+               "--segment-mib", str(args.segment_mib),
+               "--publications-per-task", str(args.publications_per_task),
+               "--tasks-per-writer", str(count)]
+    if args.profile:
+        command += ["--profile", os.path.abspath(args.profile)]
+    if args.record_bytes:
+        command += ["--record-bytes", *map(str, args.record_bytes)]
+    # the worker imports the straw this process runs (a source tree or the install)
+    source = args.source_dir or str(Path(__file__).resolve().parent.parent)
+    env = {**os.environ, TOKEN_ENV: token,
+           "PYTHONPATH": os.pathsep.join(filter(None, [source,
+                                                       os.environ.get("PYTHONPATH")]))}
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT)
+    pipe = process.stdout
+    drain = threading.Thread(target=lambda: output.append(pipe.read() if pipe else b""),
+                             daemon=True)
+    drain.start()
+    return process, drain
+
+
+def _await_worker(args: argparse.Namespace, root: str, process: subprocess.Popen[bytes],
+                  collector: _ConcurrentGC | None, deadline: float) -> None:
+    """Until the worker exits, within the storage budget and ``deadline``; a failed
+    concurrent collection is raised at once."""
+    while True:
+        try:
+            process.wait(timeout=1)
+            break
+        except subprocess.TimeoutExpired:
+            pass
+        if collector is not None and collector.error is not None:
+            collector.stop()  # raises the failed pass's error now, not at the end
+        files = _files(root)
+        if len(files) > args.max_files or sum(s for _, s in files) > args.max_gib * 2**30:
+            raise RuntimeError("the benchmark exceeded its storage budget "
+                               "(--max-files/--max-gib)")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the worker did not finish within --timeout {args.timeout}s")
+
+
+def _report(args: argparse.Namespace, workers: list[dict[str, Any]],
+            totals: tuple[int, int, int], files: list[tuple[str, int]], metrics: Any,
+            gc: dict[str, Any]) -> dict[str, Any]:
+    """The run's report from the workers' and their checked ``totals``."""
+    written, read, publications = totals
+    duration = max(w["seconds"] for w in workers)
+    return {
+        "version": 1, "status": "passed", "hosts": ["localhost"], "workers": workers,
+        "elapsed_seconds": duration, "written_bytes": written, "read_bytes": read,
+        "write_mib_s": written / MIB / duration, "read_mib_s": read / MIB / duration,
+        "file_count": len(files),
+        "data_files": sum(p.endswith(PACK_SUFFIXES) for p, _ in files),
+        "physical_bytes": sum(s for _, s in files), "publications": publications,
+        "coordinator": metrics,
+        "parameters": {k: v for k, v in vars(args).items() if k != "func"},
+        "cache_policy": "fresh paths, reads by the same client as the writes (one "
+                        "host); no cache eviction: not a cold-storage measurement",
+        "profile_source": "measured trace" if args.profile else
+                          "explicit record sizes" if args.record_bytes else
+                          "routed-expert and top-k size model",
+        **gc,
+    }
+
+
+def _check_workers(args: argparse.Namespace, workers: list[dict[str, Any]],
+                   count: int) -> tuple[int, int, int]:
+    """Every planned task published and every byte written read back; returns the bytes
+    written and read and the publications."""
+    written = sum(w["written_bytes"] for w in workers)
+    read = sum(w["read_bytes"] for w in workers)
+    publications = sum(w["publications"] for w in workers)
+    if publications != args.writers * count:
+        raise AssertionError(f"the worker published {publications} of "
+                             f"{args.writers * count} planned tasks")
+    if read != written:
+        raise AssertionError(f"read back {read} bytes of the {written} written")
+    return written, read, publications
+
+
+def _stop_worker(process: subprocess.Popen[bytes] | None) -> None:
+    if process is not None and process.poll() is None:
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.terminate()
+            process.wait(timeout=30)
+
+
+def _clean_up(root: str, report_path: str, completed: bool) -> None:
+    """What the run left, reported next to its report; the root removed if it passed."""
+    left = _files(root)
+    write_report(os.path.splitext(report_path)[0] + ".cleanup.json", {
+        "root": root, "files": len(left), "bytes": sum(s for _, s in left),
+        "workers_stopped": True, "removed": completed})
+    if completed:
+        shutil.rmtree(root)  # a temporary tree of this run only, as `straw bench` does
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """One local run; returns (and writes to ``--report``) the report."""
+    from . import Coordinator, SharedFilesystemStore, TaskSpec, rpc
+    root, report_path = _check_args(args)
     sizes = load_sizes(args)
     _check_sizes(sizes)
     count = _plan(args, sizes)
@@ -435,53 +343,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     server = rpc.start(coordinator, (args.bind, 0), token=token)
     host = args.advertise_host or ("127.0.0.1" if args.bind in ("", "0.0.0.0") else args.bind)
     endpoint = f"http://{host}:{server.address[1]}"
-    completed, process, output = False, None, []
+    completed, process = False, None
+    output: list[bytes] = []
     collector: _ConcurrentGC | None = None
     try:
         for w in range(args.writers):
             for start in range(0, count, TASK_CHUNK):
                 coordinator.submit_tasks(f"submit-0-{w}-{start}", [
                     TaskSpec(f"0:{w}:{i}") for i in range(start, min(count, start + TASK_CHUNK))])
-        command = [sys.executable, "-m", "straw.benchmark", "worker", "--root", root,
-                   "--address", endpoint, "--index", "0", "--host-count", "1",
-                   "--start-at", str(time.time() + 1), "--writers", str(args.writers),
-                   "--readers", str(args.readers), "--fanout", "1",
-                   "--tokens", str(args.tokens), "--samples", str(args.samples),
-                   "--segment-mib", str(args.segment_mib),
-                   "--publications-per-task", str(args.publications_per_task),
-                   "--tasks-per-writer", str(count)]
-        if args.profile:
-            command += ["--profile", os.path.abspath(args.profile)]
-        if args.record_bytes:
-            command += ["--record-bytes", *map(str, args.record_bytes)]
-        # the worker imports the straw this process runs (a source tree or the install)
-        source = args.source_dir or str(Path(__file__).resolve().parent.parent)
-        env = {**os.environ, TOKEN_ENV: token,
-               "PYTHONPATH": os.pathsep.join(filter(None, [source,
-                                                           os.environ.get("PYTHONPATH")]))}
-        process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT)
-        pipe = process.stdout
-        drain = threading.Thread(target=lambda: output.append(pipe.read() if pipe else b""),
-                                 daemon=True)
-        drain.start()
+        process, drain = _start_worker(args, root, endpoint, token, count, output)
         deadline = time.monotonic() + args.timeout
         if args.online_gc:
             collector = _ConcurrentGC(coordinator, args.gc_interval)
-        while True:
-            try:
-                process.wait(timeout=1)
-                break
-            except subprocess.TimeoutExpired:
-                pass
-            if collector is not None and collector.error is not None:
-                collector.stop()  # raises the failed pass's error now, not at the end
-            files = _files(root)
-            if len(files) > args.max_files or sum(s for _, s in files) > args.max_gib * 2**30:
-                raise RuntimeError("the benchmark exceeded its storage budget "
-                                   "(--max-files/--max-gib)")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the worker did not finish within --timeout {args.timeout}s")
+        _await_worker(args, root, process, collector, deadline)
         drain.join(30)
         if collector is not None:  # the worker's readers have all finished
             collector.stop()
@@ -489,39 +363,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             log = b"".join(output).decode(errors="replace")
             raise RuntimeError(f"the worker failed (exit {process.returncode}):\n{log[-4000:]}")
         workers = [json.loads(fs.read_file(os.path.join(root, "worker-0.json")))]
-        written = sum(w["written_bytes"] for w in workers)
-        read = sum(w["read_bytes"] for w in workers)
-        publications = sum(w["publications"] for w in workers)
-        if publications != args.writers * count:
-            raise AssertionError(f"the worker published {publications} of "
-                                 f"{args.writers * count} planned tasks")
-        if read != written:
-            raise AssertionError(f"read back {read} bytes of the {written} written")
+        totals = _check_workers(args, workers, count)
         files = _files(os.path.join(root, "queue"))  # the run's footprint, before gc
         gc: dict[str, Any] = {}
         if collector is not None:
             gc = _final_collection(coordinator, store, os.path.join(root, "queue"),
-                                   publications)
+                                   totals[2])
             gc.update(concurrent_gc_passes=collector.passes,
                       concurrent_gc_pass_count=len(collector.passes),
                       concurrent_gc_seconds=collector.seconds)
-        duration = max(w["seconds"] for w in workers)
-        report = {
-            "version": 1, "status": "passed", "hosts": ["localhost"], "workers": workers,
-            "elapsed_seconds": duration, "written_bytes": written, "read_bytes": read,
-            "write_mib_s": written / MIB / duration, "read_mib_s": read / MIB / duration,
-            "file_count": len(files),
-            "data_files": sum(p.endswith(PACK_SUFFIXES) for p, _ in files),
-            "physical_bytes": sum(s for _, s in files), "publications": publications,
-            "coordinator": rpc.to_wire(coordinator.metrics()),
-            "parameters": {k: v for k, v in vars(args).items() if k != "func"},
-            "cache_policy": "fresh paths, reads by the same client as the writes (one "
-                            "host); no cache eviction: not a cold-storage measurement",
-            "profile_source": "measured trace" if args.profile else
-                              "explicit record sizes" if args.record_bytes else
-                              "routed-expert and top-k size model",
-            **gc,
-        }
+        report = _report(args, workers, totals, files, rpc.to_wire(coordinator.metrics()), gc)
         write_report(os.path.join(root, "report.json"), report)
         write_report(report_path, report)
         print(json.dumps({k: v for k, v in report.items()
@@ -533,21 +384,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if collector is not None:
             collector.stop_quietly()
         fs.write_file_durable(os.path.join(root, "STOP"), b"")
-        if process is not None and process.poll() is None:
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.terminate()
-                process.wait(timeout=30)
+        _stop_worker(process)
         server.close()
         coordinator.close()
         store.close()
-        left = _files(root)
-        write_report(os.path.splitext(report_path)[0] + ".cleanup.json", {
-            "root": root, "files": len(left), "bytes": sum(s for _, s in left),
-            "workers_stopped": True, "removed": completed})
-        if completed:
-            shutil.rmtree(root)  # a temporary tree of this run only, as `straw bench` does
+        _clean_up(root, report_path, completed)
 
 
 # --- the command ------------------------------------------------------------------------

@@ -49,20 +49,16 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from ..coordinator import Coordinator
 from ..fs import PosixFS
 from ..publication_log import AckLog
 from ..refs import RecordSetRef
-from ..rollout import RankBatchRef, RolloutConfig, SampleGroup, default_convert
-from ..rollout.builder import COLLECTION_PREFIX, read_stored_state
+from ..rollout import RankBatchRef, SampleGroup, default_convert
 from ..rollout.checkpoint_files import model_dir
-from ..rollout.data_source import PROMPT_PREFIX
 
 try:
     from ..rollout.ray import NodeSpec, RayRollout, controller_state
@@ -73,96 +69,19 @@ except ModuleNotFoundError as e:  # pragma: no cover - the ray extra is missing
     raise ModuleNotFoundError("the demo runs on a local Ray cluster: install the ray extra "
                               "(pip install 'straw-store[ray]'; python3 dev.py demo does)",
                               name="ray") from e
-from ..rollout.resolve import NEW, SALVAGE, Resolution, resolve_checkpoint
-from ..rollout.toy import ToyPolicy, ToyTask, grpo_advantages
+from ..rollout.resolve import Resolution, resolve_checkpoint
+from ..rollout.toy import ToyPolicy, grpo_advantages
 from ..store import SharedFilesystemStore
 from ..tensor import tensor_from_record, tensor_record
-
-RUN = "demo"
-WEIGHTS = "weights"  # the queue producer whose state records the trained weights
-LOGS = "demo-logs"
-CHECKPOINTS = "checkpoints"
-
-
-@dataclasses.dataclass(frozen=True)
-class Settings:
-    """The job's size; ``--quick`` is the test's."""
-
-    steps: int = 24  # training batches
-    batch_groups: int = 8  # prompt groups per batch
-    samples: int = 4  # samples per prompt (GRPO group)
-    workers: int = 3  # generation actors
-    slots: int = 2  # groups an actor generates at once
-    prompts: int = 64
-    kill_worker_at: int = 6  # SIGKILL one generation actor after this many batches
-    checkpoint_every: int = 4  # a joint checkpoint after every this many batches
-    kill_job_at: int = 14  # SIGKILL the whole job after this many batches
-    lease_seconds: float = 3.0
-    token_seconds: float = 0.004
-    lr: float = 8.0
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if not 0 < self.kill_worker_at < self.kill_job_at < self.steps:
-            raise ValueError("the demo needs 0 < kill_worker_at < kill_job_at < steps")
-        if not 0 < self.checkpoint_every < self.kill_job_at:
-            raise ValueError("the demo needs a checkpoint before the job is killed: "
-                             "0 < checkpoint_every < kill_job_at")
-        if self.kill_job_at % self.checkpoint_every == 0:
-            # killed right after a batch, the job may be inside that batch's checkpoint
-            # (it selects the old or the new one, RL9); the demo wants batches to replay
-            raise ValueError("kill_job_at must not be a multiple of checkpoint_every")
-        if self.workers < 2:
-            raise ValueError("the demo kills a generation actor: it needs workers >= 2")
-
-    @classmethod
-    def quick(cls) -> Settings:
-        return cls(steps=12, batch_groups=6, workers=2, kill_worker_at=3,
-                   checkpoint_every=3, kill_job_at=7, lease_seconds=2.0)
-
-    @property
-    def last_checkpoint(self) -> int:
-        """The step of the newest checkpoint before the job is killed."""
-        return (self.kill_job_at // self.checkpoint_every) * self.checkpoint_every - 1
-
-    def to_args(self) -> list[str]:
-        return [f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self)]
-
-    @classmethod
-    def from_args(cls, items: Sequence[str]) -> Settings:
-        kinds = {f.name: type(getattr(cls(), f.name)) for f in dataclasses.fields(cls)}
-        values = dict(item.split("=", 1) for item in items)
-        return cls(**{k: kinds[k](v) for k, v in values.items()})
-
-
-def _config(s: Settings) -> RolloutConfig:
-    return RolloutConfig(n_samples_per_prompt=s.samples, lease_seconds=s.lease_seconds,
-                         segment_mib=8)
-
-
-def _store(root: str, writer_id: str, s: Settings) -> SharedFilesystemStore:
-    return SharedFilesystemStore(root, RUN, writer_id=writer_id, **_config(s).store_options())
-
-
-def _policy(s: Settings) -> ToyPolicy:
-    return ToyPolicy(ToyTask(), seed=s.seed, lr=s.lr, token_seconds=s.token_seconds)
-
-
-def _prompts(s: Settings) -> list[tuple[int, ...]]:
-    return ToyTask().prompts(s.prompts, seed=s.seed)
-
-
-def _log(logdir: str, name: str) -> AckLog:
-    return AckLog(PosixFS(), os.path.join(logdir, name + ".log"))
-
-
-def _read(logdir: str, name: str) -> list[Any]:
-    path = os.path.join(logdir, name + ".log")
-    return AckLog(PosixFS(), path).read() if os.path.exists(path) else []
-
-
-def controller_name(phase: int) -> str:
-    return f"straw-demo-controller-{phase}"
+from .demo_check import QueueView as QueueView
+from .demo_check import check as check
+from .demo_settings import CHECKPOINTS as CHECKPOINTS
+from .demo_settings import LOGS as LOGS
+from .demo_settings import RUN as RUN
+from .demo_settings import WEIGHTS as WEIGHTS
+from .demo_settings import Settings as Settings
+from .demo_settings import _config, _log, _policy, _prompts, _read, _store
+from .demo_settings import controller_name as controller_name
 
 
 def convert_with_versions(sample: Any, reward: float) -> dict[str, Any]:
@@ -456,135 +375,6 @@ def run(root: str, s: Settings) -> dict[str, Any]:
     report = check(root, logdir, s)
     report.update(wall=wall, ray_started=ray_started, killed_after=killed_after)
     return report
-
-
-def _json(store: SharedFilesystemStore, ref: Mapping[str, Any]) -> Any:
-    (rec,) = store.read(RecordSetRef.from_dict(ref))
-    return json.loads(bytes(rec.payload))
-
-
-@dataclasses.dataclass
-class QueueView:
-    """What one start's queue holds: its accepted groups and its batches."""
-
-    coord: Coordinator
-    store: SharedFilesystemStore
-
-    def __post_init__(self) -> None:
-        self.commits: list[Any] = []
-        cursor = 0
-        while page := self.coord.read_commits(cursor, 1000).commits:
-            self.commits += page
-            cursor += len(page)
-        self.accepted = {c.commit_id: c for c in self.commits
-                         if c.task_id.startswith(PROMPT_PREFIX)}
-        view = self.coord.load_consumer_state(self.coord.consumer_id)
-        self.builder = {} if view is None else read_stored_state(
-            _json(self.store, view["state_ref"]))
-
-    def batch(self, step: int) -> dict[str, Any] | None:
-        """Batch ``step``'s plan and samples (None: never planned here)."""
-        receipt = self.coord.lookup_submission(COLLECTION_PREFIX + str(step))
-        if receipt is None:
-            return None
-        batch_id = "batch:" + receipt.commit_id
-        view = self.coord.get_batch(batch_id)
-        if view is None or not view["finished"]:
-            return None
-        ready = _json(self.store, view["ready_ref"])
-        samples = [x for r, ref in enumerate(ready["ranks"]) for x in RankBatchRef(
-            batch_id, ready["plan_digest"], r, ready["world"],
-            RecordSetRef.from_dict(ref)).load(self.store, rank=r).samples]
-        return {"batch_id": batch_id, "plan": _json(self.store, view["plan_ref"]),
-                "samples": samples}
-
-
-def check(root: str, logdir: str, s: Settings) -> dict[str, Any]:
-    """What the pool's queues and batches prove, and the logs' generate calls (raises if
-    anything accepted was lost, trained twice, replayed differently or generated again)."""
-    trainer = _read(logdir, "trainer")
-    starts = {e["phase"]: e for e in trainer if e["ev"] == "start"}
-    r1, r2 = starts[1]["resolution"], starts[2]["resolution"]
-    if r1["mode"] != NEW or r2["mode"] != SALVAGE:
-        raise RuntimeError(f"the demo's check failed: the job started as {r1['mode']!r} "
-                           f"and resumed as {r2['mode']!r} (expected new, then salvage)")
-    k = int(r2["step"])  # the checkpoint the resumed job salvaged
-    with SharedFilesystemStore(root, RUN, writer_id="demo-check") as store:
-        views = [QueueView(Coordinator(store, queue_id=r["queue"]["queue_id"],
-                                       namespace=r["queue"]["namespace"], recover=True),
-                           store) for r in (r1, r2)]
-        try:
-            q1, q2 = views
-            task_of = {cid: c.task_id for q in views for cid, c in q.accepted.items()}
-            lineage = [(q1 if step <= k else q2).batch(step) for step in range(s.steps)]
-            missing = [step for step, b in enumerate(lineage) if b is None]
-            if missing:
-                raise RuntimeError(f"the demo's check failed: batches {missing} not trained")
-            batches = [b for b in lineage if b is not None]
-            # the batches the dead job trained after the checkpoint, replayed by the new one
-            replayed = []
-            for step in range(k + 1, s.steps):
-                old = q1.batch(step)
-                if old is None:
-                    break
-                new = batches[step]
-                same = [(g["commit_id"], g["digest"]) for g in old["plan"]["groups"]] == \
-                    [(g["commit_id"], g["digest"]) for g in new["plan"]["groups"]]
-                replayed.append((step, same))
-            in_batches = Counter(task_of[g["commit_id"]] for b in batches
-                                 for g in b["plan"]["groups"])
-            twice = sorted(t for t, n in in_batches.items() if n > 1)
-            backlog = {task_of[e["commit_id"]] for e in q2.builder["backlog"]} | {
-                c.task_id for c in q2.accepted.values()
-                if c.position >= q2.builder["scan_cursor"]}
-            accepted1 = {c.task_id for c in q1.accepted.values()}
-            accepted2 = {c.task_id for c in q2.accepted.values()}
-            lost = sorted((accepted1 | accepted2) - set(in_batches) - backlog)
-            rewards = [float(np.mean([x["raw_reward"] for x in b["samples"]]))
-                       for b in batches]
-            stale = Counter(step - min(int(v[2]) for v in x["versions"])
-                            for step, b in enumerate(batches) for x in b["samples"])
-            weights = q2.coord.producer_state(WEIGHTS)
-            disk = store.disk_usage()
-            queue_dirs = [q.coord.dir for q in views]
-        finally:
-            for q in views:
-                q.coord.close()
-    logs = {n[:-4]: _read(logdir, n[:-4]) for n in sorted(os.listdir(logdir))
-            if n.startswith("p") and n.endswith(".log")}
-    calls = {phase: [e for n, evs in logs.items() if n.startswith(f"p{phase}-gen-")
-                     for e in evs if e["ev"] == "generate"] for phase in (1, 2)}
-    accepted_before = {int(t[len(PROMPT_PREFIX):]) for t in accepted1}
-    regenerated = sum(1 for e in calls[2] if e["group"] in accepted_before)
-    killed = next(e for e in trainer if e["ev"] == "killed-worker")
-    held_done = sum(1 for t in killed["held"] if t in accepted1 | accepted2)
-    trained1 = {e["step"]: e for e in trainer if e["ev"] == "trained" and e["phase"] == 1}
-    trained2 = {e["step"]: e for e in trainer if e["ev"] == "trained" and e["phase"] == 2}
-    same_weights = [trained1[st]["weights"] == trained2[st]["weights"] for st, _ in replayed]
-    problems = []
-    if lost or twice:
-        problems.append(f"accepted groups lost {lost}, trained twice {twice}")
-    if regenerated or accepted1 & accepted2:
-        problems.append(f"{regenerated} generate calls after the resume for groups accepted "
-                        f"before it; accepted in both starts: {sorted(accepted1 & accepted2)}")
-    if not replayed or not all(same for _, same in replayed) or not all(same_weights):
-        problems.append(f"replayed batches not identical: {replayed}, weights {same_weights}")
-    if weights is None or weights["version"] != s.steps or weights["trained"] != s.steps:
-        problems.append(f"the weights recorded {weights and weights['version']} updates for "
-                        f"{s.steps} batches")
-    if problems:
-        raise RuntimeError("the demo's check failed: " + "; ".join(problems))
-    return {"rewards": rewards, "steps": len(batches), "checkpoint": k,
-            "replayed": [st for st, _ in replayed], "restored": r2["restored"],
-            "accepted": len(accepted1 | accepted2), "accepted_before": len(accepted1),
-            "trained_groups": len(in_batches), "backlog": len(backlog), "lost": len(lost),
-            "twice": len(twice), "regenerated": regenerated,
-            "calls_before": len(calls[1]), "calls_after": len(calls[2]),
-            "continued": sum(1 for p in (1, 2) for e in calls[p] if e["progress"] > 0),
-            "killed": killed, "held_done": held_done,
-            "staleness": dict(sorted(stale.items())), "version": weights["version"],
-            "disk": disk, "queue_dirs": queue_dirs, "logdir": logdir,
-            "checkpoints": os.path.join(root, CHECKPOINTS), "branch": r2["directory"]}
 
 
 def _bar(value: float, width: int = 40) -> str:

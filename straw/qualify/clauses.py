@@ -210,75 +210,94 @@ def _parse_version(data: bytes) -> int | None:
     return k if len(data) == size and data == _version(k) else None
 
 
-def rename_atomic(env: Env) -> Result:
-    violations: list[str] = []
-    lags: list[float | None] = []
-    stale_missing = 0
-    target = env.name("rename")
+class _Renames:
+    """Client A renames whole versions of one file over its name; client B reads the
+    name and must see one whole version each time (never torn, mixed or missing)."""
 
-    def publish(k: int) -> None:
+    def __init__(self, env: Env) -> None:
+        self.env = env
+        self.target = env.name("rename")
+        self.violations: list[str] = []
+        self.stale_missing = 0
+
+    def publish(self, k: int) -> None:
+        a, target = self.env.a, self.target
         tmp = f"{target}.tmp{k}"
-        write_file(env.a, tmp, _version(k))
-        ino = env.a.fs.stat(env.a.path(tmp)).inode
-        env.a.fs.rename(env.a.path(tmp), env.a.path(target))
-        env.a.fs.fsync_dir(env.a.dir)
-        if env.a.fs.stat(env.a.path(target)).inode != ino:
-            violations.append(f"{target}: after rename the name holds another inode than "
-                              "the renamed file (copied, not renamed)")
-        if env.a.fs.probe(env.a.path(tmp)):
-            violations.append(f"{tmp}: the source name still exists after rename")
+        write_file(a, tmp, _version(k))
+        ino = a.fs.stat(a.path(tmp)).inode
+        a.fs.rename(a.path(tmp), a.path(target))
+        a.fs.fsync_dir(a.dir)
+        if a.fs.stat(a.path(target)).inode != ino:
+            self.violations.append(f"{target}: after rename the name holds another inode "
+                                   "than the renamed file (copied, not renamed)")
+        if a.fs.probe(a.path(tmp)):
+            self.violations.append(f"{tmp}: the source name still exists after rename")
 
-    def b_version() -> int | None | str:
-        data = read_file(env.b, target)
+    def b_version(self) -> int | None | str:
+        data = read_file(self.env.b, self.target)
         if data is None:
             return "missing"
         k = _parse_version(data)
         if k is None:
-            violations.append(f"{target}: B read {len(data)} bytes that are no complete "
-                              "version (torn or mixed)")
+            self.violations.append(f"{self.target}: B read {len(data)} bytes that are no "
+                                   "complete version (torn or mixed)")
         return k
 
-    publish(0)
-    for k in range(1, env.rounds + 1):
-        b_version()  # B resolves the name: its caches now hold version k-1
-        publish(k)
+    def one_by_one(self) -> list[float | None]:
+        """Each version renamed while B holds the previous one: how long B takes to
+        see it."""
+        lags: list[float | None] = []
+        self.publish(0)
+        for k in range(1, self.env.rounds + 1):
+            self.b_version()  # B resolves the name: its caches now hold version k-1
+            self.publish(k)
 
-        def sees_k(k: int = k) -> bool:
-            nonlocal stale_missing
-            got = b_version()
-            if got == "missing":
-                stale_missing += 1
-            return got == k
+            def sees_k(k: int = k) -> bool:
+                got = self.b_version()
+                if got == "missing":
+                    self.stale_missing += 1
+                return got == k
 
-        lags.append(converge(env, sees_k))
-    # concurrent phase: B keeps reading while A renames as fast as it can
-    reads, done = 0, threading.Event()
-    errors: list[BaseException] = []
+            lags.append(converge(self.env, sees_k))
+        return lags
 
-    def renamer() -> None:
-        try:
-            for k in range(env.rounds + 1, 3 * env.rounds + 1):
-                publish(k)
-        except BaseException as e:  # noqa: B036 - reported below
-            errors.append(e)
-        finally:
-            done.set()
+    def concurrently(self) -> int:
+        """B keeps reading while A renames as fast as it can: the reads made."""
+        reads, done = 0, threading.Event()
+        errors: list[BaseException] = []
 
-    t = threading.Thread(target=renamer)
-    t.start()
-    while True:
-        finished = done.is_set()
-        if b_version() == "missing":
-            stale_missing += 1
-        reads += 1
-        if finished:
-            break
-    t.join()
-    if errors:
-        violations.append(f"renaming while the other client reads raised {errors[0]!r}")
+        def renamer() -> None:
+            try:
+                for k in range(self.env.rounds + 1, 3 * self.env.rounds + 1):
+                    self.publish(k)
+            except BaseException as e:  # noqa: B036 - reported below
+                errors.append(e)
+            finally:
+                done.set()
+
+        t = threading.Thread(target=renamer)
+        t.start()
+        while True:
+            finished = done.is_set()
+            if self.b_version() == "missing":
+                self.stale_missing += 1
+            reads += 1
+            if finished:
+                break
+        t.join()
+        if errors:
+            self.violations.append(
+                f"renaming while the other client reads raised {errors[0]!r}")
+        return reads
+
+
+def rename_atomic(env: Env) -> Result:
+    r = _Renames(env)
+    lags = r.one_by_one()
+    reads = r.concurrently()
     fig: dict[str, Any] = {"visible": window(lags), "concurrent_reads": reads,
-           "missing_reads": stale_missing}
-    res = verdict("rename_atomic", violations, f"{3 * env.rounds} renames: every read one "
+           "missing_reads": r.stale_missing}
+    res = verdict("rename_atomic", r.violations, f"{3 * env.rounds} renames: every read one "
                    f"whole version ({reads} concurrent)", fig)
     if res.verdict == PASS and fig["visible"]["unconverged"]:
         return window_verdict("rename_atomic", env, lags, "renamed versions")
