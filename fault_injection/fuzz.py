@@ -49,9 +49,9 @@ from fault_injection.store_fuzz import Summary, run_target
 def _juicefs(base: str) -> Iterator[tuple[str, str] | str]:
     """Two clients of a fresh JuiceFS volume, or the reason there are none."""
     try:
-        from tests.juicefs_fixture import JuiceFSUnavailable, mount_pair
+        from fault_injection.juicefs import JuiceFSUnavailable, mount_pair
     except ImportError as e:  # pragma: no cover - run from outside the repository
-        yield f"cannot import tests.juicefs_fixture: {e}"
+        yield f"cannot import fault_injection.juicefs: {e}"
         return
     try:
         with mount_pair(os.path.join(base, "juicefs")) as m:

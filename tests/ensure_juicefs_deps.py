@@ -77,9 +77,9 @@ def main() -> int:
         if warning:
             say(f"WARNING: {warning}")
         try:
-            from tests.juicefs_fixture import sweep_stale_mounts, unavailable_reason
+            from fault_injection.juicefs import sweep_stale_mounts, unavailable_reason
         except Exception as exc:  # pytest not installed, syntax error, ...
-            say(f"WARNING: cannot import tests.juicefs_fixture ({exc}); JuiceFS tests may skip")
+            say(f"WARNING: cannot import fault_injection.juicefs ({exc}); JuiceFS tests may skip")
             return 0
         reason = unavailable_reason()
         if reason:
