@@ -217,4 +217,4 @@ def test_the_tools_find_what_they_look_for():
     sized = sizes("tests")
     assert sized[("function", "tests.test_architecture.circles")] > 20
     graph = internal_graph("straw")
-    assert "straw.store" in graph["straw.coordinator"]
+    assert "straw.store" in graph["straw.queue.coordinator"]

@@ -1,11 +1,11 @@
 """The queue: one coordinator per queue, the single writer of its journal.
 
-The ``Coordinator`` (``straw.coordinator``, the module path callers import) is assembled
+The ``Coordinator`` (``coordinator.py``; callers import it as ``straw.coordinator``) is assembled
 from one class per concern, each in its own module and each built on the ones below it
 (a layer uses only what is beneath it; completions and the consumer side are two branches
 over the leases)::
 
-    Coordinator        straw.coordinator   argument checks, then the pipeline with the rule
+    Coordinator        coordinator.py      argument checks, then the pipeline with the rule
     QueueCompletions   completions.py      results accepted exactly once (D7): one, many,
                                            or one with the worker's next grant
     QueueViews         views.py            reads of the state, inspection, metrics

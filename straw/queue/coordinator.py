@@ -1,7 +1,9 @@
-"""``Coordinator``: the single writer of one queue's journal (the module path callers import).
+"""``Coordinator``: the single writer of one queue's journal.
 
-The coordinator is assembled from one class per concern in ``straw.queue`` (see its
-package docstring): the commit pipeline and retention (``pipeline``, D2), epochs,
+Callers import it as ``straw.coordinator`` (the same module, aliased there).
+
+The coordinator is assembled from one class per concern in this package (see its
+docstring): the commit pipeline and retention (``pipeline``, D2), epochs,
 recovery and fencing (``epochs``, D8, D9), leases and readers (``leases``, Q3, D5),
 completions (``completions``, D7), consumers, batches and checkpoints, and the views.
 This class opens the queue and holds the other task calls: each checks its arguments,
@@ -34,43 +36,43 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .checks import check_count, check_int, check_seconds, check_u64, short_repr
-from .clock import Clock
-from .errors import (
+from ..checks import check_count, check_int, check_seconds, check_u64, short_repr
+from ..clock import Clock
+from ..errors import (
     IdempotencyConflict,
     ResourceLimitExceeded,
     StorageUnavailable,
     UnsafeRecovery,
 )
-from .process import OPEN_QUEUE_IN_CHILD
-from .protocol import (
+from ..process import OPEN_QUEUE_IN_CHILD
+from ..protocol import (
     Lease,
     Limits,
     TaskSpec,
     unenforced,
 )
-from .queue import rules
-from .queue.checks import check_id as _check_id
-from .queue.checks import check_int64 as _check_int64
-from .queue.checks import check_lease_fields as _check_lease_fields
-from .queue.checks import digest as _digest
-from .queue.checks import ref_tuple as _ref_tuple
-from .queue.completions import QueueCompletions
-from .queue.epochs import queue_dir
-from .queue.ids import check_queue_id
-from .queue.marker import QueueMarker
-from .queue.names import QueueNames
-from .queue.replay import read_state, replay
-from .queue.tasks import PENDING
-from .queue.views import QueueViews
-from .refs import (
+from ..refs import (
     NAME_RE,
     RecordSetRef,
     record_sets_in,
     ref_identity,
 )
-from .siblings import DEFAULT_GROUP_WAIT
-from .store import SharedFilesystemStore
+from ..siblings import DEFAULT_GROUP_WAIT
+from ..store import SharedFilesystemStore
+from . import rules
+from .checks import check_id as _check_id
+from .checks import check_int64 as _check_int64
+from .checks import check_lease_fields as _check_lease_fields
+from .checks import digest as _digest
+from .checks import ref_tuple as _ref_tuple
+from .completions import QueueCompletions
+from .epochs import queue_dir
+from .ids import check_queue_id
+from .marker import QueueMarker
+from .names import QueueNames
+from .replay import read_state, replay
+from .tasks import PENDING
+from .views import QueueViews
 
 DEFAULT_CONSUMER = "training"
 
