@@ -187,7 +187,6 @@ from typing import Any
 
 import msgpack
 
-from . import framing
 from .catalog_read import (
     CATALOG_NAME,
     decode_ops,
@@ -215,6 +214,7 @@ from .catalog_state import (
     freeing_bytes,
     run_prefix,
 )
+from .durable import framing
 from .errors import (
     CorruptData,
     InvalidReference,

@@ -12,9 +12,9 @@ from typing import Any
 import msgpack
 import xxhash
 
-from . import framing
 from .catalog_snapshot import HEAD_NAME, decode_state, snapshot_gen
 from .catalog_state import CATALOG_VERSION, CatalogState
+from .durable import framing
 from .errors import CorruptData, UnsupportedSchema
 from .fs import Filesystem
 

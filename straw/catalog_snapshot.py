@@ -30,9 +30,9 @@ from typing import Any
 
 import msgpack
 
-from . import framing
 from .catalog_roots import OffsetSet, RootSet, SortedOffsets, le_u64
 from .catalog_state import CatalogState, PackInfo
+from .durable import framing
 from .errors import CorruptData, UnsupportedSchema
 
 SNAPSHOT_VERSION = 1

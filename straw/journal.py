@@ -170,8 +170,8 @@ from typing import Any
 
 import msgpack
 
-from . import framing
 from .clock import Clock, SystemClock
+from .durable import framing
 from .errors import (
     CorruptData,
     Fenced,

@@ -23,7 +23,7 @@ import errno
 import os
 from typing import Any
 
-from . import framing
+from .durable import framing
 from .errors import CorruptData, StrawError
 from .fs import Filesystem, NotBeneath
 from .pack import storage_error
