@@ -24,7 +24,6 @@ MODULE_LINES, CLASS_LINES, FUNCTION_LINES = 600, 500, 70
 
 # (kind, qualified name) -> lines today.  May only shrink; remove an entry once it fits.
 OVERSIZED: dict[tuple[str, str], int] = {
-    ("class", "straw.catalog.Catalog"): 1002,
     ("class", "straw.coordinator.Coordinator"): 793,
     ("class", "straw.reader.ReadSession"): 975,
     ("class", "straw.rollout.builder.BatchBuilder"): 732,
@@ -40,7 +39,6 @@ OVERSIZED: dict[tuple[str, str], int] = {
     ("function", "fault_injection.sweep.run_crash_state"): 85,
     ("function", "straw.benchmark.run"): 149,
     ("function", "straw.benchmark.worker"): 100,
-    ("function", "straw.catalog.Catalog._refresh"): 72,
     ("function", "straw.cli.demo.check"): 86,
     ("function", "straw.codec._Encoder.enc"): 78,
     ("function", "straw.coordinator.Coordinator.__init__"): 125,
@@ -57,7 +55,6 @@ OVERSIZED: dict[tuple[str, str], int] = {
     ("module", "fault_injection.queue_fuzz"): 623,
     ("module", "fault_injection.simfs"): 746,
     ("module", "straw.benchmark"): 613,
-    ("module", "straw.catalog"): 1350,
     ("module", "straw.cli.demo"): 666,
     ("module", "straw.codec"): 650,
     ("module", "straw.coordinator"): 908,

@@ -1,0 +1,1 @@
+"""The pool: packs, writers, publication, recovery, holds and the ownership catalog."""
