@@ -8,18 +8,6 @@ from .pool.catalog.log import RESERVE_FLOOR, RESERVE_STEP
 from .pool.catalog.read import CATALOG_NAME, read_state
 from .pool.catalog.state import CatalogState, Extent, OwnerKey, PackInfo, run_prefix
 
-__all__ = [
-    "CATALOG_NAME",
-    "COMPACT_AFTER",
-    "COMPACT_RATIO",
-    "RESERVE_FLOOR",
-    "RESERVE_STEP",
-    "Announcement",
-    "Catalog",
-    "CatalogState",
-    "Extent",
-    "OwnerKey",
-    "PackInfo",
-    "read_state",
-    "run_prefix",
-]
+__all__ = ["CATALOG_NAME", "COMPACT_AFTER", "COMPACT_RATIO", "RESERVE_FLOOR", "RESERVE_STEP",
+           "Announcement", "Catalog", "CatalogState", "Extent", "OwnerKey", "PackInfo",
+           "read_state", "run_prefix"]

@@ -12,12 +12,5 @@ from .pool.catalog.read import (
     state_upto,
 )
 
-__all__ = [
-    "CATALOG_NAME",
-    "decode_ops",
-    "frame_tag",
-    "load_snapshot",
-    "read_state",
-    "read_to_clean_end",
-    "state_upto",
-]
+__all__ = ["CATALOG_NAME", "decode_ops", "frame_tag", "load_snapshot", "read_state",
+           "read_to_clean_end", "state_upto"]

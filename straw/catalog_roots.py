@@ -9,9 +9,4 @@ from .pool.catalog.roots import (
     le_u64,
 )
 
-__all__ = [
-    "OffsetSet",
-    "RootSet",
-    "SortedOffsets",
-    "le_u64",
-]
+__all__ = ["OffsetSet", "RootSet", "SortedOffsets", "le_u64"]

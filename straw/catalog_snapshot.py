@@ -12,12 +12,5 @@ from .pool.catalog.snapshot import (
     snapshot_name,
 )
 
-__all__ = [
-    "HEAD_NAME",
-    "SNAP_PREFIX",
-    "decode_state",
-    "digest",
-    "encode_state",
-    "snapshot_gen",
-    "snapshot_name",
-]
+__all__ = ["HEAD_NAME", "SNAP_PREFIX", "decode_state", "digest", "encode_state", "snapshot_gen",
+           "snapshot_name"]

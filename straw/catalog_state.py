@@ -15,15 +15,5 @@ from .pool.catalog.state import (
     run_prefix,
 )
 
-__all__ = [
-    "CATALOG_VERSION",
-    "CatalogState",
-    "Extent",
-    "FREEING_OPS",
-    "LEGACY_RUN",
-    "OwnerKey",
-    "PackInfo",
-    "freeing_bytes",
-    "run_of",
-    "run_prefix",
-]
+__all__ = ["CATALOG_VERSION", "CatalogState", "Extent", "FREEING_OPS", "LEGACY_RUN", "OwnerKey",
+           "PackInfo", "freeing_bytes", "run_of", "run_prefix"]

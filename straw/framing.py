@@ -41,34 +41,10 @@ from .durable.framing import (
     scan_frames,
 )
 
-__all__ = [
-    "DamagedFrame",
-    "FORMAT_VERSION",
-    "FrameHeader",
-    "HEADER",
-    "HEADER_SIZE",
-    "KIND_CATALOG",
-    "KIND_EXTENT",
-    "KIND_HISTORY",
-    "KIND_JOURNAL",
-    "KIND_LOG",
-    "KIND_PACK_HEADER",
-    "KIND_SEAL",
-    "KIND_SNAPSHOT",
-    "KNOWN_KINDS",
-    "MAGIC",
-    "ReadAt",
-    "ScanResult",
-    "ScannedFrame",
-    "TornFrame",
-    "decode_frame",
-    "decode_header",
-    "encode_frame",
-    "encode_header",
-    "hash_buffers",
-    "is_zero",
-    "read_at_fn",
-    "scan_frames",
-]
+__all__ = ["DamagedFrame", "FORMAT_VERSION", "FrameHeader", "HEADER", "HEADER_SIZE",
+           "KIND_CATALOG", "KIND_EXTENT", "KIND_HISTORY", "KIND_JOURNAL", "KIND_LOG",
+           "KIND_PACK_HEADER", "KIND_SEAL", "KIND_SNAPSHOT", "KNOWN_KINDS", "MAGIC", "ReadAt",
+           "ScanResult", "ScannedFrame", "TornFrame", "decode_frame", "decode_header",
+           "encode_frame", "encode_header", "hash_buffers", "is_zero", "read_at_fn", "scan_frames"]
 
 sys.modules[__name__] = _framing

@@ -24,22 +24,6 @@ from .durable.segments import (
     snapshot_name,
 )
 
-__all__ = [
-    "CONFIRM_LEN",
-    "DEFAULT_RESERVE",
-    "DEFAULT_SEGMENT_TARGET",
-    "JOURNAL_VERSION",
-    "REC_BATCH",
-    "REC_CONFIRM",
-    "REC_ROTATED",
-    "REC_SEGMENT",
-    "REC_TXN",
-    "ROTATED_LEN",
-    "Cutoff",
-    "Journal",
-    "Position",
-    "Recovered",
-    "recover",
-    "segment_name",
-    "snapshot_name",
-]
+__all__ = ["CONFIRM_LEN", "DEFAULT_RESERVE", "DEFAULT_SEGMENT_TARGET", "JOURNAL_VERSION",
+           "REC_BATCH", "REC_CONFIRM", "REC_ROTATED", "REC_SEGMENT", "REC_TXN", "ROTATED_LEN",
+           "Cutoff", "Journal", "Position", "Recovered", "recover", "segment_name", "snapshot_name"]

@@ -71,6 +71,7 @@ from ..pack import storage_error
 from ..process import OPEN_QUEUE_IN_CHILD, ProcessBound, close_quietly
 from ..siblings import DEFAULT_GROUP_WAIT, Siblings
 from . import framing
+from .confirm import write_confirm
 from .journal_snapshot import write_snapshot
 from .segments import (
     CONFIRM_LEN,
@@ -453,15 +454,10 @@ class Journal(ProcessBound):
 
     def _confirm(self) -> None:
         """D6: after a group's sync and fence returned, and before any waiter is told, a
-        confirm record right after it, NOT synced: it begins a new write group, which the
-        next group continues (their frames carry the confirm's offset as group start) and
-        the next sync covers.  Damage to the acknowledged group is then followed by a
-        frame of a later write group (the confirm): ``CorruptData``, never a torn tail.
-        A crash between the sync and the confirm leaves the group intact, unacknowledged."""
+        confirm record right after it (``straw.durable.confirm``)."""
         assert self._fd is not None
         at = self._end
-        self.fs.writev(self._fd, [framing.encode_frame(framing.KIND_JOURNAL, TAG_CONFIRM,
-                                                       group_start=at)], at)
+        write_confirm(self.fs, self._fd, at, framing.KIND_JOURNAL, TAG_CONFIRM)
         self._group = at
         self._end = at + CONFIRM_LEN
 

@@ -27,6 +27,7 @@ from ..clock import Clock
 from ..fs import Buffer, Filesystem
 from ..pack import storage_error
 from . import framing
+from .files import write_new_file
 from .segments import JOURNAL_VERSION, SEG_RE, SNAP_RE, TMP_MARK, U32, Position, snapshot_name
 
 
@@ -59,17 +60,9 @@ def write_snapshot(j: Journal, state: Buffer, pos: Position, seq: int) -> None:
     head = framing.encode_header(framing.KIND_SNAPSHOT, body, group_start=0)
     size = len(head) + sum(memoryview(b).nbytes for b in body)
     try:
-        fd = j.fs.open(tmp, write=True, create=True, exclusive=True)
-        try:
-            j.fs.writev(fd, [head, *body], 0)
-            j.fs.fsync(fd)
-        finally:
-            j.fs.close(fd)
-        j.fs.rename(tmp, final)
-        j.fs.fsync_dir(j.dir)
+        write_new_file(j.fs, j.dir, final, tmp, [head, *body], exclusive=True)
     except OSError as e:
         # nothing of the journal changed: it stays usable
-        _unlink_quietly(j, tmp)
         raise storage_error(e, f"journal {j.dir}: snapshot {final} not written") from e
     j._m["fsyncs"] += 1
     j._m["dir_fsyncs"] += 1
@@ -140,10 +133,3 @@ def _delete_before(j: Journal, pos: Position) -> None:
 def _cleanup_error(j: Journal, what: str) -> None:
     j._m["cleanup_errors"] += 1
     j.last_cleanup_error = what
-
-
-def _unlink_quietly(j: Journal, path: str) -> None:
-    try:
-        j.fs.unlink(path)
-    except OSError:
-        pass

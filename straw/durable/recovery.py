@@ -33,19 +33,10 @@ Before the next epoch records H's end as a cutoff, ``recover`` fsyncs H's last s
 the dead writer may have left written-but-unsynced frames in the page cache, and a cutoff
 must never point past durable data.
 
-Torn versus corrupt (D6), per ``straw.framing``: a damaged complete frame followed by a
-frame of a later write group is ``CorruptData``; otherwise it is a torn tail.  Confirm
-records make the last *acknowledged* group such a frame: after a group's fdatasync and
-``fence()`` returned, and before any waiter is told, the leader writes a confirm record
-right after the group (not synced) whose group start is its own offset; the next group
-continues that write group (its frames' group start is the confirm's offset), so the
-confirm and the next group are one write group, covered by the next sync.  A flipped byte
-in an acknowledged group is therefore followed by a later group's frame -- its confirm --
-and is ``CorruptData``; a power loss that tears the unsynced (confirm + next group) is a
-torn tail, as before; a crash after the sync but before the confirm leaves the group
-intact (and unacknowledged).  Blind spot: the confirm is not synced by itself, so damage
-to the last group *and* a power loss that also lost its confirm look like a torn tail (a
-double fault; ``close`` syncs the last confirm, so a cleanly closed journal has none).
+Torn versus corrupt (D6): confirm records (``straw.durable.confirm``, the protocol shared
+with the catalog) make damage to the last acknowledged group ``CorruptData``; the leader
+writes one after each group's fdatasync and ``fence()``, before any waiter is told
+(``close`` syncs the last confirm, so a cleanly closed journal has no unconfirmed tail).
 Only the last segment of the read-to-end epoch H may have a torn tail; anything before a
 recorded cutoff, in a rotated segment, or in a snapshot (fsynced before its rename) must
 be intact, else ``CorruptData`` -- except a torn rotated record right after the segment's

@@ -45,6 +45,7 @@ from typing import Any
 import msgpack
 
 from ...durable import framing
+from ...durable.files import unlink_quietly, write_new_file
 from ...fs import Filesystem
 from ...pack import storage_error
 from .log import CatalogLog
@@ -193,13 +194,13 @@ class CompactedLog(CatalogLog):
                     self.compactions["longest_lock_s"] = max(
                         held, self.compactions["longest_lock_s"])
         except _Superseded:
-            self._unlink_quietly(snap_path)
+            unlink_quietly(self.fs, snap_path)
             return None
         except BaseException:
             # the catalog keeps its old base (or, once truncated, rolls forward to this
             # snapshot, which the head copy names): remove the snapshot only if unused
             if self._gen != job.gen and not self._head_copy_names(job.name):
-                self._unlink_quietly(snap_path)
+                unlink_quietly(self.fs, snap_path)
             raise
         self._delete_old_snapshots(job.gen, job.name)  # outside the lock: generations only
         report["lock_held_s"] = held
@@ -250,20 +251,12 @@ class CompactedLog(CatalogLog):
                 "suffix_ops": len(suffix), "catalog_bytes": self._offset}
 
     def _write_durable(self, path: str, data: bytes, what: str) -> None:
-        """A new file, atomically and durably (temp, fsync, rename, directory fsync); on a
-        failure nothing is left behind (a full disk: ``QuotaExceeded``, nothing changed)."""
+        """A new file, atomically and durably (``straw.durable.files``); on a failure
+        nothing is left behind (a full disk: ``QuotaExceeded``, nothing changed)."""
         tmp = f"{path}.tmp.{os.getpid()}.{os.urandom(4).hex()}"
         try:
-            fd = self.fs.open(tmp, write=True, create=True)
-            try:
-                self.fs.writev(fd, [data], 0)
-                self.fs.fsync(fd)
-            finally:
-                self.fs.close(fd)
-            self.fs.rename(tmp, path)
-            self.fs.fsync_dir(self.root)
+            write_new_file(self.fs, self.root, path, tmp, [data])
         except OSError as e:
-            self._unlink_quietly(tmp)
             raise storage_error(e, f"cannot write {what} {path}") from e
 
     def _head_copy_names(self, name: str) -> bool:
@@ -271,12 +264,6 @@ class CompactedLog(CatalogLog):
             return name.encode() in (self._head_copy() or b"")
         except OSError:
             return True  # unknown: keep the snapshot
-
-    def _unlink_quietly(self, path: str) -> None:
-        try:
-            self.fs.unlink(path)
-        except OSError:
-            pass
 
     def _delete_head_temps(self) -> None:
         """Temp files of head copies whose writer died (only written under the lock)."""
@@ -286,7 +273,7 @@ class CompactedLog(CatalogLog):
             return
         for n in names:
             if n.startswith(f"{HEAD_NAME}.tmp."):
-                self._unlink_quietly(os.path.join(self.root, n))
+                unlink_quietly(self.fs, os.path.join(self.root, n))
 
     def _delete_old_snapshots(self, gen: int, keep: str) -> None:
         """Older generations' snapshots and failed attempts' files at or below ``gen``
@@ -300,7 +287,7 @@ class CompactedLog(CatalogLog):
                 continue
             g = snapshot_gen(n.split(".tmp.")[0]) if ".tmp." in n else snapshot_gen(n)
             if g is not None and g <= gen:
-                self._unlink_quietly(os.path.join(self.root, n))
+                unlink_quietly(self.fs, os.path.join(self.root, n))
 
 
 @dataclass

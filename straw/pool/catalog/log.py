@@ -8,29 +8,20 @@ and synced (``fdatasync``) before the lock is released; a client replays only wh
 appended since it last looked (it re-reads the last frame it replayed first: if those bytes
 changed, a repair rewrote the catalog and it replays from the start).
 
-Torn tail versus damaged acknowledged tail (D6): confirm frames.  After a transaction's
-fsync returned, and before the append returns (nothing is acknowledged yet, the lock is
-still held), the appender writes a *confirm*: a catalog frame without operations
-(``ops: []`` plus a random nonce, so replay needs no format change), NOT synced, that
-starts its own write group.  The next transaction, whoever appends it, joins that group
-(its group start is the confirm's offset), so (confirm + next transaction) are one write
-group covered by one fsync.  Through the write-group rule of ``framing.scan_frames``:
+Torn tail versus damaged acknowledged tail (D6): confirm frames (``straw.durable.confirm``,
+the protocol shared with the queue journal).  The catalog's confirm is a catalog frame
+without operations (``ops: []`` plus a random nonce, so replay needs no format change),
+written after a transaction's fsync, before the append returns (the lock is still held);
+the next transaction, whoever appends it, joins its write group.  A torn tail is cut off
+under the lock; a process killed after the fsync but before the confirm left an intact
+frame, and the next client that replays it fsyncs it and writes the missing confirm.
 
-* a flipped byte in the last acknowledged transaction is followed by its valid confirm,
-  a frame of a later group: ``CorruptData``, never cut;
-* a power loss that tears the unsynced (confirm + next transaction) group is a torn tail
-  (everything in it is one group), cut off under the lock;
-* a process killed after the fsync but before the confirm left an intact frame (process
-  death does not damage written bytes); the next client that replays it fsyncs it and
-  writes the missing confirm.
-
-Blind spots: (1) a double fault -- the confirm is not synced on its own, so damage to the
-last transaction together with a power loss that also lost its confirm looks like a torn
-tail; (2) damage that zeroes ``_CLEAN_RUN`` (8 KiB) or more of synced frames reads as the
-reserved tail, the clean end (a flipped byte never does).  A damaged final confirm is cut
-like any torn tail; it carries no operation.  Whenever a cut would remove a complete frame
-(all its bytes present, whether its checksum holds or not) the bytes cut are first copied
-to a durable side file ``CATALOG.torn-<offset>-<n>``.
+Blind spots, besides the double fault of every confirm: damage that zeroes ``_CLEAN_RUN``
+(8 KiB) or more of synced frames reads as the reserved tail, the clean end (a flipped byte
+never does).  A damaged final confirm is cut like any torn tail; it carries no operation.
+Whenever a cut would remove a complete frame (all its bytes present, whether its checksum
+holds or not) the bytes cut are first copied to a durable side file
+``CATALOG.torn-<offset>-<n>``.
 
 Headroom (a full pool can free itself).  The catalog keeps space reserved at its tail
 (``Filesystem.reserve``; reserved space reads as zeros, the clean end for the scanner): the
@@ -74,6 +65,7 @@ from typing import Any
 import msgpack
 
 from ...durable import framing
+from ...durable.confirm import write_confirm
 from ...errors import (
     CorruptData,
     QuotaExceeded,
@@ -466,15 +458,13 @@ class CatalogLog(ProcessBound):
         return frame
 
     def _confirm(self, fd: int) -> None:
-        """Write a confirm frame after the durable last transaction: not synced; it starts
-        the write group the next transaction joins.  Best effort: the transaction is
-        durable either way; without its confirm, damage to it would look torn until the
-        next transaction follows it."""
+        """Write a confirm frame after the durable last transaction (``straw.durable.
+        confirm``).  Best effort: the transaction is durable either way; without its
+        confirm, damage to it would look torn until the next transaction follows it."""
         body = msgpack.packb({"v": CATALOG_VERSION, "ops": [], "n": os.urandom(_NONCE)},
                              use_bin_type=True)
-        frame = framing.encode_frame(framing.KIND_CATALOG, body, group_start=self._offset)
         try:
-            self.fs.writev(fd, [frame], self._offset)
+            frame = write_confirm(self.fs, fd, self._offset, framing.KIND_CATALOG, body)
         except OSError:
             return
         self._tail_start, self._tail = self._offset, frame
