@@ -31,7 +31,7 @@ from .files import write_new_file
 from .segments import JOURNAL_VERSION, SEG_RE, SNAP_RE, TMP_MARK, U32, Position, snapshot_name
 
 
-class Journal(Protocol):
+class _Writer(Protocol):
     """What a snapshot needs of the ``straw.durable.journal.Journal`` writing it."""
 
     fs: Filesystem
@@ -49,7 +49,7 @@ class Journal(Protocol):
     def _mark_broken(self, failure: BaseException) -> None: ...
 
 
-def write_snapshot(j: Journal, state: Buffer, pos: Position, seq: int) -> None:
+def write_snapshot(j: _Writer, state: Buffer, pos: Position, seq: int) -> None:
     """As the only writer (``_busy``), outside the mutex."""
     final = os.path.join(j.dir, snapshot_name(*pos))
     tmp = f"{final}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
@@ -92,7 +92,7 @@ def write_snapshot(j: Journal, state: Buffer, pos: Position, seq: int) -> None:
     _delete_before(j, pos)
 
 
-def _delete_before(j: Journal, pos: Position) -> None:
+def _delete_before(j: _Writer, pos: Position) -> None:
     """Delete what the durable snapshot at ``pos`` makes unnecessary."""
     try:
         names = j.fs.listdir(j.dir)
@@ -130,6 +130,6 @@ def _delete_before(j: Journal, pos: Position) -> None:
     j._m["deleted_files"] += deleted
 
 
-def _cleanup_error(j: Journal, what: str) -> None:
+def _cleanup_error(j: _Writer, what: str) -> None:
     j._m["cleanup_errors"] += 1
     j.last_cleanup_error = what
