@@ -50,7 +50,7 @@ names the file, the offset and what to do.  A newer format
 version or an unknown record tag is ``UnsupportedSchema``.  Files are read until a short
 read (a size cached from another client may be stale), a segment only up to its clean end
 (the run of zeros after its frames: a sparse tail costs nothing), and never through a
-symbolic link (``CorruptData``; ``straw.journal_files``).
+symbolic link (``CorruptData``; ``straw.durable.journal_files``).
 """
 
 from __future__ import annotations
@@ -63,9 +63,9 @@ import msgpack
 
 from ..errors import CorruptData, StrawError, UnsupportedSchema
 from ..fs import Filesystem
-from ..journal_files import Reader
 from ..pack import storage_error
 from . import framing
+from .journal_files import Reader
 from .segments import (
     CONFIRM_LEN,
     JOURNAL_VERSION,
@@ -93,7 +93,7 @@ from .segments import (
 # --- recovery ------------------------------------------------------------------------------
 
 class _Reader(Reader):
-    """File reads for recovery (``straw.journal_files``), and segment headers."""
+    """File reads for recovery (``straw.durable.journal_files``), and segment headers."""
 
     def header(self, name: str) -> dict[str, Any] | None:
         """The segment's header record if its first frame is valid, else None."""
