@@ -72,6 +72,7 @@ from fault_injection.sweep import (
 from straw import framing
 from straw import journal as journal_mod
 from straw.clock import ManualClock
+from straw.durable import recovery as recovery_mod
 from straw.errors import CorruptData, Fenced, IndeterminateCommit
 from straw.fs import Filesystem
 from straw.journal import Journal, recover
@@ -437,17 +438,17 @@ def _journal_fs_dropping(op: str) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _no_recovery_fsync() -> Iterator[None]:
-    orig = journal_mod._Reader.read
+    orig = recovery_mod._Reader.read
 
     def read(self: object, name: str, limit: int | None = None, *,
              sync: bool = False) -> bytes | None:
         return orig(self, name, limit, sync=False)  # type: ignore[arg-type]
 
-    journal_mod._Reader.read = read  # type: ignore[method-assign, assignment]
+    recovery_mod._Reader.read = read  # type: ignore[method-assign, assignment]
     try:
         yield
     finally:
-        journal_mod._Reader.read = orig  # type: ignore[method-assign]
+        recovery_mod._Reader.read = orig  # type: ignore[method-assign]
 
 
 @contextlib.contextmanager
@@ -471,18 +472,18 @@ def _no_fence_before_delete() -> Iterator[None]:
 @contextlib.contextmanager
 def _snapshot_ignores_cutoffs() -> Iterator[None]:
     """Recovery takes the newest snapshot even beyond its epoch's cutoff."""
-    orig = journal_mod._decode_segment_header
+    orig = recovery_mod.decode_segment_header
 
     def dec(body: bytes, where: str) -> dict[str, object]:
         meta = orig(body, where)
         meta["cutoffs"] = {e: (s + 10**6, o) for e, (s, o) in meta["cutoffs"].items()}
         return meta
 
-    journal_mod._decode_segment_header = dec  # type: ignore[assignment]
+    recovery_mod.decode_segment_header = dec  # type: ignore[assignment]
     try:
         yield
     finally:
-        journal_mod._decode_segment_header = orig
+        recovery_mod.decode_segment_header = orig
 
 
 @contextlib.contextmanager
@@ -519,12 +520,12 @@ def _no_rotated_record() -> contextlib.AbstractContextManager[None]:
 def _ignores_started_epoch() -> contextlib.AbstractContextManager[None]:
     """Recovery ignores the started epoch it is told: a journal that lost every segment
     of its newest epoch recovers the older state."""
-    orig = journal_mod._recover
+    orig = recovery_mod._recover
 
     def rec(fs: Filesystem, directory: str, started_epoch: int) -> journal_mod.Recovered:
         return orig(fs, directory, 0)
 
-    return _patched(journal_mod, "_recover", rec)
+    return _patched(recovery_mod, "_recover", rec)
 
 
 JOURNAL_CONTROLS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {

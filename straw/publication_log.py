@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from . import framing
+from .durable import framing
 from .fs import Filesystem
 
 

@@ -24,12 +24,6 @@ MODULE_LINES, CLASS_LINES, FUNCTION_LINES = 600, 500, 70
 
 # (kind, qualified name) -> lines today.  May only shrink; remove an entry once it fits.
 OVERSIZED: dict[tuple[str, str], int] = {
-    ("class", "straw.catalog.Catalog"): 1002,
-    ("class", "straw.journal.Journal"): 575,
-    ("function", "straw.catalog.Catalog._refresh"): 72,
-    ("function", "straw.journal._recover"): 138,
-    ("module", "straw.catalog"): 1350,
-    ("module", "straw.journal"): 1324,
 }
 
 # import circles (each a sorted tuple of modules) still to break: none left; may only go

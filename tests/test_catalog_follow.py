@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from fault_injection.controls import FOLLOW_CONTROLS
 from straw import framing as fr
-from straw.catalog import _MAX_FOLLOW_VIEWS
+from straw.pool.catalog.compaction import _MAX_FOLLOW_VIEWS
 
 from .test_catalog_snapshot import _fresh, _pub, _state, _store
 
@@ -103,7 +103,7 @@ def test_a_view_whose_last_frame_differs_is_not_followed(tmp_path):
 
 def test_a_base_frame_without_a_follow_list_is_replayed(tmp_path, monkeypatch):
     """What an older straw writes (and a compaction with more views than the bound)."""
-    monkeypatch.setattr("straw.catalog._MAX_FOLLOW_VIEWS", 0)
+    monkeypatch.setattr("straw.pool.catalog.compaction._MAX_FOLLOW_VIEWS", 0)
     a, b = _store(tmp_path, "a"), _store(tmp_path, "b")
     try:
         x = _pub(a, "x")

@@ -367,7 +367,7 @@ def test_b10_a_full_pool_of_many_owners_frees_itself(small_tmpfs):
 def test_repair_filler_fits_every_region_length():
     """The in-place replacement of a damaged region is one valid frame of exactly its
     length (msgpack's bin header grows at 256 and 65536 bytes: no length is skipped)."""
-    from straw.catalog import _filler
+    from straw.pool.catalog.repair import _filler
 
     op = {"op": "repaired", "at": 12345, "lost": 99, "side": "CATALOG.damaged-12345-0"}
     lengths = [*range(60, 700), *range(65_500, 65_700), 200_000]
