@@ -4,7 +4,6 @@ The public API keeps straw-queue's vocabulary (see DESIGN.md).  File I/O goes th
 ``straw.fs.Filesystem``; time through an injectable ``straw.clock.Clock``.
 """
 
-from .coordinator import Coordinator
 from .errors import (
     CorruptData,
     DeploymentMismatch,
@@ -24,18 +23,12 @@ from .errors import (
     WriterBusy,
     WriterFenced,
 )
+from .pool.records import Manifest, Publication, Record, RecordInfo
+from .pool.refs import RecordRef, RecordSetRef, SegmentRef
+from .pool.store import SharedFilesystemStore
 from .protocol import Limits, TaskSpec
-from .reader import ReadSession
-from .refs import (
-    Manifest,
-    Publication,
-    Record,
-    RecordInfo,
-    RecordRef,
-    RecordSetRef,
-    SegmentRef,
-)
-from .store import SharedFilesystemStore
+from .queue.coordinator import Coordinator
+from .read.session import ReadSession
 
 __version__ = "0.1.0"
 

@@ -58,7 +58,7 @@ from .benchmark_workload import load_sizes as load_sizes
 from .benchmark_workload import percentile as percentile
 from .benchmark_workload import profile as profile
 from .fs import PosixFS
-from .refs import PACK_SUFFIXES
+from .pool.refs import PACK_SUFFIXES
 from .reporting import write_report
 
 TASK_CHUNK = 128  # tasks per submit_tasks request

@@ -41,12 +41,13 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from . import framing, pool_view
-from .catalog import CATALOG_NAME, read_state
+from . import pool_view
+from .durable import framing
 from .errors import StrawError, UnsafeRecovery
 from .fs import Filesystem, PosixFS
-from .refs import PACK_PATH_RE
-from .store import ONLINE_GC_MARKER
+from .pool.catalog.read import CATALOG_NAME, read_state
+from .pool.opening import ONLINE_GC_MARKER
+from .pool.refs import PACK_PATH_RE
 
 REPORT_VERSION = 1
 

@@ -38,13 +38,14 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .catalog import Catalog, read_state
-from .coordinator import queue_dir
 from .fs import Filesystem, PosixFS
-from .holds import HOLD_PREFIX
+from .pool.arguments import PIN_OWNER_PREFIX
+from .pool.catalog.catalog import Catalog
+from .pool.catalog.read import read_state
+from .pool.hold_owners import HOLD_PREFIX
 from .pool_view import catalog_view, check_pool
-from .queue_names import check_queue_id
-from .store import PIN_OWNER_PREFIX
+from .queue.coordinator import queue_dir
+from .queue.ids import check_queue_id
 
 NAMED, ORPHAN, UNKNOWN = "named", "orphan", "unknown"
 QUEUE_PREFIX = "queue:"

@@ -22,17 +22,19 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-from .catalog import Catalog, read_state
-from .catalog_state import CatalogState
 from .clock import SystemClock
-from .coordinator import read_state as read_queue_state
 from .errors import StrawError, UnsupportedSchema
 from .fs import Filesystem, PosixFS
-from .queue_state import LEASED, TERMINAL
-from .reader import ReadSession
-from .recovery import seal_dead_writers
-from .refs import PACK_PATH_RE, ref_from_tuple
-from .store import POOL_FORMAT
+from .pool.catalog.catalog import Catalog
+from .pool.catalog.read import read_state
+from .pool.catalog.state import CatalogState
+from .pool.opening import POOL_FORMAT
+from .pool.recovery import seal_dead_writers
+from .pool.ref_forms import ref_from_tuple
+from .pool.refs import PACK_PATH_RE
+from .queue.coordinator import read_state as read_queue_state
+from .queue.tasks import LEASED, TERMINAL
+from .read.session import ReadSession
 
 MARKER = "POOL"
 MAX_WALK_DEPTH = 8  # queues sit a few levels down; never wander through a whole tree

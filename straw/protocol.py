@@ -30,7 +30,8 @@ from typing import Any
 
 from .checks import INT64_MAX, check_count
 from .errors import CorruptData, ResourceLimitExceeded
-from .refs import Publication, Record, RecordRef, RecordSetRef, SegmentRef
+from .pool.records import Publication, Record
+from .pool.refs import RecordRef, RecordSetRef, SegmentRef
 
 INT64 = (-(2**63), 2**63 - 1)
 

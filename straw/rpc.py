@@ -43,10 +43,10 @@ from typing import Any
 
 from . import control_lane, errors
 from .control_lane import CONTROL_ROLES
-from .coordinator import DEFAULT_CONSUMER
 from .http_guard import SOCKET_TIMEOUT, GuardedHTTPServer
+from .pool.refs import RecordSetRef
 from .protocol import AcquireResult, Assignment, CommitPage, CommitReceipt, Lease, TaskSpec
-from .refs import RecordSetRef
+from .queue.coordinator import DEFAULT_CONSUMER
 from .reporting import canonical_json
 
 # The coordinator methods a worker or a producer may call remotely: straw-queue's list,

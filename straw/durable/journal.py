@@ -65,9 +65,8 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ..clock import Clock, SystemClock
-from ..errors import Fenced, IndeterminateCommit, StorageUnavailable, StrawError
+from ..errors import Fenced, IndeterminateCommit, StorageUnavailable, StrawError, storage_error
 from ..fs import Buffer, Filesystem
-from ..pack import storage_error
 from ..process import OPEN_QUEUE_IN_CHILD, ProcessBound, close_quietly
 from ..siblings import DEFAULT_GROUP_WAIT, Siblings
 from . import framing

@@ -23,9 +23,8 @@ import errno
 import os
 from typing import Any
 
-from ..errors import CorruptData, StrawError
+from ..errors import CorruptData, StrawError, storage_error
 from ..fs import Filesystem, NotBeneath
-from ..pack import storage_error
 from . import framing
 
 CLEAN_RUN = 1 << 20  # zero bytes after a segment's frames that end the read

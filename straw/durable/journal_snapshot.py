@@ -24,8 +24,8 @@ from typing import Any, Protocol
 import msgpack
 
 from ..clock import Clock
+from ..errors import storage_error
 from ..fs import Buffer, Filesystem
-from ..pack import storage_error
 from . import framing
 from .files import write_new_file
 from .segments import JOURNAL_VERSION, SEG_RE, SNAP_RE, TMP_MARK, U32, Position, snapshot_name

@@ -61,9 +61,8 @@ from typing import Any
 
 import msgpack
 
-from ..errors import CorruptData, StrawError, UnsupportedSchema
+from ..errors import CorruptData, StrawError, UnsupportedSchema, storage_error
 from ..fs import Filesystem
-from ..pack import storage_error
 from . import framing
 from .journal_files import Reader
 from .segments import (

@@ -13,7 +13,8 @@ from typing import Any
 
 from ..errors import StrawError
 from ..fs import Filesystem
-from ..reader import PackStatus, drop_reclaimed
+from ..read.session import drop_reclaimed
+from ..read.visibility import PackStatus
 from . import hold_owners
 from .parts import StoreParts
 from .recovery import seal_dead_writers

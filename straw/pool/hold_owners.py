@@ -41,11 +41,11 @@ import logging
 import os
 from collections.abc import Iterable
 
-from ..catalog import Catalog
 from ..clock import Clock
 from ..errors import StrawError
 from ..fs import Filesystem
 from . import role_lock
+from .catalog.catalog import Catalog
 
 log = logging.getLogger("straw")
 

@@ -66,8 +66,8 @@ from typing import Any
 import msgpack
 import xxhash
 
-from .. import framing
 from ..checks import short_repr
+from ..durable import framing
 from ..errors import CorruptData, StorageUnavailable, UnsupportedSchema, storage_error
 from ..fs import Filesystem
 from .refs import PACK_SUFFIXES

@@ -8,10 +8,10 @@ from __future__ import annotations
 import threading
 from typing import Protocol
 
-from ..catalog import Catalog
 from ..clock import Clock
 from ..fs import Filesystem
-from ..reader import ReadSession
+from ..read.session import ReadSession
+from .catalog.catalog import Catalog
 from .refs import RecordRef, RecordSetRef, SegmentRef
 from .writer import WriterIncarnation
 

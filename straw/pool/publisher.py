@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import tracing
-from ..catalog import Extent
 from ..errors import IdempotencyConflict, InvalidReference
 from . import hold_owners
 from .arguments import Normalized, PublicationRules, check_submission_id, check_usage, sequence_of
+from .catalog.state import Extent
 from .pack import encode_extent
 from .parts import StoreParts
 from .records import Publication, Record

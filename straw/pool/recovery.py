@@ -34,11 +34,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..catalog import Catalog
 from ..clock import Clock
 from ..errors import CorruptData, StrawError
 from ..fs import Filesystem
 from . import role_lock
+from .catalog.catalog import Catalog
 from .pack import ExtentEntry, read_sealed_index, scan_pack, storage_error
 from .refs import PACK_PATH_RE, RecordSetRef, record_set_ref
 

@@ -15,10 +15,10 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ..catalog import Extent
 from ..errors import IdempotencyConflict, StrawError
 from . import hold_owners
 from .arguments import PIN_OWNER_PREFIX, RESERVED_OWNER_PREFIXES, check_owner, checked, listed
+from .catalog.state import Extent
 from .parts import StoreParts
 from .refs import RecordRef, RecordSetRef, SegmentRef
 

@@ -56,16 +56,19 @@ import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from .. import framing
 from ..backend import FilesystemBackend
-from ..catalog import Catalog, Extent
 from ..clock import Clock, SystemClock
+from ..durable import framing
 from ..errors import Closed, InvalidReference, StorageUnavailable
 from ..fs import Filesystem, PosixFS
 from ..process import ProcessBound
-from ..reader import PackStatus, ReadSession, envelope_dict
+from ..read.extents import envelope_dict
+from ..read.session import ReadSession
+from ..read.visibility import PackStatus
 from . import hold_owners
 from .arguments import BUILTIN_CODECS, MANIFEST_CODECS, PublicationRules, check_options
+from .catalog.catalog import Catalog
+from .catalog.state import Extent
 from .collection import collect, disk_usage, pack_status
 from .opening import check_backend, mark_online_gc, open_pool
 from .pack import EXTENT_PREFIX

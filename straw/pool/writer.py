@@ -44,12 +44,12 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from ..catalog import Catalog
 from ..clock import Clock
 from ..errors import StorageUnavailable, UnsafeRecovery, WriterFenced
 from ..fs import Filesystem
 from ..process import ProcessBound, close_quietly
 from . import recovery, role_lock
+from .catalog.catalog import Catalog
 from .pack import PACK_SUFFIX, EncodedExtent, PackWriter, storage_error
 from .recovery import Damage, Submission, ref_from_entry
 from .refs import RecordSetRef

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..checks import check_count
 from ..errors import InvalidReference
-from ..refs import RecordSetRef
+from ..pool.refs import RecordSetRef
 from . import rules_consumers
 from .checks import canonical as _canonical
 from .checks import check_id as _check_id

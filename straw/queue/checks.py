@@ -18,8 +18,9 @@ import xxhash
 
 from ..checks import check_count, short_repr
 from ..errors import NotAnInteger
+from ..pool.ref_forms import ref_to_tuple
+from ..pool.refs import RecordSetRef
 from ..protocol import INT64, Lease
-from ..refs import RecordSetRef, ref_to_tuple
 from .tasks import RefTuple
 
 

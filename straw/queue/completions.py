@@ -21,7 +21,6 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..catalog import Announcement
 from ..checks import check_count
 from ..errors import (
     Closed,
@@ -30,8 +29,9 @@ from ..errors import (
     StorageUnavailable,
     StrawError,
 )
+from ..pool.catalog.catalog import Announcement
+from ..pool.refs import RecordSetRef
 from ..protocol import AcquireResult, CommitReceipt, Lease
-from ..refs import RecordSetRef
 from . import rules
 from .checks import check_id as _check_id
 from .checks import check_lease_fields as _check_lease_fields

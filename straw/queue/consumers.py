@@ -24,7 +24,7 @@ from typing import Any
 
 from ..checks import check_count
 from ..errors import InvalidReference, StaleAttempt, UnsafeRecovery
-from ..refs import RecordSetRef
+from ..pool.refs import RecordSetRef
 from . import rules_consumers
 from .checks import check_id as _check_id
 from .checks import digest as _digest

@@ -44,6 +44,9 @@ from ..errors import (
     StorageUnavailable,
     UnsafeRecovery,
 )
+from ..pool.ref_forms import ref_identity
+from ..pool.refs import NAME_RE, RecordSetRef, record_sets_in
+from ..pool.store import SharedFilesystemStore
 from ..process import OPEN_QUEUE_IN_CHILD
 from ..protocol import (
     Lease,
@@ -51,14 +54,7 @@ from ..protocol import (
     TaskSpec,
     unenforced,
 )
-from ..refs import (
-    NAME_RE,
-    RecordSetRef,
-    record_sets_in,
-    ref_identity,
-)
 from ..siblings import DEFAULT_GROUP_WAIT
-from ..store import SharedFilesystemStore
 from . import rules
 from .checks import check_id as _check_id
 from .checks import check_int64 as _check_int64

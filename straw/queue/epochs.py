@@ -45,13 +45,13 @@ import re
 import time
 from collections.abc import Iterable
 
-from .. import holder
-from .. import journal as journal_mod
-from ..catalog_roots import RootSet
-from ..errors import Fenced, UnsafeRecovery, UnsupportedSchema
-from ..pack import storage_error
+from ..durable import recovery as journal_recovery
+from ..durable.journal import Journal
+from ..errors import Fenced, UnsafeRecovery, UnsupportedSchema, storage_error
+from ..pool import role_lock as holder
+from ..pool.catalog.roots import RootSet
+from ..pool.ref_forms import ref_from_tuple
 from ..process import close_quietly
-from ..refs import ref_from_tuple
 from . import rules
 from .ids import queue_dir_name
 from .pipeline import CommitPipeline
@@ -160,12 +160,12 @@ class QueueEpochs(CommitPipeline):
                 f"{self._epoch} at the same time; only one may recover"
             ) from None
         started = time.perf_counter()
-        recovered = journal_mod.recover(self.fs, self.journal_dir,
+        recovered = journal_recovery.recover(self.fs, self.journal_dir,
                                         started_epoch=self._newest_started(existing))
         self.state = replay(recovered, self.fs, self.history_dir)
         self.recovery_seconds = time.perf_counter() - started
         self.recovery_stats = dict(recovered.stats)
-        self.journal = journal_mod.Journal(
+        self.journal = Journal(
             self.fs, self.journal_dir, epoch=self._epoch, recovered=recovered,
             clock=self._wall, fence=self._fence_check, group_wait=self.group_wait,
             segment_target_bytes=self.segment_target_bytes,

@@ -63,8 +63,8 @@ import msgpack
 import numpy as np
 import xxhash
 
-from .. import framing
 from ..checks import UINT64_MAX
+from ..durable import framing
 from ..errors import CorruptData, UnsupportedSchema
 from ..fs import Buffer, Filesystem
 

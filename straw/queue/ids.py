@@ -30,7 +30,7 @@ import re
 from urllib.parse import quote
 
 from ..checks import short_repr
-from ..refs import NAME_RE
+from ..pool.refs import NAME_RE
 
 MAX_QUEUE_ID_CHARS = 512  # the queue's owner and checkpoint owners stay under 1024
 _MAX_ENCODED = 128  # longer encodings are hashed: a name stays well under 255 bytes

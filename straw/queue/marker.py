@@ -38,9 +38,8 @@ import json
 import os
 from typing import Any
 
-from ..errors import CorruptData, UnsafeRecovery
+from ..errors import CorruptData, UnsafeRecovery, storage_error
 from ..fs import Filesystem, NotBeneath
-from ..pack import storage_error
 from ..protocol import digest
 from ..reporting import canonical_json
 

@@ -33,23 +33,26 @@ from typing import Any
 
 import msgpack
 
-from ..catalog import Announcement, Extent, run_prefix
-from ..catalog_roots import RootSet
 from ..clock import Clock
+from ..durable.journal import Journal
 from ..errors import (
     Closed,
     Fenced,
     IndeterminateCommit,
     InvalidReference,
     ResourceLimitExceeded,
+    storage_error,
 )
 from ..fs import Filesystem
-from ..journal import Journal
-from ..pack import storage_error
+from ..pool.catalog.catalog import Announcement
+from ..pool.catalog.roots import RootSet
+from ..pool.catalog.state import Extent, run_prefix
+from ..pool.records import canonical_metadata
+from ..pool.ref_forms import ref_from_tuple
+from ..pool.refs import RecordSetRef, SegmentRef
+from ..pool.store import SharedFilesystemStore
 from ..process import ProcessBound
 from ..protocol import Limits
-from ..refs import RecordSetRef, SegmentRef, canonical_metadata, ref_from_tuple
-from ..store import SharedFilesystemStore
 from . import rules
 from .checks import check_id as _check_id
 from .history import History

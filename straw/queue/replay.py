@@ -11,14 +11,15 @@ from typing import Any
 
 import msgpack
 
-from .. import journal as journal_mod
+from ..durable import recovery as journal_recovery
+from ..durable import segments as journal_segments
 from ..fs import Filesystem
 from .history import History
 from .state import QueueState
 from .tasks import bulk_objects
 
 
-def replay(recovered: journal_mod.Recovered, fs: Filesystem | None = None,
+def replay(recovered: journal_segments.Recovered, fs: Filesystem | None = None,
            history_dir: str | None = None) -> QueueState:
     """The queue state of a recovered journal: its snapshot plus the suffix (D9); the
     history segments its snapshot names are in ``history_dir`` (checked present, read
@@ -46,7 +47,7 @@ def read_state(fs: Filesystem, queue_dir: str) -> QueueState:
     """A queue's state read without becoming its coordinator: no epoch, no lock, nothing
     written (``journal.recover`` only fsyncs the newest segment).  For operator views
     (``straw inspect``); leases in it are whatever the journal last recorded."""
-    return replay(journal_mod.recover(fs, os.path.join(queue_dir, "journal")), fs,
+    return replay(journal_recovery.recover(fs, os.path.join(queue_dir, "journal")), fs,
                   os.path.join(queue_dir, "history"))
 
 

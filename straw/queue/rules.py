@@ -69,8 +69,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from ..errors import IdempotencyConflict, LeaseExpired, ResourceLimitExceeded, StaleAttempt
+from ..pool.ref_forms import ref_to_tuple
+from ..pool.refs import RecordSetRef
 from ..protocol import Lease, Limits
-from ..refs import RecordSetRef, ref_to_tuple
 from .checks import int_or_none
 from .names import QueueNames
 from .state import QueueState

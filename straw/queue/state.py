@@ -76,7 +76,8 @@ from typing import Any
 import msgpack
 
 from ..errors import CorruptData
-from ..refs import record_sets_in, ref_to_tuple
+from ..pool.ref_forms import ref_to_tuple
+from ..pool.refs import record_sets_in
 from .commits import CommitLog, CommitRecord, TieredDict, request_value
 from .history import Delta, History
 from .records import (

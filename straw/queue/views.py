@@ -16,8 +16,9 @@ from typing import Any
 
 from ..checks import check_count, check_usage_total
 from ..errors import InvalidReference
+from ..pool.records import Record
+from ..pool.refs import RecordSetRef
 from ..protocol import CommitPage, CommitReceipt, TaskSpec
-from ..refs import Record, RecordSetRef
 from .batches import QueueBatches
 from .checks import canonical as _canonical
 from .checks import check_id as _check_id

@@ -30,8 +30,8 @@ from collections.abc import Iterator
 from ..clock import Clock
 from ..errors import Closed, InvalidReference
 from ..fs import Filesystem, NotBeneath
+from ..pool.refs import SegmentRef
 from ..process import close_quietly
-from ..refs import SegmentRef
 from .extents import ExtentInfo
 
 FD_CACHE = 64  # open packs per session

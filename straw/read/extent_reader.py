@@ -19,10 +19,11 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from .. import framing
+from ..durable import framing
 from ..errors import CorruptData, InvalidReference, StrawError
-from ..pack import EXTENT_PREFIX, decode_manifest, manifest_size
-from ..refs import Record, SegmentRef, check_pack_path
+from ..pool.pack import EXTENT_PREFIX, decode_manifest, manifest_size
+from ..pool.records import Record
+from ..pool.refs import SegmentRef, check_pack_path
 from . import buffers
 from .buffers import fresh_bytes
 from .cache import PackCache

@@ -13,18 +13,12 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from .. import framing
+from ..durable import framing
 from ..errors import CorruptData, ExtentMismatch, InvalidReference, UnsupportedSchema
-from ..pack import EXTENT_PREFIX
-from ..refs import (
-    Manifest,
-    RecordInfo,
-    RecordRef,
-    RecordSetRef,
-    SegmentRef,
-    parse_metadata,
-    ref_from_tuple,
-)
+from ..pool.pack import EXTENT_PREFIX
+from ..pool.records import Manifest, RecordInfo, parse_metadata
+from ..pool.ref_forms import ref_from_tuple
+from ..pool.refs import RecordRef, RecordSetRef, SegmentRef
 
 MANIFEST_CODEC = "record-set.v2"  # the codec the manifest ordinal reads back with
 

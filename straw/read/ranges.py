@@ -18,10 +18,11 @@ from typing import Any, Protocol
 
 import xxhash
 
-from .. import tensor_format
 from ..checks import check_count
 from ..errors import CorruptData, InvalidRange, NotATensorRecord
-from ..refs import RecordInfo, RecordRef
+from ..pool.records import RecordInfo
+from ..pool.refs import RecordRef
+from ..tensors import format as tensor_format
 
 
 class RecordSource(Protocol):

@@ -15,14 +15,8 @@ from typing import Any
 
 from ..errors import InvalidReference, WrongReferenceKind
 from ..fs import Filesystem
-from ..refs import (
-    PACK_PATH_RE,
-    RecordRef,
-    RecordSetRef,
-    SegmentRef,
-    alias_parts,
-    canonical_ref,
-)
+from ..pool.ref_forms import alias_parts, canonical_ref
+from ..pool.refs import PACK_PATH_RE, RecordRef, RecordSetRef, SegmentRef
 
 
 class PoolReferences:

@@ -30,19 +30,14 @@ import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from .. import framing, tracing
+from .. import tracing
 from ..clock import Clock
+from ..durable import framing
 from ..errors import CorruptData, InvalidRange, InvalidReference
 from ..fs import Filesystem
+from ..pool.records import Manifest, Record, RecordInfo
+from ..pool.refs import RecordRef, RecordSetRef, SegmentRef
 from ..process import ProcessBound
-from ..refs import (
-    Manifest,
-    Record,
-    RecordInfo,
-    RecordRef,
-    RecordSetRef,
-    SegmentRef,
-)
 from . import ranges
 from .buffers import fresh_bytes
 from .cache import PackCache

@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from .. import framing
 from ..clock import Clock
+from ..durable import framing
 from ..errors import (
     CorruptData,
     ExtentMismatch,
@@ -40,8 +40,8 @@ from ..errors import (
     StrawError,
 )
 from ..fs import Filesystem
-from ..pack import read_sealed_index
-from ..refs import RecordSetRef, SegmentRef, check_pack_path
+from ..pool.pack import read_sealed_index
+from ..pool.refs import RecordSetRef, SegmentRef, check_pack_path
 from . import buffers
 from .buffers import PAGE
 from .cache import PackCache

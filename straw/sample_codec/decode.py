@@ -14,7 +14,8 @@ import numpy as np
 
 from ..checks import check_count, short_repr
 from ..errors import CorruptData, StrawError, UnsupportedSchema
-from ..refs import Record, RecordSetRef
+from ..pool.records import Record
+from ..pool.refs import RecordSetRef
 from ..tensors.format import DTYPES
 from ..tensors.frameworks import _np_dtype
 from ..tensors.records import tensor_from_record

@@ -13,7 +13,8 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from ..refs import Record, RecordSetRef
+from ..pool.records import Record
+from ..pool.refs import RecordSetRef
 from ..tensors.format import DTYPES
 from ..tensors.frameworks import _is_torch_tensor
 from ..tensors.records import tensor_record

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import UnsupportedSchema
-from ..refs import RecordSetRef
+from ..pool.refs import RecordSetRef
 
 
 class Registry:

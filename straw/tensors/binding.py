@@ -23,7 +23,7 @@ import threading
 from typing import Any
 
 from ..errors import InvalidReference
-from ..reader import ReadSession
+from ..read.session import ReadSession
 
 
 def _pool_id_of(reader: Any) -> str | None:
@@ -69,7 +69,7 @@ def own_store(root: str, run_id: str, name: str) -> Any:
         store = _auto_stores.get(key)
         if store is None:
             from ..fs import PosixFS
-            from ..store import SharedFilesystemStore
+            from ..pool.store import SharedFilesystemStore
 
             if not root or not PosixFS().exists(os.path.join(root, "POOL")):
                 raise InvalidReference(

@@ -26,7 +26,7 @@ import numpy as np
 import xxhash
 
 from ..errors import CorruptData
-from ..reader import ReadSession
+from ..read.session import ReadSession
 from .buffers import _buffers, _byte_view
 from .frameworks import _can_pin, _is_torch_tensor, _np_dtype, _torch
 from .threads import _Blocks, _executor, _HelperPolicy

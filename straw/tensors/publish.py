@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..refs import RecordSetRef
+from ..pool.refs import RecordSetRef
 from .records import _granularity, tensor_records
 from .ref import TensorRef, published
 

@@ -12,7 +12,7 @@ import xxhash
 
 from ..checks import check_count, short_repr
 from ..errors import CorruptData, UnsupportedDtype, UnsupportedSchema
-from ..refs import Record, payload_view
+from ..pool.records import Record, payload_view
 from .buffers import _byte_view
 from .format import CHUNK_BYTES, CODEC, DTYPES, _check_meta, checksum_list
 from .frameworks import _is_torch_tensor, _np_dtype

@@ -42,10 +42,11 @@ import numpy as np
 from .. import tracing
 from ..checks import short_repr
 from ..errors import ForkedProcess, InvalidReference, TensorMismatch, UnsupportedSchema
+from ..pool.records import Record, RecordInfo
+from ..pool.refs import RecordRef, RecordSetRef
 from ..process import ProcessBound
-from ..ranges import checked_span
-from ..reader import ReadSession
-from ..refs import Record, RecordInfo, RecordRef, RecordSetRef
+from ..read.ranges import checked_span
+from ..read.session import ReadSession
 from .binding import _check_same_pool, _pool_id_of, _session_of, own_store
 from .format import CHUNK_BYTES, CODEC, DTYPES, MAX_DIMS, _check_meta
 from .frameworks import _is_torch_tensor, _torch

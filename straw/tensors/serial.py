@@ -10,7 +10,7 @@ from typing import Any
 
 from ..checks import short_repr
 from ..errors import InvalidReference
-from ..refs import RecordRef, RecordSetRef
+from ..pool.refs import RecordRef, RecordSetRef
 from . import records
 from .format import DTYPES, MAX_DIMS, SOURCES
 

@@ -88,11 +88,11 @@ from ...errors import (
     InvalidReference,
     OwnerMismatch,
     UnsafeRecovery,
+    storage_error,
 )
 from ...fs import Filesystem
-from ...pack import storage_error
-from ...refs import pack_path_run
 from ...siblings import Siblings
+from ..refs import pack_path_run
 from .compaction import COMPACT_AFTER, CompactedLog
 from .read import (
     read_state,

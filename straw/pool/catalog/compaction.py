@@ -46,8 +46,8 @@ import msgpack
 
 from ...durable import framing
 from ...durable.files import unlink_quietly, write_new_file
+from ...errors import storage_error
 from ...fs import Filesystem
-from ...pack import storage_error
 from .log import CatalogLog
 from .read import (
     decode_ops,

@@ -70,9 +70,9 @@ from ...errors import (
     CorruptData,
     QuotaExceeded,
     UnsupportedSchema,
+    storage_error,
 )
 from ...fs import Filesystem
-from ...pack import storage_error
 from ...process import ProcessBound, close_quietly
 from .read import (
     CATALOG_NAME,

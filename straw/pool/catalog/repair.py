@@ -26,8 +26,8 @@ import msgpack
 from ...durable import framing
 from ...errors import (
     CorruptData,
+    storage_error,
 )
-from ...pack import storage_error
 from .log import CatalogLog, _CatalogDamaged
 from .read import (
     CATALOG_NAME,
