@@ -348,3 +348,42 @@ def test_PR2_a_wrapped_filesystem_still_unlinks_only_beneath(tmp_path):
     with pytest.raises(NotBeneath):
         DelegatingFilesystem(PosixFS()).unlink_beneath(str(root), "writers/pack-000001.pack")
     assert (outside / "pack-000001.pack").exists()
+
+
+# --- PR15: history segments and journal cleanup follow a symlinked file or directory ----
+def _history(fs: PosixFS, directory: str):  # type: ignore[no-untyped-def]
+    from straw.queue.history import Delta, History
+    delta = Delta(tasks=[(f"t{i}", [i, {}]) for i in range(3)], status={"completed": 3})
+    return History(fs, directory).extended(delta, epoch=1, seq=1)
+
+
+def test_PR15_history_and_journal_cleanup_never_go_through_a_symlink(tmp_path):
+    from straw.durable.journal_snapshot import _delete_before
+    from straw.queue.history import History, Segment
+    fs = PosixFS()
+    here, other = tmp_path / "a" / "q", tmp_path / "b" / "q"
+    theirs = _history(fs, str(other / "history"))
+    (name,) = theirs.names()
+    (here / "history").mkdir(parents=True)
+    os.symlink(other / "history" / name, here / "history" / name)  # another pool's segment
+    with pytest.raises(CorruptData, match=name):
+        History.from_manifest(fs, str(here / "history"), theirs.manifest())
+    with pytest.raises(CorruptData, match=name):
+        Segment(fs, str(here / "history"), theirs.segments[0].entry).get("t", "t1")
+    # cleanup through a symlinked history/ or journal/ directory deletes nothing there
+    shutil.rmtree(here / "history")
+    os.symlink(other / "history", here / "history")
+    History(fs, str(here / "history")).cleanup(epoch=1)
+    assert (other / "history" / name).exists()
+    (other / "journal").mkdir()
+    (other / "journal" / "j-000001-000001.log").write_bytes(b"theirs")
+    os.symlink(other / "journal", here / "journal")
+
+    class _J:
+        dir = str(here / "journal")
+        last_cleanup_error = None
+        _m = {"cleanup_errors": 0, "deleted_files": 0, "dir_fsyncs": 0}
+
+    _J.fs = fs  # type: ignore[attr-defined]
+    _delete_before(_J(), (1, 5, 0))  # type: ignore[arg-type]
+    assert (other / "journal" / "j-000001-000001.log").exists()

@@ -28,6 +28,11 @@ class _Watch(DelegatingFilesystem):
             self.history_opens.append(path)
         return self.inner.open(path, write=write, create=create, exclusive=exclusive)
 
+    def open_beneath(self, root: str, rel: str) -> int:
+        if rel.startswith("history/"):
+            self.history_opens.append(f"{root}/{rel}")
+        return self.inner.open_beneath(root, rel)
+
 
 def _staged(store: SharedFilesystemStore, ref: Any) -> bool:
     with store.catalog.locked() as st:

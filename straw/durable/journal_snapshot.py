@@ -8,7 +8,8 @@ name, ``fsync_dir``); rotates to a new segment (durable, as above); calls ``fenc
 -- if fenced it stops and deletes nothing (a fenced coordinator must not delete what the
 new epoch still needs); finally deletes every segment entirely before the snapshot
 position (all older epochs' and its own up to the snapshot's segment), older snapshots
-and stale temp files (``ENOENT`` is success), then ``fsync_dir``.  Old segments are thus
+and stale temp files (``ENOENT`` is success; each beneath the queue directory, never
+through a symbolic link), then ``fsync_dir``.  Old segments are thus
 removed only after the snapshot is durable.  A failed deletion is counted in
 ``metrics()['cleanup_errors']`` and retried by the next snapshot; it does not fail the
 snapshot.
@@ -112,10 +113,11 @@ def _delete_before(j: _Writer, pos: Position) -> None:
         if TMP_MARK in name:
             doomed.append(name)  # an interrupted (or fenced) snapshot's temp file
     deleted = 0
+    queue_dir, journal = os.path.split(os.path.abspath(j.dir))
     for name in doomed:
         path = os.path.join(j.dir, name)
-        try:
-            j.fs.unlink(path)
+        try:  # never through a symbolic link in place of the journal directory
+            j.fs.unlink_beneath(queue_dir, f"{journal}/{name}")
             deleted += 1
         except FileNotFoundError:
             pass  # somebody (a previous attempt) deleted it already: success

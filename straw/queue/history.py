@@ -66,7 +66,7 @@ import xxhash
 from ..checks import UINT64_MAX
 from ..durable import framing
 from ..errors import CorruptData, UnsupportedSchema
-from ..fs import Buffer, Filesystem
+from ..fs import Buffer, Filesystem, NotBeneath
 
 HISTORY_VERSION = 1
 BLOCK_ENTRIES = 128  # entries per data block: one block read answers a lookup
@@ -167,12 +167,18 @@ class Segment:
     def check_present(self) -> None:
         """At open: the segment exists with the size its snapshot recorded (one stat)."""
         try:
-            size = self.fs.stat(self.path).size
+            st = self.fs.stat(self.path)
         except FileNotFoundError:
             raise CorruptData(
                 f"queue history segment {self.path} is missing, but the journal snapshot "
                 "names it: the queue's history is lost; restore the queue directory from a "
                 "backup") from None
+        if st.is_symlink:
+            raise CorruptData(
+                f"queue history segment {self.path} is a symbolic link; a history segment is "
+                "never read through one (it could be another queue's): restore the queue "
+                "directory from a backup")
+        size = st.size
         if size < self.entry["size"]:
             raise CorruptData(
                 f"queue history segment {self.path} holds {size} bytes, its journal "
@@ -180,16 +186,19 @@ class Segment:
                 "directory from a backup")
 
     def _read_frame(self, offset: int, length: int, what: str) -> memoryview:
+        if not (0 <= offset and framing.HEADER_SIZE <= length
+                and offset + length <= self.entry["size"]):
+            # the index names a frame the segment cannot hold: allocate nothing for it
+            raise CorruptData(f"queue history segment {self.path}: {what} at offset {offset} "
+                              f"({length} bytes) lies outside the {self.entry['size']} bytes "
+                              "its journal snapshot recorded; restore the queue directory "
+                              "from a backup")
         buf = bytearray(length)
+        fd = self._open()
         try:
-            fd = self.fs.open(self.path)
-            try:
-                n = self.fs.readinto(fd, buf, offset)
-            finally:
-                self.fs.close(fd)
-        except FileNotFoundError:
-            raise CorruptData(f"queue history segment {self.path} is missing (named by the "
-                              "journal snapshot); restore the queue directory") from None
+            n = self.fs.readinto(fd, buf, offset)
+        finally:
+            self.fs.close(fd)
         if n < length:
             raise CorruptData(f"queue history segment {self.path}: {what} at offset {offset} "
                               f"is cut short ({n} of {length} bytes); restore the queue "
@@ -207,6 +216,22 @@ class Segment:
             raise CorruptData(f"queue history segment {self.path}: {what} at offset {offset} "
                               "is not the frame its index names")
         return body
+
+    def _open(self) -> int:
+        """The segment open for reading, beneath the queue directory: a symbolic link in
+        place of the segment or of ``history/`` is never followed (it could name another
+        queue's or another pool's file)."""
+        queue_dir, history = os.path.split(os.path.abspath(self.dir))
+        try:
+            return self.fs.open_beneath(queue_dir, f"{history}/{self.name}")
+        except FileNotFoundError:
+            raise CorruptData(f"queue history segment {self.path} is missing (named by the "
+                              "journal snapshot); restore the queue directory") from None
+        except NotBeneath as e:
+            raise CorruptData(f"queue history segment {self.path}: not a regular file of the "
+                              f"queue's history directory ({e.strerror}); a history segment "
+                              "is never read through a symbolic link (it could be another "
+                              "queue's): restore the queue directory from a backup") from None
 
     def index(self) -> dict[str, Any]:
         if self._index is None:
@@ -448,13 +473,14 @@ class History:
         except OSError:
             return 0
         keep = self.names()
+        queue_dir, history = os.path.split(os.path.abspath(self.dir))
         deleted = 0
         for name in names:
             e = segment_epoch(name)
             if e is None or e > epoch or name in keep:
                 continue
-            try:
-                self.fs.unlink(os.path.join(self.dir, name))
+            try:  # never through a symbolic link in place of ``history/``
+                self.fs.unlink_beneath(queue_dir, f"{history}/{name}")
                 deleted += 1
             except FileNotFoundError:
                 pass
