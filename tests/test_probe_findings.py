@@ -387,3 +387,57 @@ def test_PR15_history_and_journal_cleanup_never_go_through_a_symlink(tmp_path):
     _J.fs = fs  # type: ignore[attr-defined]
     _delete_before(_J(), (1, 5, 0))  # type: ignore[arg-type]
     assert (other / "journal" / "j-000001-000001.log").exists()
+
+
+# --- PR16: a forged frame length (2**60) is allocated or read before it is checked ------
+def _forged_header(kind: int, offset: int) -> bytes:
+    import struct
+
+    import xxhash
+
+    from straw.durable import framing
+    first = struct.pack("<4sHHQQ16s", framing.MAGIC, framing.FORMAT_VERSION, kind, 2**60,
+                        offset, bytes(16))
+    return first + xxhash.xxh3_128_digest(first)
+
+
+def test_PR16_a_forged_frame_length_is_bounded_by_the_file(tmp_path):
+    from straw.durable import framing
+    from straw.durable.journal_files import Reader
+    from straw.durable.recovery import _read_snapshot
+    from straw.pool.catalog.read import read_state
+    fs = _CountingFS()
+    good = framing.encode_frame(framing.KIND_JOURNAL, b"\x03", group_start=0)
+    # a file of frames (a pack, an acknowledgement log): the forged tail is torn
+    path = tmp_path / "frames"
+    path.write_bytes(good + _forged_header(framing.KIND_EXTENT, len(good)) + bytes(4096))
+    fd = fs.open(str(path))
+    scan = framing.scan_frames(framing.read_at_fn(fs, fd), os.path.getsize(path))
+    fs.close(fd)
+    assert (len(scan.frames), scan.end, scan.torn) == (1, len(good), True)
+    # a journal segment with a zero tail is read to its clean end, not to its end
+    journal = tmp_path / "q" / "journal"
+    journal.mkdir(parents=True)
+    segment = journal / "j-000001-000001.log"
+    segment.write_bytes(good + _forged_header(framing.KIND_JOURNAL, len(good)))
+    os.truncate(segment, 64 << 20)
+    stats = {"files_read": 0, "bytes_read": 0, "fsyncs": 0}
+    fs.read_bytes = 0
+    Reader(fs, str(journal), stats).read(segment.name)
+    assert fs.read_bytes < 16 << 20
+    # a journal snapshot: CorruptData naming it
+    (journal / "s-000001-000001-000000000000.snap").write_bytes(
+        _forged_header(framing.KIND_SNAPSHOT, 0) + bytes(2 << 20))
+    with pytest.raises(CorruptData, match="s-000001-000001-000000000000.snap"):
+        _read_snapshot(Reader(fs, str(journal), stats), (1, 1, 0))  # type: ignore[arg-type]
+    # a history segment whose index names a frame it cannot hold
+    theirs = _history(PosixFS(), str(tmp_path / "q" / "history"))
+    segment_of = theirs.segments[0]
+    segment_of.entry["index"] = [segment_of.entry["index"][0], 2**60]
+    with pytest.raises(CorruptData, match=segment_of.name):
+        segment_of.index()
+    # a catalog: its forged final frame is a torn tail, never read
+    pool = tmp_path / "pool"
+    pool.mkdir()
+    (pool / "CATALOG").write_bytes(_forged_header(framing.KIND_CATALOG, 0))
+    assert not read_state(fs, str(pool)).live_packs()

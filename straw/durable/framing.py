@@ -188,6 +188,17 @@ class ScanResult:
     sealed: bool  # a SEAL frame ended the scan
 
 
+def _within(read_at: ReadAt, size: int) -> ReadAt:
+    """``read_at`` that never reads past ``size``: a header claiming a body longer than
+    the file can hold (a forged length) is then a short frame, and no buffer is allocated
+    for the length it claims."""
+
+    def read(offset: int, length: int) -> bytes:
+        return read_at(offset, max(0, min(length, size - offset)))
+
+    return read
+
+
 def _try_frame(read_at: ReadAt, pos: int) -> ScannedFrame | None:
     head = read_at(pos, HEADER_SIZE)
     try:
@@ -208,6 +219,7 @@ _SEARCH_CHUNK = 1 << 22
 def _later_valid_frames(read_at: ReadAt, start: int, size: int) -> list[ScannedFrame]:
     """Every valid frame that begins after ``start`` (found by searching for the magic)."""
     found: list[ScannedFrame] = []
+    read_at = _within(read_at, size + len(MAGIC) - 1)  # a chunk reads past size a little
     pos = start + 1
     while pos < size:
         chunk = read_at(pos, min(_SEARCH_CHUNK, size - pos) + len(MAGIC) - 1)
@@ -231,8 +243,10 @@ def scan_frames(read_at: ReadAt, size: int, *, start: int = 0) -> ScanResult:
 
     Stops at a SEAL frame, at the clean end (EOF or reserved zeros), or at the first bad
     position; a bad position is a torn tail or ``CorruptData`` by the write-group rule of
-    the module docstring."""
+    the module docstring.  Nothing past ``size`` is read: a header whose length runs past
+    it is a bad position, whatever length it claims."""
     frames: list[ScannedFrame] = []
+    read_at = _within(read_at, size)
     pos = start
     while pos < size:
         frame = _try_frame(read_at, pos)

@@ -11,10 +11,13 @@
   never trusted).  Reads and memory follow the frames, not the file's size: the reserved
   tail is at most ``segments.DEFAULT_RESERVE`` of zeros, and a segment extended by a sparse
   tail of 64 GiB costs what its frames cost.  The run is looked for only after the frames,
-  so zero bytes inside a transaction never end a read.  Blind spot (``straw.catalog``
-  has the same): damage that zeroes ``CLEAN_RUN`` or more bytes right where the frames
-  stop, followed by frames of a later write group, reads as the clean end instead of
-  ``CorruptData`` (in a rotated segment the next segment's sequence number still tells).
+  so zero bytes inside a transaction never end a read.  A frame is walked only if it fits
+  in the file's size (asked with ``fstat`` when a frame passes the size last seen): a
+  forged length ends the walk there, and the frames' torn-tail rule judges it.
+  Blind spot (``straw.catalog`` has the same): damage that zeroes ``CLEAN_RUN`` or more
+  bytes right where the frames stop, followed by frames of a later write group, reads as
+  the clean end instead of ``CorruptData`` (in a rotated segment the next segment's
+  sequence number still tells).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ def read_to_clean_end(fs: Filesystem, fd: int) -> bytes:
     out = bytearray()
     walked, walking = 0, True  # the end of the frames walked so far; whether it goes on
     zeros = 0  # how many zero bytes end what was read
+    size = 0  # the file's size when last asked: a frame must fit in it to be walked
     while True:
         chunk = bytearray(_CHUNK)
         n = fs.readinto(fd, chunk, len(out))
@@ -57,8 +61,10 @@ def read_to_clean_end(fs: Filesystem, fd: int) -> bytes:
         zeros = zeros + n if data == 0 else n - data
         while walking and walked + framing.HEADER_SIZE <= len(out):
             length = _frame_length(out[walked:walked + framing.HEADER_SIZE])
-            walking = length > 0
-            walked += length
+            if walked + length > max(size, len(out)):
+                size = fs.fstat(fd).size  # asked again only when a frame passes it
+            walking = 0 < length and walked + length <= max(size, len(out))
+            walked += length if walking else 0
         if not walking and min(zeros, len(out) - walked) >= CLEAN_RUN:
             return bytes(out)
 
@@ -140,7 +146,10 @@ class Reader:
             buf = bytearray(_FIRST_READ)
             n = self.fs.readinto(fd, buf, 0)
             while n == len(buf):  # not the end yet
-                bigger = bytearray(max(_frame_length(buf) + 1, 2 * len(buf)))
+                want = _frame_length(buf) + 1
+                if want > 2 * len(buf) and want > self.fs.fstat(fd).size + 1:
+                    want = 0  # a length the file cannot hold: never allocated
+                bigger = bytearray(max(want, 2 * len(buf)))
                 bigger[:n] = buf
                 buf = bigger
                 n += self.fs.readinto(fd, memoryview(buf)[n:], n)
