@@ -441,3 +441,18 @@ def test_PR16_a_forged_frame_length_is_bounded_by_the_file(tmp_path):
     pool.mkdir()
     (pool / "CATALOG").write_bytes(_forged_header(framing.KIND_CATALOG, 0))
     assert not read_state(fs, str(pool)).live_packs()
+
+
+# --- PR17: a writer's directory replaced by a symlink redirects its packs --------------
+def test_PR17_a_symlinked_writer_directory_is_refused(tmp_path):
+    root, outside = tmp_path / "pool", tmp_path / "outside"
+    with SharedFilesystemStore(str(root), "job", writer_id="w") as s:
+        s.publish([Record("x", b"first")], submission_id="a")
+    writer_dir = root / "runs" / "job" / "writers" / "w"
+    shutil.move(str(writer_dir), str(outside))
+    os.symlink(outside, writer_dir)
+    before = sorted(p.relative_to(outside) for p in outside.rglob("*"))
+    with pytest.raises(CorruptData, match="writers/w"):
+        with SharedFilesystemStore(str(root), "job", writer_id="w") as s:
+            s.publish([Record("x", b"second")], submission_id="b")
+    assert sorted(p.relative_to(outside) for p in outside.rglob("*")) == before

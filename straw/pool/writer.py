@@ -45,8 +45,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..clock import Clock
-from ..errors import StorageUnavailable, UnsafeRecovery, WriterFenced
-from ..fs import Filesystem
+from ..errors import CorruptData, StorageUnavailable, UnsafeRecovery, WriterFenced
+from ..fs import Filesystem, NotBeneath
 from ..process import ProcessBound, close_quietly
 from . import recovery, role_lock
 from .catalog.catalog import Catalog
@@ -81,11 +81,13 @@ class WriterIncarnation(ProcessBound):
         self.rel_dir = f"runs/{run_id}/writers/{writer_id}"
         self.dir = os.path.join(root, self.rel_dir)
         try:
+            _refuse_links(fs, root, self.rel_dir)  # before anything is created through one
             fs.makedirs_durable(self.dir)
         except OSError as e:  # a straw error naming the directory, never a bare OSError
             raise storage_error(e, f"cannot create writer directory {self.dir}") from e
         self.clock = clock
         self._lock_fd: int | None = self._take_lock(clock)
+        self._check_lock_beneath()
         if fs.exists(os.path.join(self.dir, RETIRED)):  # checked under the lock
             self.release()
             raise WriterFenced(
@@ -136,6 +138,19 @@ class WriterIncarnation(ProcessBound):
             f"writer {self.writer_id!r} of run {self.run_id!r} is in use by {holder_desc}. "
             "Give each concurrent writer its own writer_id=..., or stop that process first"
         )
+
+    def _check_lock_beneath(self) -> None:
+        """The LOCK just taken is reached from the pool root through no symbolic link
+        (``open_beneath``, free of races with a directory swapped meanwhile): the packs
+        of this incarnation go next to it."""
+        try:
+            close_quietly(self.fs, self.fs.open_beneath(self.root, f"{self.rel_dir}/LOCK"))
+        except NotBeneath as e:
+            self.release()
+            raise _linked(os.path.join(self.root, self.rel_dir), self.root, e) from None
+        except OSError as e:
+            self.release()
+            raise storage_error(e, f"cannot open writer lock in {self.dir}") from e
 
     def release(self) -> None:
         if self._in_forked_child():
@@ -313,6 +328,30 @@ class WriterIncarnation(ProcessBound):
         return {"writer_id": self.writer_id, "incarnation": self.incarnation,
                 "pack": self.pack_rel if self.pack else None,
                 "damaged": [d.as_dict() for d in self.damaged]}
+
+
+def _refuse_links(fs: Filesystem, root: str, rel_dir: str) -> None:
+    """``CorruptData`` if a component of ``rel_dir`` beneath the pool ``root`` that exists
+    is a symbolic link (or not a directory): a writer's packs written through it would
+    land outside the pool, where no collection, reader or recovery of this pool looks."""
+    path = root
+    for name in rel_dir.split("/"):
+        path = os.path.join(path, name)
+        try:
+            st = fs.stat(path)
+        except FileNotFoundError:
+            return  # created below as a directory of the pool
+        if st.is_symlink or not st.is_dir:
+            raise _linked(path, root, None)
+
+
+def _linked(path: str, root: str, why: OSError | None) -> CorruptData:
+    detail = f" ({why.strerror})" if why is not None else ""
+    return CorruptData(
+        f"writer directory {path} is reached through a symbolic link or a non-directory "
+        f"beneath the pool root {root}{detail}: a writer writes its packs only inside the "
+        "pool. Replace the link with a real directory of the pool (move the data it points "
+        "to back in if it belongs to this pool), or open the store with another writer_id")
 
 
 __all__ = ["RETIRED", "WriterIncarnation", "Submission", "StorageUnavailable"]
