@@ -1,4 +1,4 @@
-"""Findings of the adversarial probe session (PR1..PR14): each test asserts the behaviour
+"""Findings of the adversarial probe session (PR1..PR17): each test asserts the behaviour
 straw should have and fails on the code it was written against (``xfail(strict=True)``
 until fixed: an XPASS then fails the suite, so the marker is removed with the fix)."""
 
