@@ -370,6 +370,10 @@ def test_PR15_history_and_journal_cleanup_never_go_through_a_symlink(tmp_path):
         History.from_manifest(fs, str(here / "history"), theirs.manifest())
     with pytest.raises(CorruptData, match=name):
         Segment(fs, str(here / "history"), theirs.segments[0].entry).get("t", "t1")
+    manifest = theirs.manifest()  # a name that leaves the directory
+    manifest["segments"][0]["name"] = f"../../../b/q/history/{name}"
+    with pytest.raises(CorruptData, match="not a history segment's name"):
+        History.from_manifest(fs, str(here / "history"), manifest)
     # cleanup through a symlinked history/ or journal/ directory deletes nothing there
     shutil.rmtree(here / "history")
     os.symlink(other / "history", here / "history")

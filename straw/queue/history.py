@@ -400,6 +400,9 @@ class History:
         segments = [Segment(fs, directory, e) for e in manifest["segments"]]
         expect = 0
         for s in segments:
+            if not isinstance(s.name, str) or segment_epoch(s.name) is None:
+                raise CorruptData(f"queue history: the journal snapshot names segment "
+                                  f"{s.name!r} in {directory}, not a history segment's name")
             if s.lo != expect or s.hi < s.lo:
                 raise CorruptData(f"queue history: segment {s.path} covers commits "
                                   f"{s.lo}..{s.hi}, expected to start at {expect}")
