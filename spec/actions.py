@@ -1263,7 +1263,7 @@ def _with_catalog_files(cfg: Config, s: State, s2: State) -> State | None:
 # Queue history segments (H1): where the journal's completed history lives
 # =============================================================================================
 # A journal snapshot writes the history recorded since the previous one to a new segment
-# (straw.history: folded with older segments into one generation here), makes it durable,
+# (straw.queue.history: folded with older segments into one generation here), makes it durable,
 # then writes the journal snapshot naming it, and only then deletes what that snapshot no
 # longer names. Each is one step a crash can separate from the next.
 
