@@ -233,20 +233,15 @@ class CatalogState:
         """The first extent reachable from ``roots`` (themselves included) whose pack was
         reclaimed: such roots cannot be retained (D3/D4: a root's whole closure must be
         readable)."""
-        todo = list(roots)
-        seen: set[Extent] = set()
-        while todo:
-            e = todo.pop()
-            if e in seen:
-                continue
-            seen.add(e)
-            if self.is_tombstoned(e[0]):
-                return e
-            todo.extend(self.edges.get(e, ()))
-        return None
+        return next((e for e in self._reach(roots) if self.is_tombstoned(e[0])), None)
 
     def closure(self, roots: Iterable[Extent]) -> set[Extent]:
         """``roots`` and every extent they reach through dependency edges (D4)."""
+        return set(self._reach(roots))
+
+    def _reach(self, roots: Iterable[Extent]) -> Iterator[Extent]:
+        """Each extent reachable from ``roots`` through dependency edges, once, depth first
+        (a caller may stop early)."""
         todo = list(roots)
         seen: set[Extent] = set()
         while todo:
@@ -254,8 +249,8 @@ class CatalogState:
             if e in seen:
                 continue
             seen.add(e)
+            yield e
             todo.extend(self.edges.get(e, ()))
-        return seen
 
     def live_extents(self) -> set[Extent]:
         return self.closure([*(e for roots in self.owners.values() for e in roots),
